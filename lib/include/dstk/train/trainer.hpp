@@ -1,0 +1,144 @@
+#pragma once
+// The training engine: one network, one optimiser, one backend.
+//
+// Design (the seam for the data path, issue 7):
+// - A Trainer never reads datasets. It is handed batches: `Batch{x, y, size}`
+//   where x holds `size` samples in the dataset's stored dtype (u8, bf16, f16,
+//   f32; TrainerConfig::input_dtype) and y holds `size` int32 labels. For the
+//   cuda backend both pointers are device memory, for the cpu backend host
+//   memory. Where the batch came from (a resident split, a pinned ring, managed
+//   memory) is the caller's business.
+// - train_step(batch) does convert + normalise -> forward -> softmax-CE ->
+//   backward -> optimiser update. On the GPU it is asynchronous on
+//   compute_stream() (a cudaStream_t, as void*) and replays a captured CUDA
+//   graph: no allocation and no host synchronisation per step. The caller may
+//   reuse the batch memory once work it enqueues after train_step on
+//   compute_stream() (an event) has completed.
+// - evaluate(batch) runs the network in eval mode (BN running statistics, no
+//   dropout) and accumulates loss and accuracy; metrics are read with
+//   take_train_metrics() / take_eval_metrics(), which synchronise.
+// - Memory is planned: memory_plan() is known before the first step and every
+//   device buffer is allocated in the constructor (batches up to max_batch).
+// - save_state() / load_state() move parameters, BN running statistics,
+//   optimiser slots and the step counter as one host byte blob (checkpoints),
+//   identical between backends.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dstk/dtype.hpp"
+#include "dstk/train/model.hpp"
+#include "dstk/train/optimizer.hpp"
+
+namespace dstk::train {
+
+enum class Backend : std::uint8_t { cpu, cuda };
+// fp32: exact float math; tf32: float storage, tensor-core (TF32) convolutions
+// and matrix products; bf16: bf16 activations and matrix inputs, fp32 master
+// weights, accumulation, BN statistics and loss. The cpu backend computes fp32.
+enum class Precision : std::uint8_t { fp32, tf32, bf16 };
+
+struct Device {
+    Backend backend = Backend::cpu;
+    int index = 0;
+};
+Device parse_device(std::string_view text); // "cpu", "cuda", "cuda:N"; usage error otherwise
+std::string device_name(const Device& d);
+Precision parse_precision(std::string_view text);
+std::string_view precision_name(Precision p);
+
+struct TrainerConfig {
+    NetworkPlan plan;
+    DType input_dtype = DType::f32;
+    std::vector<float> mean, std; // per input channel, in stored units; x' = (x - mean) / std
+    std::uint32_t max_batch = 256;
+    Precision precision = Precision::tf32;
+    OptimizerConfig optimizer;
+    ScheduleConfig schedule;
+    float label_smoothing = 0.0f;
+    std::uint64_t seed = 0;          // parameter init and dropout masks
+    Device device;
+    unsigned cpu_threads = 0;        // cpu backend: 0 = one per hardware thread
+    std::uint64_t workspace_limit = std::uint64_t{256} << 20; // cuda: cuDNN workspace bound
+};
+
+struct Batch {
+    const void* x = nullptr;        // size samples, stored dtype, backend memory
+    const std::int32_t* y = nullptr; // size labels in [0, classes)
+    std::uint32_t size = 0;          // 1..max_batch
+};
+
+struct Metrics {
+    std::uint64_t samples = 0, correct = 0;
+    double loss_sum = 0.0; // sum over samples of the per-sample loss (no smoothing)
+    double loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0.0; }
+    double accuracy() const { return samples ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
+};
+
+struct MemoryPlan {
+    std::uint64_t parameters = 0;  // params, grads, optimiser slots, BN statistics (+ bf16 copies)
+    std::uint64_t activations = 0; // forward tensors kept for backward, gradient buffers, stats scratch
+    std::uint64_t workspace = 0;   // cuDNN / cuBLAS workspaces
+    std::uint64_t total() const { return parameters + activations + workspace; }
+};
+
+class Trainer {
+  public:
+    virtual ~Trainer() = default;
+
+    virtual const TrainerConfig& config() const = 0;
+    virtual MemoryPlan memory_plan() const = 0;
+    // Device bytes the process gained from constructing this trainer, measured
+    // with cudaMemGetInfo (0 on the cpu backend).
+    virtual std::uint64_t measured_device_bytes() const = 0;
+
+    virtual void train_step(const Batch& b) = 0;
+    virtual void evaluate(const Batch& b) = 0;
+    virtual Metrics take_train_metrics() = 0; // synchronises, then resets
+    virtual Metrics take_eval_metrics() = 0;
+    // First training step (0-based, counted since construction or load_state)
+    // whose loss was NaN or Inf, if any. Synchronises.
+    virtual std::optional<std::uint64_t> first_nonfinite_step() = 0;
+    virtual std::uint64_t steps() const = 0; // optimiser steps taken
+    virtual void synchronize() = 0;
+    virtual void* compute_stream() const = 0; // cudaStream_t on cuda, nullptr on cpu
+
+    virtual std::vector<std::uint8_t> save_state() = 0;
+    virtual void load_state(std::span<const std::uint8_t> blob) = 0; // runtime error on a mismatched blob
+
+    // Inspection, for tests and tools: one forward + backward in training mode
+    // without the update; then read tensors back as NCHW float.
+    virtual void compute_gradients(const Batch& b) = 0;
+    virtual std::vector<float> read_activation(std::size_t layer) = 0; // output of layers[layer]
+    virtual std::vector<float> read_input_gradient() = 0;              // d loss / d normalised input
+    virtual std::vector<float> read_gradients() = 0;                   // flat, plan order
+    virtual std::vector<float> read_parameters() = 0;
+    virtual std::vector<float> read_states() = 0;                      // BN running statistics
+    virtual void write_parameters(std::span<const float> params) = 0;
+};
+
+// Memory of a backend (device memory for cuda, host memory for cpu), counted
+// by nobody but its owner: a resident split, a batch slot.
+class BackendBuffer {
+  public:
+    virtual ~BackendBuffer() = default;
+    virtual void* data() = 0;
+    virtual std::uint64_t bytes() const = 0;
+    // Synchronous copy from host memory into [offset, offset + bytes).
+    virtual void upload(std::uint64_t offset, const void* src, std::uint64_t bytes) = 0;
+};
+std::unique_ptr<BackendBuffer> make_backend_buffer(const Device& device, std::uint64_t bytes);
+
+// Throws Error(no_fit) "built without CUDA support" / "no CUDA GPU" for cuda
+// when unavailable.
+std::unique_ptr<Trainer> make_trainer(const TrainerConfig& config);
+
+// Layout of save_state(): magic "DSTKTRN1", u64 params, u64 states, u64 slot
+// floats, u64 step, then the float arrays.
+inline constexpr std::string_view state_magic = "DSTKTRN1";
+
+} // namespace dstk::train
