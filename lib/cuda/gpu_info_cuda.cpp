@@ -1,0 +1,71 @@
+// GPU facts through the CUDA runtime (host code: compiled by the C++ compiler).
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <nvml.h>
+
+#include "dstk/gpu_info.hpp"
+
+namespace dstk {
+namespace {
+
+std::string version_string(int v) { // 12040 -> "12.4"
+    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+} // namespace
+
+bool built_with_cuda() {
+    return true;
+}
+
+std::vector<GpuInfo> detect_gpus(std::string* why) {
+    std::vector<GpuInfo> gpus;
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        if (why)
+            *why = err != cudaSuccess ? std::string("no usable GPU (") + cudaGetErrorString(err) + ")" : "no GPU found";
+        cudaGetLastError(); // clear the sticky-free error state
+        return gpus;
+    }
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    const std::size_t cudnn = cudnnGetVersion(); // 91400 -> 9.14.0
+    const std::string cudnn_str =
+        std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) + "." + std::to_string(cudnn % 100);
+    const bool nvml_ok = nvmlInit_v2() == NVML_SUCCESS;
+    int current = 0;
+    cudaGetDevice(&current);
+    for (int i = 0; i < count; ++i) {
+        cudaDeviceProp prop{};
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+        GpuInfo g;
+        g.index = i;
+        g.name = prop.name;
+        g.compute_major = prop.major;
+        g.compute_minor = prop.minor;
+        g.total_memory = prop.totalGlobalMem;
+        g.multiprocessors = prop.multiProcessorCount;
+        g.driver_version = version_string(driver);
+        g.runtime_version = version_string(runtime);
+        g.cudnn_version = cudnn_str;
+        std::size_t free_b = 0, total_b = 0;
+        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_memory = free_b;
+        // PCIe link through NVML: the maximum link, since idle links train down.
+        char bus_id[32] = {};
+        nvmlDevice_t dev;
+        unsigned gen = 0, width = 0;
+        if (nvml_ok && cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, i) == cudaSuccess &&
+            nvmlDeviceGetHandleByPciBusId_v2(bus_id, &dev) == NVML_SUCCESS) {
+            if (nvmlDeviceGetMaxPcieLinkGeneration(dev, &gen) == NVML_SUCCESS) g.pcie_generation = int(gen);
+            if (nvmlDeviceGetMaxPcieLinkWidth(dev, &width) == NVML_SUCCESS) g.pcie_width = int(width);
+        }
+        gpus.push_back(std::move(g));
+    }
+    cudaSetDevice(current);
+    if (nvml_ok) nvmlShutdown();
+    return gpus;
+}
+
+} // namespace dstk

@@ -1,0 +1,24 @@
+#pragma once
+// What every tool's main shares: common options, and one place where errors
+// become messages and exit codes.
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "dstk/output.hpp"
+
+namespace dstk {
+
+// --quiet, --progress, --json (when with_json), --version.
+void add_output_options(CLI::App& app, OutputOptions& out, bool with_json = true);
+
+// Parses argv into `app`, then runs body(). Prints "tool: error: message" for
+// an Error and returns its exit code; CLI11 parse errors exit 2, --help 0.
+// Installs the SIGINT/SIGTERM handlers first.
+int run_tool(CLI::App& app, int argc, char** argv, const std::function<void()>& body);
+
+// The command line as typed, shell-quoted where needed (for provenance).
+std::string command_line(int argc, char** argv);
+
+} // namespace dstk

@@ -1,0 +1,76 @@
+#pragma once
+// dataset.json: what a dataset directory holds (man/dstk-format.5).
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dstk/dtype.hpp"
+#include "dstk/shape.hpp"
+
+namespace dstk {
+
+inline constexpr int manifest_format_version = 1;
+inline constexpr const char* manifest_file_name = "dataset.json";
+
+enum class Storage { npy, zstd_chunked };
+std::string_view storage_name(Storage s); // "npy", "zstd-chunked"
+
+struct FieldInfo {
+    std::string name; // "x", "y"
+    DType dtype = DType::u8;
+    Shape shape; // per sample
+    Storage storage = Storage::npy;
+    std::string file;                // relative to the dataset directory
+    std::uint64_t bytes = 0;         // file size
+    std::string checksum;            // "xxh64:<hex>" of the whole file
+    std::uint64_t chunk_samples = 0; // zstd-chunked: samples per chunk
+
+    std::uint64_t sample_bytes() const { return dstk::sample_bytes(shape, dtype); }
+};
+
+struct SplitInfo {
+    std::string name; // "train", "test"
+    std::uint64_t samples = 0;
+    std::vector<FieldInfo> fields;
+
+    const FieldInfo* find(std::string_view field) const;
+    const FieldInfo& field(std::string_view field) const; // runtime error naming the split if absent
+};
+
+struct ChannelStats {
+    std::vector<double> mean, std; // per channel, in stored-value units (u8: 0..255)
+};
+
+struct Provenance {
+    std::string tool, version, command_line, created; // created: ISO 8601 UTC
+    std::optional<std::uint64_t> seed;
+    std::map<std::string, std::string> params; // tool-specific settings (kind, noise, ...)
+};
+
+struct Manifest {
+    int format_version = manifest_format_version;
+    std::vector<SplitInfo> splits;
+    std::optional<std::uint32_t> num_classes;
+    std::optional<ChannelStats> stats;
+    std::string input_field = "x", label_field = "y";
+    Provenance provenance;
+
+    const SplitInfo* find(std::string_view split) const;
+    const SplitInfo& split(std::string_view split) const; // runtime error listing the splits if absent
+};
+
+// Throws Error(failure) naming `source` and the JSON path of the problem.
+Manifest parse_manifest(std::string_view json_text, const std::string& source);
+std::string serialize_manifest(const Manifest& m); // pretty JSON, trailing newline
+Manifest load_manifest(const std::filesystem::path& dataset_dir);
+
+// sample_bytes * samples, checked.
+std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples);
+
+std::string now_iso8601();
+
+} // namespace dstk

@@ -1,0 +1,36 @@
+#pragma once
+// Facts about this machine, as far as they can be read.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace dstk {
+
+struct MemoryInfo {
+    std::uint64_t total = 0;                  // /proc/meminfo MemTotal
+    std::uint64_t available = 0;              // /proc/meminfo MemAvailable
+    std::optional<std::uint64_t> hwloc_total; // hwloc's sum of NUMA node memory
+    // True where /proc/meminfo and hwloc disagree by more than 5% (VMs whose
+    // memory grows while running, containers with limits).
+    bool sources_disagree() const;
+};
+
+struct SystemInfo {
+    std::string hostname, kernel, cpu_model;
+    unsigned logical_cores = 0, physical_cores = 0, numa_nodes = 1;
+    bool hwloc_ok = false;
+    MemoryInfo memory;
+    std::optional<std::uint64_t> cgroup_memory_limit; // cgroup v2 memory.max when set
+};
+
+SystemInfo detect_system();
+
+struct DiskInfo {
+    std::uint64_t free = 0, total = 0; // statvfs, bytes available to this user
+    std::string filesystem;            // "ext4", "tmpfs", ... from /proc/self/mountinfo
+    std::string mount_point, device;
+};
+DiskInfo disk_info(const std::filesystem::path& path); // path or its nearest existing parent
+
+} // namespace dstk

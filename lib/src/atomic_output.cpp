@@ -1,0 +1,190 @@
+#include "dstk/atomic_output.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dstk/error.hpp"
+#include "dstk/signals.hpp"
+#include "dstk/sysinfo.hpp"
+#include "dstk/units.hpp"
+
+namespace fs = std::filesystem;
+
+namespace dstk {
+namespace {
+
+std::atomic<int> g_tmp_counter{0};
+
+fs::path temp_sibling(const fs::path& final_path) {
+    fs::path parent = final_path.parent_path();
+    if (parent.empty()) parent = ".";
+    return parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                     std::to_string(g_tmp_counter++));
+}
+
+fs::path parent_or_dot(const fs::path& p) {
+    fs::path parent = p.parent_path();
+    return parent.empty() ? fs::path(".") : parent;
+}
+
+void remove_quietly(const fs::path& p) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+}
+
+} // namespace
+
+void fsync_path(const fs::path& p) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw_errno("cannot open for fsync", p.string());
+    if (::fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
+        const int err = errno;
+        ::close(fd);
+        errno = err;
+        throw_errno("cannot fsync", p.string());
+    }
+    ::close(fd);
+}
+
+void write_all(int fd, const void* data, std::size_t len, long long offset, const fs::path& path) {
+    auto p = static_cast<const char*>(data);
+    while (len > 0) {
+        const ssize_t n = offset < 0 ? ::write(fd, p, len) : ::pwrite(fd, p, len, offset);
+        if (n < 0) {
+            if (errno == EINTR) {
+                throw_if_interrupted();
+                continue;
+            }
+            throw_errno("cannot write", path.string());
+        }
+        p += n;
+        len -= static_cast<std::size_t>(n);
+        if (offset >= 0) offset += n;
+    }
+}
+
+void read_all(int fd, void* data, std::size_t len, long long offset, const fs::path& path) {
+    auto p = static_cast<char*>(data);
+    while (len > 0) {
+        const ssize_t n = offset < 0 ? ::read(fd, p, len) : ::pread(fd, p, len, offset);
+        if (n < 0) {
+            if (errno == EINTR) {
+                throw_if_interrupted();
+                continue;
+            }
+            throw_errno("cannot read", path.string());
+        }
+        if (n == 0)
+            throw runtime_error("unexpected end of file in '" + path.string() + "' (" + std::to_string(len) +
+                                " more bytes expected; file truncated?)");
+        p += n;
+        len -= static_cast<std::size_t>(n);
+        if (offset >= 0) offset += n;
+    }
+}
+
+void check_overwrite(const fs::path& final_path, bool force) {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(final_path, ec)) && !force)
+        throw usage_error("output '" + final_path.string() +
+                          "' already exists (refusing to overwrite it); use --force to replace it, or choose "
+                          "another name");
+}
+
+void check_free_disk(const fs::path& dir, std::uint64_t bytes) {
+    const DiskInfo d = disk_info(dir);
+    if (d.free < bytes)
+        throw no_fit_error("not enough free disk at '" + dir.string() + "' (need " + format_bytes(bytes) + ", " +
+                           format_bytes(d.free) + " free on " + d.mount_point +
+                           "); free some space, write elsewhere, or use --force to skip this check");
+}
+
+AtomicDir::AtomicDir(fs::path final_path, bool force) : final_(std::move(final_path)), force_(force) {
+    while (final_.has_filename() == false && final_.has_parent_path() && final_ != final_.root_path())
+        final_ = final_.parent_path(); // "out/" -> "out"
+    check_overwrite(final_, force);
+    tmp_ = temp_sibling(final_);
+    register_temp_path(tmp_);
+    std::error_code ec;
+    if (!fs::create_directory(tmp_, ec)) {
+        unregister_temp_path(tmp_);
+        throw runtime_error("cannot create directory '" + tmp_.string() + "' (" + ec.message() + "); check that '" +
+                            parent_or_dot(final_).string() + "' exists and is writable");
+    }
+}
+
+AtomicDir::~AtomicDir() {
+    if (!committed_) remove_quietly(tmp_);
+    unregister_temp_path(tmp_);
+}
+
+fs::path AtomicDir::file(const std::string& name) {
+    fs::path p = tmp_ / name;
+    register_temp_path(p);
+    return p;
+}
+
+void AtomicDir::commit() {
+    for (const auto& entry : fs::directory_iterator(tmp_))
+        if (entry.is_regular_file()) fsync_path(entry.path());
+    fsync_path(tmp_);
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(final_, ec))) {
+        check_overwrite(final_, force_);
+        // Swap the new directory in atomically where the filesystem allows it.
+        if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, final_.c_str(), RENAME_EXCHANGE) == 0) {
+            committed_ = true;
+            remove_quietly(tmp_); // now holds the old output
+        } else {
+            const fs::path old = temp_sibling(final_);
+            if (::rename(final_.c_str(), old.c_str()) != 0) throw_errno("cannot move aside", final_.string());
+            if (::rename(tmp_.c_str(), final_.c_str()) != 0) throw_errno("cannot rename into", final_.string());
+            committed_ = true;
+            remove_quietly(old);
+        }
+    } else {
+        if (::rename(tmp_.c_str(), final_.c_str()) != 0) throw_errno("cannot rename into", final_.string());
+        committed_ = true;
+    }
+    fsync_path(parent_or_dot(final_));
+    for (const auto& entry : fs::directory_iterator(final_)) unregister_temp_path(tmp_ / entry.path().filename());
+}
+
+AtomicFile::AtomicFile(fs::path final_path, bool force) : final_(std::move(final_path)) {
+    check_overwrite(final_, force);
+    tmp_ = temp_sibling(final_);
+    register_temp_path(tmp_);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+        unregister_temp_path(tmp_);
+        throw_errno("cannot create", tmp_.string());
+    }
+}
+
+AtomicFile::~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+    unregister_temp_path(tmp_);
+}
+
+void AtomicFile::write(const void* data, std::size_t len) {
+    write_all(fd_, data, len, -1, tmp_);
+}
+
+void AtomicFile::commit() {
+    if (::fsync(fd_) != 0) throw_errno("cannot fsync", tmp_.string());
+    if (::close(fd_) != 0) {
+        fd_ = -1;
+        throw_errno("cannot close", tmp_.string());
+    }
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), final_.c_str()) != 0) throw_errno("cannot rename into", final_.string());
+    committed_ = true;
+    fsync_path(parent_or_dot(final_));
+}
+
+} // namespace dstk

@@ -1,0 +1,277 @@
+#include "dstk/manifest.hpp"
+
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "dstk/error.hpp"
+#include "dstk/units.hpp"
+
+using nlohmann::json;
+
+namespace dstk {
+namespace {
+
+// Reading walks the document with a path for messages: "splits[0].fields[1].dtype".
+class Reader {
+  public:
+    Reader(const std::string& source) : source_(source) {}
+
+    [[noreturn]] void fail(const std::string& path, const std::string& why) const {
+        throw runtime_error(source_ + ": " + (path.empty() ? "" : path + ": ") + why +
+                            "; fix or regenerate the manifest (dsgen or dsconvert write it)");
+    }
+    const json& member(const json& obj, const std::string& path, const char* key) const {
+        if (!obj.is_object()) fail(path, "expected an object");
+        auto it = obj.find(key);
+        if (it == obj.end()) fail(path, std::string("missing \"") + key + "\"");
+        return *it;
+    }
+    std::string string(const json& obj, const std::string& path, const char* key) const {
+        const json& v = member(obj, path, key);
+        if (!v.is_string()) fail(join(path, key), "expected a string");
+        return v.get<std::string>();
+    }
+    std::uint64_t uint(const json& obj, const std::string& path, const char* key) const {
+        const json& v = member(obj, path, key);
+        if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+            fail(join(path, key), "expected a non-negative integer");
+        return v.get<std::uint64_t>();
+    }
+    static std::string join(const std::string& path, const std::string& key) {
+        return path.empty() ? key : path + "." + key;
+    }
+
+  private:
+    std::string source_;
+};
+
+Shape parse_dims(const Reader& r, const json& v, const std::string& path) {
+    if (!v.is_array()) r.fail(path, "expected an array of dimensions");
+    Shape s;
+    for (const auto& d : v) {
+        if (!d.is_number_unsigned() || d.get<std::uint64_t>() == 0)
+            r.fail(path, "dimensions must be positive integers");
+        s.dims.push_back(d.get<std::uint64_t>());
+    }
+    if (s.dims.size() > 8) r.fail(path, "more than 8 dimensions");
+    try {
+        (void)s.numel();
+    } catch (const Error&) {
+        r.fail(path, "shape " + s.str() + " overflows 64 bits");
+    }
+    return s;
+}
+
+std::vector<double> parse_doubles(const Reader& r, const json& v, const std::string& path) {
+    if (!v.is_array()) r.fail(path, "expected an array of numbers");
+    std::vector<double> out;
+    for (const auto& d : v) {
+        if (!d.is_number()) r.fail(path, "expected numbers");
+        out.push_back(d.get<double>());
+    }
+    return out;
+}
+
+} // namespace
+
+std::string_view storage_name(Storage s) {
+    return s == Storage::npy ? "npy" : "zstd-chunked";
+}
+
+const FieldInfo* SplitInfo::find(std::string_view f) const {
+    for (const auto& field : fields)
+        if (field.name == f) return &field;
+    return nullptr;
+}
+
+const FieldInfo& SplitInfo::field(std::string_view f) const {
+    if (const auto* p = find(f)) return *p;
+    std::string have;
+    for (const auto& field : fields) have += (have.empty() ? "" : ", ") + field.name;
+    throw runtime_error("split '" + name + "' has no field '" + std::string(f) + "' (it has: " + have + ")");
+}
+
+const SplitInfo* Manifest::find(std::string_view s) const {
+    for (const auto& split : splits)
+        if (split.name == s) return &split;
+    return nullptr;
+}
+
+const SplitInfo& Manifest::split(std::string_view s) const {
+    if (const auto* p = find(s)) return *p;
+    std::string have;
+    for (const auto& split : splits) have += (have.empty() ? "" : ", ") + split.name;
+    throw runtime_error("dataset has no split '" + std::string(s) + "' (it has: " + have + ")");
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& source) {
+    const Reader r(source);
+    json doc;
+    try {
+        doc = json::parse(text.begin(), text.end());
+    } catch (const json::parse_error& e) {
+        r.fail("", std::string("not valid JSON (") + e.what() + ")");
+    }
+    if (!doc.is_object()) r.fail("", "expected a JSON object at the top level");
+    Manifest m;
+    m.format_version = static_cast<int>(r.uint(doc, "", "format_version"));
+    if (m.format_version != manifest_format_version)
+        r.fail("format_version", "version " + std::to_string(m.format_version) + " is not supported (this dstk reads " +
+                                     std::to_string(manifest_format_version) + "); upgrade dstk");
+    if (doc.contains("num_classes")) {
+        const auto n = r.uint(doc, "", "num_classes");
+        if (n == 0 || n > 1'000'000) r.fail("num_classes", "must be between 1 and 1000000");
+        m.num_classes = static_cast<std::uint32_t>(n);
+    }
+    if (doc.contains("input_field")) m.input_field = r.string(doc, "", "input_field");
+    if (doc.contains("label_field")) m.label_field = r.string(doc, "", "label_field");
+
+    const json& splits = r.member(doc, "", "splits");
+    if (!splits.is_array() || splits.empty()) r.fail("splits", "expected a non-empty array");
+    std::set<std::string> split_names;
+    for (std::size_t i = 0; i < splits.size(); ++i) {
+        const std::string sp = "splits[" + std::to_string(i) + "]";
+        SplitInfo split;
+        split.name = r.string(splits[i], sp, "name");
+        if (split.name.empty() || !split_names.insert(split.name).second)
+            r.fail(sp + ".name", "split names must be non-empty and unique");
+        split.samples = r.uint(splits[i], sp, "samples");
+        const json& fields = r.member(splits[i], sp, "fields");
+        if (!fields.is_array() || fields.empty()) r.fail(sp + ".fields", "expected a non-empty array");
+        std::set<std::string> field_names;
+        for (std::size_t j = 0; j < fields.size(); ++j) {
+            const std::string fp = sp + ".fields[" + std::to_string(j) + "]";
+            const json& fj = fields[j];
+            FieldInfo f;
+            f.name = r.string(fj, fp, "name");
+            if (f.name.empty() || !field_names.insert(f.name).second)
+                r.fail(fp + ".name", "field names must be non-empty and unique within a split");
+            const std::string dt = r.string(fj, fp, "dtype");
+            const auto dtype = dtype_from_name(dt);
+            if (!dtype) r.fail(fp + ".dtype", "unknown dtype '" + dt + "'");
+            f.dtype = *dtype;
+            f.shape = parse_dims(r, r.member(fj, fp, "shape"), fp + ".shape");
+            const std::string storage = r.string(fj, fp, "storage");
+            if (storage == "npy")
+                f.storage = Storage::npy;
+            else if (storage == "zstd-chunked")
+                f.storage = Storage::zstd_chunked;
+            else
+                r.fail(fp + ".storage", "unknown storage '" + storage + "' (expected npy or zstd-chunked)");
+            f.file = r.string(fj, fp, "file");
+            if (f.file.empty() || f.file.find('/') != std::string::npos || f.file == "." || f.file == "..")
+                r.fail(fp + ".file", "must be a plain file name inside the dataset directory");
+            f.bytes = r.uint(fj, fp, "bytes");
+            if (fj.contains("checksum")) f.checksum = r.string(fj, fp, "checksum");
+            if (fj.contains("chunk_samples")) f.chunk_samples = r.uint(fj, fp, "chunk_samples");
+            if (f.storage == Storage::zstd_chunked && f.chunk_samples == 0)
+                r.fail(fp + ".chunk_samples", "zstd-chunked storage needs a positive chunk_samples");
+            try {
+                (void)checked_sample_total(f, split.samples);
+            } catch (const Error&) {
+                r.fail(fp, "samples x sample size overflows 64 bits");
+            }
+            split.fields.push_back(std::move(f));
+        }
+        m.splits.push_back(std::move(split));
+    }
+    if (doc.contains("stats")) {
+        const json& st = doc["stats"];
+        ChannelStats cs;
+        cs.mean = parse_doubles(r, r.member(st, "stats", "mean"), "stats.mean");
+        cs.std = parse_doubles(r, r.member(st, "stats", "std"), "stats.std");
+        if (cs.mean.size() != cs.std.size() || cs.mean.empty())
+            r.fail("stats", "mean and std must have the same, non-zero, number of channels");
+        m.stats = std::move(cs);
+    }
+    if (doc.contains("provenance")) {
+        const json& p = doc["provenance"];
+        if (!p.is_object()) r.fail("provenance", "expected an object");
+        auto str = [&](const char* k) { return p.contains(k) && p[k].is_string() ? p[k].get<std::string>() : ""; };
+        m.provenance.tool = str("tool");
+        m.provenance.version = str("version");
+        m.provenance.command_line = str("command_line");
+        m.provenance.created = str("created");
+        if (p.contains("seed") && p["seed"].is_number_unsigned()) m.provenance.seed = p["seed"].get<std::uint64_t>();
+        if (p.contains("params") && p["params"].is_object())
+            for (auto it = p["params"].begin(); it != p["params"].end(); ++it)
+                m.provenance.params[it.key()] = it->is_string() ? it->get<std::string>() : it->dump();
+    }
+    return m;
+}
+
+std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples) {
+    return checked_mul(f.sample_bytes(), samples, "field '" + f.name + "' size");
+}
+
+std::string serialize_manifest(const Manifest& m) {
+    json doc;
+    doc["format_version"] = m.format_version;
+    if (m.num_classes) doc["num_classes"] = *m.num_classes;
+    doc["input_field"] = m.input_field;
+    doc["label_field"] = m.label_field;
+    doc["splits"] = json::array();
+    for (const auto& s : m.splits) {
+        json sj;
+        sj["name"] = s.name;
+        sj["samples"] = s.samples;
+        sj["fields"] = json::array();
+        for (const auto& f : s.fields) {
+            json fj;
+            fj["name"] = f.name;
+            fj["dtype"] = std::string(dtype_name(f.dtype));
+            fj["shape"] = f.shape.dims;
+            fj["storage"] = std::string(storage_name(f.storage));
+            fj["file"] = f.file;
+            fj["bytes"] = f.bytes;
+            if (!f.checksum.empty()) fj["checksum"] = f.checksum;
+            if (f.storage == Storage::zstd_chunked) fj["chunk_samples"] = f.chunk_samples;
+            sj["fields"].push_back(std::move(fj));
+        }
+        doc["splits"].push_back(std::move(sj));
+    }
+    if (m.stats) doc["stats"] = {{"mean", m.stats->mean}, {"std", m.stats->std}};
+    json p;
+    p["tool"] = m.provenance.tool;
+    p["version"] = m.provenance.version;
+    p["command_line"] = m.provenance.command_line;
+    p["created"] = m.provenance.created;
+    if (m.provenance.seed) p["seed"] = *m.provenance.seed;
+    p["params"] = json::object();
+    for (const auto& [k, v] : m.provenance.params) p["params"][k] = v;
+    doc["provenance"] = std::move(p);
+    return doc.dump(2) + "\n";
+}
+
+Manifest load_manifest(const std::filesystem::path& dir) {
+    const auto path = dir / manifest_file_name;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+        std::error_code ec;
+        if (!std::filesystem::is_directory(dir, ec))
+            throw runtime_error("'" + dir.string() +
+                                "' is not a dataset directory (no such directory); create one with dsgen or dsconvert");
+        throw runtime_error("'" + dir.string() + "' is not a dataset directory (no " + manifest_file_name +
+                            "); create one with dsgen or dsconvert");
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    if (text.size() > (64u << 20)) throw runtime_error(path.string() + ": manifest larger than 64 MiB (corrupt?)");
+    return parse_manifest(text, path.string());
+}
+
+std::string now_iso8601() {
+    const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+} // namespace dstk
