@@ -1,0 +1,158 @@
+#pragma once
+// The zstd-chunked storage of one dataset field (man/dstk-format.5, section
+// ZSTD-CHUNKED STORAGE). A file is a sequence of zstd frames:
+//
+//   header   skippable frame (magic 0x184D2A50): "DSTKZCHK", version, sample
+//            bytes, samples per chunk
+//   chunk i  one standard zstd frame (content size and content checksum on)
+//            holding samples [i*C, min((i+1)*C, N)) in sample-major order
+//   index    skippable frame (magic 0x184D2A5E): "DSTKZIDX", N, sample bytes,
+//            C, chunk count, then per chunk (offset, compressed bytes, XXH64 of
+//            the frame's bytes), the XXH64 of the index, and a 16-byte trailer
+//            (index frame bytes, "DSTKZEND") that ends the file
+//
+// `zstd -d FILE` skips the skippable frames and prints the raw samples; a
+// reader finds the index from the last 16 bytes and then reaches any chunk
+// with one pread. Chunks are compressed independently at one level, so the
+// file is byte-identical whatever the number of threads.
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dstk/checksum.hpp"
+
+namespace dstk {
+
+class ThreadPool;
+
+inline constexpr std::uint32_t chunked_header_magic = 0x184D2A50; // zstd skippable frame, nibble 0
+inline constexpr std::uint32_t chunked_index_magic = 0x184D2A5E;  // zstd skippable frame, nibble 0xE
+inline constexpr std::uint32_t chunked_format_version = 1;
+inline constexpr std::size_t chunked_header_bytes = 8 + 32; // frame header + payload
+inline constexpr std::size_t chunked_trailer_bytes = 16;    // u64 index frame bytes + "DSTKZEND"
+inline constexpr int chunked_default_level = 3;
+inline constexpr std::uint64_t chunked_default_chunk_bytes = 4ull << 20;
+
+struct ChunkEntry {
+    std::uint64_t offset = 0;           // of the zstd frame, from the start of the file
+    std::uint64_t compressed_bytes = 0; // the whole frame
+    std::uint64_t checksum = 0;         // XXH64 of the frame's bytes
+};
+
+struct ChunkIndex {
+    std::uint64_t samples = 0;
+    std::uint64_t sample_bytes = 0;
+    std::uint64_t chunk_samples = 0;
+    std::vector<ChunkEntry> chunks;
+};
+
+struct SampleRange {
+    std::uint64_t first = 0, count = 0;
+};
+
+// Samples of chunk i in a field of `samples` samples, `chunk_samples` per chunk.
+SampleRange chunk_sample_range(std::uint64_t i, std::uint64_t samples, std::uint64_t chunk_samples);
+std::uint64_t chunk_count(std::uint64_t samples, std::uint64_t chunk_samples);
+
+// The index frame's bytes (from its skippable-frame magic to the end of the
+// trailer), and its parser. parse_chunk_index checks every field against
+// `file_bytes` (the size of the whole file) and throws Error(failure) naming
+// `source` on anything inconsistent; it never trusts a count before checking
+// it against the bytes present.
+std::vector<std::uint8_t> serialize_chunk_index(const ChunkIndex& index);
+ChunkIndex parse_chunk_index(std::span<const std::uint8_t> frame, std::uint64_t file_bytes, const std::string& source);
+std::vector<std::uint8_t> serialize_chunked_header(std::uint64_t sample_bytes, std::uint64_t chunk_samples);
+
+// Random access to a zstd-chunked file at chunk granularity. Thread-safe: any
+// number of threads may call read_chunk / read at once (pread, one zstd
+// decompression context per thread).
+class ChunkedReader {
+  public:
+    explicit ChunkedReader(std::filesystem::path path);
+    ~ChunkedReader();
+    ChunkedReader(const ChunkedReader&) = delete;
+    ChunkedReader& operator=(const ChunkedReader&) = delete;
+
+    const std::filesystem::path& path() const { return path_; }
+    const ChunkIndex& index() const { return index_; }
+    std::uint64_t file_bytes() const { return file_bytes_; }
+    std::uint64_t samples() const { return index_.samples; }
+    std::uint64_t sample_bytes() const { return index_.sample_bytes; }
+    std::uint64_t chunk_samples() const { return index_.chunk_samples; }
+    std::uint64_t chunks() const { return index_.chunks.size(); }
+    SampleRange chunk_range(std::uint64_t i) const;
+    // Uncompressed bytes of chunk i (chunk_range(i).count * sample_bytes()).
+    std::uint64_t chunk_bytes(std::uint64_t i) const;
+    // The largest chunk, for sizing buffers.
+    std::uint64_t max_chunk_bytes() const { return index_.chunk_samples * index_.sample_bytes; }
+
+    // Decompresses chunk i into dst (chunk_bytes(i) bytes), checking the
+    // frame's XXH64 and zstd content checksum; errors name the file and chunk.
+    void read_chunk(std::uint64_t i, void* dst) const;
+    // Samples [first, first + count) into dst; chunks decoded on `pool` when given.
+    void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool = nullptr) const;
+    // Decodes every chunk (on `pool` when given); throws naming the first bad one.
+    void verify(ThreadPool* pool = nullptr) const;
+
+  private:
+    std::filesystem::path path_;
+    int fd_ = -1;
+    std::uint64_t file_bytes_ = 0;
+    ChunkIndex index_;
+};
+
+// Sequential writer of a zstd-chunked file. Samples are buffered; every batch
+// of whole chunks is compressed in parallel on `pool` and written in order.
+class ChunkedWriter {
+  public:
+    // Creates (truncates) `path`. level: zstd level 1..19 (negative: fast levels).
+    ChunkedWriter(std::filesystem::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples, int level,
+                  ThreadPool& pool);
+    // Reopens a file left by an interrupted run: keeps its first
+    // `keep_samples` samples (a multiple of chunk_samples whose frames must
+    // all be present and valid), truncates the rest and continues after them.
+    static ChunkedWriter resume(std::filesystem::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples,
+                                int level, ThreadPool& pool, std::uint64_t keep_samples);
+    ~ChunkedWriter();
+    ChunkedWriter(ChunkedWriter&&) noexcept;
+    ChunkedWriter& operator=(ChunkedWriter&&) = delete;
+
+    // Appends whole samples in order.
+    void append(const void* data, std::uint64_t count);
+    // Compresses and writes every whole chunk buffered so far (a partial last
+    // chunk stays buffered); after it the file holds written() / chunk_samples
+    // complete chunks.
+    void flush();
+    std::uint64_t written() const { return written_; }
+    std::uint64_t file_bytes() const { return file_bytes_; }
+    // Writes the last chunk and the index, closes the file; returns the XXH64
+    // of the whole file ("xxh64:<hex>") and sets file_bytes().
+    std::string finish();
+
+  private:
+    ChunkedWriter(std::filesystem::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples, int level,
+                  ThreadPool& pool, int fd);
+    void compress_buffered(bool include_partial);
+
+    std::filesystem::path path_;
+    std::uint64_t sample_bytes_, chunk_samples_;
+    int level_;
+    ThreadPool* pool_;
+    int fd_ = -1;
+    std::uint64_t batch_chunks_;
+    std::vector<std::uint8_t> buffer_; // samples not yet compressed
+    std::uint64_t buffered_samples_ = 0;
+    std::uint64_t written_ = 0;
+    std::uint64_t file_bytes_ = 0;
+    std::vector<ChunkEntry> entries_;
+    Xxh64 hash_; // of the bytes written, in file order
+};
+
+// zstd's level range, for option validation.
+int zstd_min_level();
+int zstd_max_level();
+
+} // namespace dstk
