@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "dstk/atomic_output.hpp"
+#include "dstk/chunked_file.hpp"
 #include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
 #include "dstk/npy.hpp"
@@ -77,6 +78,42 @@ class NpyFieldReader final : public FieldReader {
     std::uint64_t data_offset_ = 0;
 };
 
+// Reads a zstd-chunked field: the chunk index is checked against the manifest
+// at open; reads decode the chunks they touch (chunked_file.hpp).
+class ChunkedFieldReader final : public FieldReader {
+  public:
+    ChunkedFieldReader(const fs::path& path, const SplitInfo& split, const FieldInfo& field)
+        : FieldReader(path, field, split.samples), chunks_(path) {
+        const std::string where = path.string();
+        const std::string redo = "; re-create the dataset (dsgen/dsconvert) or restore the file";
+        if (chunks_.file_bytes() != field.bytes)
+            throw runtime_error(where + ": file has " + std::to_string(chunks_.file_bytes()) + " bytes but " +
+                                manifest_file_name + " says " + std::to_string(field.bytes) + redo);
+        if (chunks_.samples() != split.samples || chunks_.sample_bytes() != field.sample_bytes() ||
+            chunks_.chunk_samples() != field.chunk_samples)
+            throw runtime_error(where + ": chunk index (" + std::to_string(chunks_.samples()) + " samples of " +
+                                std::to_string(chunks_.sample_bytes()) + " bytes, " +
+                                std::to_string(chunks_.chunk_samples()) + " per chunk) disagrees with " +
+                                manifest_file_name + " (" + std::to_string(split.samples) + " samples of " +
+                                std::to_string(field.sample_bytes()) + " bytes, " +
+                                std::to_string(field.chunk_samples) + " per chunk)" + redo);
+    }
+
+    void read(std::uint64_t first, std::uint64_t count, void* dst) const override {
+        check_range(first, count);
+        chunks_.read(first, count, dst);
+    }
+
+    // Chunk by chunk first, so that a corruption is reported with its chunk.
+    void verify() const override {
+        chunks_.verify();
+        FieldReader::verify();
+    }
+
+  private:
+    ChunkedReader chunks_;
+};
+
 } // namespace
 
 void FieldReader::check_range(std::uint64_t first, std::uint64_t count) const {
@@ -105,10 +142,9 @@ std::unique_ptr<FieldReader> open_field_reader(const fs::path& dir, const SplitI
     case Storage::npy:
         return std::make_unique<NpyFieldReader>(path, split, field);
     case Storage::zstd_chunked:
-        break;
+        return std::make_unique<ChunkedFieldReader>(path, split, field);
     }
-    throw runtime_error(path.string() + ": zstd-chunked storage is not readable by this build yet; convert the "
-                                        "dataset to npy storage with dsconvert --compress none");
+    throw runtime_error(path.string() + ": unknown storage");
 }
 
 Dataset Dataset::open(const fs::path& dir) {
