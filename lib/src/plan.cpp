@@ -1,0 +1,379 @@
+// The sizing model of dsplan: pure functions, exact integer arithmetic
+// (man/dsplan.1, FORMULAS).
+#include "dstk/plan.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "dstk/error.hpp"
+#include "dstk/npy.hpp"
+#include "dstk/units.hpp"
+
+namespace dstk::plan {
+namespace {
+
+using u128 = unsigned __int128;
+constexpr std::uint64_t million = 1'000'000;
+
+std::uint64_t headroom_of(std::uint64_t bytes, std::uint32_t ppm) {
+    return static_cast<std::uint64_t>((u128{bytes} * ppm + (million - 1)) / million);
+}
+
+DataSpec with_dtype(const DataSpec& d, DType t) {
+    DataSpec c = d;
+    if (t != d.dtype) {
+        c.dtype = t;
+        c.stored_bytes.reset(); // a converted dataset is a new one, in the npy layout
+        c.on_disk = false;
+    }
+    return c;
+}
+
+std::uint64_t header_bytes(DType t, std::uint64_t n, const Shape& shape) {
+    std::vector<std::uint64_t> dims{n};
+    dims.insert(dims.end(), shape.dims.begin(), shape.dims.end());
+    return make_npy_header(t, dims).size();
+}
+
+std::string dtype_str(DType t) {
+    return std::string(dtype_name(t));
+}
+
+// The placement alone, without fixes (fixes try other dtypes and recurse).
+Verdict place(const DataSpec& d, const Job& j, const Budgets& b) {
+    Verdict v;
+    const std::uint64_t model = j.model_bytes.value_or(0);
+    const std::uint64_t ring = ring_bytes(d, j);
+    const std::uint64_t data = dataset_bytes(d);
+    v.gpu_device = checked_add(data, model, "GPU bytes");
+    v.gpu_stream = checked_add(ring, model, "GPU bytes");
+    v.ram = checked_add(data, ring, "RAM bytes");
+    v.disk = d.on_disk ? 0 : disk_bytes(d);
+    v.gpu_checked = b.gpu.known();
+
+    if (b.gpu.known() && v.gpu_stream > b.gpu.bytes) {
+        v.placement = Placement::none;
+        v.reasons.push_back("the streaming footprint on the GPU (" + format_bytes(v.gpu_stream) + ": " +
+                            std::to_string(j.prefetch) + " ring slots of " + std::to_string(j.batch) + " samples" +
+                            (j.model_bytes ? " plus the model" : "") + ") exceeds the GPU budget of " +
+                            format_bytes(b.gpu.bytes));
+        return v;
+    }
+    // Every placement loads the data from its dataset directory: it must fit on disk first.
+    if (!d.on_disk && b.disk.known() && v.disk > b.disk.bytes) {
+        v.reasons.push_back("the dataset (" + format_bytes(v.disk) + ") exceeds the disk budget of " +
+                            format_bytes(b.disk.bytes) + " (every placement reads it from disk first)");
+        v.placement = Placement::none;
+        return v;
+    }
+    if (!d.on_disk && !b.disk.known()) v.reasons.push_back("disk not checked: free disk unknown (give --disk)");
+    if (b.gpu.known() && v.gpu_device <= b.gpu.bytes) {
+        v.placement = Placement::device;
+        return v;
+    }
+    v.reasons.push_back(b.gpu.known() ? "not device: the data" + std::string(j.model_bytes ? " plus the model" : "") +
+                                            " (" + format_bytes(v.gpu_device) + ") exceeds the GPU budget of " +
+                                            format_bytes(b.gpu.bytes)
+                                      : "not device: GPU memory unknown (give --gpu-mem to plan for a GPU)");
+    if (b.ram.known() && v.ram <= b.ram.bytes) {
+        v.placement = Placement::ram;
+        return v;
+    }
+    v.reasons.push_back(b.ram.known() ? "not ram: the data and the pinned ring (" + format_bytes(v.ram) +
+                                            ") exceed the RAM budget of " + format_bytes(b.ram.bytes)
+                                      : "not ram: RAM size unknown (give --ram)");
+    v.placement = Placement::disk;
+    return v;
+}
+
+std::vector<std::string> fixes_for_gpu(const DataSpec& d, const Job& j, const Budgets& b) {
+    std::vector<std::string> fixes;
+    const std::uint64_t model = j.model_bytes.value_or(0);
+    const std::uint64_t slot_sample = checked_mul(bytes_per_sample(d), j.prefetch, "ring bytes");
+    const std::uint64_t batch = b.gpu.bytes > model ? (b.gpu.bytes - model) / slot_sample : 0;
+    if (batch >= 1)
+        fixes.push_back("a smaller batch: --batch " + std::to_string(std::min<std::uint64_t>(batch, j.batch - 1)) +
+                        " or less fits with --prefetch " + std::to_string(j.prefetch));
+    if (j.prefetch > 2) {
+        Job shallow = j;
+        shallow.prefetch = 2;
+        if (checked_add(ring_bytes(d, shallow), model, "GPU bytes") <= b.gpu.bytes)
+            fixes.push_back("a shallower ring: --prefetch 2");
+    }
+    if (j.model_bytes) fixes.push_back("a smaller model");
+    fixes.push_back("a GPU with at least " +
+                    format_bytes(capacity_needed(checked_add(ring_bytes(d, j), model, "GPU bytes"), 0,
+                                                 b.assumptions.headroom_ppm)) +
+                    " of free memory");
+    return fixes;
+}
+
+std::vector<std::string> fixes_for_disk(const DataSpec& d, const Job& j, const Budgets& b, const Verdict& v) {
+    std::vector<std::string> fixes;
+    // Smaller dtypes, the least precision lost first.
+    for (const DType t : {DType::bf16, DType::u8}) {
+        if (dtype_size(t) >= dtype_size(d.dtype)) continue;
+        const DataSpec c = with_dtype(d, t);
+        const Verdict cv = place(c, j, b);
+        if (cv.placement == Placement::none) continue;
+        fixes.push_back("store the input as " + dtype_str(t) + (t == DType::u8 ? " (if the values are 8-bit)" : "") +
+                        ": " + format_bytes(disk_bytes(c)) + ", placement " +
+                        std::string(placement_name(cv.placement)) + " (dsconvert --dtype " + dtype_str(t) + ")");
+        break;
+    }
+    if (!b.disk.known()) return fixes;
+    if (b.disk.bytes > 0) {
+        char ratio[32];
+        std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(v.disk) / static_cast<double>(b.disk.bytes));
+        fixes.push_back(std::string("compress it: zstd-chunked storage needs a ratio of at least ") + ratio +
+                        ":1 to fit (dsconvert --compress zstd; dsbench measures the ratio)");
+    }
+    const std::uint64_t fit = max_samples(b.disk.bytes, bytes_per_sample(d), npy_overhead(d));
+    if (fit > 0) fixes.push_back("fewer samples: at most " + format_count(fit) + " fit on disk");
+    const std::uint64_t need = capacity_needed(v.disk, 0, b.assumptions.headroom_ppm);
+    fixes.push_back("more disk: " + format_bytes(need - std::min(need, b.disk_free)) +
+                    " more free space (--dir elsewhere, or a larger disk)");
+    return fixes;
+}
+
+} // namespace
+
+std::string_view source_name(Source s) {
+    switch (s) {
+    case Source::detected:
+        return "detected";
+    case Source::given:
+        return "given";
+    case Source::unknown:
+        return "unknown";
+    }
+    return "unknown";
+}
+
+std::uint32_t parse_headroom(std::string_view text) {
+    std::string_view t = text;
+    if (!t.empty() && t.back() == '%') t.remove_suffix(1);
+    const std::string s(t);
+    std::size_t used = 0;
+    double pct = -1;
+    try {
+        if (!s.empty() && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.')) pct = std::stod(s, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used == 0 || used != s.size() || !(pct >= 0 && pct < 100))
+        throw usage_error("invalid --headroom '" + std::string(text) +
+                          "' (expected a percentage from 0 to below 100, e.g. 20%)");
+    return static_cast<std::uint32_t>(std::llround(pct * 10'000));
+}
+
+std::string format_headroom(std::uint32_t ppm) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g%%", ppm / 10'000.0);
+    return buf;
+}
+
+std::uint64_t usable_bytes(std::uint64_t capacity, std::uint64_t reserve, std::uint32_t headroom_ppm) {
+    const std::uint64_t after = capacity > reserve ? capacity - reserve : 0;
+    return after - headroom_of(after, headroom_ppm);
+}
+
+std::uint64_t capacity_needed(std::uint64_t need, std::uint64_t reserve, std::uint32_t headroom_ppm) {
+    if (need == 0) return 0;
+    const u128 after = (u128{need} * million + (million - headroom_ppm - 1)) / (million - headroom_ppm);
+    u128 c = after + reserve;
+    if (c > UINT64_MAX) throw usage_error("the capacity needed for " + format_bytes(need) + " is over 2^64 bytes");
+    auto cap = static_cast<std::uint64_t>(c);
+    // Rounding of the headroom: settle on the smallest capacity that is enough.
+    while (usable_bytes(cap, reserve, headroom_ppm) < need) ++cap;
+    while (cap > reserve && usable_bytes(cap - 1, reserve, headroom_ppm) >= need) --cap;
+    return cap;
+}
+
+Budgets compute_budgets(const Machine& m, const Assumptions& a) {
+    Budgets b;
+    b.assumptions = a;
+    if (m.ram.known()) b.ram = {usable_bytes(m.ram.bytes, a.os_reserve, a.headroom_ppm), m.ram.source};
+    if (m.disk.known()) b.disk = {usable_bytes(m.disk.bytes, 0, a.headroom_ppm), m.disk.source};
+    if (m.gpu.known()) b.gpu = {usable_bytes(m.gpu.bytes, 0, a.headroom_ppm), m.gpu.source};
+    b.disk_free = m.disk.bytes;
+    return b;
+}
+
+std::uint64_t input_bytes_per_sample(const DataSpec& d) {
+    return sample_bytes(d.shape, d.dtype);
+}
+
+std::uint64_t label_bytes_per_sample(const DataSpec& d) {
+    return d.label_dtype ? dtype_size(*d.label_dtype) : 0;
+}
+
+std::uint64_t bytes_per_sample(const DataSpec& d) {
+    return checked_add(input_bytes_per_sample(d), label_bytes_per_sample(d), "bytes per sample");
+}
+
+std::uint64_t total_samples(const DataSpec& d) {
+    return checked_add(d.train, d.test, "samples");
+}
+
+std::uint64_t dataset_bytes(const DataSpec& d) {
+    return checked_mul(total_samples(d), bytes_per_sample(d), "dataset size");
+}
+
+std::uint64_t input_bytes(const DataSpec& d) {
+    return checked_mul(total_samples(d), input_bytes_per_sample(d), "dataset size");
+}
+
+std::uint64_t npy_overhead(const DataSpec& d) {
+    std::uint64_t total = 0;
+    for (const std::uint64_t n : {d.train, d.test}) {
+        if (n == 0) continue;
+        total += header_bytes(d.dtype, n, d.shape);
+        if (d.label_dtype) total += header_bytes(*d.label_dtype, n, Shape{});
+    }
+    return total;
+}
+
+std::uint64_t disk_bytes(const DataSpec& d) {
+    if (d.stored_bytes) return *d.stored_bytes;
+    return checked_add(dataset_bytes(d), npy_overhead(d), "dataset size");
+}
+
+std::uint64_t ring_bytes(const DataSpec& d, const Job& j) {
+    return checked_mul(checked_mul(j.prefetch, j.batch, "ring size"), bytes_per_sample(d), "ring size");
+}
+
+std::string_view placement_name(Placement p) {
+    switch (p) {
+    case Placement::device:
+        return "device";
+    case Placement::ram:
+        return "ram";
+    case Placement::disk:
+        return "disk";
+    case Placement::none:
+        return "none";
+    }
+    return "none";
+}
+
+Placement parse_placement(std::string_view text) {
+    for (const Placement p : {Placement::device, Placement::ram, Placement::disk})
+        if (text == placement_name(p)) return p;
+    throw usage_error("invalid --require '" + std::string(text) + "' (expected device, ram or disk)");
+}
+
+Verdict plan_placement(const DataSpec& d, const Job& j, const Budgets& b) {
+    Verdict v = place(d, j, b);
+    if (v.placement != Placement::none) return v;
+    if (b.gpu.known() && v.gpu_stream > b.gpu.bytes)
+        v.fixes = fixes_for_gpu(d, j, b);
+    else
+        v.fixes = fixes_for_disk(d, j, b, v);
+    return v;
+}
+
+std::uint64_t max_samples(std::uint64_t budget, std::uint64_t per_sample, std::uint64_t fixed) {
+    if (per_sample == 0) throw usage_error("samples of 0 bytes cannot be sized");
+    return budget > fixed ? (budget - fixed) / per_sample : 0;
+}
+
+std::vector<Capacity> capacity_by_dtype(const DataSpec& d, const Job& j, const Budgets& b) {
+    std::vector<DType> types{d.dtype};
+    for (const DType t : {DType::u8, DType::bf16, DType::f32})
+        if (dtype_size(t) != dtype_size(d.dtype)) types.push_back(t);
+    std::vector<Capacity> out;
+    for (const DType t : types) {
+        const DataSpec c = with_dtype(d, t);
+        Capacity cap;
+        cap.dtype = t;
+        cap.bytes_per_sample = bytes_per_sample(c);
+        const std::uint64_t model = j.model_bytes.value_or(0);
+        if (b.ram.known()) cap.ram_samples = max_samples(b.ram.bytes, cap.bytes_per_sample, ring_bytes(c, j));
+        if (b.disk.known()) {
+            // The npy headers for as many samples as could fit (their size grows with the digits).
+            DataSpec most = c;
+            most.train = std::max<std::uint64_t>(1, b.disk.bytes / cap.bytes_per_sample);
+            most.test = 0;
+            cap.disk_samples = max_samples(b.disk.bytes, cap.bytes_per_sample, npy_overhead(most));
+        }
+        if (b.gpu.known()) cap.gpu_samples = max_samples(b.gpu.bytes, cap.bytes_per_sample, model);
+        if (d.has_samples()) {
+            cap.dataset_bytes = dataset_bytes(c);
+            cap.placement = place(c, j, b).placement;
+        }
+        out.push_back(cap);
+    }
+    return out;
+}
+
+std::vector<std::uint64_t> table_ram_sizes() {
+    std::vector<std::uint64_t> sizes;
+    for (std::uint64_t g = 16; g <= 1024; g *= 2) sizes.push_back(g << 30);
+    return sizes;
+}
+
+std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span<const DType> columns,
+                                      const Assumptions& a) {
+    std::vector<TableRow> rows;
+    for (const std::uint64_t ram : table_ram_sizes()) {
+        TableRow r;
+        r.ram = ram;
+        r.usable = usable_bytes(ram, a.os_reserve, a.headroom_ppm);
+        for (const DType t : columns) {
+            const DataSpec c = with_dtype(d, t);
+            r.max_samples.push_back(max_samples(r.usable, bytes_per_sample(c), ring_bytes(c, j)));
+        }
+        rows.push_back(std::move(r));
+    }
+    return rows;
+}
+
+EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const Rates& r, double compute_rate,
+                             bool random_order) {
+    EpochEstimate e;
+    const std::uint64_t samples = total_samples(d);
+    const std::uint64_t in_batch = checked_mul(j.batch, input_bytes_per_sample(d), "batch bytes");
+    e.chunk_samples = std::uint64_t{j.batch} * std::max<std::uint64_t>(1, (min_chunk_bytes + in_batch - 1) / in_batch);
+    if (d.train == 0 || p == Placement::none) return e;
+
+    if (p == Placement::disk) {
+        // Compressed or not, a training epoch reads the train split's share of the files.
+        e.read_bytes = d.stored_bytes && samples > 0
+                           ? static_cast<std::uint64_t>(u128{*d.stored_bytes} * d.train / samples)
+                           : checked_mul(d.train, bytes_per_sample(d), "epoch bytes");
+        const std::optional<double> rate = random_order ? r.random_read : r.seq_read;
+        if (rate && *rate > 0) e.read_seconds = static_cast<double>(e.read_bytes) / *rate;
+    }
+    if (p != Placement::device) {
+        e.transfer_bytes = checked_mul(d.train, bytes_per_sample(d), "epoch bytes");
+        if (r.h2d_pinned && *r.h2d_pinned > 0)
+            e.transfer_seconds = static_cast<double>(e.transfer_bytes) / *r.h2d_pinned;
+    }
+    if (compute_rate > 0) e.compute_seconds = static_cast<double>(d.train) / compute_rate;
+
+    const std::pair<const char*, std::optional<double>> terms[] = {
+        {"disk read", e.read_seconds}, {"host-to-device copy", e.transfer_seconds}, {"compute", e.compute_seconds}};
+    for (const auto& [name, t] : terms) {
+        if (t && (!e.epoch_seconds || *t > *e.epoch_seconds)) {
+            e.epoch_seconds = t;
+            e.bound_by = name;
+        }
+    }
+    std::optional<double> data;
+    if (e.read_seconds) data = e.read_seconds;
+    if (e.transfer_seconds && (!data || *e.transfer_seconds > *data)) data = e.transfer_seconds;
+    if (data && e.compute_seconds) {
+        e.io_bound = *data > *e.compute_seconds;
+        // One slot in compute, one being filled, plus one per compute step that a
+        // data batch takes longer: readers in parallel keep the ring full.
+        const double ratio = *data / *e.compute_seconds;
+        e.prefetch = static_cast<std::uint32_t>(std::min(16.0, 2.0 + std::floor(ratio)));
+    }
+    if (p == Placement::device) e.prefetch.reset();
+    return e;
+}
+
+} // namespace dstk::plan

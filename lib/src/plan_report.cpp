@@ -1,0 +1,544 @@
+// dsplan's inputs and outputs: options and detection into the sizing model
+// (plan.cpp), and the result as a readable report or one JSON document.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "dstk/bench/results.hpp"
+#include "dstk/dataset.hpp"
+#include "dstk/error.hpp"
+#include "dstk/gpu_info.hpp"
+#include "dstk/plan.hpp"
+#include "dstk/sysinfo.hpp"
+#include "dstk/train/model.hpp"
+#include "dstk/units.hpp"
+
+namespace dstk::plan {
+namespace {
+
+using nlohmann::json;
+
+enum class Order { sequential, chunk, full };
+
+struct ModelInfo {
+    std::string name;
+    std::uint64_t parameters = 0;
+    std::uint32_t classes = 0;
+};
+
+// Everything the report shows, gathered once.
+struct Inputs {
+    Machine machine;
+    Assumptions assumptions;
+    bool os_reserve_given = false, headroom_given = false;
+    DataSpec data;
+    std::string dataset_dir;
+    Job job;
+    std::optional<ModelInfo> model;
+    std::optional<std::uint32_t> manifest_classes;
+    double compute_rate = 0;
+    Order order = Order::chunk;
+    Rates rates;
+    bool table = false, table_default_shape = false;
+    std::optional<Placement> require; // set with --check
+};
+
+std::uint64_t positive_size(const std::string& text, const char* what) {
+    const std::uint64_t v = parse_size(text, what);
+    if (v == 0) throw usage_error("invalid " + std::string(what) + " '" + text + "' (must be more than 0 bytes)");
+    return v;
+}
+
+Order parse_order(const std::string& s) {
+    if (s == "sequential") return Order::sequential;
+    if (s == "chunk") return Order::chunk;
+    if (s == "full") return Order::full;
+    throw usage_error("invalid --order '" + s + "' (expected sequential, chunk or full)");
+}
+
+std::string_view order_name(Order o) {
+    return o == Order::sequential ? "sequential" : o == Order::chunk ? "chunk" : "full";
+}
+
+void detect_machine(const PlanOptions& o, const std::string& dir, Machine& m) {
+    const SystemInfo sys = detect_system();
+    m.numa_nodes = sys.numa_nodes;
+    if (!sys.hwloc_ok) m.notes.push_back("hwloc could not load the topology: NUMA nodes unknown, assuming 1");
+    if (sys.memory.available > 0) m.ram_available = {sys.memory.available, Source::detected};
+    if (!o.ram.empty()) {
+        m.ram = {positive_size(o.ram, "--ram"), Source::given};
+    } else if (sys.memory.total == 0) {
+        m.notes.push_back("could not read MemTotal from /proc/meminfo: RAM unknown (give --ram)");
+    } else {
+        std::uint64_t ram = sys.memory.total;
+        if (sys.memory.sources_disagree()) {
+            m.notes.push_back("/proc/meminfo says " + format_bytes(sys.memory.total) + " and hwloc " +
+                              format_bytes(*sys.memory.hwloc_total) +
+                              " (a VM whose memory changes while running?): using the smaller; give --ram to choose");
+            ram = std::min(ram, *sys.memory.hwloc_total);
+        }
+        if (sys.cgroup_memory_limit && *sys.cgroup_memory_limit < ram) {
+            m.notes.push_back("a cgroup memory limit of " + format_bytes(*sys.cgroup_memory_limit) +
+                              " applies: planning with it instead of " + format_bytes(ram));
+            ram = *sys.cgroup_memory_limit;
+        }
+        m.ram = {ram, Source::detected};
+    }
+
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+    m.disk_path = ec ? dir : abs.lexically_normal().string();
+    if (!o.disk.empty()) {
+        m.disk = {positive_size(o.disk, "--disk"), Source::given};
+    } else {
+        const DiskInfo d = disk_info(dir);
+        if (d.total == 0)
+            m.notes.push_back("could not read the free space at '" + dir + "': disk unknown (give --disk)");
+        else
+            m.disk = {d.free, Source::detected};
+        m.filesystem = d.filesystem;
+    }
+
+    std::string why;
+    const std::vector<GpuInfo> gpus = detect_gpus(&why);
+    if (!gpus.empty()) {
+        const GpuInfo& g = gpus.front();
+        m.gpu_name = g.name;
+        m.pcie_generation = g.pcie_generation;
+        m.pcie_width = g.pcie_width;
+        if (gpus.size() > 1)
+            m.notes.push_back(std::to_string(gpus.size()) + " GPUs: planning for GPU 0 (" + g.name + ")");
+        if (o.gpu_mem.empty()) m.gpu = {g.free_memory, Source::detected};
+    } else if (o.gpu_mem.empty()) {
+        m.notes.push_back("no GPU (" + why + "): GPU placement not checked; give --gpu-mem 8G to plan for one");
+    }
+    if (!o.gpu_mem.empty()) m.gpu = {positive_size(o.gpu_mem, "--gpu-mem"), Source::given};
+}
+
+void describe_dataset(const PlanOptions& o, Inputs& in) {
+    for (const auto& [value, name] : {std::pair{&o.shape, "--shape"}, std::pair{&o.samples, "--samples"}})
+        if (!value->empty())
+            throw usage_error(std::string(name) + " cannot be used with --dataset (it comes from the manifest)");
+    if (o.test != "0" || o.label_dtype != "i32")
+        throw usage_error("--test and --label-dtype cannot be used with --dataset (they come from the manifest)");
+    const Dataset ds = Dataset::open(o.dataset); // validates the manifest against the files: exit 1
+    const Manifest& m = ds.manifest();
+    const SplitInfo* train = m.find("train");
+    const SplitInfo& first = train ? *train : m.splits.at(0);
+    const FieldInfo& x = first.field(m.input_field);
+    DataSpec& d = in.data;
+    d.shape = x.shape;
+    d.dtype = x.dtype;
+    d.label_dtype = first.find(m.label_field) ? std::optional<DType>(first.field(m.label_field).dtype) : std::nullopt;
+    std::uint64_t stored = 0;
+    for (const SplitInfo& s : m.splits) {
+        (&s == train ? d.train : d.test) += s.samples;
+        for (const FieldInfo& f : s.fields)
+            if (f.name == m.input_field || f.name == m.label_field) stored = checked_add(stored, f.bytes, "dataset");
+    }
+    d.stored_bytes = stored;
+    d.on_disk = true;
+    in.dataset_dir = o.dataset;
+    in.manifest_classes = m.num_classes;
+    if (!o.dtype.empty()) {
+        const DType t = parse_dtype(o.dtype, "--dtype");
+        if (t != d.dtype) { // "what if it were stored as t": a converted copy, written at --dir
+            d.dtype = t;
+            d.stored_bytes.reset();
+            d.on_disk = false;
+        }
+    }
+}
+
+void describe_data(const PlanOptions& o, Inputs& in) {
+    DataSpec& d = in.data;
+    if (o.shape.empty()) {
+        if (!o.samples.empty() || o.check)
+            throw usage_error("no data to plan (give --shape 3x32x32 [--dtype f32] --samples N, or --dataset DIR)");
+        if (!o.table) return;
+        in.table_default_shape = true; // the seeds' table is for CIFAR-sized samples
+        d.shape = parse_shape("3x32x32");
+    } else {
+        d.shape = parse_shape(o.shape, "--shape");
+    }
+    d.dtype = o.dtype.empty() ? DType::f32 : parse_dtype(o.dtype, "--dtype");
+    if (o.label_dtype == "none")
+        d.label_dtype.reset();
+    else
+        d.label_dtype = parse_dtype(o.label_dtype, "--label-dtype");
+    if (!o.samples.empty()) {
+        d.train = parse_count(o.samples, "--samples");
+        if (d.train == 0) throw usage_error("invalid --samples 0 (must be at least 1)");
+    }
+    d.test = parse_count(o.test, "--test");
+    if (d.test > 0 && d.train == 0) throw usage_error("--test needs --samples (the training samples)");
+}
+
+Inputs gather(const PlanOptions& o) {
+    Inputs in;
+    in.assumptions.os_reserve = parse_size(o.os_reserve, "--os-reserve");
+    in.assumptions.headroom_ppm = parse_headroom(o.headroom);
+    in.os_reserve_given = o.os_reserve != PlanOptions{}.os_reserve;
+    in.headroom_given = o.headroom != PlanOptions{}.headroom;
+    if (o.batch == 0 || o.batch > (1u << 20))
+        throw usage_error("invalid --batch " + std::to_string(o.batch) + " (must be 1 to 1048576)");
+    if (o.prefetch == 0 || o.prefetch > 1024)
+        throw usage_error("invalid --prefetch " + std::to_string(o.prefetch) + " (must be 1 to 1024)");
+    in.job.batch = o.batch;
+    in.job.prefetch = o.prefetch;
+    in.order = parse_order(o.order);
+    if (!o.compute_rate.empty()) {
+        const std::uint64_t r = parse_count(o.compute_rate, "--compute-rate");
+        if (r == 0) throw usage_error("invalid --compute-rate 0 (samples per second must be positive)");
+        in.compute_rate = static_cast<double>(r);
+    }
+    in.table = o.table;
+    if (!o.require.empty() || o.check) in.require = o.require.empty() ? Placement::disk : parse_placement(o.require);
+
+    if (!o.dataset.empty())
+        describe_dataset(o, in);
+    else
+        describe_data(o, in);
+    (void)sample_bytes(in.data.shape, in.data.dtype); // overflowing shapes fail here, as usage errors
+    if (in.data.has_samples()) (void)disk_bytes(in.data);
+
+    if (!o.model.empty()) {
+        const std::uint32_t classes = o.classes ? o.classes : in.manifest_classes.value_or(10);
+        const train::ModelSpec spec = train::resolve_model(o.model, classes);
+        const train::NetworkPlan net = train::plan_network(spec, train::tensor_shape_from(in.data.shape), classes);
+        in.model = ModelInfo{spec.name, net.params, classes};
+    }
+
+    const std::string dir = !o.dir.empty() ? o.dir : !o.dataset.empty() ? o.dataset : ".";
+    detect_machine(o, dir, in.machine);
+
+    if (!o.bench.empty()) {
+        const bench::Results r = bench::load_results(o.bench);
+        in.rates.source = o.bench;
+        in.rates.seq_read = bench::sequential_read_rate(r);
+        in.rates.h2d_pinned = bench::pinned_h2d_rate(r);
+        if (const auto rnd = bench::best_random_read(r, "sample")) in.rates.random_read = rnd->rate;
+    }
+    return in;
+}
+
+// ---- text output ----
+
+std::string figure_text(const Figure& f) {
+    return f.known() ? format_bytes(f.bytes) + " (" + std::string(source_name(f.source)) + ")" : "unknown";
+}
+
+std::string opt_count(const std::optional<std::uint64_t>& n) {
+    return n ? format_count(*n) : "unknown";
+}
+
+std::string seconds_text(const std::optional<double>& s) {
+    return s ? format_duration(*s) : "unknown";
+}
+
+void print_columns(const std::vector<std::vector<std::string>>& rows) {
+    std::vector<std::size_t> width;
+    for (const auto& r : rows)
+        for (std::size_t i = 0; i < r.size(); ++i) {
+            if (width.size() <= i) width.push_back(0);
+            width[i] = std::max(width[i], r[i].size());
+        }
+    for (const auto& r : rows) {
+        std::string line = " ";
+        for (std::size_t i = 0; i < r.size(); ++i) {
+            const bool right = i > 0; // figures right-aligned, labels left
+            const std::string pad(width[i] - r[i].size(), ' ');
+            line += "  " + (right ? pad + r[i] : r[i] + (i + 1 < r.size() ? pad : ""));
+        }
+        std::printf("%s\n", line.c_str());
+    }
+}
+
+void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
+                const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
+                const std::vector<DType>& table_types) {
+    const Machine& m = in.machine;
+    const DataSpec& d = in.data;
+    std::printf("machine\n");
+    std::string ram = "  RAM         " + figure_text(m.ram);
+    if (m.ram_available.known()) ram += ", " + format_bytes(m.ram_available.bytes) + " available now";
+    ram += ", " + std::to_string(m.numa_nodes) + " NUMA node" + (m.numa_nodes == 1 ? "" : "s");
+    std::printf("%s\n", ram.c_str());
+    std::string disk = "  disk        " + (m.disk.known() ? format_bytes(m.disk.bytes) + " free (" +
+                                                                std::string(source_name(m.disk.source)) + ")"
+                                                          : std::string("unknown"));
+    if (m.disk.source == Source::detected)
+        disk += " at " + m.disk_path + (m.filesystem.empty() ? "" : " (" + m.filesystem + ")");
+    std::printf("%s\n", disk.c_str());
+    std::string gpu = "  GPU         ";
+    if (m.gpu.known())
+        gpu += format_bytes(m.gpu.bytes) + (m.gpu.source == Source::detected ? " free (detected)" : " (given)");
+    else
+        gpu += "none detected";
+    if (!m.gpu_name.empty()) {
+        gpu += ", " + m.gpu_name;
+        if (m.pcie_generation > 0)
+            gpu += ", PCIe Gen" + std::to_string(m.pcie_generation) + " x" + std::to_string(m.pcie_width);
+    }
+    std::printf("%s\n", gpu.c_str());
+    for (const std::string& n : m.notes) std::printf("  note: %s\n", n.c_str());
+
+    std::printf("assumptions\n  OS reserve  %s (%s, --os-reserve)\n  headroom    %s of each budget (%s, --headroom)\n",
+                format_bytes(in.assumptions.os_reserve).c_str(), in.os_reserve_given ? "given" : "default",
+                format_headroom(in.assumptions.headroom_ppm).c_str(), in.headroom_given ? "given" : "default");
+    const std::string keep = "(1 - " + format_headroom(in.assumptions.headroom_ppm) + ")";
+    std::printf("budgets\n");
+    std::printf("  RAM         %s\n", b.ram.known() ? (format_bytes(b.ram.bytes) + " = (" + format_bytes(m.ram.bytes) +
+                                                       " - " + format_bytes(in.assumptions.os_reserve) + ") x " + keep)
+                                                          .c_str()
+                                                    : "unknown");
+    std::printf("  disk        %s\n",
+                b.disk.known()
+                    ? (format_bytes(b.disk.bytes) + " = " + format_bytes(m.disk.bytes) + " x " + keep).c_str()
+                    : "unknown");
+    std::printf("  GPU         %s\n",
+                b.gpu.known() ? (format_bytes(b.gpu.bytes) + " = " + format_bytes(m.gpu.bytes) + " x " + keep).c_str()
+                              : "unknown (no GPU: placement device not considered)");
+
+    std::printf("data\n");
+    if (!in.dataset_dir.empty()) std::printf("  dataset     %s\n", in.dataset_dir.c_str());
+    if (in.table_default_shape) std::printf("  note: no --shape given: sizing 3x32x32 samples\n");
+    std::string sample = "  sample      " + d.shape.str() + " " + std::string(dtype_name(d.dtype)) + " = " +
+                         format_count(input_bytes_per_sample(d)) + " B";
+    if (d.label_dtype)
+        sample += " + label " + std::string(dtype_name(*d.label_dtype)) + " " +
+                  format_count(label_bytes_per_sample(d)) + " B = " + format_count(bytes_per_sample(d)) + " B";
+    std::printf("%s\n", sample.c_str());
+    if (d.has_samples()) {
+        std::printf("  samples     %s train + %s test = %s\n", format_count(d.train).c_str(),
+                    format_count(d.test).c_str(), format_count(total_samples(d)).c_str());
+        std::printf("  in memory   %s (%s bytes; inputs %s)\n", format_bytes(dataset_bytes(d)).c_str(),
+                    format_count(dataset_bytes(d)).c_str(), format_bytes(input_bytes(d)).c_str());
+        std::printf("  on disk     %s%s\n", format_bytes(disk_bytes(d)).c_str(),
+                    d.on_disk        ? " (already there)"
+                    : d.stored_bytes ? ""
+                                     : " (npy files as dsgen writes them)");
+    }
+    std::printf("job\n  batch %u, %u ring slots: %s per ring (on the GPU when streaming, and pinned in RAM)\n",
+                in.job.batch, in.job.prefetch, format_bytes(ring_bytes(d, in.job)).c_str());
+    if (in.model)
+        std::printf("  model       %s: %s parameters, %u classes\n", in.model->name.c_str(),
+                    format_count(in.model->parameters).c_str(), in.model->classes);
+    std::printf("  note: the model's GPU footprint (weights, optimiser, activations, workspace) is not included:\n"
+                "        the GPU figures cover the data only\n");
+
+    std::printf("capacity (most samples, train + test, that fit each budget)\n");
+    std::vector<std::vector<std::string>> rows{{"dtype", "bytes/sample", "RAM", "disk", "GPU"}};
+    if (d.has_samples()) {
+        rows[0].push_back("this dataset");
+        rows[0].push_back("placement");
+    }
+    for (const Capacity& c : caps) {
+        rows.push_back({std::string(dtype_name(c.dtype)), format_count(c.bytes_per_sample) + " B",
+                        opt_count(c.ram_samples), opt_count(c.disk_samples), opt_count(c.gpu_samples)});
+        if (c.dataset_bytes) {
+            rows.back().push_back(format_bytes(*c.dataset_bytes));
+            rows.back().push_back(std::string(placement_name(*c.placement)));
+        }
+    }
+    print_columns(rows);
+
+    if (v) {
+        static const char* what[] = {"the whole dataset in GPU memory", "in RAM: stream from RAM or managed memory",
+                                     "stream from disk", "does not fit"};
+        std::printf("verdict: %s (%s)\n", std::string(placement_name(v->placement)).c_str(),
+                    what[static_cast<int>(v->placement)]);
+        for (const std::string& r : v->reasons) std::printf("  %s\n", r.c_str());
+        if (!v->fixes.empty()) {
+            std::printf("  fixes, cheapest first:\n");
+            for (const std::string& f : v->fixes) std::printf("    - %s\n", f.c_str());
+        }
+    }
+    if (e && v && v->placement != Placement::none) {
+        std::printf("epoch (%s train samples, order %s)\n", format_count(d.train).c_str(),
+                    std::string(order_name(in.order)).c_str());
+        const std::string src = in.rates.source.empty() ? "no --bench" : in.rates.source;
+        if (v->placement == Placement::disk)
+            std::printf("  disk read   %s (%s at the %s read rate, %s)\n", seconds_text(e->read_seconds).c_str(),
+                        format_bytes(e->read_bytes).c_str(), in.order == Order::full ? "random" : "sequential",
+                        src.c_str());
+        if (v->placement != Placement::device)
+            std::printf("  to the GPU  %s (%s at the pinned copy rate, %s)\n",
+                        seconds_text(e->transfer_seconds).c_str(), format_bytes(e->transfer_bytes).c_str(),
+                        src.c_str());
+        std::printf("  compute     %s%s\n", seconds_text(e->compute_seconds).c_str(),
+                    in.compute_rate > 0 ? "" : " (give --compute-rate, samples/s from a dstrain run)");
+        if (e->epoch_seconds)
+            std::printf("  epoch       %s at least, bound by %s%s\n", format_duration(*e->epoch_seconds).c_str(),
+                        e->bound_by.c_str(), e->io_bound ? ": I/O-bound" : "");
+        else
+            std::printf("  epoch       unknown (give --bench FILE from dsbench and --compute-rate)\n");
+        if (v->placement == Placement::disk && !e->read_seconds)
+            std::printf("  I/O-bound?  unknown (run dsbench on this disk and give --bench FILE)\n");
+        if (e->prefetch) std::printf("  recommended --prefetch %u\n", *e->prefetch);
+        std::printf("  recommended chunk size %s samples (%s of input, >= %s, whole batches)\n",
+                    format_count(e->chunk_samples).c_str(),
+                    format_bytes(e->chunk_samples * input_bytes_per_sample(d)).c_str(),
+                    format_bytes(min_chunk_bytes).c_str());
+    }
+    if (in.order == Order::full && v && v->placement == Placement::disk)
+        std::printf("warning: --order full reads one sample at a time at random from disk; --order chunk keeps the "
+                    "reads sequential\n");
+
+    if (in.table) {
+        std::printf("quick reference (%s, %s per ring, OS reserve %s, headroom %s)\n", d.shape.str().c_str(),
+                    format_bytes(ring_bytes(d, in.job)).c_str(), format_bytes(in.assumptions.os_reserve).c_str(),
+                    format_headroom(in.assumptions.headroom_ppm).c_str());
+        std::vector<std::vector<std::string>> t{{"RAM", "max dataset"}};
+        for (const DType ty : table_types) t[0].push_back("samples " + std::string(dtype_name(ty)));
+        for (const TableRow& r : table) {
+            t.push_back({format_bytes(r.ram), format_bytes(r.usable)});
+            for (const std::uint64_t n : r.max_samples) t.back().push_back(format_count(n));
+        }
+        print_columns(t);
+    }
+}
+
+// ---- JSON output ----
+
+json figure_json(const Figure& f) {
+    return {{"bytes", f.known() ? json(f.bytes) : json(nullptr)}, {"source", source_name(f.source)}};
+}
+
+template <class T> json opt(const std::optional<T>& v) {
+    return v ? json(*v) : json(nullptr);
+}
+
+json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
+             const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
+             const std::vector<DType>& table_types, std::optional<bool> check_passed) {
+    const Machine& m = in.machine;
+    const DataSpec& d = in.data;
+    json doc;
+    doc["tool"] = "dsplan";
+    doc["version"] = DSTK_VERSION;
+    doc["machine"] = {{"ram", figure_json(m.ram)},  {"ram_available", figure_json(m.ram_available)},
+                      {"numa_nodes", m.numa_nodes}, {"disk", figure_json(m.disk)},
+                      {"gpu", figure_json(m.gpu)},  {"notes", m.notes}};
+    doc["machine"]["disk"]["path"] = m.disk_path;
+    doc["machine"]["disk"]["filesystem"] = m.filesystem;
+    doc["machine"]["gpu"]["name"] = m.gpu_name;
+    doc["machine"]["gpu"]["pcie_generation"] = m.pcie_generation;
+    doc["machine"]["gpu"]["pcie_width"] = m.pcie_width;
+    doc["assumptions"] = {{"os_reserve_bytes", in.assumptions.os_reserve},
+                          {"headroom_percent", in.assumptions.headroom_ppm / 10'000.0}};
+    const auto budget = [](const Figure& f) { return f.known() ? json(f.bytes) : json(nullptr); };
+    doc["budgets"] = {{"ram_bytes", budget(b.ram)}, {"disk_bytes", budget(b.disk)}, {"gpu_bytes", budget(b.gpu)}};
+    json data = {{"shape", d.shape.str()},
+                 {"dtype", dtype_name(d.dtype)},
+                 {"label_dtype", d.label_dtype ? json(dtype_name(*d.label_dtype)) : json(nullptr)},
+                 {"input_bytes_per_sample", input_bytes_per_sample(d)},
+                 {"label_bytes_per_sample", label_bytes_per_sample(d)},
+                 {"bytes_per_sample", bytes_per_sample(d)},
+                 {"dataset", in.dataset_dir.empty() ? json(nullptr) : json(in.dataset_dir)},
+                 {"on_disk", d.on_disk}};
+    if (d.has_samples()) {
+        data["train"] = d.train;
+        data["test"] = d.test;
+        data["input_bytes"] = input_bytes(d);
+        data["dataset_bytes"] = dataset_bytes(d);
+        data["disk_bytes"] = disk_bytes(d);
+    }
+    doc["data"] = data;
+    doc["job"] = {{"batch", in.job.batch},
+                  {"prefetch", in.job.prefetch},
+                  {"ring_bytes", ring_bytes(d, in.job)},
+                  {"order", order_name(in.order)},
+                  {"model", in.model ? json(in.model->name) : json(nullptr)},
+                  {"model_parameters", in.model ? json(in.model->parameters) : json(nullptr)},
+                  {"model_footprint_included", false}};
+    json cj = json::array();
+    for (const Capacity& c : caps) {
+        cj.push_back({{"dtype", dtype_name(c.dtype)},
+                      {"bytes_per_sample", c.bytes_per_sample},
+                      {"ram_samples", opt(c.ram_samples)},
+                      {"disk_samples", opt(c.disk_samples)},
+                      {"gpu_samples", opt(c.gpu_samples)},
+                      {"dataset_bytes", opt(c.dataset_bytes)},
+                      {"placement", c.placement ? json(placement_name(*c.placement)) : json(nullptr)}});
+    }
+    doc["capacity"] = cj;
+    doc["verdict"] = nullptr;
+    if (v)
+        doc["verdict"] = {{"placement", placement_name(v->placement)},
+                          {"fits", v->placement != Placement::none},
+                          {"gpu_device_bytes", v->gpu_device},
+                          {"gpu_stream_bytes", v->gpu_stream},
+                          {"ram_bytes", v->ram},
+                          {"disk_bytes", v->disk},
+                          {"gpu_checked", v->gpu_checked},
+                          {"reasons", v->reasons},
+                          {"fixes", v->fixes}};
+    doc["epoch"] = nullptr;
+    if (e && v && v->placement != Placement::none)
+        doc["epoch"] = {{"read_bytes", e->read_bytes},
+                        {"transfer_bytes", e->transfer_bytes},
+                        {"read_seconds", opt(e->read_seconds)},
+                        {"transfer_seconds", opt(e->transfer_seconds)},
+                        {"compute_seconds", opt(e->compute_seconds)},
+                        {"epoch_seconds", opt(e->epoch_seconds)},
+                        {"bound_by", e->bound_by.empty() ? json(nullptr) : json(e->bound_by)},
+                        {"io_bound", e->io_bound},
+                        {"recommended_prefetch", opt(e->prefetch)},
+                        {"recommended_chunk_samples", e->chunk_samples},
+                        {"bench", in.rates.source.empty() ? json(nullptr) : json(in.rates.source)},
+                        {"seq_read_bytes_per_second", opt(in.rates.seq_read)},
+                        {"random_read_bytes_per_second", opt(in.rates.random_read)},
+                        {"h2d_pinned_bytes_per_second", opt(in.rates.h2d_pinned)}};
+    doc["table"] = nullptr;
+    if (in.table) {
+        json t = json::array();
+        for (const TableRow& r : table) {
+            json row = {{"ram_bytes", r.ram}, {"usable_bytes", r.usable}};
+            for (std::size_t i = 0; i < table_types.size(); ++i)
+                row["max_samples"][std::string(dtype_name(table_types[i]))] = r.max_samples[i];
+            t.push_back(row);
+        }
+        doc["table"] = t;
+    }
+    doc["check"] = nullptr;
+    if (check_passed) doc["check"] = {{"require", placement_name(*in.require)}, {"passed", *check_passed}};
+    return doc;
+}
+
+} // namespace
+
+void run_plan(const PlanOptions& o) {
+    const Inputs in = gather(o);
+    const Budgets b = compute_budgets(in.machine, in.assumptions);
+    const std::vector<Capacity> caps = capacity_by_dtype(in.data, in.job, b);
+    std::optional<Verdict> v;
+    std::optional<EpochEstimate> e;
+    if (in.data.has_samples()) {
+        v = plan_placement(in.data, in.job, b);
+        e = estimate_epoch(in.data, in.job, v->placement, in.rates, in.compute_rate, in.order == Order::full);
+    }
+    std::vector<DType> table_types;
+    for (const Capacity& c : caps) table_types.push_back(c.dtype);
+    const std::vector<TableRow> table =
+        in.table ? quick_reference(in.data, in.job, table_types, in.assumptions) : std::vector<TableRow>{};
+    std::optional<bool> passed;
+    if (in.require) passed = v->placement != Placement::none && at_least(v->placement, *in.require);
+
+    if (o.out.json)
+        std::cout << to_json(in, b, caps, v, e, table, table_types, passed).dump(2) << "\n";
+    else if (!o.out.quiet || !in.require)
+        print_text(in, b, caps, v, e, table, table_types);
+    std::cout.flush();
+    std::fflush(stdout);
+    if (passed && !*passed)
+        throw no_fit_error("check failed: placement " + std::string(placement_name(v->placement)) +
+                           (v->placement == Placement::none
+                                ? " (the dataset does not fit this machine)"
+                                : " is worse than the required " + std::string(placement_name(*in.require))) +
+                           (v->fixes.empty() ? "" : "; cheapest fix: " + v->fixes.front()));
+}
+
+} // namespace dstk::plan

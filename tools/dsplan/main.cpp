@@ -1,0 +1,45 @@
+// dsplan: size a dataset against a machine and say where it should live.
+#include "dstk/cli.hpp"
+#include "dstk/plan.hpp"
+
+int main(int argc, char** argv) {
+    using namespace dstk;
+    plan::PlanOptions o;
+
+    CLI::App app{"Size a dataset against this machine (RAM, disk, GPU) and say where it should live: device, ram, "
+                 "disk or none. Sizes take K M G T (powers of 1024) or KB MB GB TB (powers of 1000); counts take "
+                 "K M G (powers of 1000).",
+                 "dsplan"};
+    app.add_option("--ram", o.ram, "RAM to plan for, e.g. 128G (default: detected MemTotal)");
+    app.add_option("--disk", o.disk, "Free disk to plan for, e.g. 2T (default: detected at --dir)");
+    app.add_option("--gpu-mem", o.gpu_mem, "GPU memory to plan for, e.g. 8G (default: detected free GPU memory)");
+    app.add_option("--dir", o.dir, "Where the dataset lives or would be written (default: --dataset, else .)");
+    app.add_option("--dataset", o.dataset,
+                   "An existing dataset directory: shape, dtype and samples from its manifest "
+                   "(--dtype then asks 'what if it were stored as')");
+    app.add_option("--shape", o.shape, "Per-sample input shape, e.g. 3x32x32");
+    app.add_option("--dtype", o.dtype, "Input dtype: u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64 (default f32)");
+    app.add_option("--label-dtype", o.label_dtype, "Label dtype, or none")->capture_default_str();
+    app.add_option("--samples", o.samples, "Training samples, e.g. 10M (without it: capacity only)");
+    app.add_option("--test", o.test, "Test samples, e.g. 10K")->capture_default_str();
+    app.add_option("--batch", o.batch, "Training batch size")->capture_default_str();
+    app.add_option("--prefetch", o.prefetch, "Ring slots (batches in flight to the GPU)")->capture_default_str();
+    app.add_option("--model", o.model,
+                   "dstrain model (ref-cnn, small-cnn, resnet9, mlp or a spec), checked against "
+                   "the shape; its GPU footprint is not included yet");
+    app.add_option("--classes", o.classes, "Classes for --model (default: the manifest's, else 10)");
+    app.add_option("--compute-rate", o.compute_rate, "Training samples/s of the GPU (from a dstrain run), e.g. 70K");
+    app.add_option("--order", o.order, "Sample order: sequential, chunk or full (full reads at random)")
+        ->capture_default_str();
+    app.add_option("--bench", o.bench, "dsbench JSON results: measured read and host-to-device rates");
+    app.add_option("--os-reserve", o.os_reserve, "RAM kept for the OS and other processes")->capture_default_str();
+    app.add_option("--headroom", o.headroom, "Share of each budget kept free, in percent")->capture_default_str();
+    app.add_flag("--table", o.table, "Print the quick-reference table: RAM sizes 16G to 1T as rows");
+    app.add_flag("--check", o.check, "Exit 0 if the dataset fits (placement device, ram or disk), 3 if not");
+    app.add_option("--require", o.require,
+                   "With --check: the worst placement that passes: device, ram or disk "
+                   "(implies --check)");
+    add_output_options(app, o.out);
+
+    return run_tool(app, argc, argv, [&] { plan::run_plan(o); });
+}
