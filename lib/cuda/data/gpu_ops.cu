@@ -1,0 +1,168 @@
+// The data path's CUDA runtime calls and its one kernel (row gather).
+#include "dstk/data/gpu_ops.hpp"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "dstk/error.hpp"
+
+namespace dstk::data::gpu {
+namespace {
+
+void check(cudaError_t e, const char* call, const char* file, int line) {
+    if (e == cudaSuccess) return;
+    throw runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + " (" +
+                        cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")");
+}
+#define DSTK_DATA_CUDA(expr) check((expr), #expr, __FILE__, __LINE__)
+
+cudaStream_t as_stream(void* s) {
+    return static_cast<cudaStream_t>(s);
+}
+cudaEvent_t as_event(void* e) {
+    return static_cast<cudaEvent_t>(e);
+}
+
+// One block row per sample: 16-byte words when the row allows, bytes otherwise.
+template <typename Word>
+__global__ void gather_kernel(Word* __restrict__ dst, const Word* __restrict__ src, std::uint64_t row_words,
+                              std::int32_t* __restrict__ dst_y, const std::int32_t* __restrict__ src_y,
+                              const std::uint64_t* __restrict__ idx, std::uint32_t count) {
+    const std::uint32_t row = blockIdx.x;
+    if (row >= count) return;
+    const std::uint64_t from = idx[row];
+    const Word* s = src + from * row_words;
+    Word* d = dst + std::uint64_t{row} * row_words;
+    for (std::uint64_t i = threadIdx.x; i < row_words; i += blockDim.x) d[i] = s[i];
+    if (threadIdx.x == 0) dst_y[row] = src_y[from];
+}
+
+} // namespace
+
+void set_device(int device) {
+    DSTK_DATA_CUDA(cudaSetDevice(device));
+}
+
+void mem_info(int device, std::uint64_t& free_bytes, std::uint64_t& total_bytes) {
+    DSTK_DATA_CUDA(cudaSetDevice(device));
+    std::size_t f = 0, t = 0;
+    DSTK_DATA_CUDA(cudaMemGetInfo(&f, &t));
+    free_bytes = f;
+    total_bytes = t;
+}
+
+void* device_alloc(std::uint64_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation)
+        throw no_fit_error(
+            "cannot allocate " + std::to_string(bytes) +
+            " bytes of GPU memory for the data path (use --data stream or a smaller --prefetch/--batch)");
+    DSTK_DATA_CUDA(e);
+    return p;
+}
+void device_free(void* p) {
+    cudaFree(p);
+}
+
+void* pinned_alloc(std::uint64_t bytes) {
+    void* p = nullptr;
+    DSTK_DATA_CUDA(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable));
+    return p;
+}
+void pinned_free(void* p) {
+    cudaFreeHost(p);
+}
+
+void* managed_alloc(std::uint64_t bytes) {
+    void* p = nullptr;
+    DSTK_DATA_CUDA(cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal));
+    return p;
+}
+void managed_free(void* p) {
+    cudaFree(p);
+}
+
+void* stream_create() {
+    cudaStream_t s = nullptr;
+    DSTK_DATA_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+}
+void stream_destroy(void* stream) {
+    cudaStreamDestroy(as_stream(stream));
+}
+void stream_synchronize(void* stream) {
+    DSTK_DATA_CUDA(cudaStreamSynchronize(as_stream(stream)));
+}
+
+void* event_create(bool timing) {
+    cudaEvent_t e = nullptr;
+    DSTK_DATA_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+}
+void event_destroy(void* event) {
+    cudaEventDestroy(as_event(event));
+}
+void event_record(void* event, void* stream) {
+    DSTK_DATA_CUDA(cudaEventRecord(as_event(event), as_stream(stream)));
+}
+void event_synchronize(void* event) {
+    DSTK_DATA_CUDA(cudaEventSynchronize(as_event(event)));
+}
+bool event_done(void* event) {
+    const cudaError_t e = cudaEventQuery(as_event(event));
+    if (e == cudaErrorNotReady) return false;
+    DSTK_DATA_CUDA(e);
+    return true;
+}
+float event_elapsed_ms(void* start, void* end) {
+    float ms = 0;
+    DSTK_DATA_CUDA(cudaEventElapsedTime(&ms, as_event(start), as_event(end)));
+    return ms;
+}
+void stream_wait_event(void* stream, void* event) {
+    DSTK_DATA_CUDA(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
+}
+
+void copy_h2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream) {
+    DSTK_DATA_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)));
+}
+void copy_h2d(void* dst, const void* src, std::uint64_t bytes) {
+    DSTK_DATA_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,
+                       const std::int32_t* src_y, const std::uint64_t* idx, std::uint32_t count, void* stream) {
+    if (count == 0) return;
+    const bool wide = row_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst_x) % 16 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(src_x) % 16 == 0;
+    if (wide)
+        gather_kernel<uint4><<<count, 128, 0, as_stream(stream)>>>(
+            static_cast<uint4*>(dst_x), static_cast<const uint4*>(src_x), row_bytes / 16, dst_y, src_y, idx, count);
+    else
+        gather_kernel<unsigned char><<<count, 128, 0, as_stream(stream)>>>(static_cast<unsigned char*>(dst_x),
+                                                                           static_cast<const unsigned char*>(src_x),
+                                                                           row_bytes, dst_y, src_y, idx, count);
+    DSTK_DATA_CUDA(cudaGetLastError());
+}
+
+void advise_host_preferred(const void* p, std::uint64_t bytes, int device) {
+    cudaMemLocation host{};
+    host.type = cudaMemLocationTypeHost;
+    host.id = 0;
+    cudaMemLocation gpu{};
+    gpu.type = cudaMemLocationTypeDevice;
+    gpu.id = device;
+    DSTK_DATA_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, host));
+    DSTK_DATA_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, gpu));
+}
+
+void prefetch_to_device(const void* p, std::uint64_t bytes, int device, void* stream) {
+    cudaMemLocation gpu{};
+    gpu.type = cudaMemLocationTypeDevice;
+    gpu.id = device;
+    DSTK_DATA_CUDA(cudaMemPrefetchAsync(p, bytes, gpu, 0, as_stream(stream)));
+}
+
+} // namespace dstk::data::gpu

@@ -1,0 +1,89 @@
+#pragma once
+// Where training batches come from (DESIGN.md, "The training data path").
+// A BatchSource hands the Trainer one batch at a time, in the backend's memory
+// (device memory for cuda, host memory for cpu), in the order of an EpochOrder:
+//
+//   device   the whole split resident in backend memory; batches are slices
+//            (sequential order) or gathered into a batch slot.
+//   stream   reader threads (pread; decoded chunks for zstd-chunked files)
+//            fill a ring of K host slots (pinned on cuda); on cuda each slot is
+//            copied on a copy stream into one of K device slots, and events
+//            order copy -> compute -> slot reuse. Memory is K slots whatever
+//            the dataset size.
+//   managed  (cuda) the split in cudaMallocManaged memory, read from the file
+//            into it; the next batches are prefetched on a side stream.
+//
+// The batch from next() stays valid until release(); the caller calls
+// release() after it has enqueued (cuda) or done (cpu) all work reading it.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "dstk/data/order.hpp"
+#include "dstk/dataset.hpp"
+#include "dstk/train/trainer.hpp"
+
+namespace dstk::data {
+
+enum class Placement : std::uint8_t { automatic, device, stream, managed };
+Placement parse_placement(std::string_view text); // "auto", "device", "stream", "managed"
+std::string_view placement_name(Placement p);
+
+// What managed memory is told and asked (--managed-policy).
+//   prefetch  cudaMemPrefetchAsync of the next batches to the GPU on a side stream
+//   advise    PreferredLocation=CPU + AccessedBy=GPU: the GPU reads host pages in place
+//   fault     nothing: on-demand page migration
+enum class ManagedPolicy : std::uint8_t { prefetch, advise, fault };
+ManagedPolicy parse_managed_policy(std::string_view text);
+std::string_view managed_policy_name(ManagedPolicy p);
+
+struct SourceConfig {
+    Placement placement = Placement::stream; // resolved: never automatic here
+    train::Device device;
+    OrderConfig order;
+    std::uint32_t batch = 256;
+    bool drop_last = true; // training drops a partial last batch; evaluation keeps it
+    unsigned prefetch = 4; // K: ring slots (stream), batches prefetched ahead (managed)
+    unsigned readers = 2;  // reader threads (stream)
+    ManagedPolicy managed_policy = ManagedPolicy::prefetch;
+    bool oversubscribe = false;     // managed: allow a split larger than free GPU memory
+    void* compute_stream = nullptr; // cuda: the trainer's stream (batches are ordered before work on it)
+};
+
+// Seconds spent per stage since the last take_times(), summed over batches.
+struct StageTimes {
+    double read_wait = 0; // the training loop waiting for a batch (the data path's cost to training)
+    double read = 0;      // reader threads in pread / decode (sum over threads)
+    double h2d = 0;       // host -> device copies (cuda; measured with events)
+    double compute = 0;   // train steps (filled in by the training loop)
+    std::uint64_t batches = 0, samples = 0, bytes = 0;
+};
+
+class BatchSource {
+  public:
+    virtual ~BatchSource() = default;
+    virtual Placement placement() const = 0;
+    virtual std::uint64_t samples() const = 0;
+    virtual std::uint64_t batches_per_epoch() const = 0;
+    // Positions the source at batch `first_batch` of `epoch` (a resume point).
+    virtual void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) = 0;
+    // The next batch of the epoch; false when the epoch is done. Rethrows
+    // reader errors (naming the file and chunk).
+    virtual bool next(train::Batch& out) = 0;
+    virtual void release() = 0;
+    virtual StageTimes take_times() = 0;
+    virtual std::uint64_t device_bytes() const = 0; // backend memory held: slots or the resident split
+    virtual std::uint64_t host_bytes() const = 0;   // host memory held: ring, reader buffers, decoded chunks
+};
+
+// Opens `split` of `dataset` (fields manifest().input_field / label_field).
+// Usage errors: an empty split, a batch larger than the split.
+std::unique_ptr<BatchSource> make_batch_source(const Dataset& dataset, std::string_view split,
+                                               const SourceConfig& config);
+
+// Bytes a source of this configuration will hold in backend memory, known
+// before it is built (the GPU memory ceiling).
+std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& config);
+
+} // namespace dstk::data

@@ -1,0 +1,43 @@
+#pragma once
+// The CUDA runtime calls of the data path, behind a plain header (no CUDA
+// types: streams and events are void*). Defined only in builds with CUDA
+// (DSTK_HAVE_CUDA); callers guard their use. Errors throw dstk::Error naming
+// the call, file and line.
+#include <cstdint>
+
+namespace dstk::data::gpu {
+
+void set_device(int device);
+void mem_info(int device, std::uint64_t& free_bytes, std::uint64_t& total_bytes);
+
+void* device_alloc(std::uint64_t bytes); // cudaMalloc
+void device_free(void* p);
+void* pinned_alloc(std::uint64_t bytes); // cudaHostAlloc (portable)
+void pinned_free(void* p);
+void* managed_alloc(std::uint64_t bytes); // cudaMallocManaged (global)
+void managed_free(void* p);
+
+void* stream_create(); // non-blocking
+void stream_destroy(void* stream);
+void stream_synchronize(void* stream);
+void* event_create(bool timing);
+void event_destroy(void* event);
+void event_record(void* event, void* stream);
+void event_synchronize(void* event);
+bool event_done(void* event);
+float event_elapsed_ms(void* start, void* end);
+void stream_wait_event(void* stream, void* event);
+
+void copy_h2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream);
+void copy_h2d(void* dst, const void* src, std::uint64_t bytes);
+
+// dst row i = src row idx[i] (rows of row_bytes bytes), x and labels at once;
+// idx in device (or managed) memory.
+void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,
+                       const std::int32_t* src_y, const std::uint64_t* idx, std::uint32_t count, void* stream);
+
+// Managed memory placement (CUDA 13: cudaMemLocation).
+void advise_host_preferred(const void* p, std::uint64_t bytes, int device); // PreferredLocation=CPU, AccessedBy=GPU
+void prefetch_to_device(const void* p, std::uint64_t bytes, int device, void* stream);
+
+} // namespace dstk::data::gpu

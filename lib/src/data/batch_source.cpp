@@ -1,0 +1,611 @@
+#include "dstk/data/batch_source.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "dstk/error.hpp"
+#include "dstk/output.hpp"
+#include "dstk/signals.hpp"
+#include "dstk/units.hpp"
+#include "field_access.hpp"
+#include "host_ring.hpp"
+#if defined(DSTK_HAVE_CUDA)
+#include "dstk/data/gpu_ops.hpp"
+#endif
+
+namespace dstk::data {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+constexpr std::uint64_t load_piece_bytes = 64ull << 20;
+
+struct Fields {
+    const SplitInfo* split = nullptr;
+    const FieldInfo* x = nullptr;
+    const FieldInfo* y = nullptr;
+};
+
+Fields check_fields(const Dataset& ds, std::string_view split_name, const SourceConfig& c) {
+    const Manifest& m = ds.manifest();
+    Fields f;
+    f.split = &m.split(split_name);
+    f.x = &f.split->field(m.input_field);
+    f.y = &f.split->field(m.label_field);
+    if (f.y->dtype != DType::i32 || f.y->shape.numel() != 1)
+        throw runtime_error(ds.dir().string() + ": labels '" + f.y->name + "' of split '" + f.split->name + "' are " +
+                            std::string(dtype_name(f.y->dtype)) + " " + f.y->shape.str() +
+                            " (training needs one i32 label per sample); convert them with dsconvert");
+    if (f.split->samples == 0)
+        throw usage_error("split '" + f.split->name + "' of " + ds.dir().string() +
+                          " is empty (no samples to train on); regenerate the dataset with samples in it");
+    if (c.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
+    if (c.drop_last && c.batch > f.split->samples)
+        throw usage_error("--batch " + std::to_string(c.batch) + " is larger than split '" + f.split->name + "' (" +
+                          format_count(f.split->samples) + " samples); use a smaller --batch");
+    return f;
+}
+
+std::uint64_t batches_of(std::uint64_t samples, std::uint32_t batch, bool drop_last) {
+    return drop_last ? samples / batch : (samples + batch - 1) / batch;
+}
+
+// The order's chunk: the storage's chunk for chunked files, else the config's.
+OrderConfig effective_order(const SourceConfig& c, std::uint64_t storage_chunk) {
+    OrderConfig o = c.order;
+    if (storage_chunk != 0) o.chunk_samples = storage_chunk;
+    return o;
+}
+
+std::uint64_t cache_chunks_for(const SourceConfig& c) {
+    return c.order.window_chunks * 2 + c.readers + 1;
+}
+
+// ---- stream, cpu backend: the host slot is the batch --------------------------
+
+class HostStreamSource final : public BatchSource {
+  public:
+    HostStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
+        : x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c))),
+          y_(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
+          ring_(*x_, *y_, c.batch, c.drop_last, effective_order(c, x_->storage_chunk_samples()), c.prefetch, c.readers,
+                plain_host_memory()) {}
+
+    Placement placement() const override { return Placement::stream; }
+    std::uint64_t samples() const override { return x_->samples(); }
+    std::uint64_t batches_per_epoch() const override { return ring_.batches(); }
+    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override { ring_.start(epoch, first_batch); }
+    bool next(train::Batch& out) override {
+        const RingSlot* s = ring_.acquire();
+        if (!s) return false;
+        out = {s->x, s->y, s->size};
+        times_.batches += 1;
+        times_.samples += s->size;
+        times_.bytes += s->size * (x_->sample_bytes() + 4);
+        return true;
+    }
+    void release() override { ring_.release(); }
+    StageTimes take_times() override {
+        StageTimes t = std::exchange(times_, {});
+        t.read_wait = ring_.take_wait_seconds();
+        t.read = ring_.take_read_seconds();
+        return t;
+    }
+    std::uint64_t device_bytes() const override { return ring_.host_bytes(); }
+    std::uint64_t host_bytes() const override { return ring_.host_bytes() + x_->cache_bytes() + y_->cache_bytes(); }
+
+  private:
+    std::unique_ptr<FieldAccess> x_, y_;
+    HostRing ring_;
+    StageTimes times_;
+};
+
+// ---- device placement, cpu backend: the split in host memory ------------------
+
+class HostResidentSource final : public BatchSource {
+  public:
+    HostResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
+        : config_(c), samples_(f.split->samples), sample_bytes_(f.x->sample_bytes()),
+          batches_(batches_of(samples_, c.batch, c.drop_last)) {
+        const auto t0 = Clock::now();
+        x_.resize(checked_mul(samples_, sample_bytes_, "split bytes"));
+        y_.resize(samples_);
+        ds.reader(f.split->name, f.x->name).read(0, samples_, x_.data());
+        ds.reader(f.split->name, f.y->name).read(0, samples_, y_.data());
+        times_.read = seconds_since(t0);
+        if (c.order.kind != Order::sequential) {
+            slot_x_.resize(std::uint64_t{c.batch} * sample_bytes_);
+            slot_y_.resize(c.batch);
+        }
+    }
+
+    Placement placement() const override { return Placement::device; }
+    std::uint64_t samples() const override { return samples_; }
+    std::uint64_t batches_per_epoch() const override { return batches_; }
+    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
+        order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
+        next_ = std::min(first_batch, batches_);
+    }
+    bool next(train::Batch& out) override {
+        if (next_ >= batches_) return false;
+        const std::uint64_t first = next_ * config_.batch;
+        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
+        ++next_;
+        if (config_.order.kind == Order::sequential) {
+            out = {x_.data() + first * sample_bytes_, y_.data() + first, count};
+        } else {
+            for (std::uint32_t i = 0; i < count; ++i) {
+                const std::uint64_t s = (*order_)[first + i];
+                std::memcpy(slot_x_.data() + i * sample_bytes_, x_.data() + s * sample_bytes_, sample_bytes_);
+                slot_y_[i] = y_[s];
+            }
+            out = {slot_x_.data(), slot_y_.data(), count};
+        }
+        times_.batches += 1;
+        times_.samples += count;
+        times_.bytes += count * (sample_bytes_ + 4);
+        return true;
+    }
+    void release() override {}
+    StageTimes take_times() override { return std::exchange(times_, {}); }
+    std::uint64_t device_bytes() const override {
+        return x_.size() + y_.size() * 4 + slot_x_.size() + slot_y_.size() * 4;
+    }
+    std::uint64_t host_bytes() const override { return device_bytes(); }
+
+  private:
+    SourceConfig config_;
+    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0;
+    std::vector<std::uint8_t> x_, slot_x_;
+    std::vector<std::int32_t> y_, slot_y_;
+    std::unique_ptr<EpochOrder> order_;
+    StageTimes times_;
+};
+
+#if defined(DSTK_HAVE_CUDA)
+
+template <typename Free> struct GpuPtr {
+    void* p = nullptr;
+    Free free;
+    GpuPtr(void* ptr, Free f) : p(ptr), free(f) {}
+    ~GpuPtr() {
+        if (p) free(p);
+    }
+    GpuPtr(const GpuPtr&) = delete;
+    GpuPtr& operator=(const GpuPtr&) = delete;
+};
+using DeviceMem = GpuPtr<void (*)(void*)>;
+
+DeviceMem device_mem(std::uint64_t bytes) {
+    return DeviceMem(gpu::device_alloc(bytes), gpu::device_free);
+}
+DeviceMem pinned_mem(std::uint64_t bytes) {
+    return DeviceMem(gpu::pinned_alloc(bytes), gpu::pinned_free);
+}
+DeviceMem event(bool timing) {
+    return DeviceMem(gpu::event_create(timing), gpu::event_destroy);
+}
+
+// Gathers batches in order from a split the GPU can read (device or managed
+// memory) into one device batch slot, on the compute stream: stream order
+// alone keeps the slot from being overwritten while a step reads it.
+class DeviceGather {
+  public:
+    DeviceGather(std::uint32_t batch, std::uint64_t sample_bytes, void* stream)
+        : batch_(batch), sample_bytes_(sample_bytes), stream_(stream), x_(device_mem(batch * sample_bytes)),
+          y_(device_mem(std::uint64_t{batch} * 4)), idx_dev_(device_mem(std::uint64_t{batch} * 8 * 2)),
+          idx_host_(pinned_mem(std::uint64_t{batch} * 8 * 2)) {
+        idx_done_.emplace_back(event(false));
+        idx_done_.emplace_back(event(false));
+    }
+    static std::uint64_t bytes(std::uint32_t batch, std::uint64_t sample_bytes) {
+        return batch * sample_bytes + std::uint64_t{batch} * 4 + std::uint64_t{batch} * 16;
+    }
+    train::Batch gather(const EpochOrder& order, std::uint64_t first, std::uint32_t count, const void* src_x,
+                        const std::int32_t* src_y) {
+        const unsigned k = turn_++ % 2;
+        if (used_[k]) gpu::event_synchronize(idx_done_[k].p);
+        auto* host = static_cast<std::uint64_t*>(idx_host_.p) + std::uint64_t{k} * batch_;
+        auto* dev = static_cast<std::uint64_t*>(idx_dev_.p) + std::uint64_t{k} * batch_;
+        for (std::uint32_t i = 0; i < count; ++i) host[i] = order[first + i];
+        gpu::copy_h2d_async(dev, host, std::uint64_t{count} * 8, stream_);
+        gpu::event_record(idx_done_[k].p, stream_);
+        used_[k] = true;
+        gpu::gather_rows_async(x_.p, src_x, sample_bytes_, static_cast<std::int32_t*>(y_.p), src_y, dev, count,
+                               stream_);
+        return {x_.p, static_cast<const std::int32_t*>(y_.p), count};
+    }
+
+  private:
+    std::uint32_t batch_;
+    std::uint64_t sample_bytes_;
+    void* stream_;
+    DeviceMem x_, y_, idx_dev_, idx_host_;
+    std::vector<DeviceMem> idx_done_;
+    bool used_[2] = {false, false};
+    unsigned turn_ = 0;
+};
+
+// ---- device placement, cuda ------------------------------------------------------
+
+class DeviceResidentSource final : public BatchSource {
+  public:
+    DeviceResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
+        : config_(c), samples_(f.split->samples), sample_bytes_(f.x->sample_bytes()),
+          batches_(batches_of(samples_, c.batch, c.drop_last)),
+          x_(device_mem(checked_mul(samples_, sample_bytes_, "split bytes"))), y_(device_mem(samples_ * 4)) {
+        const auto t0 = Clock::now();
+        load(ds.reader(f.split->name, f.x->name), x_.p, sample_bytes_);
+        load(ds.reader(f.split->name, f.y->name), y_.p, 4);
+        times_.read = seconds_since(t0);
+        if (c.order.kind != Order::sequential)
+            gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream);
+    }
+
+    Placement placement() const override { return Placement::device; }
+    std::uint64_t samples() const override { return samples_; }
+    std::uint64_t batches_per_epoch() const override { return batches_; }
+    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
+        order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
+        next_ = std::min(first_batch, batches_);
+    }
+    bool next(train::Batch& out) override {
+        if (next_ >= batches_) return false;
+        const std::uint64_t first = next_ * config_.batch;
+        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
+        ++next_;
+        const auto* xs = static_cast<const std::uint8_t*>(x_.p);
+        const auto* ys = static_cast<const std::int32_t*>(y_.p);
+        out = gather_ ? gather_->gather(*order_, first, count, xs, ys)
+                      : train::Batch{xs + first * sample_bytes_, ys + first, count};
+        times_.batches += 1;
+        times_.samples += count;
+        times_.bytes += count * (sample_bytes_ + 4);
+        return true;
+    }
+    void release() override {}
+    StageTimes take_times() override { return std::exchange(times_, {}); }
+    std::uint64_t device_bytes() const override {
+        return samples_ * (sample_bytes_ + 4) + (gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0);
+    }
+    std::uint64_t host_bytes() const override { return load_piece_bytes; }
+
+  private:
+    static void load(const FieldReader& r, void* dst, std::uint64_t sb) {
+        std::vector<std::uint8_t> staging(std::max<std::uint64_t>(sb, load_piece_bytes / sb * sb));
+        const std::uint64_t per = staging.size() / sb;
+        for (std::uint64_t first = 0; first < r.samples(); first += per) {
+            throw_if_interrupted();
+            const std::uint64_t n = std::min(per, r.samples() - first);
+            r.read(first, n, staging.data());
+            gpu::copy_h2d(static_cast<std::uint8_t*>(dst) + first * sb, staging.data(), n * sb);
+        }
+    }
+
+    SourceConfig config_;
+    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0;
+    DeviceMem x_, y_;
+    std::unique_ptr<DeviceGather> gather_;
+    std::unique_ptr<EpochOrder> order_;
+    StageTimes times_;
+};
+
+// ---- stream placement, cuda: pinned ring -> copy stream -> device slots ---------
+
+class DeviceStreamSource final : public BatchSource {
+  public:
+    DeviceStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
+        : config_(c), sample_bytes_(f.x->sample_bytes()),
+          x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c))),
+          y_(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
+          ring_(*x_, *y_, c.batch, c.drop_last, effective_order(c, x_->storage_chunk_samples()),
+                std::max(c.prefetch, 2u), c.readers, HostMemory{gpu::pinned_alloc, gpu::pinned_free}),
+          copy_stream_(gpu::stream_create(), gpu::stream_destroy) {
+        for (unsigned k = 0; k < std::max(c.prefetch, 2u); ++k) {
+            Slot s{device_mem(std::uint64_t{c.batch} * sample_bytes_), device_mem(std::uint64_t{c.batch} * 4),
+                   event(true), event(true), event(false)};
+            slots_.push_back(std::move(s));
+        }
+    }
+    ~DeviceStreamSource() override {
+        // Device slots must outlive the copies and steps that use them.
+        if (config_.compute_stream) gpu::stream_synchronize(config_.compute_stream);
+        gpu::stream_synchronize(copy_stream_.p);
+    }
+
+    static std::uint64_t bytes(const SourceConfig& c, std::uint64_t sample_bytes) {
+        return std::max(c.prefetch, 2u) * (std::uint64_t{c.batch} * sample_bytes + std::uint64_t{c.batch} * 4);
+    }
+
+    Placement placement() const override { return Placement::stream; }
+    std::uint64_t samples() const override { return x_->samples(); }
+    std::uint64_t batches_per_epoch() const override { return ring_.batches(); }
+    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
+        drain();
+        ring_.start(epoch, first_batch);
+    }
+    bool next(train::Batch& out) override {
+        const RingSlot* h = ring_.acquire();
+        if (!h) return false;
+        const std::size_t k = turn_++ % slots_.size();
+        Slot& d = slots_[k];
+        if (d.used) gpu::stream_wait_event(copy_stream_.p, d.computed.p);
+        gpu::event_record(d.copy_start.p, copy_stream_.p);
+        gpu::copy_h2d_async(d.x.p, h->x, std::uint64_t{h->size} * sample_bytes_, copy_stream_.p);
+        gpu::copy_h2d_async(d.y.p, h->y, std::uint64_t{h->size} * 4, copy_stream_.p);
+        gpu::event_record(d.copied.p, copy_stream_.p);
+        gpu::stream_wait_event(config_.compute_stream, d.copied.p);
+        d.used = true;
+        pending_.push_back(k);
+        current_ = k;
+        out = {d.x.p, static_cast<const std::int32_t*>(d.y.p), h->size};
+        times_.batches += 1;
+        times_.samples += h->size;
+        times_.bytes += h->size * (sample_bytes_ + 4);
+        return true;
+    }
+    void release() override {
+        gpu::event_record(slots_[current_].computed.p, config_.compute_stream);
+        // A host slot is free once its copy has landed; keep one copy in flight.
+        while (!pending_.empty() && (pending_.size() > 1 || gpu::event_done(slots_[pending_.front()].copied.p)))
+            retire();
+    }
+    StageTimes take_times() override {
+        StageTimes t = std::exchange(times_, {});
+        t.read_wait = ring_.take_wait_seconds();
+        t.read = ring_.take_read_seconds();
+        return t;
+    }
+    std::uint64_t device_bytes() const override { return bytes(config_, sample_bytes_); }
+    std::uint64_t host_bytes() const override { return ring_.host_bytes() + x_->cache_bytes() + y_->cache_bytes(); }
+
+  private:
+    struct Slot {
+        DeviceMem x, y, copy_start, copied, computed;
+        bool used = false;
+    };
+    void retire() {
+        Slot& s = slots_[pending_.front()];
+        gpu::event_synchronize(s.copied.p);
+        times_.h2d += gpu::event_elapsed_ms(s.copy_start.p, s.copied.p) / 1000.0;
+        pending_.pop_front();
+        ring_.release();
+    }
+    void drain() {
+        while (!pending_.empty()) retire();
+    }
+
+    SourceConfig config_;
+    std::uint64_t sample_bytes_;
+    std::unique_ptr<FieldAccess> x_, y_;
+    HostRing ring_;
+    DeviceMem copy_stream_;
+    std::vector<Slot> slots_;
+    std::deque<std::size_t> pending_;
+    std::size_t turn_ = 0, current_ = 0;
+    StageTimes times_;
+};
+
+// ---- managed placement, cuda -----------------------------------------------------
+
+class ManagedSource final : public BatchSource {
+  public:
+    ManagedSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
+        : config_(c), samples_(f.split->samples), sample_bytes_(f.x->sample_bytes()),
+          batches_(batches_of(samples_, c.batch, c.drop_last)),
+          x_(gpu::managed_alloc(checked_mul(samples_, sample_bytes_, "split bytes")), gpu::managed_free),
+          y_(gpu::managed_alloc(samples_ * 4), gpu::managed_free),
+          side_stream_(gpu::stream_create(), gpu::stream_destroy) {
+        const auto t0 = Clock::now();
+        read_into(ds.reader(f.split->name, f.x->name), x_.p);
+        read_into(ds.reader(f.split->name, f.y->name), y_.p);
+        times_.read = seconds_since(t0);
+        if (c.managed_policy == ManagedPolicy::advise) {
+            gpu::advise_host_preferred(x_.p, samples_ * sample_bytes_, c.device.index);
+            gpu::advise_host_preferred(y_.p, samples_ * 4, c.device.index);
+        }
+        if (c.order.kind != Order::sequential)
+            gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream);
+    }
+    ~ManagedSource() override {
+        if (config_.compute_stream) gpu::stream_synchronize(config_.compute_stream);
+        gpu::stream_synchronize(side_stream_.p);
+    }
+
+    Placement placement() const override { return Placement::managed; }
+    std::uint64_t samples() const override { return samples_; }
+    std::uint64_t batches_per_epoch() const override { return batches_; }
+    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
+        order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
+        next_ = std::min(first_batch, batches_);
+        prefetched_until_ = next_ * config_.batch;
+    }
+    bool next(train::Batch& out) override {
+        if (next_ >= batches_) return false;
+        const std::uint64_t first = next_ * config_.batch;
+        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
+        ++next_;
+        if (config_.managed_policy == ManagedPolicy::prefetch) prefetch(first + count);
+        const auto* xs = static_cast<const std::uint8_t*>(x_.p);
+        const auto* ys = static_cast<const std::int32_t*>(y_.p);
+        out = gather_ ? gather_->gather(*order_, first, count, xs, ys)
+                      : train::Batch{xs + first * sample_bytes_, ys + first, count};
+        times_.batches += 1;
+        times_.samples += count;
+        times_.bytes += count * (sample_bytes_ + 4);
+        return true;
+    }
+    void release() override {}
+    StageTimes take_times() override { return std::exchange(times_, {}); }
+    std::uint64_t device_bytes() const override {
+        return gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0;
+    }
+    std::uint64_t host_bytes() const override { return samples_ * (sample_bytes_ + 4); }
+
+  private:
+    static void read_into(const FieldReader& r, void* dst) {
+        const std::uint64_t per = std::max<std::uint64_t>(1, load_piece_bytes / r.sample_bytes());
+        for (std::uint64_t first = 0; first < r.samples(); first += per) {
+            throw_if_interrupted();
+            const std::uint64_t n = std::min(per, r.samples() - first);
+            r.read(first, n, static_cast<std::uint8_t*>(dst) + first * r.sample_bytes());
+        }
+    }
+    // Asks for what the next `prefetch` batches will read: their range in
+    // sequential order, their window's chunks in chunk order. A full
+    // permutation touches pages everywhere: nothing useful to prefetch.
+    void prefetch(std::uint64_t end_position) {
+        const std::uint64_t target = std::min(samples_, end_position + std::uint64_t{config_.prefetch} * config_.batch);
+        const int dev = config_.device.index;
+        if (config_.order.kind == Order::sequential) {
+            if (prefetched_until_ < target) {
+                gpu::prefetch_to_device(static_cast<std::uint8_t*>(x_.p) + prefetched_until_ * sample_bytes_,
+                                        (target - prefetched_until_) * sample_bytes_, dev, side_stream_.p);
+                gpu::prefetch_to_device(static_cast<std::int32_t*>(y_.p) + prefetched_until_,
+                                        (target - prefetched_until_) * 4, dev, side_stream_.p);
+                prefetched_until_ = target;
+            }
+        } else if (config_.order.kind == Order::chunk) {
+            const std::uint64_t cs = config_.order.chunk_samples;
+            while (prefetched_until_ < target) {
+                for (const std::uint64_t ch : order_->window_chunks(prefetched_until_)) {
+                    const std::uint64_t n = std::min(cs, samples_ - ch * cs);
+                    gpu::prefetch_to_device(static_cast<std::uint8_t*>(x_.p) + ch * cs * sample_bytes_,
+                                            n * sample_bytes_, dev, side_stream_.p);
+                    gpu::prefetch_to_device(static_cast<std::int32_t*>(y_.p) + ch * cs, n * 4, dev, side_stream_.p);
+                }
+                prefetched_until_ = order_->next_window_start(prefetched_until_);
+            }
+        }
+    }
+
+    SourceConfig config_;
+    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0, prefetched_until_ = 0;
+    DeviceMem x_, y_, side_stream_;
+    std::unique_ptr<DeviceGather> gather_;
+    std::unique_ptr<EpochOrder> order_;
+    StageTimes times_;
+};
+
+#endif
+
+} // namespace
+
+Placement parse_placement(std::string_view text) {
+    if (text == "auto") return Placement::automatic;
+    if (text == "device") return Placement::device;
+    if (text == "stream") return Placement::stream;
+    if (text == "managed") return Placement::managed;
+    throw usage_error("invalid --data '" + std::string(text) + "' (expected auto, device, stream or managed)");
+}
+
+std::string_view placement_name(Placement p) {
+    switch (p) {
+    case Placement::automatic:
+        return "auto";
+    case Placement::device:
+        return "device";
+    case Placement::stream:
+        return "stream";
+    case Placement::managed:
+        return "managed";
+    }
+    return "?";
+}
+
+ManagedPolicy parse_managed_policy(std::string_view text) {
+    if (text == "prefetch") return ManagedPolicy::prefetch;
+    if (text == "advise") return ManagedPolicy::advise;
+    if (text == "fault") return ManagedPolicy::fault;
+    throw usage_error("invalid --managed-policy '" + std::string(text) + "' (expected prefetch, advise or fault)");
+}
+
+std::string_view managed_policy_name(ManagedPolicy p) {
+    switch (p) {
+    case ManagedPolicy::prefetch:
+        return "prefetch";
+    case ManagedPolicy::advise:
+        return "advise";
+    case ManagedPolicy::fault:
+        return "fault";
+    }
+    return "?";
+}
+
+std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c) {
+    const std::uint64_t sb = x.sample_bytes();
+    const std::uint64_t slot = std::uint64_t{c.batch} * (sb + 4);
+    const std::uint64_t gather = c.order.kind == Order::sequential ? 0 : slot + std::uint64_t{c.batch} * 16;
+    switch (c.placement) {
+    case Placement::device:
+        return checked_mul(split.samples, sb + 4, "split bytes") + gather;
+    case Placement::managed:
+        return gather;
+    case Placement::stream:
+        return c.device.backend == train::Backend::cpu ? std::uint64_t{std::max(c.prefetch, 1u)} * slot
+                                                       : std::uint64_t{std::max(c.prefetch, 2u)} * slot;
+    case Placement::automatic:
+        break;
+    }
+    throw std::logic_error("planned_device_bytes: unresolved placement");
+}
+
+std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_view split, const SourceConfig& c) {
+    const Fields f = check_fields(ds, split, c);
+    if (c.prefetch == 0) throw usage_error("invalid --prefetch 0 (the ring needs at least 1 slot)");
+    if (c.readers == 0) throw usage_error("invalid --readers 0 (at least 1 reader thread)");
+    const bool cuda = c.device.backend == train::Backend::cuda;
+    switch (c.placement) {
+    case Placement::automatic:
+        throw std::logic_error("make_batch_source: resolve --data auto first");
+    case Placement::stream:
+        if (!cuda) return std::make_unique<HostStreamSource>(ds, f, c);
+        break;
+    case Placement::device:
+        if (!cuda) return std::make_unique<HostResidentSource>(ds, f, c);
+        break;
+    case Placement::managed:
+        if (!cuda)
+            throw usage_error("--data managed needs a CUDA device (managed memory is GPU memory); use --data stream "
+                              "or --data device with --device cpu");
+        break;
+    }
+#if defined(DSTK_HAVE_CUDA)
+    gpu::set_device(c.device.index);
+    switch (c.placement) {
+    case Placement::stream:
+        return std::make_unique<DeviceStreamSource>(ds, f, c);
+    case Placement::device:
+        return std::make_unique<DeviceResidentSource>(ds, f, c);
+    case Placement::managed: {
+        std::uint64_t free_b = 0, total_b = 0;
+        gpu::mem_info(c.device.index, free_b, total_b);
+        const std::uint64_t need = f.split->samples * (f.x->sample_bytes() + 4);
+        if (need > free_b && !c.oversubscribe)
+            throw no_fit_error("--data managed: split '" + f.split->name + "' needs " + format_bytes(need) +
+                               " but the GPU has " + format_bytes(free_b) +
+                               " free (oversubscribing managed memory can slow training 100x under random "
+                               "access); use --data stream, or --oversubscribe to allow it");
+        if (need > free_b)
+            warning("--oversubscribe: managed split of " + format_bytes(need) + " exceeds the GPU's " +
+                    format_bytes(free_b) + " free; speed can collapse under random access (--order full)");
+        return std::make_unique<ManagedSource>(ds, f, c);
+    }
+    case Placement::automatic:
+        break;
+    }
+    throw std::logic_error("make_batch_source: unreachable");
+#else
+    throw no_fit_error("--device " + train::device_name(c.device) + " (built without CUDA support) use --device cpu");
+#endif
+}
+
+} // namespace dstk::data

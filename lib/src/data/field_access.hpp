@@ -1,0 +1,43 @@
+#pragma once
+// Sample access for the stream placement's reader threads: whole runs of
+// samples with pread for .npy storage (plus kernel read-ahead hints for the
+// chunks an epoch is about to visit), and decode-once chunks shared by all
+// readers for zstd-chunked storage. Thread-safe.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "dstk/manifest.hpp"
+
+namespace dstk::data {
+
+class FieldAccess {
+  public:
+    virtual ~FieldAccess() = default;
+    std::uint64_t samples() const { return samples_; }
+    std::uint64_t sample_bytes() const { return sample_bytes_; }
+    // Storage chunk in samples (0 for .npy, which has none).
+    virtual std::uint64_t storage_chunk_samples() const = 0;
+    // Copies samples[indices[i]] to dst + i * sample_bytes; consecutive indices
+    // become one read.
+    virtual void gather(std::span<const std::uint64_t> indices, std::uint8_t* dst) = 0;
+    // The epoch will soon read these chunks of `chunk_samples` samples.
+    virtual void will_need(std::span<const std::uint64_t> chunks, std::uint64_t chunk_samples) = 0;
+    // Host bytes held for decoded data (bounded; 0 for .npy).
+    virtual std::uint64_t cache_bytes() const = 0;
+
+  protected:
+    FieldAccess(std::uint64_t samples, std::uint64_t sample_bytes) : samples_(samples), sample_bytes_(sample_bytes) {}
+
+  private:
+    std::uint64_t samples_, sample_bytes_;
+};
+
+// `cache_chunks`: decoded chunks kept for zstd-chunked storage (at least the
+// order's window plus one per reader, so a window is decoded once).
+std::unique_ptr<FieldAccess> open_field_access(const std::filesystem::path& dataset_dir, const SplitInfo& split,
+                                               const FieldInfo& field, std::uint64_t cache_chunks);
+
+} // namespace dstk::data

@@ -1,0 +1,182 @@
+#include "host_ring.hpp"
+
+#include <chrono>
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "dstk/error.hpp"
+#include "dstk/units.hpp"
+
+namespace dstk::data {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
+    return (v + to - 1) / to * to;
+}
+
+} // namespace
+
+HostMemory plain_host_memory() {
+    return {[](std::uint64_t bytes) -> void* {
+                void* p = std::aligned_alloc(4096, round_up(std::max<std::uint64_t>(bytes, 1), 4096));
+                if (!p)
+                    throw no_fit_error("cannot allocate " + format_bytes(bytes) + " of host memory for batch slots");
+                return p;
+            },
+            [](void* p) { std::free(p); }};
+}
+
+HostRing::HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, const OrderConfig& order,
+                   unsigned slots, unsigned readers, HostMemory memory)
+    : x_(x), y_(y), batch_(batch), order_config_(order), samples_(x.samples()),
+      batches_(drop_last ? x.samples() / batch : (x.samples() + batch - 1) / batch), readers_(std::max(readers, 1u)),
+      memory_(std::move(memory)) {
+    const std::uint64_t xb = checked_mul(batch, x.sample_bytes(), "batch bytes");
+    const std::uint64_t yb = std::uint64_t{batch} * sizeof(std::int32_t);
+    slots_.resize(std::max(slots, 1u));
+    try {
+        for (auto& s : slots_) {
+            s.data.x = static_cast<std::uint8_t*>(memory_.alloc(xb));
+            s.data.y = static_cast<std::int32_t*>(memory_.alloc(yb));
+            host_bytes_ += round_up(xb, 4096) + round_up(yb, 4096);
+        }
+    } catch (...) {
+        for (auto& s : slots_) {
+            if (s.data.x) memory_.free(s.data.x);
+            if (s.data.y) memory_.free(s.data.y);
+        }
+        throw;
+    }
+    host_bytes_ += std::uint64_t{readers_} * batch * sizeof(std::uint64_t); // index buffers
+}
+
+HostRing::~HostRing() {
+    stop();
+    for (auto& s : slots_) {
+        memory_.free(s.data.x);
+        memory_.free(s.data.y);
+    }
+}
+
+void HostRing::stop() {
+    {
+        std::lock_guard lock(mutex_);
+        stop_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+}
+
+void HostRing::start(std::uint64_t epoch, std::uint64_t first_batch) {
+    stop();
+    order_ = std::make_unique<EpochOrder>(order_config_, samples_, epoch);
+    first_ = next_acquire_ = next_release_ = std::min(first_batch, batches_);
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+        slots_[s].state = State::free;
+        slots_[s].expect = first_ + s;
+    }
+    error_ = nullptr;
+    stop_ = false;
+    hinted_until_ = first_ * batch_;
+    for (unsigned r = 0; r < readers_; ++r) threads_.emplace_back([this, r] { reader_loop(r); });
+}
+
+void HostRing::reader_loop(unsigned reader) {
+    std::vector<std::uint64_t> indices(batch_);
+    const std::uint64_t k = slots_.size();
+    for (std::uint64_t j = first_ + reader; j < batches_; j += readers_) {
+        Slot& slot = slots_[(j - first_) % k];
+        {
+            std::unique_lock lock(mutex_);
+            changed_.wait(lock, [&] { return stop_ || (slot.expect == j && slot.state == State::free); });
+            if (stop_) return;
+            slot.state = State::filling;
+        }
+        State done = State::ready;
+        const auto t0 = Clock::now();
+        try {
+            fill(slot.data, j, indices);
+        } catch (...) {
+            std::lock_guard lock(mutex_);
+            if (!error_) error_ = std::current_exception();
+            done = State::failed;
+        }
+        {
+            std::lock_guard lock(mutex_);
+            read_seconds_ += seconds_since(t0);
+            slot.state = done;
+        }
+        changed_.notify_all();
+        if (done == State::failed) return;
+    }
+}
+
+void HostRing::fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64_t>& indices) {
+    const std::uint64_t first = batch * batch_;
+    const std::uint64_t count = std::min<std::uint64_t>(batch_, samples_ - first);
+    for (std::uint64_t i = 0; i < count; ++i) indices[i] = (*order_)[first + i];
+    hint(first + count);
+    const std::span<const std::uint64_t> idx(indices.data(), count);
+    x_.gather(idx, slot.x);
+    y_.gather(idx, reinterpret_cast<std::uint8_t*>(slot.y));
+    slot.size = static_cast<std::uint32_t>(count);
+    slot.batch = batch;
+}
+
+// Chunk order: ask for every window up to one window past what is being read,
+// so the kernel reads whole chunks sequentially before the samples are needed.
+void HostRing::hint(std::uint64_t end_position) {
+    if (order_config_.kind != Order::chunk) return;
+    std::lock_guard lock(hint_mutex_);
+    const std::uint64_t target =
+        std::min(samples_, end_position + order_config_.chunk_samples * order_config_.window_chunks);
+    while (hinted_until_ < target) {
+        const auto chunks = order_->window_chunks(hinted_until_);
+        x_.will_need(chunks, order_config_.chunk_samples);
+        y_.will_need(chunks, order_config_.chunk_samples);
+        hinted_until_ = order_->next_window_start(hinted_until_);
+    }
+}
+
+const RingSlot* HostRing::acquire() {
+    if (next_acquire_ >= batches_) return nullptr;
+    Slot& slot = slots_[(next_acquire_ - first_) % slots_.size()];
+    const auto t0 = Clock::now();
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return error_ || (slot.expect == next_acquire_ && slot.state == State::ready); });
+    wait_seconds_ += seconds_since(t0);
+    if (error_ && !(slot.expect == next_acquire_ && slot.state == State::ready)) std::rethrow_exception(error_);
+    ++next_acquire_;
+    return &slot.data;
+}
+
+void HostRing::release() {
+    if (next_release_ >= next_acquire_) throw std::logic_error("HostRing::release without a held batch");
+    Slot& slot = slots_[(next_release_ - first_) % slots_.size()];
+    {
+        std::lock_guard lock(mutex_);
+        slot.state = State::free;
+        slot.expect += slots_.size();
+        ++next_release_;
+    }
+    changed_.notify_all();
+}
+
+double HostRing::take_wait_seconds() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(wait_seconds_, 0.0);
+}
+
+double HostRing::take_read_seconds() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(read_seconds_, 0.0);
+}
+
+} // namespace dstk::data

@@ -1,0 +1,85 @@
+#pragma once
+// The host half of the stream placement: R reader threads fill a ring of K
+// host batch slots in batch order. Batch j of an epoch goes to slot j mod K
+// and is read by reader j mod R; a slot is refilled once the consumer has
+// released the batch it held. Host memory: K slots, whatever the split size.
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dstk/data/order.hpp"
+#include "field_access.hpp"
+
+namespace dstk::data {
+
+struct HostMemory {
+    std::function<void*(std::uint64_t)> alloc; // page-aligned; pinned for cuda
+    std::function<void(void*)> free;
+};
+HostMemory plain_host_memory();
+
+struct RingSlot {
+    std::uint8_t* x = nullptr;
+    std::int32_t* y = nullptr;
+    std::uint32_t size = 0;
+    std::uint64_t batch = 0;
+};
+
+class HostRing {
+  public:
+    HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, const OrderConfig& order,
+             unsigned slots, unsigned readers, HostMemory memory);
+    ~HostRing();
+    HostRing(const HostRing&) = delete;
+    HostRing& operator=(const HostRing&) = delete;
+
+    std::uint64_t batches() const { return batches_; }
+    unsigned slots() const { return static_cast<unsigned>(slots_.size()); }
+    void start(std::uint64_t epoch, std::uint64_t first_batch);
+    // The next batch in order, or nullptr at the end of the epoch. Several may
+    // be held at once; release() frees the oldest held.
+    const RingSlot* acquire();
+    void release();
+    double take_wait_seconds();
+    double take_read_seconds();
+    std::uint64_t host_bytes() const { return host_bytes_; }
+
+  private:
+    enum class State : std::uint8_t { free, filling, ready, failed };
+    struct Slot {
+        RingSlot data;
+        State state = State::free;
+        std::uint64_t expect = 0; // the batch this slot takes next
+    };
+    void stop();
+    void reader_loop(unsigned reader);
+    void fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64_t>& indices);
+    void hint(std::uint64_t end_position);
+
+    FieldAccess &x_, &y_;
+    std::uint32_t batch_;
+    OrderConfig order_config_;
+    std::uint64_t samples_, batches_;
+    unsigned readers_;
+    HostMemory memory_;
+    std::uint64_t host_bytes_ = 0;
+
+    std::unique_ptr<EpochOrder> order_;
+    std::vector<Slot> slots_;
+    std::vector<std::thread> threads_;
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    bool stop_ = false;
+    std::uint64_t first_ = 0, next_acquire_ = 0, next_release_ = 0;
+    std::exception_ptr error_;
+    double wait_seconds_ = 0, read_seconds_ = 0;
+
+    std::mutex hint_mutex_;
+    std::uint64_t hinted_until_ = 0;
+};
+
+} // namespace dstk::data

@@ -1,0 +1,190 @@
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <vector>
+
+#include "dstk/data/batch_source.hpp"
+#include "dstk/dataset_writer.hpp"
+#include "dstk/error.hpp"
+#include "dstk/output.hpp"
+
+namespace fs = std::filesystem;
+using namespace dstk;
+using namespace dstk::data;
+
+namespace {
+
+// Sample i of the test dataset: every byte is (i * 7 + j) & 0xff, its label i.
+fs::path make_dataset(const std::string& name, std::uint64_t samples, std::uint64_t sample_bytes) {
+    const fs::path dir = fs::path(::testing::TempDir()) / ("dstk_data_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    DatasetWriter w(dir, false);
+    Manifest m;
+    SplitInfo split;
+    split.name = "train";
+    split.samples = samples;
+    auto x = w.npy_field("train", "x", DType::u8, Shape{{sample_bytes}}, samples);
+    auto y = w.npy_field("train", "y", DType::i32, Shape{}, samples);
+    std::vector<std::uint8_t> row(sample_bytes);
+    for (std::uint64_t i = 0; i < samples; ++i) {
+        for (std::uint64_t j = 0; j < sample_bytes; ++j) row[j] = static_cast<std::uint8_t>(i * 7 + j);
+        x->append(row.data(), 1);
+        const auto label = static_cast<std::int32_t>(i);
+        y->append(&label, 1);
+    }
+    split.fields.push_back(x->finish());
+    split.fields.push_back(y->finish());
+    m.splits.push_back(split);
+    m.num_classes = static_cast<std::uint32_t>(samples);
+    w.commit(m);
+    return dir;
+}
+
+SourceConfig cpu_config(Placement p, Order o, std::uint32_t batch) {
+    SourceConfig c;
+    c.placement = p;
+    c.device = {train::Backend::cpu, 0};
+    c.order = {o, 17, 64, 3};
+    c.batch = batch;
+    c.prefetch = 3;
+    c.readers = 2;
+    return c;
+}
+
+// Labels seen in one epoch from `first_batch`, checking every sample's bytes.
+std::vector<std::int32_t> run_epoch(BatchSource& s, std::uint64_t epoch, std::uint64_t first_batch,
+                                    std::uint64_t sample_bytes) {
+    std::vector<std::int32_t> seen;
+    s.start_epoch(epoch, first_batch);
+    train::Batch b;
+    while (s.next(b)) {
+        const auto* x = static_cast<const std::uint8_t*>(b.x);
+        for (std::uint32_t i = 0; i < b.size; ++i) {
+            const std::int32_t label = b.y[i];
+            for (std::uint64_t j = 0; j < sample_bytes; ++j)
+                EXPECT_EQ(x[i * sample_bytes + j], static_cast<std::uint8_t>(label * 7 + j)) << "sample " << label;
+            seen.push_back(label);
+        }
+        s.release();
+    }
+    return seen;
+}
+
+} // namespace
+
+TEST(DataSource, StreamAndDeviceDeliverTheSameBatchesInEveryOrder) {
+    const std::uint64_t n = 1000, sb = 48;
+    const fs::path dir = make_dataset("same", n, sb);
+    const Dataset ds = Dataset::open(dir);
+    for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
+        auto stream = make_batch_source(ds, "train", cpu_config(Placement::stream, o, 32));
+        auto device = make_batch_source(ds, "train", cpu_config(Placement::device, o, 32));
+        EXPECT_EQ(stream->batches_per_epoch(), n / 32);
+        const auto a = run_epoch(*stream, 2, 0, sb);
+        const auto b = run_epoch(*device, 2, 0, sb);
+        ASSERT_EQ(a.size(), n / 32 * 32);
+        EXPECT_EQ(a, b) << order_name(o);
+        const std::set<std::int32_t> distinct(a.begin(), a.end());
+        EXPECT_EQ(distinct.size(), a.size()) << "a sample repeated within an epoch";
+        const EpochOrder order({o, 17, 64, 3}, n, 2);
+        for (std::uint64_t p = 0; p < a.size(); ++p) ASSERT_EQ(static_cast<std::uint64_t>(a[p]), order[p]);
+    }
+    fs::remove_all(dir);
+}
+
+TEST(DataSource, ResumesAtAnyBatch) {
+    const std::uint64_t n = 500, sb = 16;
+    const fs::path dir = make_dataset("resume", n, sb);
+    const Dataset ds = Dataset::open(dir);
+    auto s = make_batch_source(ds, "train", cpu_config(Placement::stream, Order::full, 20));
+    const auto all = run_epoch(*s, 5, 0, sb);
+    const auto tail = run_epoch(*s, 5, 13, sb);
+    ASSERT_EQ(tail.size(), all.size() - 13 * 20);
+    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), all.begin() + 13 * 20));
+    // Starting a new epoch in the middle of one (the ring is drained and reset).
+    s->start_epoch(1, 0);
+    train::Batch b;
+    ASSERT_TRUE(s->next(b));
+    s->release();
+    EXPECT_EQ(run_epoch(*s, 5, 0, sb), all);
+    fs::remove_all(dir);
+}
+
+TEST(DataSource, EvaluationKeepsThePartialLastBatch) {
+    const std::uint64_t n = 100, sb = 8;
+    const fs::path dir = make_dataset("partial", n, sb);
+    const Dataset ds = Dataset::open(dir);
+    auto c = cpu_config(Placement::stream, Order::sequential, 30);
+    c.drop_last = false;
+    auto s = make_batch_source(ds, "train", c);
+    EXPECT_EQ(s->batches_per_epoch(), 4u);
+    EXPECT_EQ(run_epoch(*s, 0, 0, sb).size(), n);
+    fs::remove_all(dir);
+}
+
+TEST(DataSource, UsageErrorsForBadBatchAndPlacement) {
+    const fs::path dir = make_dataset("usage", 10, 4);
+    const Dataset ds = Dataset::open(dir);
+    auto expect_usage = [&](const SourceConfig& c, const char* what) {
+        try {
+            make_batch_source(ds, "train", c);
+            ADD_FAILURE() << "no error for " << what;
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ExitCode::usage) << what << ": " << e.what();
+        }
+    };
+    expect_usage(cpu_config(Placement::stream, Order::chunk, 11), "batch > split");
+    expect_usage(cpu_config(Placement::managed, Order::chunk, 2), "managed on cpu");
+    auto c = cpu_config(Placement::stream, Order::chunk, 2);
+    c.prefetch = 0;
+    expect_usage(c, "prefetch 0");
+    fs::remove_all(dir);
+}
+
+TEST(DataSource, FileThatShrinksMidRunIsAnErrorNamingIt) {
+    const std::uint64_t n = 2000, sb = 64;
+    const fs::path dir = make_dataset("shrink", n, sb);
+    const Dataset ds = Dataset::open(dir);
+    auto s = make_batch_source(ds, "train", cpu_config(Placement::stream, Order::sequential, 100));
+    s->start_epoch(0, 0);
+    train::Batch b;
+    ASSERT_TRUE(s->next(b));
+    s->release();
+    fs::resize_file(dir / ds.manifest().split("train").field("x").file, 1000);
+    try {
+        while (s->next(b)) s->release();
+        FAIL() << "no error after the file shrank";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::failure);
+        EXPECT_NE(std::string(e.what()).find("train_x"), std::string::npos) << e.what();
+    }
+    fs::remove_all(dir);
+}
+
+TEST(DataSource, StreamHostMemoryIsTheRingWhateverTheSplitSize) {
+    // 64 MiB split, 16 KiB samples, batch 64 x 4 slots = 4 MiB ring: peak RSS
+    // may not grow by anything near the split.
+    const std::uint64_t n = 4096, sb = 16384;
+    const fs::path dir = make_dataset("rss", n, sb);
+    const Dataset ds = Dataset::open(dir);
+    const std::uint64_t before = peak_rss_bytes();
+    auto c = cpu_config(Placement::stream, Order::chunk, 64);
+    c.prefetch = 4;
+    auto s = make_batch_source(ds, "train", c);
+    EXPECT_LE(s->host_bytes(), 5u << 20);
+    std::uint64_t samples = 0;
+    s->start_epoch(0, 0);
+    train::Batch b;
+    while (s->next(b)) {
+        samples += b.size;
+        s->release();
+    }
+    EXPECT_EQ(samples, n);
+    EXPECT_LT(peak_rss_bytes() - before, 24u << 20) << "stream mode held more than its ring";
+    fs::remove_all(dir);
+}
