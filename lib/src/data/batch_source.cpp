@@ -179,8 +179,10 @@ template <typename Free> struct GpuPtr {
     ~GpuPtr() {
         if (p) free(p);
     }
+    GpuPtr(GpuPtr&& o) noexcept : p(std::exchange(o.p, nullptr)), free(o.free) {}
     GpuPtr(const GpuPtr&) = delete;
     GpuPtr& operator=(const GpuPtr&) = delete;
+    GpuPtr& operator=(GpuPtr&&) = delete;
 };
 using DeviceMem = GpuPtr<void (*)(void*)>;
 
