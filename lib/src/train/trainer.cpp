@@ -1,0 +1,145 @@
+#include "dstk/train/trainer.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "backends.hpp"
+#include "dstk/error.hpp"
+
+namespace dstk::train {
+
+Device parse_device(std::string_view text) {
+    if (text == "cpu") return {Backend::cpu, 0};
+    if (text == "cuda") return {Backend::cuda, 0};
+    if (text.substr(0, 5) == "cuda:" && text.size() > 5 && text.size() < 9) {
+        int idx = 0;
+        for (const char ch : text.substr(5)) {
+            if (ch < '0' || ch > '9') idx = -1;
+            if (idx < 0) break;
+            idx = idx * 10 + (ch - '0');
+        }
+        if (idx >= 0) return {Backend::cuda, idx};
+    }
+    throw usage_error("invalid --device '" + std::string(text) + "' (expected cpu, cuda or cuda:N)");
+}
+
+std::string device_name(const Device& d) {
+    return d.backend == Backend::cpu ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+}
+
+Precision parse_precision(std::string_view text) {
+    if (text == "fp32") return Precision::fp32;
+    if (text == "tf32") return Precision::tf32;
+    if (text == "bf16") return Precision::bf16;
+    throw usage_error("invalid --precision '" + std::string(text) + "' (expected fp32, tf32 or bf16)");
+}
+
+std::string_view precision_name(Precision p) {
+    switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::tf32: return "tf32";
+    case Precision::bf16: return "bf16";
+    }
+    return "?";
+}
+
+void validate_config(const TrainerConfig& c) {
+    if (c.max_batch == 0 || c.max_batch > (1u << 20))
+        throw usage_error("invalid batch size " + std::to_string(c.max_batch) + " (must be 1 to 1048576)");
+    switch (c.input_dtype) {
+    case DType::u8:
+    case DType::bf16:
+    case DType::f16:
+    case DType::f32: break;
+    default:
+        throw usage_error("input dtype " + std::string(dtype_name(c.input_dtype)) +
+                          " is not supported for training (convert to u8, bf16, f16 or f32 with dsconvert)");
+    }
+    if (c.mean.size() != c.plan.input.c || c.std.size() != c.plan.input.c)
+        throw usage_error("normalisation needs " + std::to_string(c.plan.input.c) + " per-channel means and stds");
+    for (const float s : c.std)
+        if (!(s > 0.0f)) throw usage_error("normalisation std must be positive (a constant channel?)");
+    if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f))
+        throw usage_error("invalid --label-smoothing (must be in [0, 1))");
+    if (!(c.optimizer.lr > 0.0f)) throw usage_error("invalid --lr (must be positive)");
+    if (c.plan.params > (std::uint64_t{1} << 31)) throw usage_error("model has more than 2^31 parameters");
+}
+
+std::vector<std::uint8_t> pack_state(const StateView& s) {
+    std::vector<std::uint8_t> out(state_magic.size() + 4 * 8 +
+                                  4 * (s.params.size() + s.states.size() + s.slots.size()));
+    std::uint8_t* p = out.data();
+    std::memcpy(p, state_magic.data(), state_magic.size());
+    p += state_magic.size();
+    for (const std::uint64_t v : {std::uint64_t{s.params.size()}, std::uint64_t{s.states.size()},
+                                  std::uint64_t{s.slots.size()}, s.step}) {
+        std::memcpy(p, &v, 8);
+        p += 8;
+    }
+    for (const auto span : {s.params, s.states, s.slots}) {
+        if (!span.empty()) std::memcpy(p, span.data(), span.size_bytes());
+        p += span.size_bytes();
+    }
+    return out;
+}
+
+std::uint64_t unpack_state(std::span<const std::uint8_t> blob, std::span<float> params, std::span<float> states,
+                           std::span<float> slots) {
+    const std::size_t header = state_magic.size() + 4 * 8;
+    if (blob.size() < header || std::memcmp(blob.data(), state_magic.data(), state_magic.size()) != 0)
+        throw runtime_error("trainer state: not a dstrain state (bad magic)");
+    std::uint64_t v[4];
+    std::memcpy(v, blob.data() + state_magic.size(), sizeof v);
+    if (v[0] != params.size() || v[1] != states.size() || v[2] != slots.size())
+        throw runtime_error("trainer state holds " + std::to_string(v[0]) + " parameters, " + std::to_string(v[1]) +
+                            " statistics and " + std::to_string(v[2]) + " optimiser values, but this model needs " +
+                            std::to_string(params.size()) + ", " + std::to_string(states.size()) + " and " +
+                            std::to_string(slots.size()) + " (different model or optimizer?)");
+    if (blob.size() != header + 4 * (v[0] + v[1] + v[2]))
+        throw runtime_error("trainer state: " + std::to_string(blob.size()) + " bytes (truncated?)");
+    const std::uint8_t* p = blob.data() + header;
+    for (const auto span : {params, states, slots}) {
+        if (!span.empty()) std::memcpy(span.data(), p, span.size_bytes());
+        p += span.size_bytes();
+    }
+    return v[3];
+}
+
+std::uint64_t dropout_stream(std::uint64_t layer, std::uint64_t step) { return (layer << 40) ^ step; }
+
+namespace {
+class HostBuffer final : public BackendBuffer {
+  public:
+    explicit HostBuffer(std::uint64_t bytes) : data_(bytes) {}
+    void* data() override { return data_.data(); }
+    std::uint64_t bytes() const override { return data_.size(); }
+    void upload(std::uint64_t offset, const void* src, std::uint64_t bytes) override {
+        if (offset + bytes > data_.size()) throw runtime_error("BackendBuffer::upload past the end");
+        std::memcpy(data_.data() + offset, src, bytes);
+    }
+
+  private:
+    std::vector<std::uint8_t> data_;
+};
+} // namespace
+
+std::unique_ptr<BackendBuffer> make_backend_buffer(const Device& device, std::uint64_t bytes) {
+    if (device.backend == Backend::cpu) return std::make_unique<HostBuffer>(bytes);
+#if defined(DSTK_HAVE_CUDA)
+    return make_cuda_buffer(device.index, bytes);
+#else
+    throw no_fit_error("--device " + device_name(device) + " (built without CUDA support) use --device cpu");
+#endif
+}
+
+std::unique_ptr<Trainer> make_trainer(const TrainerConfig& config) {
+    validate_config(config);
+    if (config.device.backend == Backend::cpu) return make_cpu_trainer(config);
+#if defined(DSTK_HAVE_CUDA)
+    return make_cuda_trainer(config);
+#else
+    throw no_fit_error("--device " + device_name(config.device) + " (built without CUDA support) use --device cpu");
+#endif
+}
+
+} // namespace dstk::train
