@@ -1,0 +1,101 @@
+// dsconvert: dtype, compression, layout and format conversion, out of core.
+#include "dstk/cli.hpp"
+#include "dstk/convert.hpp"
+#include "dstk/error.hpp"
+#include "dstk/units.hpp"
+
+int main(int argc, char** argv) {
+    using namespace dstk;
+    ConvertOptions o;
+    std::string input, from = "auto", to, dtype, shape, in_dtype, label_dtype = "i32", layout = "sample-major";
+    std::string out_layout = "sample-major", chunk_samples, chunk_size, shuffle;
+
+    CLI::App app{"Convert datasets between dtypes, compressions, layouts and formats, out of core: dataset "
+                 "directories, .npy, .npz, raw, v28b, MNIST IDX and CIFAR-10 in; dataset directories (npy or "
+                 "zstd-chunked storage), .npy and raw out.",
+                 "dsconvert"};
+    app.add_option("INPUT", input,
+                   "Input: a dataset directory, file or directory of a known format, or - (stdin, "
+                   "IDX or raw)")
+        ->required();
+    app.add_option("OUTPUT", o.output, "Output: a dataset directory, or a .npy / raw file (see --to)");
+    app.add_flag("--verify", o.verify_only,
+                 "Re-read every file of the dataset INPUT, check sizes and checksums, "
+                 "name the first bad chunk; writes nothing");
+    app.add_option("--from", from, "Input format: auto, dataset, npy, npz, raw, v28b, idx, cifar10")
+        ->capture_default_str();
+    app.add_option("--to", to,
+                   "Output format: dataset, npy or raw (default: npy when OUTPUT ends in .npy, else "
+                   "dataset)");
+    app.add_option("--dtype", dtype,
+                   "Convert the input field (x) to u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64; labels "
+                   "are copied");
+    app.add_option("--scale", o.scale,
+                   "Mapping out = in * SCALE + OFFSET (e.g. --scale 0.00392156862745098 for u8 "
+                   "-> f32 in 0..1)");
+    app.add_option("--offset", o.offset, "Added after --scale");
+    app.add_option("--range", o.range,
+                   "Map [LO,HI] (LO:HI, or auto from a first pass) onto the output type's range "
+                   "(integers) or 0..1 (floats)");
+    app.add_option("--compress", o.compress,
+                   "none (.npy files) or zstd[:LEVEL] (zstd-chunked files, default level "
+                   "3)")
+        ->capture_default_str();
+    app.add_option("--chunk-samples", chunk_samples, "Samples per zstd chunk (counts take K, M)");
+    app.add_option("--chunk-size", chunk_size, "Target uncompressed bytes per zstd chunk (default 4M)");
+    app.add_option("--shuffle", shuffle,
+                   "Write a globally shuffled copy with this seed (external-memory "
+                   "permutation, bounded memory)");
+    app.add_option("--split", o.split,
+                   "Re-split the (concatenated) input, e.g. train=0.9,test=0.1 (after "
+                   "--shuffle)");
+    app.add_option("--select", o.select,
+                   "SPLIT[/FIELD] written to a single .npy/raw OUTPUT (default: the only "
+                   "split, field x)");
+    app.add_option("--shape", shape, "Per-sample shape of raw and v28b inputs, e.g. 3x32x32");
+    app.add_option("--in-dtype", in_dtype, "Element type of raw inputs (required) and v28b images (default f32)");
+    app.add_option("--label-dtype", label_dtype, "Element type of v28b labels_*.bin")->capture_default_str();
+    app.add_option("--layout", layout, "Layout of a raw input: sample-major or feature-major")->capture_default_str();
+    app.add_option("--out-layout", out_layout, "Layout of a raw OUTPUT: sample-major or feature-major")
+        ->capture_default_str();
+    app.add_option("--report-json", o.report_json, "Also write the conversion report (errors, bytes, time) to FILE");
+    app.add_option("-T,--threads", o.threads,
+                   "Worker threads (0: one per hardware thread); output is identical "
+                   "whatever the count")
+        ->capture_default_str();
+    app.add_flag("-f,--force", o.force, "Replace an existing OUTPUT and skip the free-disk check");
+    add_output_options(app, o.out);
+
+    return run_tool(app, argc, argv, [&] {
+        o.input = input;
+        o.from = parse_input_format(from);
+        if (!to.empty()) {
+            if (to == "dataset")
+                o.to = OutputFormat::dataset;
+            else if (to == "npy")
+                o.to = OutputFormat::npy;
+            else if (to == "raw")
+                o.to = OutputFormat::raw;
+            else
+                throw usage_error("invalid --to '" + to + "' (expected dataset, npy or raw)");
+        }
+        if (!dtype.empty()) o.dtype = parse_dtype(dtype, "--dtype");
+        if (!shape.empty()) o.raw.shape = parse_shape(shape, "--shape");
+        if (!in_dtype.empty()) o.raw.dtype = parse_dtype(in_dtype, "--in-dtype");
+        o.raw.label_dtype = parse_dtype(label_dtype, "--label-dtype");
+        o.raw.layout = parse_layout(layout);
+        o.out_layout = parse_layout(out_layout);
+        if (!chunk_samples.empty()) o.chunk_samples = parse_count(chunk_samples, "--chunk-samples");
+        if (!chunk_size.empty()) o.chunk_bytes = parse_size(chunk_size, "--chunk-size");
+        if (app.count("--chunk-samples") && o.chunk_samples == 0)
+            throw usage_error("invalid --chunk-samples 0 (must be positive)");
+        if (app.count("--chunk-size") && o.chunk_bytes == 0)
+            throw usage_error("invalid --chunk-size 0 (must be positive)");
+        if (o.chunk_samples && o.chunk_bytes) throw usage_error("give --chunk-samples or --chunk-size, not both");
+        if (!shuffle.empty()) o.shuffle_seed = parse_count(shuffle, "--shuffle");
+        if (o.verify_only && !o.output.empty())
+            throw usage_error("--verify checks one dataset and writes nothing; drop OUTPUT");
+        o.command_line = command_line(argc, argv);
+        run_convert(o);
+    });
+}
