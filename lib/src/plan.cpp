@@ -158,15 +158,17 @@ std::uint32_t parse_headroom(std::string_view text) {
     const std::string s(t);
     std::size_t used = 0;
     double pct = -1;
+    const bool plain = !s.empty() && s.find_first_not_of("0123456789.") == std::string::npos;
     try {
-        if (!s.empty() && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.')) pct = std::stod(s, &used);
+        if (plain) pct = std::stod(s, &used);
     } catch (const std::exception&) {
         used = 0;
     }
-    if (used == 0 || used != s.size() || !(pct >= 0 && pct < 100))
+    const long long ppm = used == s.size() && pct >= 0 && pct < 100 ? std::llround(pct * 10'000) : -1;
+    if (ppm < 0 || ppm >= static_cast<long long>(million))
         throw usage_error("invalid --headroom '" + std::string(text) +
                           "' (expected a percentage from 0 to below 100, e.g. 20%)");
-    return static_cast<std::uint32_t>(std::llround(pct * 10'000));
+    return static_cast<std::uint32_t>(ppm);
 }
 
 std::string format_headroom(std::uint32_t ppm) {
@@ -337,6 +339,8 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const
     const std::uint64_t samples = total_samples(d);
     const std::uint64_t in_batch = checked_mul(j.batch, input_bytes_per_sample(d), "batch bytes");
     e.chunk_samples = std::uint64_t{j.batch} * std::max<std::uint64_t>(1, (min_chunk_bytes + in_batch - 1) / in_batch);
+    // A chunk larger than the dataset would just be the dataset.
+    if (samples > 0) e.chunk_samples = std::min(e.chunk_samples, samples);
     if (d.train == 0 || p == Placement::none) return e;
 
     if (p == Placement::disk) {

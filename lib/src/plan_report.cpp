@@ -90,6 +90,7 @@ void detect_machine(const PlanOptions& o, const std::string& dir, Machine& m) {
     std::error_code ec;
     const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
     m.disk_path = ec ? dir : abs.lexically_normal().string();
+    while (m.disk_path.size() > 1 && m.disk_path.back() == '/') m.disk_path.pop_back();
     if (!o.disk.empty()) {
         m.disk = {positive_size(o.disk, "--disk"), Source::given};
     } else {
@@ -155,7 +156,7 @@ void describe_dataset(const PlanOptions& o, Inputs& in) {
 void describe_data(const PlanOptions& o, Inputs& in) {
     DataSpec& d = in.data;
     if (o.shape.empty()) {
-        if (!o.samples.empty() || o.check)
+        if (!o.samples.empty())
             throw usage_error("no data to plan (give --shape 3x32x32 [--dtype f32] --samples N, or --dataset DIR)");
         if (!o.table) return;
         in.table_default_shape = true; // the seeds' table is for CIFAR-sized samples
@@ -202,6 +203,8 @@ Inputs gather(const PlanOptions& o) {
     else
         describe_data(o, in);
     (void)sample_bytes(in.data.shape, in.data.dtype); // overflowing shapes fail here, as usage errors
+    if (in.require && !in.data.has_samples())
+        throw usage_error("--check needs a dataset to check (give --samples N, or --dataset DIR)");
     if (in.data.has_samples()) (void)disk_bytes(in.data);
 
     if (!o.model.empty()) {

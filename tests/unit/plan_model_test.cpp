@@ -205,7 +205,7 @@ TEST(PlanModel, Headroom) {
     EXPECT_EQ(parse_headroom("12.5%"), 125'000u);
     EXPECT_EQ(parse_headroom("0"), 0u);
     EXPECT_EQ(format_headroom(125'000), "12.5%");
-    for (const char* bad : {"100", "-5", "abc", "", "%", "20%%", "1e1"}) {
+    for (const char* bad : {"100", "99.999999", "-5", "abc", "", "%", "20%%", "1e1", "1.2.3"}) {
         try {
             parse_headroom(bad);
             ADD_FAILURE() << bad;

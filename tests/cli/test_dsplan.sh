@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# dsplan on the real binary: every verdict, every exit code, the exact figures,
+# --json, --table, --dataset and --bench. Machine figures are given (--ram,
+# --disk, --gpu-mem) so the results do not depend on the machine running it.
+. "$(dirname "$0")/lib.sh"
+P=$BIN/dsplan
+[ -x "$P" ] || skip "dsplan is not built ($P)"
+CIFAR=(--shape 3x32x32)
+
+expect_exit 0 "$P" --help
+expect_stdout "--gpu-mem"
+expect_stdout "--require"
+expect_exit 0 "$P" --version
+expect_stdout "dsplan \(dstk\) [0-9]"
+
+# Usage errors: exit 2 with the problem named.
+expect_exit 2 "$P" --ram 0 "${CIFAR[@]}"
+expect_stderr "invalid --ram '0' \(must be more than 0 bytes\)"
+expect_exit 2 "$P" --ram -5G "${CIFAR[@]}"
+expect_stderr "cannot be negative"
+expect_exit 2 "$P" --disk 12Q "${CIFAR[@]}"
+expect_stderr "unknown unit"
+expect_exit 2 "$P" --gpu-mem 0 "${CIFAR[@]}"
+expect_exit 2 "$P" --ram 1G --shape 3x0x32
+expect_exit 2 "$P" --ram 1G --shape 4294967296x4294967296x4294967296 --dtype f64
+expect_stderr "overflows 64 bits"
+expect_exit 2 "$P" --ram 1G --shape 65536x65536x65536 --samples 10G
+expect_stderr "overflows 64 bits"
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --dtype f33
+expect_stderr "f33"
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --samples -1
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --samples 0
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --headroom 100%
+expect_stderr "invalid --headroom"
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --batch 0
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --order random
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --check
+expect_stderr "--check needs a dataset"
+expect_exit 2 "$P" --ram 1G --samples 1M
+expect_stderr "no data to plan"
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --samples 1M --require everywhere
+expect_exit 2 "$P" --ram 1G --dataset "$WORK" --shape 3x32x32
+expect_stderr "comes from the manifest"
+expect_exit 2 "$P" --no-such-option
+
+# The question "how many 3x32x32 f32 samples fit 128 GiB?": the budget and the counts, exactly.
+expect_exit 0 "$P" --ram 128G --disk 2T --shape 3x32x32 --dtype f32
+expect_stdout "RAM +128.0 GiB \(given\)"
+expect_stdout "94.4 GiB = \(128.0 GiB - 10.0 GiB\) x \(1 - 20%\)"
+expect_stdout "f32 +12,292 B +8,245,089 "
+expect_stdout "u8 +3,076 B +32,951,260 "
+expect_stdout "bf16 +6,148 B +16,485,838 "
+expect_no_stdout_match() { CHECKS=$((CHECKS + 1)); ! grep -Eq -- "$1" "$OUT" || fail "stdout should not match /$1/"; }
+expect_no_stdout_match "verdict"
+
+# The issue's figure: 10M x 3x32x32 f32 = 122,880,000,000 bytes = 114.4 GiB (plus 4 B labels).
+expect_exit 0 "$P" --ram 16G --disk 2T --shape 3x32x32 --dtype f32 --samples 10M
+expect_stdout "122,920,000,000 bytes; inputs 114.4 GiB"
+
+# Every verdict.
+expect_exit 0 "$P" --ram 16G --disk 100G --gpu-mem 8G --shape 3x32x32 --dtype u8 --samples 50K --test 10K --check
+expect_stdout "^verdict: device"
+expect_exit 0 "$P" --ram 128G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype f32 --samples 1M --check
+expect_stdout "^verdict: ram"
+expect_stdout "not device: the data \(11.4 GiB\) exceeds the GPU budget of 6.4 GiB"
+expect_exit 0 "$P" --ram 16G --disk 1T --shape 3x32x32 --dtype f32 --samples 10M --check
+expect_stdout "^verdict: disk"
+expect_stdout "GPU memory unknown"
+expect_exit 0 "$P" --ram 16G --disk 10G --shape 3x32x32 --dtype f32 --samples 10M
+expect_stdout "^verdict: none"
+expect_stdout "fixes, cheapest first"
+expect_stdout "fewer samples: at most 698,823 fit on disk"
+# The seeds' bf16-versus-f32 analysis, with their arithmetic (no reserve, no headroom).
+expect_exit 0 "$P" --ram 504GB --disk 10TB --os-reserve 0 --headroom 0 --label-dtype none --shape 3x32x32 \
+    --dtype u8 --samples 73567708 --batch 1 --prefetch 1
+expect_stdout "bf16 +6,144 B .* 421.0 GiB +ram"
+expect_stdout "f32 +12,288 B .* 841.9 GiB +disk"
+
+# --check and --require: exit 3 when it does not fit, with the cheapest fix on stderr.
+expect_exit 3 "$P" --ram 16G --disk 50G --shape 3x32x32 --dtype f32 --samples 10M --check
+expect_stderr "check failed: placement none .*cheapest fix: store the input as u8"
+expect_exit 3 "$P" --ram 16G --disk 1T --shape 3x32x32 --dtype f32 --samples 10M --require ram
+expect_stderr "placement disk is worse than the required ram"
+expect_exit 0 "$P" --ram 16G --disk 1T --shape 3x32x32 --dtype f32 --samples 10M --require disk
+expect_exit 3 "$P" --ram 16G --disk 1T --gpu-mem 2G --shape 3x32x32 --dtype f32 --samples 1K --batch 65536 --check
+expect_stderr "cheapest fix: a smaller batch"
+expect_exit 3 "$P" -q --ram 16G --disk 10G --shape 3x32x32 --samples 10M --check
+expect_no_stdout
+
+# Without a GPU and without --gpu-mem, it says so and still plans.
+expect_exit 0 "$P" --ram 16G --disk 1T --shape 3x32x32 --samples 1M
+if ! "$P" --ram 1G --shape 1 2>/dev/null | grep -q "GPU .*detected"; then
+    expect_stdout "note: no GPU \(.*\): GPU placement not checked; give --gpu-mem 8G"
+fi
+expect_stdout "model's GPU footprint .* is not included"
+
+# --json: one document on stdout with the same figures.
+expect_exit 0 "$P" --json --ram 128G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype f32 --samples 10M
+PY=$(command -v python3 || true)
+if [ -n "$PY" ]; then
+    expect_true "--json document" "$PY" - "$OUT" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["tool"] == "dsplan"
+assert d["machine"]["ram"] == {"bytes": 128 << 30, "source": "given"}, d["machine"]["ram"]
+assert d["budgets"]["ram_bytes"] == 101361228185, d["budgets"]
+assert d["data"]["input_bytes"] == 122880000000
+assert d["data"]["dataset_bytes"] == 122920000000
+assert d["verdict"]["placement"] == "disk" and d["verdict"]["fits"] is True
+assert d["capacity"][0]["dtype"] == "f32" and d["capacity"][0]["ram_samples"] == 8245089
+assert d["job"]["model_footprint_included"] is False
+assert d["check"] is None and d["table"] is None
+PYEOF
+fi
+
+# --table: RAM sizes 16G to 1T as rows.
+expect_exit 0 "$P" --table --shape 3x32x32 --dtype f32
+expect_stdout "^ +16.0 GiB +4.8 GiB +418,269 "
+expect_stdout "^ +128.0 GiB +94.4 GiB +8,245,089 "
+expect_stdout "^ +1.0 TiB +811.2 GiB +70,859,646 "
+expect_exit 0 "$P" --table
+expect_stdout "no --shape given: sizing 3x32x32"
+
+# An existing dataset: from its manifest; a broken manifest exits 1.
+mkdir -p "$WORK/broken" && echo '{"format_version": 1, "splits": [' >"$WORK/broken/dataset.json"
+expect_exit 1 "$P" --dataset "$WORK/broken"
+expect_stderr "dataset.json"
+expect_exit 1 "$P" --dataset "$WORK/nothing-here"
+if [ -x "$BIN/dsgen" ]; then
+    expect_exit 0 "$BIN/dsgen" "$WORK/ds" --train 2000 --test 500 --shape 3x8x8 --dtype u8 --seed 1
+    expect_exit 0 "$P" --dataset "$WORK/ds" --ram 16G --gpu-mem 8G --check
+    expect_stdout "samples +2,000 train \+ 500 test"
+    expect_stdout "already there"
+    expect_stdout "^verdict: device"
+    expect_exit 0 "$P" --dataset "$WORK/ds" --ram 16G --disk 1K --check # already on disk
+    expect_stdout "^verdict: ram"
+    expect_exit 0 "$P" --dataset "$WORK/ds" --dtype f32 --ram 16G --disk 1T
+    expect_stdout "sample +3x8x8 f32 = 768 B"
+fi
+
+# --bench: predicted epoch time from dsbench's measured rates.
+cat >"$WORK/bench.json" <<'EOF'
+{"schema_version": 1, "context": {"dstk_version": "0.1.0"},
+ "results": [
+  {"case": "io.seq.pread.cold", "status": "ok", "metrics": {"rate": {"unit": "B/s", "median": 1e9}}},
+  {"case": "h2d.pinned", "status": "ok", "params": {"transfer_bytes": 67108864},
+   "metrics": {"rate": {"unit": "B/s", "median": 5e10}}}]}
+EOF
+expect_exit 0 "$P" --ram 16G --disk 1T --shape 3x32x32 --dtype u8 --samples 10M --bench "$WORK/bench.json" \
+    --compute-rate 500K
+expect_stdout "^verdict: disk"
+expect_stdout "disk read +30.76 s \(28.6 GiB at the sequential read rate"
+expect_stdout "compute +20.00 s"
+expect_stdout "epoch +30.76 s at least, bound by disk read: I/O-bound"
+expect_stdout "recommended --prefetch 3"
+expect_stdout "recommended chunk size 1,536 samples"
+expect_exit 0 "$P" --ram 128G --disk 1T --shape 3x32x32 --dtype u8 --samples 10M --bench "$WORK/bench.json" \
+    --compute-rate 100K
+expect_stdout "bound by compute$"
+echo 'not json' >"$WORK/bad-bench.json"
+expect_exit 1 "$P" --ram 16G --shape 3x32x32 --samples 1M --bench "$WORK/bad-bench.json"
+expect_stderr "not a dsbench results file"
+
+finish
