@@ -52,6 +52,9 @@ struct File {
         struct stat st {};
         if (::fstat(fd, &st) != 0) throw_errno("cannot stat", path.string());
         if (S_ISDIR(st.st_mode)) bad_input(path.string(), "is a directory where a file was expected");
+        if (!S_ISREG(st.st_mode))
+            bad_input(path.string(),
+                      "is not a regular file (pipes and devices are read only as IDX: --from idx, or '-')");
         bytes = static_cast<std::uint64_t>(st.st_size);
         ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
@@ -626,6 +629,7 @@ std::unique_ptr<GzStream> open_idx_stream(const fs::path& path) {
 IdxHeader read_idx_header(GzStream& in, const std::string& source) {
     std::uint8_t head[4 + 4 * 255];
     in.read(head, 4);
+    (void)parse_idx_header({head, 4}, source); // the magic, before trusting the dimension count
     const unsigned ndim = head[3];
     in.read(head + 4, 4ull * ndim);
     return parse_idx_header({head, 4 + 4ull * ndim}, source);
@@ -935,6 +939,7 @@ IdxHeader parse_idx_header(std::span<const std::uint8_t> bytes, const std::strin
     }
     const unsigned ndim = bytes[3];
     if (ndim == 0) bad_input(source, "IDX header has no dimensions");
+    if (bytes.size() == 4) return h; // magic only: the caller reads the dimensions next
     if (bytes.size() < 4 + 4ull * ndim) bad_input(source, "IDX header is cut short");
     std::uint64_t total = dtype_size(h.dtype);
     for (unsigned k = 0; k < ndim; ++k) {
