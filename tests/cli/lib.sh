@@ -34,6 +34,7 @@ expect_stderr() { CHECKS=$((CHECKS + 1)); grep -Eq -- "$1" "$ERR" || fail "stder
 expect_no_stdout() { CHECKS=$((CHECKS + 1)); [ ! -s "$OUT" ] || fail "stdout should be empty"; }
 expect_file() { CHECKS=$((CHECKS + 1)); [ -e "$1" ] || fail "missing file $1"; }
 expect_no_file() { CHECKS=$((CHECKS + 1)); [ ! -e "$1" ] || fail "file should not exist: $1"; }
+expect_differ() { CHECKS=$((CHECKS + 1)); ! cmp -s "$1" "$2" || fail "files should differ: $1 $2"; }
 expect_same() { CHECKS=$((CHECKS + 1)); cmp -s "$1" "$2" || fail "files differ: $1 $2"; }
 expect_true() { # expect_true "description" test-args...
     local what=$1
@@ -53,18 +54,18 @@ numpy_python() {
     done
 }
 
-# Peak RSS in bytes of a command (its children included), via python3's
-# resource module; prints the number, the command's exit code in $RSS_RC.
-peak_rss_of() {
+# run_measuring_rss cmd args...: runs the command (stdout discarded, stderr
+# to $ERR) and sets RSS_RC (its exit code) and RSS_BYTES (its peak RSS,
+# children included, from python3's resource module).
+run_measuring_rss() {
     local py
-    py=$(command -v python3 || command -v /usr/bin/python3)
-    "$py" - "$@" <<'PY' >"$WORK/.rss" 2>"$ERR"
+    py=$(command -v python3 || echo /usr/bin/python3)
+    "$py" -c '
 import resource, subprocess, sys
 rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
 print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-PY
-    RSS_RC=$(cut -d' ' -f1 "$WORK/.rss")
-    cut -d' ' -f2 "$WORK/.rss"
+' "$@" >"$WORK/.rss" 2>"$ERR"
+    read -r RSS_RC RSS_BYTES <"$WORK/.rss"
 }
 
 skip() { echo "SKIP: $*" >&2; exit 77; }

@@ -1,0 +1,41 @@
+#pragma once
+// dsgen: write a synthetic dataset directory, out of core and deterministic
+// (same options and seed, same bytes, whatever the thread count).
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "dstk/output.hpp"
+#include "dstk/synth.hpp"
+
+namespace dstk {
+
+enum class SampleLayout { sample, feature };
+SampleLayout parse_sample_layout(std::string_view text); // "sample" | "feature"
+
+struct GenerateOptions {
+    std::filesystem::path out_dir;
+    std::uint64_t train = 50'000, test = 10'000;
+    SynthParams synth;
+    bool dtype_given = false, noise_given = false;
+    unsigned threads = 0; // 0: one per hardware thread
+    SampleLayout layout = SampleLayout::sample;
+    bool force = false;
+    OutputOptions out;
+    std::string command_line;
+};
+
+struct GenerateResult {
+    std::filesystem::path dir;
+    std::uint64_t samples = 0, bytes = 0, peak_rss = 0;
+    double seconds = 0;
+    unsigned threads = 0;
+};
+
+// Fills defaults that depend on the kind (dtype, noise) and validates.
+void finalize_options(GenerateOptions& o);
+GenerateResult generate_dataset(const GenerateOptions& o);
+// The one-line summary (text) or JSON document printed by dsgen.
+std::string generate_summary(const GenerateResult& r, bool json);
+
+} // namespace dstk

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, builds into build/,
+# runs every test (unit, CLI, real-data; GPU tests skip with a reason where
+# there is no GPU), then a short run of each fuzzer.
+#   DSTK_FUZZ_SECONDS  seconds per fuzzer (default 20; 0 skips fuzzing)
+#   DSTK_CUDA_ARCHS    CUDA architectures to compile (default: the project's
+#                      80;86;89;90 when nvcc is present)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --test
+
+jobs=$(nproc)
+cuda_args=()
+[ -n "${DSTK_CUDA_ARCHS:-}" ] && cuda_args+=("-DCMAKE_CUDA_ARCHITECTURES=${DSTK_CUDA_ARCHS}")
+echo "== build (build/)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
+grep -E '^-- dstk:' build-configure.log || true
+cmake --build build -j"$jobs"
+
+echo "== tests"
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
+
+seconds=${DSTK_FUZZ_SECONDS:-20}
+if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
+    echo "== fuzzers (${seconds} s each)"
+    cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+        -DDSTK_FUZZ=ON -DDSTK_CUDA=OFF -DDSTK_TOOLS=OFF >build-fuzz-configure.log 2>&1 ||
+        { cat build-fuzz-configure.log; exit 1; }
+    targets=$(for f in tests/fuzz/fuzz_*.cpp; do basename "$f" .cpp; done)
+    cmake --build build-fuzz -j"$jobs" --target $targets
+    for t in $targets; do
+        corpus=build-fuzz/corpus/$t
+        mkdir -p "$corpus"
+        [ -d "tests/fuzz/corpus/$t" ] && cp -r "tests/fuzz/corpus/$t/." "$corpus/"
+        echo "-- $t"
+        build-fuzz/fuzz/$t -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 "$corpus" 2>build-fuzz/$t.log ||
+            { tail -50 build-fuzz/$t.log; echo "fuzzer $t found a crash" >&2; exit 1; }
+        grep -E 'stat::number_of_executed_units' build-fuzz/$t.log || true
+    done
+fi
+echo "== all tests passed"
