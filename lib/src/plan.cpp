@@ -124,14 +124,21 @@ std::vector<std::string> fixes_for_disk(const DataSpec& d, const Job& j, const B
         break;
     }
     if (!b.disk.known()) return fixes;
+    std::string compress;
+    double ratio = 0;
     if (b.disk.bytes > 0) {
-        char ratio[32];
-        std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(v.disk) / static_cast<double>(b.disk.bytes));
-        fixes.push_back(std::string("compress it: zstd-chunked storage needs a ratio of at least ") + ratio +
-                        ":1 to fit (dsconvert --compress zstd; dsbench measures the ratio)");
+        ratio = static_cast<double>(v.disk) / static_cast<double>(b.disk.bytes);
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f", ratio);
+        compress = std::string("compress it: zstd-chunked storage needs a ratio of at least ") + buf +
+                   ":1 to fit (dsconvert --compress zstd; dsbench measures the ratio)";
     }
+    // Past 2:1 compression is a gamble (natural u8 images reach 1.3-1.5:1): fewer samples come first.
+    const bool plausible = !compress.empty() && ratio <= plausible_zstd_ratio;
+    if (plausible) fixes.push_back(compress);
     const std::uint64_t fit = max_samples(b.disk.bytes, bytes_per_sample(d), npy_overhead(d));
     if (fit > 0) fixes.push_back("fewer samples: at most " + format_count(fit) + " fit on disk");
+    if (!plausible && !compress.empty()) fixes.push_back(compress);
     const std::uint64_t need = capacity_needed(v.disk, 0, b.assumptions.headroom_ppm);
     fixes.push_back("more disk: " + format_bytes(need - std::min(need, b.disk_free)) +
                     " more free space (--dir elsewhere, or a larger disk)");

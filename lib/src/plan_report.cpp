@@ -10,6 +10,7 @@
 #include "dstk/dataset.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
+#include "dstk/output.hpp"
 #include "dstk/plan.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/train/model.hpp"
@@ -387,8 +388,8 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
                     format_bytes(min_chunk_bytes).c_str());
     }
     if (in.order == Order::full && v && v->placement == Placement::disk)
-        std::printf("warning: --order full reads one sample at a time at random from disk; --order chunk keeps the "
-                    "reads sequential\n");
+        warning("--order full reads one sample at a time at random from disk; --order chunk keeps the reads "
+                "sequential");
 
     if (in.table) {
         std::printf("quick reference (%s, %s per ring, OS reserve %s, headroom %s)\n", d.shape.str().c_str(),

@@ -155,7 +155,9 @@ TEST(PlanModel, NewDataMustFitOnDiskEvenWhenItFitsRam) {
     const Verdict v = plan_placement(cifar(DType::u8, 1'000'000), Job{}, budgets(128 * GiB, 1 * GiB, 8 * GiB));
     EXPECT_EQ(v.placement, Placement::none);
     ASSERT_FALSE(v.fixes.empty());
-    EXPECT_NE(v.fixes[0].find("ratio of at least"), std::string::npos) << v.fixes[0]; // u8 is already the smallest
+    // u8 is already the smallest; 3.0 GB on 0.8 GiB needs 3.58:1: fewer samples first.
+    EXPECT_NE(v.fixes[0].find("at most 279,"), std::string::npos) << v.fixes[0];
+    EXPECT_NE(v.fixes[1].find("ratio of at least 3.58:1"), std::string::npos) << v.fixes[1];
 }
 
 TEST(PlanModel, ExistingDatasetIsAlreadyOnDisk) {
@@ -175,10 +177,20 @@ TEST(PlanModel, PlacementNoneSuggestsTheCheapestFixFirst) {
     EXPECT_NE(v.reasons[0].find("exceeds the disk budget"), std::string::npos);
     ASSERT_EQ(v.fixes.size(), 4u);
     EXPECT_NE(v.fixes[0].find("store the input as u8"), std::string::npos) << v.fixes[0];
-    EXPECT_NE(v.fixes[1].find("ratio of at least 2.24:1"), std::string::npos) << v.fixes[1];
     // 51.2 GiB usable = 54,975,581,388 B; minus 256 B of headers, / 12,292 B.
-    EXPECT_NE(v.fixes[2].find("at most 4,472,468 fit"), std::string::npos) << v.fixes[2];
+    EXPECT_NE(v.fixes[1].find("at most 4,472,468 fit"), std::string::npos) << v.fixes[1];
+    // Past 2:1, compression comes after fewer samples.
+    EXPECT_NE(v.fixes[2].find("ratio of at least 2.24:1"), std::string::npos) << v.fixes[2];
     EXPECT_NE(v.fixes[3].find("more disk"), std::string::npos);
+}
+
+TEST(PlanModel, PlausibleCompressionComesBeforeFewerSamples) {
+    // 3.08 GB of u8 on 2 GiB of free disk (1.6 GiB usable): 1.79:1.
+    const Verdict v = plan_placement(cifar(DType::u8, 1'000'000), Job{}, budgets(128 * GiB, 2 * GiB, std::nullopt));
+    EXPECT_EQ(v.placement, Placement::none);
+    ASSERT_EQ(v.fixes.size(), 3u);
+    EXPECT_NE(v.fixes[0].find("ratio of at least 1.79:1"), std::string::npos) << v.fixes[0];
+    EXPECT_NE(v.fixes[1].find("fewer samples"), std::string::npos) << v.fixes[1];
 }
 
 TEST(PlanModel, BigBatchDoesNotFitTheGpu) {

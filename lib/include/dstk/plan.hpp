@@ -126,6 +126,8 @@ struct Verdict {
 // (and the pinned ring) fit the RAM budget; disk when it fits on disk; none
 // otherwise, or when even the streaming footprint does not fit the GPU.
 Verdict plan_placement(const DataSpec& d, const Job& j, const Budgets& b);
+// Fixes list compression before "fewer samples" only up to this ratio.
+inline constexpr double plausible_zstd_ratio = 2.0;
 
 // What fits, for one dtype of the input field.
 struct Capacity {
