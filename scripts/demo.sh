@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The README's main command: installs what is missing, builds into build/, then
+# runs the bench-then-train workflow on a generated dataset:
+#   dsgen (a learnable image dataset) -> dsplan (does it fit, where?) ->
+#   dsbench (this machine's data path) -> dsconvert --verify -> dstrain
+# On a machine with a GPU it trains ref-cnn on the GPU; otherwise small-cnn on
+# the CPU, at a size that finishes in a few minutes.
+#   DSTK_DEMO_DIR  where the outputs go (default: demo-out/ in the repository)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${DSTK_DEMO_DIR:-$root/demo-out}
+scripts/setup.sh
+
+echo "== build (build/)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
+grep -E '^-- dstk:' build-configure.log || true
+cmake --build build -j"$(nproc)"
+bin=$root/build/bin
+mkdir -p "$out"
+
+gpu=0
+if "$bin/dsbench" --list 2>/dev/null | grep -q . && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 &&
+    grep -q 'CUDA' build-configure.log; then
+    gpu=1
+fi
+if [ $gpu = 1 ]; then
+    train=200K test=10K model=ref-cnn epochs=5 device=cuda
+else
+    train=20K test=2K model=small-cnn epochs=3 device=cpu
+fi
+
+run() { echo "+ $*" >&2; "$@"; }
+
+echo "== 1. generate: $train training images (3x32x32 u8, 10 classes) into $out/data"
+run "$bin/dsgen" "$out/data" --train "$train" --test "$test" --shape 3x32x32 --dtype u8 --force
+
+echo "== 2. plan: does it fit this machine, and where?"
+run "$bin/dsplan" --dataset "$out/data" --dir "$out" || true
+
+echo "== 3. benchmark this machine's data path (short run) -> $out/bench.json"
+run "$bin/dsbench" all "$out/data" --min-time 0.2 --json "$out/bench.json" --force || true
+
+echo "== 4. verify the dataset's checksums"
+run "$bin/dsconvert" --verify "$out/data"
+
+echo "== 5. train $model on $device for $epochs epochs (log: $out/train.jsonl)"
+rm -f "$out/train.jsonl"
+run "$bin/dstrain" "$out/data" --model "$model" --epochs "$epochs" --device "$device" --log-json "$out/train.jsonl"
+
+echo
+echo "outputs in $out:"
+echo "  data/          the dataset (dataset.json + .npy files; numpy.load(..., mmap_mode='r') reads them)"
+echo "  bench.json     dsbench's measurements of this machine"
+echo "  train.jsonl    one JSON line per epoch of training"
