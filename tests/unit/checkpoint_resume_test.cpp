@@ -51,27 +51,36 @@ fs::path make_dataset(const fs::path& dir) {
     return dir;
 }
 
-data::TrainRunOptions options(const fs::path& ds, const fs::path& ck, const std::string& placement,
-                              const std::string& order) {
-    data::TrainRunOptions o;
-    o.dataset = ds;
-    o.model = "conv3x3:4,bn,relu,maxpool2,flatten,dropout:0.2,fc:2";
-    o.epochs = 3;
-    o.batch = 32;
-    o.lr = 0.05f;
-    o.device = "cpu";
-    o.seed = 11;
-    o.cpu_threads = 2;
-    o.data = placement;
-    o.order = order;
-    o.chunk_samples = 40; // 300 samples: 7 full chunks and a partial one
-    o.window = 3;
-    o.prefetch = 3;
-    o.readers = 2;
-    o.checkpoint = ck;
+struct Options {
+    train::RunOptions e;
+    data::DataRunOptions d;
+    OutputOptions out;
+};
+
+Options options(const fs::path& ds, const fs::path& ck, const std::string& placement, const std::string& order) {
+    Options o;
+    o.e.dataset = ds;
+    o.e.model = "conv3x3:4,bn,relu,maxpool2,flatten,dropout:0.2,fc:2";
+    o.e.epochs = 3;
+    o.e.batch = 32;
+    o.e.lr = 0.05f;
+    o.e.device = train::Device{train::Backend::cpu, 0};
+    o.e.seed = 11;
+    o.e.threads = 2;
+    o.d.data = placement;
+    o.d.order = order;
+    o.d.chunk_samples = 40; // 300 samples: 7 full chunks and a partial one
+    o.d.window = 3;
+    o.d.prefetch = 3;
+    o.d.readers = 2;
+    o.d.checkpoint = ck;
     o.out.quiet = true;
-    o.out.json = true; // keep the test's stdout quiet
+    o.out.json = true; // epoch lines go to stderr, silenced by quiet
     return o;
+}
+
+void run(const Options& o) {
+    data::run_training(o.e, o.d, o.out);
 }
 
 std::vector<std::uint8_t> final_state(const fs::path& ck) {
@@ -88,26 +97,26 @@ TEST(CheckpointResume, InterruptedRunsEndBitwiseEqual) {
                                            {"device", "chunk"}}) {
         SCOPED_TRACE(placement + " " + order);
         const fs::path whole = temp("whole"), parts = temp("parts");
-        data::run_training(options(ds, whole, placement, order));
+        run(options(ds, whole, placement, order));
         const auto reference = final_state(whole);
         EXPECT_EQ(load_checkpoint(whole).position.epoch, 3u);
 
         // Stop mid-epoch (step 13 of 9 per epoch: epoch 2, batch 4), then at
         // an epoch boundary, then finish.
         auto o = options(ds, parts, placement, order);
-        o.stop_after_steps = 13;
-        data::run_training(o);
+        o.d.max_steps = 13;
+        run(o);
         const Checkpoint mid = load_checkpoint(parts);
         EXPECT_EQ(mid.position.epoch, 1u);
         EXPECT_EQ(mid.position.next_batch, 4u);
         EXPECT_EQ(mid.position.steps, 13u);
         EXPECT_NE(mid.trainer_state, reference);
-        o.resume = true;
-        o.stop_after_steps = 18;
-        data::run_training(o);
+        o.d.resume = true;
+        o.d.max_steps = 18;
+        run(o);
         EXPECT_EQ(load_checkpoint(parts).position.epoch, 2u);
-        o.stop_after_steps = 0;
-        data::run_training(o);
+        o.d.max_steps = 0;
+        run(o);
         EXPECT_EQ(final_state(parts), reference);
         fs::remove_all(whole);
         fs::remove_all(parts);
@@ -118,19 +127,19 @@ TEST(CheckpointResume, InterruptedRunsEndBitwiseEqual) {
 TEST(CheckpointResume, RefusesDifferentOptionsAndExistingCheckpoint) {
     const fs::path ds = make_dataset(temp("ds2")), ck = temp("ck2");
     auto o = options(ds, ck, "stream", "chunk");
-    o.stop_after_steps = 2;
-    data::run_training(o);
+    o.d.max_steps = 2;
+    run(o);
     auto again = o;
     try {
-        data::run_training(again); // no --resume: refuses to overwrite
+        run(again); // no --resume: refuses to overwrite
         FAIL();
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::usage) << e.what();
     }
-    again.resume = true;
-    again.order = "full";
+    again.d.resume = true;
+    again.d.order = "full";
     try {
-        data::run_training(again);
+        run(again);
         FAIL();
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::usage);

@@ -47,11 +47,11 @@ std::string fixed(double v, int digits) {
     return buf;
 }
 
-train::Device choose_device(const TrainRunOptions& o) {
-    if (!o.device.empty()) return train::parse_device(o.device);
+train::Device choose_device(const train::RunOptions& e, const OutputOptions& out) {
+    if (e.device) return *e.device;
     std::string why;
     if (!detect_gpus(&why).empty()) return {train::Backend::cuda, 0};
-    note(o.out, "dstrain: training on the CPU (" + why + "); use --device cpu to silence this");
+    note(out, "dstrain: no GPU (" + why + "): training on the CPU");
     return {train::Backend::cpu, 0};
 }
 
@@ -202,8 +202,8 @@ class DeviceMemoryMeter {
     std::uint64_t baseline_ = 0, peak_ = 0;
 };
 
-Placement resolve_placement(const TrainRunOptions& o, Placement asked, const train::Device& dev,
-                            std::uint64_t data_bytes, std::uint64_t trainer_bytes, std::string& why) {
+Placement resolve_placement(Placement asked, const train::Device& dev, std::uint64_t data_bytes,
+                            std::uint64_t trainer_bytes, std::string& why) {
     if (asked != Placement::automatic) {
         why = "--data " + std::string(placement_name(asked));
         return asked;
@@ -220,7 +220,6 @@ Placement resolve_placement(const TrainRunOptions& o, Placement asked, const tra
         room = detect_system().memory.available / 2;
         where = "half of available RAM";
     }
-    (void)o;
     if (data_bytes <= room) {
         why = "the splits (" + format_bytes(data_bytes) + ") fit in " + where + " (" + format_bytes(room) + ")";
         return Placement::device;
@@ -241,54 +240,45 @@ nlohmann::json stage_json(const StageTimes& t) {
 
 } // namespace
 
-void add_train_run_options(CLI::App& app, TrainRunOptions& o) {
-    app.add_option("dataset", o.dataset, "Dataset directory (dsgen / dsconvert output)")->required();
-    app.add_option("--model", o.model, "Preset (ref-cnn, small-cnn, resnet9, mlp[:W,..]) or layer spec")
+void add_data_run_options(CLI::App& app, DataRunOptions& d) {
+    app.add_option("--data", d.data,
+                   "Placement: auto, device (split in GPU memory), stream (reader threads + ring) or "
+                   "managed (cudaMallocManaged)")
         ->capture_default_str();
-    app.add_option("--epochs", o.epochs, "Epochs to train")->capture_default_str();
-    app.add_option("--batch", o.batch, "Samples per step")->capture_default_str();
-    app.add_option("--optimizer", o.optimizer, "sgd or adamw")->capture_default_str();
-    app.add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
-    app.add_option("--momentum", o.momentum, "SGD momentum (Nesterov)")->capture_default_str();
-    app.add_option("--weight-decay", o.weight_decay, "Weight decay")->capture_default_str();
-    app.add_option("--label-smoothing", o.label_smoothing, "Label smoothing in [0, 1)")->capture_default_str();
-    app.add_option("--schedule", o.schedule, "constant, step or cosine")->capture_default_str();
-    app.add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str();
-    app.add_option("--precision", o.precision, "fp32, tf32 or bf16 (GPU)")->capture_default_str();
-    app.add_option("--device", o.device, "cpu, cuda or cuda:N (default: the GPU when there is one)");
-    app.add_option("--seed", o.seed, "Seed of initialisation, orders and dropout")->capture_default_str();
-    app.add_option("--cpu-threads", o.cpu_threads, "CPU backend threads (0: all)")->capture_default_str();
-    app.add_option("--data", o.data, "Placement: auto, device, stream or managed")->capture_default_str();
-    app.add_option("--order", o.order, "Sample order: sequential, chunk or full")->capture_default_str();
-    app.add_option("--window", o.window, "Chunk order: chunks shuffled together")->capture_default_str();
-    app.add_option("--chunk-samples", o.chunk_samples,
-                   "Chunk order on .npy storage: samples per chunk (0: about 4 MiB)")
+    app.add_option("--order", d.order, "Sample order: sequential, chunk (shuffled chunks, mixed in windows) or full")
         ->capture_default_str();
-    app.add_option("--prefetch", o.prefetch, "Stream: batch slots in the ring (K)")->capture_default_str();
-    app.add_option("--readers", o.readers, "Stream: reader threads")->capture_default_str();
-    app.add_option("--managed-policy", o.managed_policy, "Managed: prefetch, advise or fault")->capture_default_str();
-    app.add_flag("--oversubscribe", o.oversubscribe, "Managed: allow a split larger than free GPU memory");
-    app.add_option("--eval-every", o.eval_every, "Evaluate the test split every N steps (0: each epoch)")
+    app.add_option("--window", d.window, "Chunk order: chunks whose samples are mixed together")->capture_default_str();
+    app.add_option("--chunk-samples", d.chunk_samples,
+                   "Chunk order on .npy storage: samples per chunk (0: about 4 MiB; chunked files use theirs)")
         ->capture_default_str();
-    app.add_option("--checkpoint", o.checkpoint, "Checkpoint directory (written atomically)");
-    app.add_option("--checkpoint-every", o.checkpoint_every, "Checkpoint every N steps (0: each epoch)")
+    app.add_option("--prefetch", d.prefetch, "Stream: batch slots in the ring (K); managed: batches prefetched ahead")
         ->capture_default_str();
-    app.add_flag("--resume", o.resume, "Continue from the checkpoint in --checkpoint");
-    app.add_option("--max-steps", o.stop_after_steps, "Stop after N steps in total, with a checkpoint (0: no limit)")
+    app.add_option("--readers", d.readers, "Stream: reader threads")->capture_default_str();
+    app.add_option("--managed-policy", d.managed_policy, "Managed: prefetch, advise or fault")->capture_default_str();
+    app.add_flag("--oversubscribe", d.oversubscribe, "Managed: allow a split larger than free GPU memory");
+    app.add_option("--eval-every", d.eval_every, "Evaluate the test split every N steps (0: after each epoch)")
         ->capture_default_str();
-    app.add_option("--log-json", o.log_json, "Write one JSON line per epoch and evaluation to FILE");
+    app.add_option("--checkpoint", d.checkpoint, "Checkpoint directory (written atomically after each epoch)");
+    app.add_option("--checkpoint-every", d.checkpoint_every, "Also checkpoint every N steps (0: epochs only)")
+        ->capture_default_str();
+    app.add_flag("--resume", d.resume, "Continue from the checkpoint in --checkpoint");
+    app.add_option("--max-steps", d.max_steps, "Stop after N steps in total, with a checkpoint (0: no limit)")
+        ->capture_default_str();
 }
 
-void run_training(const TrainRunOptions& o) {
-    if (o.resume && o.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR (where to resume from)");
-    if (o.epochs == 0) throw usage_error("invalid --epochs 0 (must be positive)");
-    const Placement asked = parse_placement(o.data);
-    const Order order_kind = parse_order(o.order);
-    const ManagedPolicy policy = parse_managed_policy(o.managed_policy);
-    const train::Device device = choose_device(o);
-    if (o.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
+train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& d, const OutputOptions& out) {
+    using train::Backend;
+    if (e.epochs == 0) throw usage_error("invalid --epochs 0 (must be positive)");
+    if (e.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
+    if (d.resume && d.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR (where to resume from)");
+    const Placement asked = parse_placement(d.data);
+    const Order order_kind = parse_order(d.order);
+    const ManagedPolicy policy = parse_managed_policy(d.managed_policy);
+    const train::Device device = choose_device(e, out);
+    const train::Precision precision =
+        e.precision.value_or(device.backend == Backend::cpu ? train::Precision::fp32 : train::Precision::tf32);
 
-    const Dataset ds = Dataset::open(o.dataset);
+    const Dataset ds = Dataset::open(e.dataset);
     const Manifest& m = ds.manifest();
     const SplitInfo& train_split = m.split("train");
     const SplitInfo* test_split = m.find("test");
@@ -296,136 +286,158 @@ void run_training(const TrainRunOptions& o) {
     const FieldInfo& x = train_split.field(m.input_field);
     if (!m.num_classes)
         throw runtime_error(ds.dir().string() + ": " + manifest_file_name +
-                            " has no num_classes (labels unknown); re-create the dataset with dsgen/dsconvert");
+                            " has no num_classes (labels unknown); re-create the dataset with dsgen or dsconvert");
+    if (train_split.samples == 0)
+        throw usage_error("split 'train' of " + ds.dir().string() + " is empty (nothing to train on)");
+    if (e.batch > train_split.samples)
+        throw usage_error("--batch " + std::to_string(e.batch) + " is larger than the train split (" +
+                          format_count(train_split.samples) + " samples); use a smaller --batch");
 
     // The trainer.
+    const std::uint32_t classes = *m.num_classes;
+    const train::ModelSpec spec = train::resolve_model(e.model, classes);
     train::TrainerConfig tc;
-    const train::ModelSpec spec = train::resolve_model(o.model, *m.num_classes);
-    tc.plan = train::plan_network(spec, train::tensor_shape_from(x.shape), *m.num_classes);
+    tc.plan = train::plan_network(spec, train::tensor_shape_from(x.shape), classes);
     tc.input_dtype = x.dtype;
-    tc.max_batch = o.batch;
-    tc.precision = train::parse_precision(o.precision);
-    tc.optimizer.kind = train::parse_optimizer(o.optimizer);
-    tc.optimizer.lr = o.lr;
-    tc.optimizer.momentum = o.momentum;
-    tc.optimizer.weight_decay = o.weight_decay;
-    tc.schedule.kind = train::parse_schedule(o.schedule);
-    tc.schedule.warmup_steps = o.warmup_steps;
-    tc.label_smoothing = o.label_smoothing;
-    tc.seed = o.seed;
+    tc.max_batch = e.batch;
+    tc.precision = precision;
+    tc.optimizer.kind = e.optimizer;
+    tc.optimizer.lr =
+        e.lr.value_or(e.optimizer == train::OptimizerKind::sgd ? 0.05f * static_cast<float>(e.batch) / 256.0f : 0.002f);
+    tc.optimizer.momentum = e.momentum;
+    tc.optimizer.nesterov = e.nesterov;
+    tc.optimizer.weight_decay = e.weight_decay;
+    const std::uint64_t steps_per_epoch = train_split.samples / e.batch; // a partial last batch is skipped
+    tc.schedule.kind = e.schedule;
+    tc.schedule.total_steps = steps_per_epoch * e.epochs;
+    tc.schedule.warmup_steps =
+        static_cast<std::uint64_t>(std::llround(e.warmup_epochs * static_cast<double>(steps_per_epoch)));
+    tc.schedule.step_every = std::uint64_t{e.step_epochs} * steps_per_epoch;
+    tc.schedule.gamma = e.gamma;
+    if (e.schedule == train::ScheduleKind::step && e.step_epochs == 0)
+        throw usage_error("--schedule step needs --step-epochs N (decay every N epochs)");
+    tc.label_smoothing = e.label_smoothing;
+    tc.seed = e.seed;
     tc.device = device;
-    tc.cpu_threads = o.cpu_threads;
+    tc.cpu_threads = e.threads;
+    tc.workspace_limit = e.workspace;
+    channel_stats(ds, x, train_split.samples, tc.plan.input.c, tc.mean, tc.std);
 
-    // The sources' configuration (before the trainer, to plan memory).
+    DeviceMemoryMeter meter(device);
+    auto trainer = train::make_trainer(tc);
+
+    // The sources.
     SourceConfig sc;
     sc.device = device;
     sc.order.kind = order_kind;
-    sc.order.seed = o.seed;
-    sc.order.window_chunks = o.window;
+    sc.order.seed = e.seed;
+    sc.order.window_chunks = d.window;
     sc.order.chunk_samples =
-        o.chunk_samples ? o.chunk_samples : std::max<std::uint64_t>(1, default_chunk_bytes / x.sample_bytes());
+        d.chunk_samples ? d.chunk_samples : std::max<std::uint64_t>(1, default_chunk_bytes / x.sample_bytes());
     if (x.storage == Storage::zstd_chunked && x.chunk_samples) sc.order.chunk_samples = x.chunk_samples;
-    sc.batch = o.batch;
-    sc.prefetch = o.prefetch;
-    sc.readers = o.readers;
+    sc.batch = e.batch;
+    sc.prefetch = d.prefetch;
+    sc.readers = d.readers;
     sc.managed_policy = policy;
-    sc.oversubscribe = o.oversubscribe;
-
-    channel_stats(ds, x, train_split.samples, tc.plan.input.c, tc.mean, tc.std);
-    const std::uint64_t steps_per_epoch = train_split.samples / o.batch; // training drops a partial last batch
-    tc.schedule.total_steps = steps_per_epoch * o.epochs;
-    DeviceMemoryMeter meter(device);
-    std::unique_ptr<train::Trainer> trainer = train::make_trainer(tc);
+    sc.oversubscribe = d.oversubscribe;
     sc.compute_stream = trainer->compute_stream();
-
     const std::uint64_t split_bytes = checked_mul(train_split.samples, x.sample_bytes() + 4, "split bytes") +
                                       (test_split ? test_split->samples * (x.sample_bytes() + 4) : 0);
     std::string why;
-    sc.placement = resolve_placement(o, asked, device, split_bytes, trainer->memory_plan().total(), why);
+    sc.placement = resolve_placement(asked, device, split_bytes, trainer->memory_plan().total(), why);
     if (order_kind == Order::full && sc.placement == Placement::stream)
         warning("--order full with --data stream reads samples at random from the files: unless they are in the "
                 "page cache this is I/O-bound; --order chunk keeps reads sequential");
-
     SourceConfig test_sc = sc;
     test_sc.order.kind = Order::sequential;
     test_sc.drop_last = false;
     auto train_src = make_batch_source(ds, "train", sc);
     std::unique_ptr<BatchSource> test_src;
     if (test_split) test_src = make_batch_source(ds, "test", test_sc);
-
     if (train_src->batches_per_epoch() != steps_per_epoch) throw std::logic_error("batches per epoch disagree");
 
-    // The GPU memory ceiling, before the first step.
-    const train::MemoryPlan mp = trainer->memory_plan();
+    train::RunReport r;
+    r.model = tc.plan.name;
+    r.device = train::device_name(device);
+    r.precision = train::precision_name(precision);
+    r.parameters = tc.plan.params;
+    r.planned = trainer->memory_plan();
+    r.measured_device_bytes = trainer->measured_device_bytes();
+
+    // The memory ceiling, before the first step.
     const std::uint64_t data_dev = train_src->device_bytes() + (test_src ? test_src->device_bytes() : 0);
-    const std::uint64_t ceiling = mp.total() + data_dev;
-    const std::string mem_where = meter.on_gpu() ? "GPU memory" : "memory";
-    note(o.out, "dstrain: " + std::string(placement_name(train_src->placement())) + " placement (" + why + "), order " +
-                    std::string(order_name(order_kind)) + ", " + format_count(steps_per_epoch) + " steps/epoch on " +
-                    train::device_name(device));
-    note(o.out, "dstrain: " + mem_where + " ceiling " + format_bytes(ceiling) + " = parameters " +
-                    format_bytes(mp.parameters) + " + activations " + format_bytes(mp.activations) + " + workspace " +
-                    format_bytes(mp.workspace) + " + data " + format_bytes(data_dev) +
-                    (train_src->placement() == Placement::stream
-                         ? " (" + std::to_string(o.prefetch) + " batch slots, whatever the dataset size)"
-                         : std::string()));
+    const std::uint64_t ceiling = r.planned.total() + data_dev;
+    note(out, "dstrain: model " + tc.plan.name + ", " + format_count(tc.plan.params) + " parameters, " +
+                  format_count(train_split.samples) + " train / " + format_count(test_split ? test_split->samples : 0) +
+                  " test samples, " + r.device + ", " + r.precision);
+    note(out, "dstrain: data " + std::string(placement_name(train_src->placement())) + " (" + why + "), order " +
+                  std::string(order_name(order_kind)) +
+                  (order_kind == Order::chunk ? " (" + format_count(sc.order.chunk_samples) + " samples x " +
+                                                    std::to_string(d.window) + " chunks per window)"
+                                              : std::string()) +
+                  ", " + format_count(steps_per_epoch) + " steps per epoch");
+    note(out, std::string("dstrain: ") + (meter.on_gpu() ? "GPU memory" : "memory") + " ceiling " +
+                  format_bytes(ceiling) + " = parameters " + format_bytes(r.planned.parameters) + " + activations " +
+                  format_bytes(r.planned.activations) + " + workspace " + format_bytes(r.planned.workspace) +
+                  " + data " + format_bytes(data_dev) +
+                  (train_src->placement() == Placement::stream
+                       ? " (" + std::to_string(std::max(d.prefetch, meter.on_gpu() ? 2u : 1u)) +
+                             " batch slots per split, whatever the dataset size)"
+                       : std::string()));
 
     // What a resume must repeat.
     const std::map<std::string, std::string> run{
         {"dataset_samples", std::to_string(train_split.samples)},
         {"dataset_checksum", x.checksum},
         {"model", train::to_spec_string(spec)},
-        {"batch", std::to_string(o.batch)},
-        {"epochs", std::to_string(o.epochs)},
-        {"optimizer", o.optimizer},
-        {"lr", fixed(o.lr, 6)},
-        {"schedule", o.schedule},
-        {"order", o.order},
-        {"window", std::to_string(o.window)},
+        {"batch", std::to_string(e.batch)},
+        {"epochs", std::to_string(e.epochs)},
+        {"optimizer", std::string(train::optimizer_name(e.optimizer))},
+        {"lr", fixed(tc.optimizer.lr, 6)},
+        {"schedule", std::string(train::schedule_name(e.schedule))},
+        {"order", d.order},
+        {"window", std::to_string(d.window)},
         {"chunk_samples", std::to_string(sc.order.chunk_samples)},
-        {"seed", std::to_string(o.seed)},
-        {"precision", o.precision},
+        {"seed", std::to_string(e.seed)},
+        {"precision", r.precision},
     };
-
     CheckpointPosition pos;
-    if (o.resume) {
-        const Checkpoint c = load_checkpoint(o.checkpoint);
-        check_resume_compatible(c, run, o.checkpoint);
+    if (d.resume) {
+        const Checkpoint c = load_checkpoint(d.checkpoint);
+        check_resume_compatible(c, run, d.checkpoint);
         trainer->load_state(c.trainer_state);
         pos = c.position;
-        note(o.out, "dstrain: resumed from " + checkpoint_path(o.checkpoint).string() + " at epoch " +
-                        std::to_string(pos.epoch + 1) + ", batch " + std::to_string(pos.next_batch) + " (step " +
-                        std::to_string(pos.steps) + ")");
-    } else if (!o.checkpoint.empty() && checkpoint_exists(o.checkpoint)) {
-        throw usage_error("checkpoint directory '" + o.checkpoint.string() +
+        note(out, "dstrain: resumed from " + checkpoint_path(d.checkpoint).string() + " at epoch " +
+                      std::to_string(pos.epoch + 1) + ", batch " + std::to_string(pos.next_batch) + " (step " +
+                      std::to_string(pos.steps) + ")");
+    } else if (!d.checkpoint.empty() && checkpoint_exists(d.checkpoint)) {
+        throw usage_error("'" + d.checkpoint.string() +
                           "' already holds a checkpoint; add --resume to continue it, or remove it");
     }
-
     auto write_checkpoint = [&](const CheckpointPosition& p) {
-        if (o.checkpoint.empty()) return;
+        if (d.checkpoint.empty()) return;
         Checkpoint c;
         c.position = p;
-        c.seed = o.seed;
+        c.seed = e.seed;
         c.run = run;
         c.created = now_iso8601();
-        c.command_line = o.command_line;
+        c.command_line = e.command_line;
         c.trainer_state = trainer->save_state();
-        save_checkpoint(o.checkpoint, c);
+        save_checkpoint(d.checkpoint, c);
     };
 
     std::ofstream log;
-    if (!o.log_json.empty()) {
-        log.open(o.log_json, std::ios::app);
-        if (!log) throw_errno("cannot open --log-json file", o.log_json.string());
+    if (!e.log_json.empty()) {
+        log.open(e.log_json, d.resume ? std::ios::app : std::ios::trunc);
+        if (!log) throw_errno("cannot open --log-json", e.log_json);
     }
-    nlohmann::json report = nlohmann::json::array();
-    auto emit = [&](nlohmann::json j) {
-        if (log) log << j.dump() << "\n" << std::flush;
-        report.push_back(std::move(j));
+    auto emit = [&](const nlohmann::json& j) {
+        if (!log.is_open()) return;
+        log << j.dump() << "\n" << std::flush;
+        if (!log) throw runtime_error("cannot write --log-json " + e.log_json + " (disk full?)");
     };
-
-    auto evaluate = [&]() -> std::optional<train::Metrics> {
-        if (!test_src) return std::nullopt;
+    auto evaluate = [&]() -> train::Metrics {
+        if (!test_src) return {};
         test_src->start_epoch(0, 0);
         train::Batch b;
         while (test_src->next(b)) {
@@ -439,9 +451,12 @@ void run_training(const TrainRunOptions& o) {
     ComputeTimer compute(trainer->compute_stream());
     std::uint64_t steps = pos.steps;
     bool stopped = false;
-    for (std::uint64_t epoch = pos.epoch; epoch < o.epochs && !stopped; ++epoch) {
-        const std::uint64_t first = epoch == pos.epoch ? pos.next_batch : 0;
+    for (std::uint64_t epoch = pos.epoch; epoch < e.epochs && !stopped; ++epoch) {
         const auto t0 = Clock::now();
+        train::EpochReport er;
+        er.epoch = static_cast<std::uint32_t>(epoch + 1);
+        er.lr = train::learning_rate(tc.optimizer, tc.schedule, steps);
+        const std::uint64_t first = epoch == pos.epoch ? pos.next_batch : 0;
         train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
         train::Batch b;
@@ -456,82 +471,78 @@ void run_training(const TrainRunOptions& o) {
                 write_checkpoint(here);
                 throw Error(ExitCode::interrupted,
                             "interrupted at epoch " + std::to_string(epoch + 1) + ", step " + std::to_string(steps) +
-                                (o.checkpoint.empty()
+                                (d.checkpoint.empty()
                                      ? std::string(" (no --checkpoint: progress is lost)")
-                                     : "; checkpoint written to " + checkpoint_path(o.checkpoint).string() +
+                                     : "; checkpoint written to " + checkpoint_path(d.checkpoint).string() +
                                            ", continue with --resume"));
             }
-            if (o.checkpoint_every && steps % o.checkpoint_every == 0 && batch_index < steps_per_epoch)
+            if (d.checkpoint_every && steps % d.checkpoint_every == 0 && batch_index < steps_per_epoch)
                 write_checkpoint(here);
-            if (o.eval_every && steps % o.eval_every == 0) {
-                if (const auto em = evaluate()) {
-                    note(o.out, "step " + std::to_string(steps) + "  test loss " + fixed(em->loss(), 4) +
-                                    "  test acc " + fixed(100 * em->accuracy(), 2) + "%");
-                    emit({{"event", "eval"},
-                          {"step", steps},
-                          {"test_loss", em->loss()},
-                          {"test_accuracy", em->accuracy()}});
-                }
+            if (d.eval_every && steps % d.eval_every == 0 && test_src) {
+                const train::Metrics em = evaluate();
+                note(out, "step " + std::to_string(steps) + "  test loss " + fixed(em.loss(), 4) + "  test acc " +
+                              fixed(100 * em.accuracy(), 2) + "%");
+                emit({{"event", "eval"}, {"step", steps}, {"test_loss", em.loss()}, {"test_accuracy", em.accuracy()}});
             }
-            if (o.stop_after_steps && steps >= o.stop_after_steps) {
+            if (d.max_steps && steps >= d.max_steps) {
                 stopped = true;
                 break;
             }
         }
         trainer->synchronize();
         if (const auto bad = trainer->first_nonfinite_step())
-            throw runtime_error("training diverged: non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
-                                std::to_string(*bad + 1) +
-                                "; lower --lr or use --precision fp32 (last checkpoint kept)");
+            throw runtime_error("non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
+                                std::to_string(*bad + 1) + " (training diverged) lower --lr (now " +
+                                fixed(tc.optimizer.lr, 4) + ") or add warm-up with --warmup-epochs" +
+                                (d.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
         StageTimes st = train_src->take_times();
         st.compute = compute.take();
-        const train::Metrics tm = trainer->take_train_metrics();
-        const double secs = seconds_since(t0);
-        std::optional<train::Metrics> em;
-        if (o.eval_every == 0 || stopped) em = evaluate();
+        er.train = trainer->take_train_metrics();
+        const auto t1 = Clock::now();
+        if (d.eval_every == 0 || stopped) er.test = evaluate();
+        er.train_seconds = std::chrono::duration<double>(t1 - t0).count();
+        er.seconds = seconds_since(t0);
+        er.samples_per_second = static_cast<double>(er.train.samples) / std::max(1e-9, er.train_seconds);
         const std::uint64_t peak = meter.sample();
         const bool epoch_done = batch_index >= steps_per_epoch;
         write_checkpoint(epoch_done ? CheckpointPosition{epoch + 1, 0, steps}
                                     : CheckpointPosition{epoch, batch_index, steps});
+        r.epochs.push_back(er);
 
         std::ostringstream line;
-        line << "epoch " << (epoch + 1) << "/" << o.epochs << (epoch_done ? "" : " (partial)") << "  loss "
-             << fixed(tm.loss(), 4) << "  acc " << fixed(100 * tm.accuracy(), 2) << "%";
-        if (em) line << "  test " << fixed(100 * em->accuracy(), 2) << "%";
-        line << "  " << format_duration(secs) << "  "
-             << format_count(static_cast<std::uint64_t>(static_cast<double>(tm.samples) / std::max(secs, 1e-9)))
+        line << "epoch " << (epoch + 1) << "/" << e.epochs << (epoch_done && first == 0 ? "" : " (part)") << "  loss "
+             << fixed(er.train.loss(), 4) << "  train acc " << fixed(100 * er.train.accuracy(), 2) << "%  test acc "
+             << (test_src ? fixed(100 * er.test.accuracy(), 2) + "%" : std::string("-")) << "  time "
+             << format_duration(er.seconds) << "  " << format_count(static_cast<std::uint64_t>(er.samples_per_second))
              << " samples/s";
-        if (meter.on_gpu()) line << "  gpu " << format_bytes(peak) << " / " << format_bytes(ceiling);
+        if (meter.on_gpu()) line << "  GPU mem " << format_bytes(peak) << " (ceiling " << format_bytes(ceiling) << ")";
         line << "  [" << stage_text(st) << "]";
-        if (!o.out.json) std::cout << line.str() << std::endl;
+        if (out.json)
+            note(out, line.str());
+        else
+            std::printf("%s\n", line.str().c_str()), std::fflush(stdout);
         nlohmann::json j{{"event", "epoch"},
-                         {"epoch", epoch + 1},
+                         {"epoch", er.epoch},
                          {"steps", steps},
-                         {"train_loss", tm.loss()},
-                         {"train_accuracy", tm.accuracy()},
-                         {"seconds", secs},
-                         {"samples_per_second", static_cast<double>(tm.samples) / std::max(secs, 1e-9)},
+                         {"train_loss", er.train.loss()},
+                         {"train_accuracy", er.train.accuracy()},
+                         {"test_loss", er.test.loss()},
+                         {"test_accuracy", er.test.accuracy()},
+                         {"seconds", er.seconds},
+                         {"train_seconds", er.train_seconds},
+                         {"samples_per_second", er.samples_per_second},
+                         {"lr", er.lr},
+                         {"placement", placement_name(train_src->placement())},
+                         {"order", order_name(order_kind)},
                          {"stages", stage_json(st)},
-                         {"memory_ceiling_bytes", ceiling}};
-        if (em) {
-            j["test_loss"] = em->loss();
-            j["test_accuracy"] = em->accuracy();
-        }
-        if (meter.on_gpu()) j["gpu_peak_bytes"] = peak;
+                         {"memory_ceiling", ceiling}};
+        if (meter.on_gpu()) j["gpu_memory_peak"] = peak;
         emit(j);
         if (meter.on_gpu() && peak > ceiling + ceiling / 100 + (64ull << 20))
             warning("measured GPU memory " + format_bytes(peak) + " exceeds the planned ceiling " +
                     format_bytes(ceiling) + " (another process on the GPU, or a library's own allocations)");
     }
-    if (o.out.json)
-        std::cout << nlohmann::json{{"placement", placement_name(train_src->placement())},
-                                    {"order", order_name(order_kind)},
-                                    {"device", train::device_name(device)},
-                                    {"memory_ceiling_bytes", ceiling},
-                                    {"steps", steps},
-                                    {"log", report}}
-                         .dump(2)
-                  << std::endl;
+    return r;
 }
 
 } // namespace dstk::data
