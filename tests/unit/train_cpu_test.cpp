@@ -15,7 +15,8 @@ using namespace dstk::train;
 
 TEST(TrainCpu, GemmMatchesNaiveForAllTransposes) {
     CounterRng rng(1, 2);
-    for (const auto [m, n, k] : {std::array{1, 1, 1}, std::array{7, 33, 300}, std::array{13, 17, 5}, std::array{64, 70, 257}}) {
+    for (const auto [m, n, k] :
+         {std::array{1, 1, 1}, std::array{7, 33, 300}, std::array{13, 17, 5}, std::array{64, 70, 257}}) {
         std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n);
         for (auto& v : a) v = static_cast<float>(rng.normal());
         for (auto& v : b) v = static_cast<float>(rng.normal());
@@ -133,10 +134,14 @@ TEST(TrainCpu, ConvertsEveryInputDtype) {
         std::vector<std::uint8_t> raw(4 * dtype_size(dt));
         for (int i = 0; i < 4; ++i) {
             const float v = dt == DType::u8 ? std::floor(std::abs(values[i])) : values[i];
-            if (dt == DType::u8) raw[i] = static_cast<std::uint8_t>(v);
-            else if (dt == DType::bf16) reinterpret_cast<std::uint16_t*>(raw.data())[i] = float_to_bf16(v);
-            else if (dt == DType::f16) reinterpret_cast<std::uint16_t*>(raw.data())[i] = float_to_f16(v);
-            else reinterpret_cast<float*>(raw.data())[i] = v;
+            if (dt == DType::u8)
+                raw[i] = static_cast<std::uint8_t>(v);
+            else if (dt == DType::bf16)
+                reinterpret_cast<std::uint16_t*>(raw.data())[i] = float_to_bf16(v);
+            else if (dt == DType::f16)
+                reinterpret_cast<std::uint16_t*>(raw.data())[i] = float_to_f16(v);
+            else
+                reinterpret_cast<float*>(raw.data())[i] = v;
         }
         const std::int32_t label = 0;
         t->compute_gradients({raw.data(), &label, 1});

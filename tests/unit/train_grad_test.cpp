@@ -39,7 +39,8 @@ Net make_net(const char* spec, TensorShape in, std::uint32_t classes, std::uint3
     auto p = n.t->read_parameters();
     for (const auto& l : c.plan.layers)
         if (l.spec.kind == LayerKind::batchnorm)
-            for (std::uint64_t j = 0; j < l.param_count; ++j) p[l.param_offset + j] = static_cast<float>(rng.uniform(0.5, 1.5));
+            for (std::uint64_t j = 0; j < l.param_count; ++j)
+                p[l.param_offset + j] = static_cast<float>(rng.uniform(0.5, 1.5));
     n.t->write_parameters(p);
     return n;
 }
@@ -65,7 +66,9 @@ double loss(Net& n) {
     return total / batch;
 }
 
-double tolerance(double a, double b) { return 2e-3 + 2e-2 * std::max(std::abs(a), std::abs(b)); }
+double tolerance(double a, double b) {
+    return 2e-3 + 2e-2 * std::max(std::abs(a), std::abs(b));
+}
 
 // Central differences at h and h/2: where they disagree, the step crossed a
 // kink (ReLU, max-pool switch) and the point proves nothing, so it is skipped.
@@ -103,7 +106,8 @@ void check_gradients(const char* spec, TensorShape in, std::uint32_t classes, st
                 return v;
             };
             ++total;
-            checked += check_point(at, grads[j], std::string(layer_kind_name(l.spec.kind)) + " parameter " + std::to_string(j));
+            checked += check_point(at, grads[j],
+                                   std::string(layer_kind_name(l.spec.kind)) + " parameter " + std::to_string(j));
         }
     }
     for (int s = 0; s < samples; ++s) {
@@ -123,17 +127,45 @@ void check_gradients(const char* spec, TensorShape in, std::uint32_t classes, st
 
 } // namespace
 
-TEST(TrainGrad, ConvWithBias) { check_gradients("conv3x3:3:bias,flatten,fc:3", {2, 5, 5}, 3, 3); }
-TEST(TrainGrad, ConvStridedUnpadded) { check_gradients("conv3x3:4:s2:p0,flatten,fc:3", {2, 7, 7}, 3, 3); }
-TEST(TrainGrad, Conv1x1AndConv5x5) { check_gradients("conv1x1:3,conv5x5:2,flatten,fc:3", {2, 6, 6}, 3, 2); }
-TEST(TrainGrad, BatchNorm) { check_gradients("conv3x3:3,bn,flatten,fc:3", {2, 4, 4}, 3, 4); }
-TEST(TrainGrad, BatchNormOnFeatures) { check_gradients("flatten,fc:6,bn,relu,fc:3", {5, 1, 1}, 3, 6); }
-TEST(TrainGrad, Relu) { check_gradients("conv3x3:3:bias,relu,flatten,fc:3", {2, 4, 4}, 3, 3); }
-TEST(TrainGrad, MaxPool) { check_gradients("conv3x3:3,maxpool2,flatten,fc:3", {2, 6, 6}, 3, 3); }
-TEST(TrainGrad, MaxPoolOverlapping) { check_gradients("maxpool3:s2,flatten,fc:3", {2, 7, 7}, 3, 3); }
-TEST(TrainGrad, AvgPool) { check_gradients("conv3x3:2,avgpool2,flatten,fc:3", {2, 6, 6}, 3, 3); }
-TEST(TrainGrad, GlobalAvgPool) { check_gradients("conv3x3:4,gap,flatten,fc:3", {2, 5, 5}, 3, 3); }
-TEST(TrainGrad, LinearStack) { check_gradients("flatten,fc:7,relu,fc:3:nobias", {2, 3, 3}, 3, 4); }
-TEST(TrainGrad, Dropout) { check_gradients("flatten,fc:8,dropout:0.5,fc:3", {6, 1, 1}, 3, 4); }
-TEST(TrainGrad, Residual) { check_gradients("conv3x3:2,res(conv3x3:2,bn,relu),flatten,fc:3", {2, 4, 4}, 3, 3); }
-TEST(TrainGrad, LabelSmoothing) { check_gradients("flatten,fc:4", {5, 1, 1}, 4, 5, 0.2f); }
+TEST(TrainGrad, ConvWithBias) {
+    check_gradients("conv3x3:3:bias,flatten,fc:3", {2, 5, 5}, 3, 3);
+}
+TEST(TrainGrad, ConvStridedUnpadded) {
+    check_gradients("conv3x3:4:s2:p0,flatten,fc:3", {2, 7, 7}, 3, 3);
+}
+TEST(TrainGrad, Conv1x1AndConv5x5) {
+    check_gradients("conv1x1:3,conv5x5:2,flatten,fc:3", {2, 6, 6}, 3, 2);
+}
+TEST(TrainGrad, BatchNorm) {
+    check_gradients("conv3x3:3,bn,flatten,fc:3", {2, 4, 4}, 3, 4);
+}
+TEST(TrainGrad, BatchNormOnFeatures) {
+    check_gradients("flatten,fc:6,bn,relu,fc:3", {5, 1, 1}, 3, 6);
+}
+TEST(TrainGrad, Relu) {
+    check_gradients("conv3x3:3:bias,relu,flatten,fc:3", {2, 4, 4}, 3, 3);
+}
+TEST(TrainGrad, MaxPool) {
+    check_gradients("conv3x3:3,maxpool2,flatten,fc:3", {2, 6, 6}, 3, 3);
+}
+TEST(TrainGrad, MaxPoolOverlapping) {
+    check_gradients("maxpool3:s2,flatten,fc:3", {2, 7, 7}, 3, 3);
+}
+TEST(TrainGrad, AvgPool) {
+    check_gradients("conv3x3:2,avgpool2,flatten,fc:3", {2, 6, 6}, 3, 3);
+}
+TEST(TrainGrad, GlobalAvgPool) {
+    check_gradients("conv3x3:4,gap,flatten,fc:3", {2, 5, 5}, 3, 3);
+}
+TEST(TrainGrad, LinearStack) {
+    check_gradients("flatten,fc:7,relu,fc:3:nobias", {2, 3, 3}, 3, 4);
+}
+TEST(TrainGrad, Dropout) {
+    check_gradients("flatten,fc:8,dropout:0.5,fc:3", {6, 1, 1}, 3, 4);
+}
+TEST(TrainGrad, Residual) {
+    check_gradients("conv3x3:2,res(conv3x3:2,bn,relu),flatten,fc:3", {2, 4, 4}, 3, 3);
+}
+TEST(TrainGrad, LabelSmoothing) {
+    check_gradients("flatten,fc:4", {5, 1, 1}, 4, 5, 0.2f);
+}

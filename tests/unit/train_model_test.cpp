@@ -32,9 +32,29 @@ TEST(TrainSpec, ParsesEveryLayerAndRoundTrips) {
 }
 
 TEST(TrainSpec, RejectsMalformedSpecsWithUsageErrors) {
-    for (const char* bad : {"", ",", "conv3x3", "conv3x4:8", "conv3x3:0", "conv3x3:8:q", "fc", "fc:-1", "fc:10:bias",
-                            "dropout:1", "dropout:x", "res(relu", "relu)", "res()", "relu,,relu", "relu,", "maxpool",
-                            "maxpool2:t3", "bogus", "relu:1", "foo(relu)", "conv3x3:8:p3", "conv99999999x99999999:1"}) {
+    for (const char* bad : {"",
+                            ",",
+                            "conv3x3",
+                            "conv3x4:8",
+                            "conv3x3:0",
+                            "conv3x3:8:q",
+                            "fc",
+                            "fc:-1",
+                            "fc:10:bias",
+                            "dropout:1",
+                            "dropout:x",
+                            "res(relu",
+                            "relu)",
+                            "res()",
+                            "relu,,relu",
+                            "relu,",
+                            "maxpool",
+                            "maxpool2:t3",
+                            "bogus",
+                            "relu:1",
+                            "foo(relu)",
+                            "conv3x3:8:p3",
+                            "conv99999999x99999999:1"}) {
         try {
             parse_model_spec(bad);
             ADD_FAILURE() << "accepted '" << bad << "'";
@@ -81,8 +101,8 @@ TEST(TrainSpec, PlanRejectsMismatchedNetworks) {
         return ExitCode::ok;
     };
     EXPECT_EQ(plan_code("flatten,fc:10", {3, 4, 4}, 10), ExitCode::ok);
-    EXPECT_EQ(plan_code("flatten,fc:9", {3, 4, 4}, 10), ExitCode::usage);      // logits width
-    EXPECT_EQ(plan_code("fc:10", {3, 4, 4}, 10), ExitCode::usage);             // fc on an image
+    EXPECT_EQ(plan_code("flatten,fc:9", {3, 4, 4}, 10), ExitCode::usage); // logits width
+    EXPECT_EQ(plan_code("fc:10", {3, 4, 4}, 10), ExitCode::usage);        // fc on an image
     EXPECT_EQ(plan_code("maxpool8,flatten,fc:10", {3, 4, 4}, 10), ExitCode::usage);
     EXPECT_EQ(plan_code("res(conv3x3:4),flatten,fc:10", {3, 4, 4}, 10), ExitCode::usage); // shape change
     EXPECT_EQ(plan_code("conv5x5:4:p0,flatten,fc:10", {1, 3, 3}, 10), ExitCode::usage);
@@ -148,7 +168,8 @@ TEST(TrainDevice, ParsesDevicesAndPrecisions) {
     EXPECT_EQ(parse_device("cpu").backend, Backend::cpu);
     EXPECT_EQ(parse_device("cuda:1").index, 1);
     EXPECT_EQ(parse_device("cuda").backend, Backend::cuda);
-    for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:123456"}) EXPECT_THROW(parse_device(bad), Error) << bad;
+    for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:123456"})
+        EXPECT_THROW(parse_device(bad), Error) << bad;
     EXPECT_EQ(parse_precision("bf16"), Precision::bf16);
     EXPECT_THROW(parse_precision("fp16"), Error);
 }

@@ -62,7 +62,7 @@ void micro_generic(int kc, const float* ap, const float* bp, float alpha, float*
 
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) void micro_avx2(int kc, const float* ap, const float* bp, float alpha, float* c,
-                                                     int ldc, int rows, int cols) {
+                                                    int ldc, int rows, int cols) {
     __m256 acc[mr][2];
     for (int r = 0; r < mr; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int p = 0; p < kc; ++p) {
@@ -110,7 +110,8 @@ void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, in
     if (m <= 0 || n <= 0) return;
     for (int i = 0; i < m; ++i) {
         float* cr = c + static_cast<std::int64_t>(i) * ldc;
-        if (beta == 0.0f) std::fill(cr, cr + n, 0.0f);
+        if (beta == 0.0f)
+            std::fill(cr, cr + n, 0.0f);
         else if (beta != 1.0f)
             for (int j = 0; j < n; ++j) cr[j] *= beta;
     }

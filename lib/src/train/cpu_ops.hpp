@@ -12,9 +12,9 @@ void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
           int ldb, float beta, float* c, int ldc);
 
 struct ConvGeom {
-    int c, h, w;      // input
+    int c, h, w; // input
     int k, stride, pad;
-    int oh, ow;       // output
+    int oh, ow; // output
     int rows() const { return c * k * k; }
     int cols() const { return oh * ow; }
 };

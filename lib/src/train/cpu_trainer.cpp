@@ -37,9 +37,7 @@ class CpuTrainer final : public Trainer {
     void synchronize() override {}
     void* compute_stream() const override { return nullptr; }
 
-    std::vector<std::uint8_t> save_state() override {
-        return pack_state({params_, states_, slots_, step_});
-    }
+    std::vector<std::uint8_t> save_state() override { return pack_state({params_, states_, slots_, step_}); }
     void load_state(std::span<const std::uint8_t> blob) override {
         step_ = unpack_state(blob, params_, states_, slots_);
         nonfinite_.reset();
@@ -56,7 +54,8 @@ class CpuTrainer final : public Trainer {
         return {a.begin(), a.begin() + static_cast<std::ptrdiff_t>(last_n_ * layers()[layer].out.numel())};
     }
     std::vector<float> read_input_gradient() override {
-        return {input_grad_.begin(), input_grad_.begin() + static_cast<std::ptrdiff_t>(last_n_ * cfg_.plan.input.numel())};
+        return {input_grad_.begin(),
+                input_grad_.begin() + static_cast<std::ptrdiff_t>(last_n_ * cfg_.plan.input.numel())};
     }
     std::vector<float> read_gradients() override { return grads_; }
     std::vector<float> read_parameters() override { return params_; }
@@ -93,10 +92,10 @@ class CpuTrainer final : public Trainer {
     MemoryPlan plan_;
     ThreadPool pool_;
     std::vector<float> params_, grads_, states_, slots_;
-    std::vector<std::vector<float>> act_;          // act_[0] = normalised input, act_[i+1] = output of layer i
-    std::vector<std::vector<float>> aux_;          // bn: mean, invstd; dropout: mask
+    std::vector<std::vector<float>> act_;           // act_[0] = normalised input, act_[i+1] = output of layer i
+    std::vector<std::vector<float>> aux_;           // bn: mean, invstd; dropout: mask
     std::vector<std::vector<std::int32_t>> argmax_; // maxpool
-    std::vector<std::vector<float>> stash_;        // residual_end: gradient for the skip path
+    std::vector<std::vector<float>> stash_;         // residual_end: gradient for the skip path
     std::vector<float> gbuf_[2], input_grad_, wpart_;
     std::vector<float> dlogits_;
     std::uint64_t step_ = 0;
@@ -157,10 +156,18 @@ void CpuTrainer::convert_input(const Batch& b) {
                 const std::uint64_t e = s * per + i;
                 float v;
                 switch (cfg_.input_dtype) {
-                case DType::u8: v = static_cast<const std::uint8_t*>(b.x)[e]; break;
-                case DType::bf16: v = bf16_to_float(static_cast<const std::uint16_t*>(b.x)[e]); break;
-                case DType::f16: v = f16_to_float(static_cast<const std::uint16_t*>(b.x)[e]); break;
-                default: v = static_cast<const float*>(b.x)[e]; break;
+                case DType::u8:
+                    v = static_cast<const std::uint8_t*>(b.x)[e];
+                    break;
+                case DType::bf16:
+                    v = bf16_to_float(static_cast<const std::uint16_t*>(b.x)[e]);
+                    break;
+                case DType::f16:
+                    v = f16_to_float(static_cast<const std::uint16_t*>(b.x)[e]);
+                    break;
+                default:
+                    v = static_cast<const float*>(b.x)[e];
+                    break;
                 }
                 const std::uint64_t c = i / hw;
                 dst[e] = (v - cfg_.mean[c]) / cfg_.std[c];
@@ -169,9 +176,10 @@ void CpuTrainer::convert_input(const Batch& b) {
 }
 
 void CpuTrainer::conv_forward(const LayerPlan& l, const float* x, float* y, std::uint32_t n) {
-    const cpu::ConvGeom g{static_cast<int>(l.in.c), static_cast<int>(l.in.h), static_cast<int>(l.in.w),
-                          static_cast<int>(l.spec.kernel), static_cast<int>(l.spec.stride),
-                          static_cast<int>(l.spec.padding), static_cast<int>(l.out.h), static_cast<int>(l.out.w)};
+    const cpu::ConvGeom g{static_cast<int>(l.in.c),        static_cast<int>(l.in.h),
+                          static_cast<int>(l.in.w),        static_cast<int>(l.spec.kernel),
+                          static_cast<int>(l.spec.stride), static_cast<int>(l.spec.padding),
+                          static_cast<int>(l.out.h),       static_cast<int>(l.out.w)};
     const float* w = params_.data() + l.param_offset;
     const float* bias = l.spec.bias ? w + std::uint64_t{l.out.c} * g.rows() : nullptr;
     const int oc = static_cast<int>(l.out.c);
@@ -181,7 +189,8 @@ void CpuTrainer::conv_forward(const LayerPlan& l, const float* x, float* y, std:
         for (std::uint64_t s = s0; s < s1; ++s) {
             cpu::im2col(g, x + s * l.in.numel(), col.data());
             float* out = y + s * l.out.numel();
-            cpu::gemm(false, false, oc, g.cols(), g.rows(), 1.0f, w, g.rows(), col.data(), g.cols(), 0.0f, out, g.cols());
+            cpu::gemm(false, false, oc, g.cols(), g.rows(), 1.0f, w, g.rows(), col.data(), g.cols(), 0.0f, out,
+                      g.cols());
             if (bias)
                 for (int c = 0; c < oc; ++c)
                     for (int j = 0; j < g.cols(); ++j) out[c * g.cols() + j] += bias[c];
@@ -191,9 +200,10 @@ void CpuTrainer::conv_forward(const LayerPlan& l, const float* x, float* y, std:
 
 void CpuTrainer::conv_backward(const LayerPlan& l, const float* x, const float* dy, float* dx, std::uint32_t n,
                                bool want_dx) {
-    const cpu::ConvGeom g{static_cast<int>(l.in.c), static_cast<int>(l.in.h), static_cast<int>(l.in.w),
-                          static_cast<int>(l.spec.kernel), static_cast<int>(l.spec.stride),
-                          static_cast<int>(l.spec.padding), static_cast<int>(l.out.h), static_cast<int>(l.out.w)};
+    const cpu::ConvGeom g{static_cast<int>(l.in.c),        static_cast<int>(l.in.h),
+                          static_cast<int>(l.in.w),        static_cast<int>(l.spec.kernel),
+                          static_cast<int>(l.spec.stride), static_cast<int>(l.spec.padding),
+                          static_cast<int>(l.out.h),       static_cast<int>(l.out.w)};
     const float* w = params_.data() + l.param_offset;
     const int oc = static_cast<int>(l.out.c);
     const std::uint64_t pc = l.param_count, wcount = std::uint64_t{l.out.c} * g.rows();
@@ -206,7 +216,8 @@ void CpuTrainer::conv_backward(const LayerPlan& l, const float* x, const float* 
         for (std::uint64_t s = n * ch / chunks; s < n * (ch + 1) / chunks; ++s) {
             const float* dys = dy + s * l.out.numel();
             cpu::im2col(g, x + s * l.in.numel(), col.data());
-            cpu::gemm(false, true, oc, g.rows(), g.cols(), 1.0f, dys, g.cols(), col.data(), g.cols(), 1.0f, part, g.rows());
+            cpu::gemm(false, true, oc, g.rows(), g.cols(), 1.0f, dys, g.cols(), col.data(), g.cols(), 1.0f, part,
+                      g.rows());
             if (l.spec.bias)
                 for (int c = 0; c < oc; ++c) {
                     float acc = 0.0f;
@@ -215,7 +226,8 @@ void CpuTrainer::conv_backward(const LayerPlan& l, const float* x, const float* 
                 }
             if (want_dx) {
                 dcol.resize(col.size());
-                cpu::gemm(true, false, g.rows(), g.cols(), oc, 1.0f, w, g.rows(), dys, g.cols(), 0.0f, dcol.data(), g.cols());
+                cpu::gemm(true, false, g.rows(), g.cols(), oc, 1.0f, w, g.rows(), dys, g.cols(), 0.0f, dcol.data(),
+                          g.cols());
                 cpu::col2im(g, dcol.data(), dx + s * l.in.numel());
             }
         }
@@ -355,8 +367,12 @@ void CpuTrainer::forward(std::uint32_t n, bool training) {
         float* y = act_[i + 1].data();
         const std::uint64_t total = std::uint64_t{n} * l.out.numel();
         switch (l.spec.kind) {
-        case LayerKind::conv: conv_forward(l, x, y, n); break;
-        case LayerKind::batchnorm: bn_forward(i, x, y, n, training); break;
+        case LayerKind::conv:
+            conv_forward(l, x, y, n);
+            break;
+        case LayerKind::batchnorm:
+            bn_forward(i, x, y, n, training);
+            break;
         case LayerKind::relu:
             for (std::uint64_t j = 0; j < total; ++j) y[j] = x[j] > 0.0f ? x[j] : 0.0f;
             break;
@@ -374,7 +390,8 @@ void CpuTrainer::forward(std::uint32_t n, bool training) {
                             std::int32_t where = 0;
                             for (std::uint32_t ky = 0; ky < k; ++ky)
                                 for (std::uint32_t kx = 0; kx < k; ++kx) {
-                                    const std::int32_t idx = static_cast<std::int32_t>((oy * st + ky) * l.in.w + ox * st + kx);
+                                    const std::int32_t idx =
+                                        static_cast<std::int32_t>((oy * st + ky) * l.in.w + ox * st + kx);
                                     const float v = src[idx];
                                     sum += v;
                                     if (v > best || (kx == 0 && ky == 0)) {
@@ -403,7 +420,9 @@ void CpuTrainer::forward(std::uint32_t n, bool training) {
             }
             break;
         }
-        case LayerKind::linear: linear_forward(l, x, y, n); break;
+        case LayerKind::linear:
+            linear_forward(l, x, y, n);
+            break;
         case LayerKind::dropout:
             if (training && l.spec.drop > 0.0f) {
                 float* mask = aux_[i].data();
@@ -419,7 +438,9 @@ void CpuTrainer::forward(std::uint32_t n, bool training) {
             }
             break;
         case LayerKind::flatten:
-        case LayerKind::residual_begin: std::copy(x, x + total, y); break;
+        case LayerKind::residual_begin:
+            std::copy(x, x + total, y);
+            break;
         case LayerKind::residual_end: {
             const float* skip = act_[static_cast<std::size_t>(l.partner)].data();
             for (std::uint64_t j = 0; j < total; ++j) y[j] = x[j] + skip[j];
@@ -438,7 +459,8 @@ double CpuTrainer::loss_and_grad(const std::int32_t* y, std::uint32_t n, Metrics
         const float* z = logits + std::uint64_t{s} * k;
         const std::int32_t label = y[s];
         if (label < 0 || static_cast<std::uint32_t>(label) >= k)
-            throw runtime_error("label " + std::to_string(label) + " outside [0, " + std::to_string(k) + ") (corrupt labels?)");
+            throw runtime_error("label " + std::to_string(label) + " outside [0, " + std::to_string(k) +
+                                ") (corrupt labels?)");
         float zmax = z[0];
         std::uint32_t arg = 0;
         for (std::uint32_t j = 1; j < k; ++j)
@@ -480,8 +502,12 @@ void CpuTrainer::backward(std::uint32_t n) {
         const std::uint64_t total_in = std::uint64_t{n} * l.in.numel();
         const std::uint64_t total_out = std::uint64_t{n} * l.out.numel();
         switch (l.spec.kind) {
-        case LayerKind::conv: conv_backward(l, x, dy, dx, n, true); break;
-        case LayerKind::batchnorm: bn_backward(ii, x, dy, dx, n); break;
+        case LayerKind::conv:
+            conv_backward(l, x, dy, dx, n, true);
+            break;
+        case LayerKind::batchnorm:
+            bn_backward(ii, x, dy, dx, n);
+            break;
         case LayerKind::relu:
             for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = y[j] > 0.0f ? dy[j] : 0.0f;
             break;
@@ -503,7 +529,8 @@ void CpuTrainer::backward(std::uint32_t n) {
                             } else {
                                 const float g = dy[o] / static_cast<float>(k * k);
                                 for (std::uint32_t ky = 0; ky < k; ++ky)
-                                    for (std::uint32_t kx = 0; kx < k; ++kx) d[(oy * st + ky) * l.in.w + ox * st + kx] += g;
+                                    for (std::uint32_t kx = 0; kx < k; ++kx)
+                                        d[(oy * st + ky) * l.in.w + ox * st + kx] += g;
                             }
                         }
                 }
@@ -515,14 +542,18 @@ void CpuTrainer::backward(std::uint32_t n) {
             for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j / hw] / static_cast<float>(hw);
             break;
         }
-        case LayerKind::linear: linear_backward(l, x, dy, dx, n, true); break;
+        case LayerKind::linear:
+            linear_backward(l, x, dy, dx, n, true);
+            break;
         case LayerKind::dropout:
             if (l.spec.drop > 0.0f)
                 for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j] * aux_[ii][j];
             else
                 std::copy(dy, dy + total_in, dx);
             break;
-        case LayerKind::flatten: std::copy(dy, dy + total_in, dx); break;
+        case LayerKind::flatten:
+            std::copy(dy, dy + total_in, dx);
+            break;
         case LayerKind::residual_end:
             std::copy(dy, dy + total_out, stash_[ii].data());
             std::copy(dy, dy + total_in, dx);
@@ -564,7 +595,9 @@ void CpuTrainer::run_forward_backward(const Batch& b, bool update) {
     ++step_;
 }
 
-void CpuTrainer::train_step(const Batch& b) { run_forward_backward(b, true); }
+void CpuTrainer::train_step(const Batch& b) {
+    run_forward_backward(b, true);
+}
 
 void CpuTrainer::evaluate(const Batch& b) {
     check_batch(b);
@@ -576,6 +609,8 @@ void CpuTrainer::evaluate(const Batch& b) {
 
 } // namespace
 
-std::unique_ptr<Trainer> make_cpu_trainer(const TrainerConfig& config) { return std::make_unique<CpuTrainer>(config); }
+std::unique_ptr<Trainer> make_cpu_trainer(const TrainerConfig& config) {
+    return std::make_unique<CpuTrainer>(config);
+}
 
 } // namespace dstk::train

@@ -13,7 +13,9 @@ namespace {
 
 constexpr std::uint32_t max_dim = 1u << 20;
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool starts_with(std::string_view s, std::string_view p) {
+    return s.substr(0, p.size()) == p;
+}
 
 std::uint32_t parse_u32(std::string_view text, std::string_view item, std::string_view what) {
     std::uint32_t v = 0;
@@ -40,14 +42,14 @@ LayerSpec parse_layer(std::string_view item) {
     const std::string_view head = parts[0];
     LayerSpec l;
     auto no_options = [&] {
-        if (parts.size() != 1)
-            throw usage_error("model spec: '" + std::string(item) + "' takes no options");
+        if (parts.size() != 1) throw usage_error("model spec: '" + std::string(item) + "' takes no options");
     };
     if (starts_with(head, "conv")) {
         l.kind = LayerKind::conv;
         const auto x = head.find('x');
         if (x == std::string_view::npos || parts.size() < 2)
-            throw usage_error("model spec: invalid conv '" + std::string(item) + "' (expected convKxK:C, e.g. conv3x3:32)");
+            throw usage_error("model spec: invalid conv '" + std::string(item) +
+                              "' (expected convKxK:C, e.g. conv3x3:32)");
         const auto k1 = parse_u32(head.substr(4, x - 4), item, "kernel size");
         const auto k2 = parse_u32(head.substr(x + 1), item, "kernel size");
         if (k1 != k2) throw usage_error("model spec: '" + std::string(item) + "' (only square kernels are supported)");
@@ -55,14 +57,21 @@ LayerSpec parse_layer(std::string_view item) {
         l.padding = k1 / 2;
         l.out = parse_u32(parts[1], item, "channel count");
         for (std::size_t i = 2; i < parts.size(); ++i) {
-            if (parts[i] == "bias") l.bias = true;
-            else if (starts_with(parts[i], "s")) l.stride = parse_u32(parts[i].substr(1), item, "stride");
-            else if (parts[i] == "p0") l.padding = 0;
-            else if (starts_with(parts[i], "p")) l.padding = parse_u32(parts[i].substr(1), item, "padding");
-            else throw usage_error("model spec: unknown conv option '" + std::string(parts[i]) + "' in '" + std::string(item) + "' (expected sN, pN or bias)");
+            if (parts[i] == "bias")
+                l.bias = true;
+            else if (starts_with(parts[i], "s"))
+                l.stride = parse_u32(parts[i].substr(1), item, "stride");
+            else if (parts[i] == "p0")
+                l.padding = 0;
+            else if (starts_with(parts[i], "p"))
+                l.padding = parse_u32(parts[i].substr(1), item, "padding");
+            else
+                throw usage_error("model spec: unknown conv option '" + std::string(parts[i]) + "' in '" +
+                                  std::string(item) + "' (expected sN, pN or bias)");
         }
         if (l.padding >= l.kernel)
-            throw usage_error("model spec: padding " + std::to_string(l.padding) + " in '" + std::string(item) + "' (must be smaller than the kernel)");
+            throw usage_error("model spec: padding " + std::to_string(l.padding) + " in '" + std::string(item) +
+                              "' (must be smaller than the kernel)");
     } else if (head == "bn") {
         no_options();
         l.kind = LayerKind::batchnorm;
@@ -81,21 +90,26 @@ LayerSpec parse_layer(std::string_view item) {
         l.stride = l.kernel;
         if (parts.size() > 2) throw usage_error("model spec: '" + std::string(item) + "' (expected poolK or poolK:sS)");
         if (parts.size() == 2) {
-            if (!starts_with(parts[1], "s")) throw usage_error("model spec: unknown pool option '" + std::string(parts[1]) + "' (expected sN)");
+            if (!starts_with(parts[1], "s"))
+                throw usage_error("model spec: unknown pool option '" + std::string(parts[1]) + "' (expected sN)");
             l.stride = parse_u32(parts[1].substr(1), item, "stride");
         }
     } else if (head == "fc") {
         l.kind = LayerKind::linear;
         l.bias = true;
-        if (parts.size() < 2 || parts.size() > 3) throw usage_error("model spec: invalid '" + std::string(item) + "' (expected fc:N or fc:N:nobias)");
+        if (parts.size() < 2 || parts.size() > 3)
+            throw usage_error("model spec: invalid '" + std::string(item) + "' (expected fc:N or fc:N:nobias)");
         l.out = parse_u32(parts[1], item, "feature count");
         if (parts.size() == 3) {
-            if (parts[2] != "nobias") throw usage_error("model spec: unknown fc option '" + std::string(parts[2]) + "' (expected nobias)");
+            if (parts[2] != "nobias")
+                throw usage_error("model spec: unknown fc option '" + std::string(parts[2]) + "' (expected nobias)");
             l.bias = false;
         }
     } else if (head == "dropout") {
         l.kind = LayerKind::dropout;
-        if (parts.size() != 2) throw usage_error("model spec: invalid '" + std::string(item) + "' (expected dropout:P, e.g. dropout:0.25)");
+        if (parts.size() != 2)
+            throw usage_error("model spec: invalid '" + std::string(item) +
+                              "' (expected dropout:P, e.g. dropout:0.25)");
         const std::string p(parts[1]);
         char* end = nullptr;
         const double v = std::strtod(p.c_str(), &end);
@@ -103,8 +117,9 @@ LayerSpec parse_layer(std::string_view item) {
             throw usage_error("model spec: dropout probability '" + p + "' (must be in [0, 1))");
         l.drop = static_cast<float>(v);
     } else {
-        throw usage_error("model spec: unknown layer '" + std::string(item) +
-                          "' (expected convKxK:C, bn, relu, maxpoolK, avgpoolK, gap, flatten, fc:N, dropout:P or res(...))");
+        throw usage_error(
+            "model spec: unknown layer '" + std::string(item) +
+            "' (expected convKxK:C, bn, relu, maxpoolK, avgpoolK, gap, flatten, fc:N, dropout:P or res(...))");
     }
     return l;
 }
@@ -118,23 +133,30 @@ std::string layer_string(const LayerSpec& l) {
         if (l.padding != l.kernel / 2) s += ":p" + std::to_string(l.padding);
         if (l.bias) s += ":bias";
         return s;
-    case LayerKind::batchnorm: return "bn";
-    case LayerKind::relu: return "relu";
-    case LayerKind::flatten: return "flatten";
-    case LayerKind::global_avgpool: return "gap";
+    case LayerKind::batchnorm:
+        return "bn";
+    case LayerKind::relu:
+        return "relu";
+    case LayerKind::flatten:
+        return "flatten";
+    case LayerKind::global_avgpool:
+        return "gap";
     case LayerKind::maxpool:
     case LayerKind::avgpool:
         s = (l.kind == LayerKind::maxpool ? "maxpool" : "avgpool") + std::to_string(l.kernel);
         if (l.stride != l.kernel) s += ":s" + std::to_string(l.stride);
         return s;
-    case LayerKind::linear: return "fc:" + std::to_string(l.out) + (l.bias ? "" : ":nobias");
+    case LayerKind::linear:
+        return "fc:" + std::to_string(l.out) + (l.bias ? "" : ":nobias");
     case LayerKind::dropout: {
         std::ostringstream o;
         o << "dropout:" << l.drop;
         return o.str();
     }
-    case LayerKind::residual_begin: return "res(";
-    case LayerKind::residual_end: return ")";
+    case LayerKind::residual_begin:
+        return "res(";
+    case LayerKind::residual_end:
+        return ")";
     }
     return "?";
 }
@@ -143,17 +165,28 @@ std::string layer_string(const LayerSpec& l) {
 
 std::string_view layer_kind_name(LayerKind k) {
     switch (k) {
-    case LayerKind::conv: return "conv";
-    case LayerKind::batchnorm: return "batchnorm";
-    case LayerKind::relu: return "relu";
-    case LayerKind::maxpool: return "maxpool";
-    case LayerKind::avgpool: return "avgpool";
-    case LayerKind::global_avgpool: return "global-avgpool";
-    case LayerKind::linear: return "linear";
-    case LayerKind::flatten: return "flatten";
-    case LayerKind::dropout: return "dropout";
-    case LayerKind::residual_begin: return "residual";
-    case LayerKind::residual_end: return "residual-add";
+    case LayerKind::conv:
+        return "conv";
+    case LayerKind::batchnorm:
+        return "batchnorm";
+    case LayerKind::relu:
+        return "relu";
+    case LayerKind::maxpool:
+        return "maxpool";
+    case LayerKind::avgpool:
+        return "avgpool";
+    case LayerKind::global_avgpool:
+        return "global-avgpool";
+    case LayerKind::linear:
+        return "linear";
+    case LayerKind::flatten:
+        return "flatten";
+    case LayerKind::dropout:
+        return "dropout";
+    case LayerKind::residual_begin:
+        return "residual";
+    case LayerKind::residual_end:
+        return "residual-add";
     }
     return "?";
 }
@@ -161,7 +194,8 @@ std::string_view layer_kind_name(LayerKind k) {
 ModelSpec parse_model_spec(std::string_view text) {
     ModelSpec m;
     m.name = "custom";
-    if (text.size() > 65536) throw usage_error("model spec is " + std::to_string(text.size()) + " characters (at most 65536)");
+    if (text.size() > 65536)
+        throw usage_error("model spec is " + std::to_string(text.size()) + " characters (at most 65536)");
     int depth = 0;
     std::size_t pos = 0;
     bool expect_item = true;
@@ -176,8 +210,7 @@ ModelSpec parse_model_spec(std::string_view text) {
                 ++pos;
                 continue;
             }
-            if (text[pos] != ',')
-                throw usage_error("model spec: expected ',' at character " + std::to_string(pos + 1));
+            if (text[pos] != ',') throw usage_error("model spec: expected ',' at character " + std::to_string(pos + 1));
             ++pos;
             expect_item = true;
             continue;
@@ -193,14 +226,17 @@ ModelSpec parse_model_spec(std::string_view text) {
         while (end < text.size() && text[end] != ',' && text[end] != ')' && text[end] != '(') ++end;
         const auto item = text.substr(pos, end - pos);
         if (item.empty())
-            throw usage_error("model spec: empty layer at character " + std::to_string(pos + 1) + " (stray ',' or '('?)");
+            throw usage_error("model spec: empty layer at character " + std::to_string(pos + 1) +
+                              " (stray ',' or '('?)");
         if (end < text.size() && text[end] == '(')
             throw usage_error("model spec: unknown block '" + std::string(item) + "(' (only res(...) takes a block)");
         m.layers.push_back(parse_layer(item));
         pos = end;
         expect_item = false;
     }
-    if (expect_item) throw usage_error(m.layers.empty() ? "model spec is empty (give a preset name or a layer list)" : "model spec ends with ',' or 'res(' (a layer is missing)");
+    if (expect_item)
+        throw usage_error(m.layers.empty() ? "model spec is empty (give a preset name or a layer list)"
+                                           : "model spec ends with ',' or 'res(' (a layer is missing)");
     if (depth != 0) throw usage_error("model spec: res( is not closed (missing ')')");
     if (m.layers.size() > 4096) throw usage_error("model spec has more than 4096 layers");
     return m;
@@ -222,24 +258,29 @@ std::string to_spec_string(const ModelSpec& m) {
     return s;
 }
 
-std::vector<std::string> preset_names() { return {"ref-cnn", "small-cnn", "resnet9", "mlp"}; }
+std::vector<std::string> preset_names() {
+    return {"ref-cnn", "small-cnn", "resnet9", "mlp"};
+}
 
 ModelSpec resolve_model(std::string_view name, std::uint32_t classes) {
     const std::string c = std::to_string(classes);
     std::string spec;
     if (name == "ref-cnn") {
         spec = "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3:64,bn,relu,maxpool2,"
-               "conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu,fc:" + c;
+               "conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu,fc:" +
+               c;
     } else if (name == "small-cnn") {
         spec = "conv3x3:16,bn,relu,maxpool2,conv3x3:32,bn,relu,maxpool2,flatten,fc:" + c;
     } else if (name == "resnet9") {
         spec = "conv3x3:64,bn,relu,conv3x3:128,bn,relu,maxpool2,res(conv3x3:128,bn,relu,conv3x3:128,bn,relu),"
                "conv3x3:256,bn,relu,maxpool2,conv3x3:512,bn,relu,maxpool2,res(conv3x3:512,bn,relu,conv3x3:512,bn,relu),"
-               "gap,flatten,fc:" + c;
+               "gap,flatten,fc:" +
+               c;
     } else if (name == "mlp" || starts_with(name, "mlp:")) {
         const std::string_view widths = name == "mlp" ? std::string_view("1024,512") : name.substr(4);
         spec = "flatten";
-        for (const auto w : split(widths, ',')) spec += ",fc:" + std::to_string(parse_u32(w, name, "mlp width")) + ",relu";
+        for (const auto w : split(widths, ','))
+            spec += ",fc:" + std::to_string(parse_u32(w, name, "mlp width")) + ",relu";
         spec += ",fc:" + c;
     } else {
         return parse_model_spec(name);
@@ -249,17 +290,24 @@ ModelSpec resolve_model(std::string_view name, std::uint32_t classes) {
     return m;
 }
 
-std::string TensorShape::str() const { return std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w); }
+std::string TensorShape::str() const {
+    return std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w);
+}
 
 TensorShape tensor_shape_from(const Shape& s) {
     auto d32 = [&](std::uint64_t v) {
-        if (v > max_dim) throw usage_error("input shape " + s.str() + " (dimensions above " + std::to_string(max_dim) + " are not supported)");
+        if (v > max_dim)
+            throw usage_error("input shape " + s.str() + " (dimensions above " + std::to_string(max_dim) +
+                              " are not supported)");
         return static_cast<std::uint32_t>(v);
     };
     switch (s.dims.size()) {
-    case 1: return {d32(s.dims[0]), 1, 1};
-    case 2: return {1, d32(s.dims[0]), d32(s.dims[1])};
-    case 3: return {d32(s.dims[0]), d32(s.dims[1]), d32(s.dims[2])};
+    case 1:
+        return {d32(s.dims[0]), 1, 1};
+    case 2:
+        return {1, d32(s.dims[0]), d32(s.dims[1])};
+    case 3:
+        return {d32(s.dims[0]), d32(s.dims[1]), d32(s.dims[2])};
     default:
         throw usage_error("input shape " + s.str() + " (dstrain needs 1 to 3 dimensions: D, HxW or CxHxW)");
     }
@@ -321,7 +369,9 @@ NetworkPlan plan_network(const ModelSpec& m, TensorShape input, std::uint32_t cl
             if (cur.h < s.kernel || cur.w < s.kernel) throw fail(i, "pool window larger than the image");
             out = {cur.c, (cur.h - s.kernel) / s.stride + 1, (cur.w - s.kernel) / s.stride + 1};
             break;
-        case LayerKind::global_avgpool: out = {cur.c, 1, 1}; break;
+        case LayerKind::global_avgpool:
+            out = {cur.c, 1, 1};
+            break;
         case LayerKind::flatten:
             if (cur.numel() > max_dim) throw fail(i, "more than " + std::to_string(max_dim) + " features");
             out = {static_cast<std::uint32_t>(cur.numel()), 1, 1};
@@ -332,8 +382,11 @@ NetworkPlan plan_network(const ModelSpec& m, TensorShape input, std::uint32_t cl
             l.param_count = std::uint64_t{s.out} * cur.c + (s.bias ? s.out : 0);
             break;
         case LayerKind::relu:
-        case LayerKind::dropout: break;
-        case LayerKind::residual_begin: open.push_back(static_cast<std::int32_t>(i)); break;
+        case LayerKind::dropout:
+            break;
+        case LayerKind::residual_begin:
+            open.push_back(static_cast<std::int32_t>(i));
+            break;
         case LayerKind::residual_end: {
             if (open.empty()) throw fail(i, "')' without res(");
             const auto b = open.back();
@@ -389,7 +442,8 @@ void init_parameters(const NetworkPlan& plan, std::uint64_t seed, std::span<floa
             std::fill(s + c, s + 2 * c, 1.0f);
             break;
         }
-        default: break;
+        default:
+            break;
         }
     }
 }

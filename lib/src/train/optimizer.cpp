@@ -21,13 +21,18 @@ ScheduleKind parse_schedule(std::string_view name) {
     throw usage_error("unknown schedule '" + std::string(name) + "' (expected constant, step or cosine)");
 }
 
-std::string_view optimizer_name(OptimizerKind k) { return k == OptimizerKind::sgd ? "sgd" : "adamw"; }
+std::string_view optimizer_name(OptimizerKind k) {
+    return k == OptimizerKind::sgd ? "sgd" : "adamw";
+}
 
 std::string_view schedule_name(ScheduleKind k) {
     switch (k) {
-    case ScheduleKind::constant: return "constant";
-    case ScheduleKind::step: return "step";
-    case ScheduleKind::cosine: return "cosine";
+    case ScheduleKind::constant:
+        return "constant";
+    case ScheduleKind::step:
+        return "step";
+    case ScheduleKind::cosine:
+        return "cosine";
     }
     return "?";
 }
@@ -37,7 +42,8 @@ float learning_rate(const OptimizerConfig& o, const ScheduleConfig& s, std::uint
     if (s.warmup_steps > 0 && step < s.warmup_steps)
         return static_cast<float>(lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps));
     switch (s.kind) {
-    case ScheduleKind::constant: break;
+    case ScheduleKind::constant:
+        break;
     case ScheduleKind::step:
         if (s.step_every > 0) lr *= std::pow(static_cast<double>(s.gamma), static_cast<double>(step / s.step_every));
         break;
@@ -52,8 +58,7 @@ float learning_rate(const OptimizerConfig& o, const ScheduleConfig& s, std::uint
     return static_cast<float>(lr);
 }
 
-void sgd_update(const OptimizerConfig& o, float lr, std::span<float> p, std::span<const float> g,
-                std::span<float> m) {
+void sgd_update(const OptimizerConfig& o, float lr, std::span<float> p, std::span<const float> g, std::span<float> m) {
     const float mu = o.momentum, wd = o.weight_decay;
     for (std::size_t i = 0; i < p.size(); ++i) {
         const float gi = g[i] + wd * p[i];
@@ -63,8 +68,8 @@ void sgd_update(const OptimizerConfig& o, float lr, std::span<float> p, std::spa
     }
 }
 
-void adamw_update(const OptimizerConfig& o, float lr, std::uint64_t t, std::span<float> p,
-                  std::span<const float> g, std::span<float> m, std::span<float> v) {
+void adamw_update(const OptimizerConfig& o, float lr, std::uint64_t t, std::span<float> p, std::span<const float> g,
+                  std::span<float> m, std::span<float> v) {
     const float b1 = o.beta1, b2 = o.beta2;
     const float c1 = 1.0f - std::pow(b1, static_cast<float>(t)), c2 = 1.0f - std::pow(b2, static_cast<float>(t));
     const float decay = 1.0f - lr * o.weight_decay;

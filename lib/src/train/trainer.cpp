@@ -36,9 +36,12 @@ Precision parse_precision(std::string_view text) {
 
 std::string_view precision_name(Precision p) {
     switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::tf32: return "tf32";
-    case Precision::bf16: return "bf16";
+    case Precision::fp32:
+        return "fp32";
+    case Precision::tf32:
+        return "tf32";
+    case Precision::bf16:
+        return "bf16";
     }
     return "?";
 }
@@ -50,7 +53,8 @@ void validate_config(const TrainerConfig& c) {
     case DType::u8:
     case DType::bf16:
     case DType::f16:
-    case DType::f32: break;
+    case DType::f32:
+        break;
     default:
         throw usage_error("input dtype " + std::string(dtype_name(c.input_dtype)) +
                           " is not supported for training (convert to u8, bf16, f16 or f32 with dsconvert)");
@@ -71,8 +75,8 @@ std::vector<std::uint8_t> pack_state(const StateView& s) {
     std::uint8_t* p = out.data();
     std::memcpy(p, state_magic.data(), state_magic.size());
     p += state_magic.size();
-    for (const std::uint64_t v : {std::uint64_t{s.params.size()}, std::uint64_t{s.states.size()},
-                                  std::uint64_t{s.slots.size()}, s.step}) {
+    for (const std::uint64_t v :
+         {std::uint64_t{s.params.size()}, std::uint64_t{s.states.size()}, std::uint64_t{s.slots.size()}, s.step}) {
         std::memcpy(p, &v, 8);
         p += 8;
     }
@@ -105,7 +109,9 @@ std::uint64_t unpack_state(std::span<const std::uint8_t> blob, std::span<float> 
     return v[3];
 }
 
-std::uint64_t dropout_stream(std::uint64_t layer, std::uint64_t step) { return (layer << 40) ^ step; }
+std::uint64_t dropout_stream(std::uint64_t layer, std::uint64_t step) {
+    return (layer << 40) ^ step;
+}
 
 namespace {
 class HostBuffer final : public BackendBuffer {

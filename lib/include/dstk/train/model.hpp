@@ -78,7 +78,8 @@ TensorShape tensor_shape_from(const Shape& sample_shape);
 struct LayerPlan {
     LayerSpec spec;
     TensorShape in, out;
-    std::uint64_t param_offset = 0, param_count = 0; // conv: W[out][in][k][k] then b; fc: W[out][in] then b; bn: gamma, beta
+    std::uint64_t param_offset = 0,
+                  param_count = 0; // conv: W[out][in][k][k] then b; fc: W[out][in] then b; bn: gamma, beta
     std::uint64_t state_offset = 0, state_count = 0; // bn: running mean, running var
     std::int32_t partner = -1;                       // residual_begin <-> residual_end
 };

@@ -19,9 +19,9 @@ std::string_view schedule_name(ScheduleKind k);
 struct OptimizerConfig {
     OptimizerKind kind = OptimizerKind::sgd;
     float lr = 0.05f;
-    float momentum = 0.9f; // sgd
-    bool nesterov = true;  // sgd
-    float weight_decay = 5e-4f; // sgd: added to the gradient (PyTorch); adamw: decoupled
+    float momentum = 0.9f;                           // sgd
+    bool nesterov = true;                            // sgd
+    float weight_decay = 5e-4f;                      // sgd: added to the gradient (PyTorch); adamw: decoupled
     float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f; // adamw
 
     // Float slots per parameter: momentum (sgd), first and second moments (adamw).

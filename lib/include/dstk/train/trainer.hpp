@@ -60,14 +60,14 @@ struct TrainerConfig {
     OptimizerConfig optimizer;
     ScheduleConfig schedule;
     float label_smoothing = 0.0f;
-    std::uint64_t seed = 0;          // parameter init and dropout masks
+    std::uint64_t seed = 0; // parameter init and dropout masks
     Device device;
-    unsigned cpu_threads = 0;        // cpu backend: 0 = one per hardware thread
+    unsigned cpu_threads = 0;                                 // cpu backend: 0 = one per hardware thread
     std::uint64_t workspace_limit = std::uint64_t{256} << 20; // cuda: cuDNN workspace bound
 };
 
 struct Batch {
-    const void* x = nullptr;        // size samples, stored dtype, backend memory
+    const void* x = nullptr;         // size samples, stored dtype, backend memory
     const std::int32_t* y = nullptr; // size labels in [0, classes)
     std::uint32_t size = 0;          // 1..max_batch
 };
@@ -117,7 +117,7 @@ class Trainer {
     virtual std::vector<float> read_input_gradient() = 0;              // d loss / d normalised input
     virtual std::vector<float> read_gradients() = 0;                   // flat, plan order
     virtual std::vector<float> read_parameters() = 0;
-    virtual std::vector<float> read_states() = 0;                      // BN running statistics
+    virtual std::vector<float> read_states() = 0; // BN running statistics
     virtual void write_parameters(std::span<const float> params) = 0;
 };
 

@@ -1,0 +1,64 @@
+// dstrain: train a CNN or MLP on a dataset directory, on the GPU (cuDNN) or the CPU.
+#include <cstdio>
+
+#include "dstk/cli.hpp"
+#include "dstk/train/run.hpp"
+#include "dstk/units.hpp"
+
+int main(int argc, char** argv) {
+    using namespace dstk;
+    using namespace dstk::train;
+    RunOptions o;
+    OutputOptions out;
+    std::string dataset, optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB";
+    float lr = 0.0f;
+    bool no_nesterov = false;
+
+    CLI::App app{"Train a network on a dataset directory (the whole dataset in GPU memory, or in host memory with "
+                 "--device cpu) and report loss and accuracy per epoch.",
+                 "dstrain"};
+    app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits")->required();
+    app.add_option("-m,--model", o.model,
+                   "Preset (ref-cnn, small-cnn, resnet9, mlp, mlp:W1,W2,...) or a layer spec "
+                   "such as conv3x3:32,bn,relu,maxpool2,flatten,fc:10 (man dstrain)")
+        ->capture_default_str();
+    app.add_option("-e,--epochs", o.epochs, "Epochs")->capture_default_str();
+    app.add_option("-b,--batch", o.batch, "Batch size (the last partial training batch of an epoch is skipped)")
+        ->capture_default_str();
+    app.add_option("--lr", lr, "Peak learning rate (default 0.05 x batch/256 for sgd, 0.002 for adamw)");
+    app.add_option("--optimizer", optimizer, "sgd or adamw")->capture_default_str();
+    app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+    app.add_flag("--no-nesterov", no_nesterov, "Plain instead of Nesterov momentum");
+    app.add_option("--weight-decay", o.weight_decay, "Weight decay (sgd: L2 in the gradient; adamw: decoupled)")
+        ->capture_default_str();
+    app.add_option("--schedule", schedule, "Learning-rate schedule: constant, step or cosine")->capture_default_str();
+    app.add_option("--warmup-epochs", o.warmup_epochs, "Linear warm-up length in epochs (fractions allowed)")
+        ->capture_default_str();
+    app.add_option("--step-epochs", o.step_epochs, "step schedule: multiply the rate by --gamma every N epochs");
+    app.add_option("--gamma", o.gamma, "step schedule factor")->capture_default_str();
+    app.add_option("--label-smoothing", o.label_smoothing, "Label smoothing in [0, 1)")->capture_default_str();
+    app.add_option("--precision", precision,
+                   "fp32, tf32 (GPU default) or bf16 (bf16 activations, fp32 master "
+                   "weights); the CPU computes fp32");
+    app.add_option("--device", device, "cuda:N or cpu (default: cuda:0 when a GPU is present, else cpu)");
+    app.add_option("--seed", o.seed, "Seed for initialisation and dropout")->capture_default_str();
+    app.add_option("-T,--threads", o.threads, "CPU threads for --device cpu (0: one per hardware thread)")
+        ->capture_default_str();
+    app.add_option("--workspace", workspace, "Bound on cuDNN convolution workspace")->capture_default_str();
+    app.add_option("--log-json", o.log_json, "Also write each epoch as a JSON line to this file");
+    add_output_options(app, out);
+
+    return run_tool(app, argc, argv, [&] {
+        o.dataset = dataset;
+        if (app.count("--lr")) o.lr = lr;
+        o.optimizer = parse_optimizer(optimizer);
+        o.schedule = parse_schedule(schedule);
+        o.nesterov = !no_nesterov;
+        if (!precision.empty()) o.precision = parse_precision(precision);
+        if (!device.empty()) o.device = parse_device(device);
+        o.workspace = parse_size(workspace, "--workspace");
+        o.command_line = command_line(argc, argv);
+        const RunReport r = run_training(o, out);
+        if (out.json) std::fputs(run_report_json(r).c_str(), stdout);
+    });
+}
