@@ -1,0 +1,180 @@
+#include <cmath>
+#include <cstring>
+#include <gtest/gtest.h>
+#include <limits>
+#include <vector>
+
+#include "dstk/convert.hpp"
+#include "dstk/error.hpp"
+#include "dstk/importers.hpp"
+
+using namespace dstk;
+
+namespace {
+
+std::vector<float> awkward_floats() {
+    std::vector<float> v = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            -1.5f,
+                            3.14159f,
+                            1e-40f,
+                            -1e-42f,
+                            65504.0f,
+                            65520.0f,
+                            1e38f,
+                            3.4e38f,
+                            -3.4e38f,
+                            1e-8f,
+                            0.1f,
+                            255.4999f,
+                            255.5f,
+                            256.5f,
+                            -0.5f,
+                            0.5f,
+                            1.5f,
+                            2.5f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+    std::uint32_t x = 1;
+    for (int i = 0; i < 5000; ++i) {
+        x = x * 1664525u + 1013904223u;
+        float f;
+        std::uint32_t bits = x;
+        std::memcpy(&f, &bits, 4);
+        v.push_back(f);
+    }
+    return v;
+}
+
+} // namespace
+
+TEST(ConvertDtype, F32ToBf16MatchesTheReferenceRounding) {
+    const auto in = awkward_floats();
+    std::vector<std::uint16_t> out(in.size());
+    ConversionStats s;
+    convert_elements(DType::f32, DType::bf16, in.data(), out.data(), in.size(), {}, s);
+    std::uint64_t nan = 0;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+        if (std::isnan(in[i])) {
+            ++nan;
+            EXPECT_TRUE(std::isnan(bf16_to_float(out[i])));
+        } else {
+            EXPECT_EQ(out[i], float_to_bf16(in[i])) << in[i];
+        }
+    }
+    EXPECT_EQ(s.nan, nan);
+    EXPECT_EQ(s.elements, in.size());
+    EXPECT_GT(s.overflow_inf, 0u); // 3.4e38 rounds up to Inf in bf16
+    EXPECT_GT(s.max_rel_error, 0.0);
+    EXPECT_LE(s.max_rel_error, 1.0); // subnormals may flush to 0
+    std::vector<float> normal;
+    for (float f : in)
+        if (std::isnormal(f) && std::fabs(f) < 3e38f) normal.push_back(f);
+    ConversionStats n;
+    convert_elements(DType::f32, DType::bf16, normal.data(), out.data(), normal.size(), {}, n);
+    EXPECT_GT(n.max_rel_error, 0.0);
+    EXPECT_LE(n.max_rel_error, 1.0 / 256); // 8 significant bits, half an ulp
+    EXPECT_EQ(s.bytes_out * 2, s.bytes_in);
+}
+
+TEST(ConvertDtype, F32ToF16AndBack) {
+    const auto in = awkward_floats();
+    std::vector<std::uint16_t> half(in.size());
+    ConversionStats s;
+    convert_elements(DType::f32, DType::f16, in.data(), half.data(), in.size(), {}, s);
+    for (std::size_t i = 0; i < in.size(); ++i)
+        if (!std::isnan(in[i])) EXPECT_EQ(half[i], float_to_f16(in[i])) << in[i];
+    EXPECT_GT(s.overflow_inf, 0u); // 65520 and up
+    std::vector<float> back(in.size());
+    ConversionStats b;
+    convert_elements(DType::f16, DType::f32, half.data(), back.data(), in.size(), {}, b);
+    EXPECT_FALSE(b.lossy() && b.inexact > 0); // widening is exact
+    EXPECT_EQ(b.nan, s.nan);
+}
+
+TEST(ConvertDtype, FloatToU8RoundsToEvenAndClips) {
+    const std::vector<float> in = {-3.0f, 0.5f, 1.5f, 2.5f, 254.5f, 255.0f, 300.0f, NAN};
+    std::vector<std::uint8_t> out(in.size());
+    ConversionStats s;
+    convert_elements(DType::f32, DType::u8, in.data(), out.data(), in.size(), {}, s);
+    EXPECT_EQ(out, (std::vector<std::uint8_t>{0, 0, 2, 2, 254, 255, 255, 0}));
+    EXPECT_EQ(s.clipped, 2u);
+    EXPECT_EQ(s.nan, 1u);
+    EXPECT_DOUBLE_EQ(s.max_abs_error, 45.0);
+}
+
+TEST(ConvertDtype, MappingAndRanges) {
+    const std::vector<std::uint8_t> in = {0, 1, 128, 255};
+    std::vector<float> out(in.size());
+    ConversionStats s;
+    convert_elements(DType::u8, DType::f32, in.data(), out.data(), in.size(), {1.0 / 255, 0}, s);
+    EXPECT_FLOAT_EQ(out[3], 1.0f);
+    EXPECT_FLOAT_EQ(out[2], 128.0f / 255);
+    EXPECT_LT(s.max_abs_error, 1e-7);
+    // And back with --range 0:1.
+    const ValueMapping m = range_mapping(0.0, 1.0, DType::u8);
+    std::vector<std::uint8_t> back(in.size());
+    ConversionStats b;
+    convert_elements(DType::f32, DType::u8, out.data(), back.data(), out.size(), m, b);
+    EXPECT_EQ(back, in);
+    EXPECT_EQ(b.clipped, 0u);
+    double lo = INFINITY, hi = -INFINITY;
+    const std::vector<float> r = {NAN, -2.0f, INFINITY, 7.0f};
+    finite_range(DType::f32, r.data(), r.size(), lo, hi);
+    EXPECT_EQ(lo, -2.0);
+    EXPECT_EQ(hi, 7.0);
+}
+
+TEST(ConvertDtype, IntegerNarrowingClipsAndWideningIsExact) {
+    const std::vector<std::int32_t> in = {-70000, -129, -128, 0, 127, 128, 70000};
+    std::vector<std::int8_t> out(in.size());
+    ConversionStats s;
+    convert_elements(DType::i32, DType::i8, in.data(), out.data(), in.size(), {}, s);
+    EXPECT_EQ(out, (std::vector<std::int8_t>{-128, -128, -128, 0, 127, 127, 127}));
+    EXPECT_EQ(s.clipped, 4u);
+    std::vector<std::int64_t> wide(in.size());
+    ConversionStats w;
+    convert_elements(DType::i32, DType::i64, in.data(), wide.data(), in.size(), {}, w);
+    EXPECT_FALSE(w.lossy());
+    EXPECT_EQ(wide[0], -70000);
+    const std::vector<double> big = {1e19, -1e19};
+    std::vector<std::int64_t> clip(2);
+    ConversionStats c;
+    convert_elements(DType::f64, DType::i64, big.data(), clip.data(), 2, {}, c);
+    EXPECT_EQ(clip[0], std::numeric_limits<std::int64_t>::max());
+    EXPECT_EQ(clip[1], std::numeric_limits<std::int64_t>::min());
+}
+
+TEST(ConvertOptionsParsing, SplitFractions) {
+    const auto f = parse_split_fractions("train=0.9,test=0.1");
+    ASSERT_EQ(f.size(), 2u);
+    EXPECT_EQ(f[1].name, "test");
+    for (const char* bad : {"", "train", "train=0.5", "train=0.5,train=0.5", "a=1.5,b=-0.5", "=1", "a=x"})
+        EXPECT_THROW(parse_split_fractions(bad), Error) << bad;
+}
+
+TEST(ImportParsers, IdxHeader) {
+    const std::uint8_t mnist[] = {0, 0, 8, 3, 0, 0, 0x27, 0x10, 0, 0, 0, 28, 0, 0, 0, 28};
+    const IdxHeader h = parse_idx_header(mnist, "t");
+    EXPECT_EQ(h.dtype, DType::u8);
+    EXPECT_EQ(h.dims, (std::vector<std::uint64_t>{10000, 28, 28}));
+    EXPECT_EQ(h.data_offset, 16u);
+    const std::uint8_t bad_magic[] = {1, 0, 8, 1, 0, 0, 0, 1};
+    EXPECT_THROW(parse_idx_header(bad_magic, "t"), Error);
+    const std::uint8_t bad_type[] = {0, 0, 7, 1, 0, 0, 0, 1};
+    EXPECT_THROW(parse_idx_header(bad_type, "t"), Error);
+    const std::uint8_t cut[] = {0, 0, 8, 3, 0, 0, 0, 1, 0};
+    EXPECT_THROW(parse_idx_header(cut, "t"), Error);
+}
+
+TEST(ImportParsers, ZipDirectoryRejectsGarbage) {
+    std::vector<std::uint8_t> junk(100, 'x');
+    EXPECT_THROW(parse_zip_directory(junk, junk.size(), "z"), Error);
+    // An end record pointing outside the file.
+    std::vector<std::uint8_t> eocd = {0x50, 0x4b, 5, 6, 0, 0, 0, 0, 1, 0, 1, 0, 46, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0};
+    EXPECT_THROW(parse_zip_directory(eocd, eocd.size(), "z"), Error);
+    EXPECT_EQ(cifar_record_count(3073 * 10, "c"), 10u);
+    EXPECT_THROW(cifar_record_count(3073 * 10 - 1, "c"), Error);
+}
