@@ -74,12 +74,13 @@ void detect_machine(const PlanOptions& o, const std::string& dir, Machine& m) {
         m.notes.push_back("could not read MemTotal from /proc/meminfo: RAM unknown (give --ram)");
     } else {
         std::uint64_t ram = sys.memory.total;
-        if (sys.memory.sources_disagree()) {
+        // /proc/meminfo is the kernel's current figure (it follows a VM's memory
+        // hotplug); hwloc's NUMA sums can be stale or wrong in sandboxes.
+        if (sys.memory.sources_disagree())
             m.notes.push_back("/proc/meminfo says " + format_bytes(sys.memory.total) + " and hwloc " +
                               format_bytes(*sys.memory.hwloc_total) +
-                              " (a VM whose memory changes while running?): using the smaller; give --ram to choose");
-            ram = std::min(ram, *sys.memory.hwloc_total);
-        }
+                              " (a VM whose memory changed while running, or a sandbox?): using /proc/meminfo; "
+                              "give --ram to choose");
         if (sys.cgroup_memory_limit && *sys.cgroup_memory_limit < ram) {
             m.notes.push_back("a cgroup memory limit of " + format_bytes(*sys.cgroup_memory_limit) +
                               " applies: planning with it instead of " + format_bytes(ram));
