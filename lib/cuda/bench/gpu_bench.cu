@@ -123,8 +123,10 @@ struct TransferBench::Impl {
     unsigned* sink = nullptr;
 
     ~Impl() {
-        if (kind == Transfer::pageable) std::free(host);
-        else if (host) cudaFreeHost(host);
+        if (kind == Transfer::pageable)
+            std::free(host);
+        else if (host)
+            cudaFreeHost(host);
         if (managed) cudaFree(managed);
         if (device_buf) cudaFree(device_buf);
         if (sink) cudaFree(sink);
@@ -220,7 +222,9 @@ double TransferBench::run() {
         break;
     }
     case Transfer::managed_fault:
-    case Transfer::managed_accessed_by: b.read_on_gpu(b.managed); break;
+    case Transfer::managed_accessed_by:
+        b.read_on_gpu(b.managed);
+        break;
     case Transfer::managed_prefetch:
         DSTK_CUDA_CHECK(cudaMemPrefetchAsync(b.managed, b.bytes, device_location(b.device), 0, t.stream));
         break;
@@ -243,7 +247,8 @@ struct GpuConvertBench::Impl {
 
 GpuConvertBench::GpuConvertBench(DType from, std::uint64_t elements) : impl_(std::make_unique<Impl>()) {
     if (from != DType::u8 && from != DType::bf16 && from != DType::f16)
-        throw usage_error("GPU conversion from " + std::string(dtype_name(from)) + " is not benchmarked (u8, bf16, f16)");
+        throw usage_error("GPU conversion from " + std::string(dtype_name(from)) +
+                          " is not benchmarked (u8, bf16, f16)");
     Impl& b = *impl_;
     b.from = from;
     b.elements = elements;

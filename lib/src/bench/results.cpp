@@ -1,5 +1,6 @@
 #include "dstk/bench/results.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -11,9 +12,9 @@ namespace {
 using nlohmann::json;
 
 const json& member(const json& o, const char* name, const std::string& where) {
-    if (!o.is_object()) throw std::invalid_argument(where + " is not an object");
+    if (!o.is_object()) throw std::invalid_argument((where.empty() ? "the document" : where) + " is not an object");
     auto it = o.find(name);
-    if (it == o.end()) throw std::invalid_argument(where + "." + name + " is missing");
+    if (it == o.end()) throw std::invalid_argument((where.empty() ? "" : where + ".") + name + " is missing");
     return *it;
 }
 
@@ -193,6 +194,15 @@ CaseResult result_from_json(const json& j, std::size_t index) {
     return r;
 }
 
+// A non-negative integer parameter, or 0 (params built in memory hold signed integers).
+std::uint64_t param_u64(const json& params, const char* name) {
+    if (!params.is_object() || !params.contains(name)) return 0;
+    const json& v = params.at(name);
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer() && v.get<long long>() >= 0) return static_cast<std::uint64_t>(v.get<long long>());
+    return 0;
+}
+
 std::optional<double> ok_median(const CaseResult* r, std::string_view metric) {
     if (!r || r->status != CaseStatus::ok) return std::nullopt;
     const Metric* m = r->metric(metric);
@@ -242,7 +252,7 @@ Results parse_results(std::string_view json_text, const std::string& source) {
     try {
         const json j = json::parse(json_text);
         if (!j.is_object()) throw std::invalid_argument("the document is not a JSON object");
-        const json& version = member(j, "schema_version", "the document");
+        const json& version = member(j, "schema_version", "");
         if (!version.is_number_integer()) throw std::invalid_argument("schema_version is not an integer");
         const long long v = version.get<long long>();
         if (v > results_schema_version)
@@ -252,8 +262,8 @@ Results parse_results(std::string_view json_text, const std::string& source) {
         if (v < 1) throw std::invalid_argument("schema_version " + std::to_string(v) + " is not a valid version");
         Results r;
         r.schema_version = static_cast<int>(v);
-        r.context = context_from_json(member(j, "context", "the document"));
-        const json& results = member(j, "results", "the document");
+        r.context = context_from_json(member(j, "context", ""));
+        const json& results = member(j, "results", "");
         if (!results.is_array()) throw std::invalid_argument("results is not an array");
         for (std::size_t i = 0; i < results.size(); ++i) r.results.push_back(result_from_json(results[i], i));
         return r;
@@ -285,9 +295,7 @@ std::optional<double> pinned_h2d_rate(const Results& r) {
     std::uint64_t best_size = 0;
     for (const auto& c : r.results) {
         if (c.key != "h2d.pinned" || c.status != CaseStatus::ok || !c.metric("rate")) continue;
-        const auto size = c.params.contains("transfer_bytes") && c.params["transfer_bytes"].is_number_unsigned()
-                              ? c.params["transfer_bytes"].get<std::uint64_t>()
-                              : 0;
+        const std::uint64_t size = param_u64(c.params, "transfer_bytes");
         if (!best || size > best_size) best = &c, best_size = size;
     }
     return ok_median(best, "rate");
@@ -302,8 +310,7 @@ std::optional<RandomReadFigure> best_random_read(const Results& r, std::string_v
         if (!rate || (best && *rate <= best->rate)) continue;
         RandomReadFigure f;
         f.rate = *rate;
-        if (c.params.contains("threads") && c.params["threads"].is_number_unsigned())
-            f.threads = c.params["threads"].get<unsigned>();
+        f.threads = static_cast<unsigned>(std::min<std::uint64_t>(param_u64(c.params, "threads"), 1u << 20));
         if (const Metric* p99 = c.metric("latency_p99")) f.latency_p99_us = p99->median;
         best = f;
     }
