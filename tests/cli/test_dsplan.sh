@@ -96,8 +96,7 @@ expect_stdout "model's GPU footprint .* is not included"
 
 # --json: one document on stdout with the same figures.
 expect_exit 0 "$P" --json --ram 128G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype f32 --samples 10M
-PY=$(command -v python3 || true)
-if [ -n "$PY" ]; then
+if [ -n "${PY:=$(command -v python3 || true)}" ]; then
     expect_true "--json document" "$PY" - "$OUT" <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -136,6 +135,16 @@ if [ -x "$BIN/dsgen" ]; then
     expect_stdout "^verdict: ram"
     expect_exit 0 "$P" --dataset "$WORK/ds" --dtype f32 --ram 16G --disk 1T
     expect_stdout "sample +3x8x8 f32 = 768 B"
+    expect_stdout "on disk .*npy files as dsgen writes them"
+    # A zstd-chunked dataset: its disk bytes are its (compressed) files.
+    if [ -x "$BIN/dsconvert" ] && [ -n "${PY:=$(command -v python3 || true)}" ]; then
+        expect_exit 0 "$BIN/dsconvert" "$WORK/ds" "$WORK/dsz" --compress zstd -q
+        expect_exit 0 "$P" --dataset "$WORK/dsz" --ram 16G --json
+        ZBYTES=$(cat "$WORK"/dsz/*.zst | wc -c)
+        expect_true "disk bytes of the zstd dataset = its files ($ZBYTES)" "$PY" -c \
+            "import json,sys; d=json.load(open(sys.argv[1])); assert d['data']['disk_bytes'] == int(sys.argv[2]), d['data']; assert d['data']['dataset_bytes'] == 2500 * 196" \
+            "$OUT" "$ZBYTES"
+    fi
 fi
 
 # --bench: predicted epoch time from dsbench's measured rates.
