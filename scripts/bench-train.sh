@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# dstrain against PyTorch on the same data, same model (ref-cnn), same batch,
+# data already in GPU memory. Usage: scripts/bench-train.sh BUILD_DIR [WORK_DIR]
+# Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 fp32").
+set -euo pipefail
+build=${1:?usage: bench-train.sh BUILD_DIR [WORK_DIR]}
+work=${2:-$(mktemp -d)}
+here=$(cd "$(dirname "$0")" && pwd)
+train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 fp32"}
+data="$work/bench-u8"
+[[ -f "$data/dataset.json" ]] || "$build/bin/dsgen" "$data" --train "$train" --test 10000 --shape 3x32x32 --dtype u8 --classes 10 --quiet
+declare -A ds torch_eager torch_compile
+for p in $precisions; do
+  "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
+      --json > "$work/dstrain-$p.json"
+  ds[$p]=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(max(e["samples_per_second"] for e in d["epochs"][1:] or d["epochs"])))' "$work/dstrain-$p.json")
+  # PyTorch loads its own cuDNN: keep the system one out of the way.
+  env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 2 --precision "$p" --json \
+      > "$work/torch-$p.json"
+  torch_eager[$p]=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["eager"]))' "$work/torch-$p.json")
+  torch_compile[$p]=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/torch-$p.json")
+done
+printf '\nref-cnn, batch %s, %s samples 3x32x32 u8 in GPU memory (samples/s, best epoch)\n' "$batch" "$train"
+printf '%-10s %14s %14s %16s %10s\n' precision dstrain torch-eager torch-compile "vs best"
+for p in $precisions; do
+  best=$(( torch_eager[$p] > torch_compile[$p] ? torch_eager[$p] : torch_compile[$p] ))
+  printf '%-10s %14s %14s %16s %9sx\n' "$p" "${ds[$p]}" "${torch_eager[$p]}" "${torch_compile[$p]}" \
+      "$(python3 -c "print(f'{${ds[$p]}/$best:.2f}')")"
+done
