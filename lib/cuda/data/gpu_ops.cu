@@ -132,6 +132,10 @@ void copy_h2d(void* dst, const void* src, std::uint64_t bytes) {
     DSTK_DATA_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
+void copy_d2h(void* dst, const void* src, std::uint64_t bytes) {
+    DSTK_DATA_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
 void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,
                        const std::int32_t* src_y, const std::uint64_t* idx, std::uint32_t count, void* stream) {
     if (count == 0) return;

@@ -30,6 +30,7 @@ void stream_wait_event(void* stream, void* event);
 
 void copy_h2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream);
 void copy_h2d(void* dst, const void* src, std::uint64_t bytes);
+void copy_d2h(void* dst, const void* src, std::uint64_t bytes); // synchronous (tests, inspection)
 
 // dst row i = src row idx[i] (rows of row_bytes bytes), x and labels at once;
 // idx in device (or managed) memory.

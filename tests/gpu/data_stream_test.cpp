@@ -1,0 +1,151 @@
+// The data path on the GPU: every placement delivers the same batches as the
+// host reads, in device memory; stream mode holds the same GPU memory
+// whatever the dataset size.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "dstk/data/batch_source.hpp"
+#include "dstk/dataset_writer.hpp"
+#include "dstk/gpu_info.hpp"
+#if defined(DSTK_HAVE_CUDA)
+#include "dstk/data/gpu_ops.hpp"
+#endif
+
+namespace fs = std::filesystem;
+using namespace dstk;
+using namespace dstk::data;
+
+namespace {
+
+constexpr std::uint64_t row_bytes = 3 * 32 * 32;
+
+std::string gpu_missing() {
+    if (!built_with_cuda()) return "built without CUDA support";
+    std::string why;
+    if (detect_gpus(&why).empty()) return "no CUDA GPU (" + why + ")";
+    return {};
+}
+
+fs::path make_dataset(const std::string& name, std::uint64_t samples) {
+    const fs::path dir = fs::path(::testing::TempDir()) / ("dstk_gpu_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    DatasetWriter w(dir, false);
+    Manifest m;
+    SplitInfo split;
+    split.name = "train";
+    split.samples = samples;
+    auto x = w.npy_field("train", "x", DType::u8, Shape{{3, 32, 32}}, samples);
+    auto y = w.npy_field("train", "y", DType::i32, Shape{}, samples);
+    std::vector<std::uint8_t> rows(row_bytes * 1024);
+    std::vector<std::int32_t> labels(1024);
+    for (std::uint64_t first = 0; first < samples; first += 1024) {
+        const std::uint64_t n = std::min<std::uint64_t>(1024, samples - first);
+        for (std::uint64_t i = 0; i < n; ++i) {
+            labels[i] = static_cast<std::int32_t>(first + i);
+            for (std::uint64_t j = 0; j < row_bytes; ++j)
+                rows[i * row_bytes + j] = static_cast<std::uint8_t>((first + i) * 31 + j);
+        }
+        x->append(rows.data(), n);
+        y->append(labels.data(), n);
+    }
+    split.fields.push_back(x->finish());
+    split.fields.push_back(y->finish());
+    m.splits.push_back(split);
+    m.num_classes = 10;
+    w.commit(m);
+    return dir;
+}
+
+#if defined(DSTK_HAVE_CUDA)
+struct Stream {
+    void* s = gpu::stream_create();
+    ~Stream() { gpu::stream_destroy(s); }
+};
+
+SourceConfig config(Placement p, Order o, void* stream) {
+    SourceConfig c;
+    c.placement = p;
+    c.device = {train::Backend::cuda, 0};
+    c.order = {o, 3, 512, 4};
+    c.batch = 256;
+    c.prefetch = 4;
+    c.readers = 4;
+    c.compute_stream = stream;
+    return c;
+}
+
+std::uint64_t used_now() {
+    std::uint64_t f = 0, t = 0;
+    gpu::mem_info(0, f, t);
+    return t - f;
+}
+#endif
+
+} // namespace
+
+TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
+    if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
+#if defined(DSTK_HAVE_CUDA)
+    const std::uint64_t n = 5000;
+    const fs::path dir = make_dataset("content", n);
+    const Dataset ds = Dataset::open(dir);
+    Stream stream;
+    for (const Placement p : {Placement::stream, Placement::device, Placement::managed})
+        for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
+            SCOPED_TRACE(std::string(placement_name(p)) + " " + std::string(order_name(o)));
+            auto src = make_batch_source(ds, "train", config(p, o, stream.s));
+            const EpochOrder order({o, 3, 512, 4}, n, 1);
+            src->start_epoch(1, 2);
+            std::vector<std::uint8_t> x(256 * row_bytes);
+            std::vector<std::int32_t> y(256);
+            train::Batch b;
+            std::uint64_t position = 2 * 256;
+            while (src->next(b)) {
+                gpu::stream_synchronize(stream.s); // the batch is ready for work on the stream
+                gpu::copy_d2h(x.data(), b.x, b.size * row_bytes);
+                gpu::copy_d2h(y.data(), b.y, b.size * 4);
+                src->release();
+                for (std::uint32_t i = 0; i < b.size; ++i, ++position) {
+                    const std::uint64_t s = order[position];
+                    ASSERT_EQ(static_cast<std::uint64_t>(y[i]), s) << "position " << position;
+                    ASSERT_EQ(x[i * row_bytes + 7], static_cast<std::uint8_t>(s * 31 + 7));
+                }
+            }
+            EXPECT_EQ(position, n / 256 * 256);
+        }
+    fs::remove_all(dir);
+#endif
+}
+
+TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
+    if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
+#if defined(DSTK_HAVE_CUDA)
+    Stream stream;
+    std::vector<std::uint64_t> peaks;
+    for (const std::uint64_t n : {20'000ull, 160'000ull}) { // 59 MiB and 469 MiB of samples
+        const fs::path dir = make_dataset("size" + std::to_string(n), n);
+        const Dataset ds = Dataset::open(dir);
+        const std::uint64_t before = used_now();
+        auto src = make_batch_source(ds, "train", config(Placement::stream, Order::chunk, stream.s));
+        src->start_epoch(0, 0);
+        train::Batch b;
+        std::uint64_t peak = 0, batches = 0;
+        while (src->next(b)) {
+            src->release();
+            if (++batches % 64 == 0) peak = std::max(peak, used_now() - before);
+        }
+        gpu::stream_synchronize(stream.s);
+        peak = std::max(peak, used_now() - before);
+        EXPECT_LE(peak, src->device_bytes() + (4ull << 20)) << "more than the planned slots";
+        peaks.push_back(peak);
+        src.reset();
+        fs::remove_all(dir);
+    }
+    const double ratio = static_cast<double>(peaks[1]) / static_cast<double>(std::max<std::uint64_t>(peaks[0], 1));
+    EXPECT_NEAR(ratio, 1.0, 0.01) << peaks[0] << " vs " << peaks[1] << " bytes";
+#endif
+}
