@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cstdio>
 #include <numeric>
 
 #include "dstk/bench/bench.hpp"
 #include "dstk/bench/gpu.hpp"
+#include "dstk/chunked_file.hpp"
+#include "dstk/thread_pool.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 
@@ -161,4 +164,47 @@ TEST(BenchGpuWaiver, SaysWhy) {
 #else
     if (why) EXPECT_FALSE(why->empty());
 #endif
+}
+
+TEST(BenchChunked, DecodesARealZstdChunkedDataset) {
+    const fs::path dir = fs::temp_directory_path() / ("dstk_bench_chunked_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::uint64_t samples = 1000, chunk_samples = 128, sample_bytes = 48;
+    std::vector<std::uint8_t> data(samples * sample_bytes);
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::uint8_t>(i % 13);
+    dstk::ThreadPool pool(2);
+    dstk::ChunkedWriter w(dir / "train_x.zst", sample_bytes, chunk_samples, 3, pool);
+    w.append(data.data(), samples);
+    w.finish();
+    dstk::FieldInfo x;
+    x.name = "x";
+    x.shape = dstk::Shape{{48}};
+    x.storage = dstk::Storage::zstd_chunked;
+    x.file = "train_x.zst";
+    x.bytes = w.file_bytes();
+    x.chunk_samples = chunk_samples;
+    dstk::Manifest m;
+    m.splits.push_back(dstk::SplitInfo{"train", samples, {x}});
+    std::FILE* f = std::fopen((dir / "dataset.json").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(dstk::serialize_manifest(m).c_str(), f);
+    std::fclose(f);
+
+    BenchOptions o;
+    o.target = dir.string();
+    o.cases = "decode.zstd";
+    o.out.quiet = true;
+    o.settings.repeat = {2, 0.0, 4};
+    o.settings.threads = {1, 2};
+    const Results r = run_cases(o, builtin_cases());
+    fs::remove_all(dir);
+    ASSERT_EQ(r.results.size(), 3u);
+    EXPECT_EQ(r.results[0].key, "decode.zstd");
+    EXPECT_EQ(r.results[0].status, CaseStatus::waived); // already compressed: the chunked case times it
+    const CaseResult* c = r.find("decode.zstd.chunked", "threads=2");
+    ASSERT_NE(c, nullptr);
+    ASSERT_EQ(c->status, CaseStatus::ok) << c->reason;
+    EXPECT_EQ(c->params["chunks"].get<std::uint64_t>(), 8u);
+    EXPECT_GT(c->metric("rate")->median, 0);
 }
