@@ -21,6 +21,8 @@ r=$("$BIN/dsconvert" "$WORK/f32" "$WORK/bf16" --dtype bf16 -T 1 --json --force |
 printf '%-44s %10s\n' "f32 -> bf16, 1 thread (input bytes)" "$r"
 r=$("$BIN/dsconvert" "$WORK/u8" "$WORK/f32b" --dtype f32 --scale 0.00392156862745098 -T 1 --json --force | json_rate)
 printf '%-44s %10s\n' "u8 -> f32, 1 thread (input bytes)" "$r"
+r=$("$BIN/dsconvert" "$WORK/f32" "$WORK/bf16" --dtype bf16 -T "$cores" --json --force | json_rate)
+printf '%-44s %10s\n' "f32 -> bf16, $cores threads (input bytes)" "$r"
 tail -c $((N * 3072 * 4)) "$WORK/f32/train_x.npy" >"$WORK/f32.raw"
 tail -c $((N * 3072)) "$WORK/u8/train_x.npy" >"$WORK/u8.raw"
 for data in u8 f32; do
@@ -30,8 +32,8 @@ for data in u8 f32; do
         r=$("$BIN/dsconvert" "$WORK/z" "$WORK/back" -T 1 --json --force | json_rate)
         printf '%-44s %10s\n' "dsconvert $data zstd:$level decompress, 1 thread (in)" "$r"
         # zstd -b on 4 MiB blocks, as our chunks: "1#name : in -> out (ratio), C MB/s, D MB/s"
-        zb=$(zstd -b"$level" -B4MiB -T1 -i3 "$WORK/$data.raw" 2>&1 | tr '\r' '\n' | grep -E 'MB/s' | tail -1)
-        printf '%-44s %s\n' "zstd -b$level -B4MiB, 1 thread" "$(echo "$zb" | sed 's/.*),//')"
+        zb=$(zstd -b"$level" -B4194304 -T1 -i3 "$WORK/$data.raw" 2>&1 | tr '\r' '\n' | grep -E 'MB/s.*MB/s' | tail -1 | sed 's/ *[0-9]*#$//' || true)
+        printf '%-44s %s\n' "zstd -b$level -B4194304, 1 thread (C, D)" "$(echo "$zb" | sed 's/.*),//')"
         if [ "$cores" -gt 1 ]; then
             r=$("$BIN/dsconvert" "$WORK/$data" "$WORK/z" --compress "zstd:$level" -T "$cores" --json --force | json_rate)
             printf '%-44s %10s\n' "dsconvert $data zstd:$level compress, $cores threads" "$r"
