@@ -7,8 +7,8 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libcli11-dev libzstd-dev libhwloc-dev zlib1g-dev nlohmann-json3-dev zstd)
 if [ "${1:-}" = "--test" ]; then
     # Tests: GoogleTest, numpy for interop checks, clang for the fuzzers, xxhsum
-    # to cross-check checksums, fio for the dsbench comparison script.
-    packages+=(libgtest-dev python3 python3-numpy clang libclang-rt-dev xxhash)
+    # to cross-check checksums, jq for the CLI tests that read JSON.
+    packages+=(libgtest-dev python3 python3-numpy clang libclang-rt-dev xxhash jq)
 fi
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -24,6 +24,7 @@ provided() {
         clang) command -v clang++ >/dev/null 2>&1 ;;
         libclang-rt-dev) compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null ;;
         xxhash) command -v xxhsum >/dev/null 2>&1 ;;
+        jq) command -v jq >/dev/null 2>&1 ;;
         libcli11-dev) header CLI/CLI.hpp ;;
         libzstd-dev) header zstd.h ;;
         libhwloc-dev) header hwloc.h ;;
