@@ -32,6 +32,7 @@ for data in u8 f32; do
         r=$("$BIN/dsconvert" "$WORK/z" "$WORK/back" -T 1 --json --force | json_rate)
         printf '%-44s %10s\n' "dsconvert $data zstd:$level decompress, 1 thread (in)" "$r"
         # zstd -b on 4 MiB blocks, as our chunks: "1#name : in -> out (ratio), C MB/s, D MB/s"
+        command -v zstd >/dev/null || { printf '%-44s %s\n' "zstd -b$level" "(no zstd CLI here)"; continue; }
         zb=$(zstd -b"$level" -B4194304 -T1 -i3 "$WORK/$data.raw" 2>&1 | tr '\r' '\n' | grep -E 'MB/s.*MB/s' | tail -1 | sed 's/ *[0-9]*#$//' || true)
         printf '%-44s %s\n' "zstd -b$level -B4194304, 1 thread (C, D)" "$(echo "$zb" | sed 's/.*),//')"
         if [ "$cores" -gt 1 ]; then

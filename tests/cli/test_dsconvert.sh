@@ -272,7 +272,7 @@ if mount -t tmpfs -o size=1m tmpfs small 2>/dev/null; then
 else
     echo "note: cannot mount a small tmpfs here; disk-full checks skipped" >&2
 fi
-head -c 100000000 /dev/urandom >int.raw
+head -c 40000000 /dev/urandom >int.raw
 CHECKS=$((CHECKS + 1))
 "$D" int.raw int_out --from raw --shape 1000 --in-dtype u8 --compress zstd:19 -T 1 2>"$ERR" &
 pid=$!
