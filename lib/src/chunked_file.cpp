@@ -420,6 +420,7 @@ void ChunkedWriter::compress_buffered(bool include_partial) {
     std::vector<std::uint64_t> sums(n);
     std::vector<std::string> errors(n);
     pool_->parallel_for(n, [&](std::uint64_t i) {
+        throw_if_interrupted(); // a batch at a high level can take seconds
         const std::uint64_t bytes = i < full ? chunk : rest * sample_bytes_;
         frames[i].resize(ZSTD_compressBound(bytes));
         const std::size_t r =
