@@ -5,6 +5,7 @@
 set -euo pipefail
 build=${1:?usage: bench-train.sh BUILD_DIR [WORK_DIR]}
 work=${2:-$(mktemp -d)}
+mkdir -p "$work"
 here=$(cd "$(dirname "$0")" && pwd)
 train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 fp32"}
 data="$work/bench-u8"

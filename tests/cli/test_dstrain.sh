@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# dstrain's engine on the real binary, on the cpu: epoch lines, --json,
+# --log-json, usage errors (exit 2), no GPU support (exit 3), divergence
+# naming epoch and step (exit 1), and ref-cnn learning dsgen's images.
+source "$(dirname "$0")/lib.sh"
+DSTRAIN="$BIN/dstrain"
+DSGEN="$BIN/dsgen"
+[ -x "$DSTRAIN" ] || skip "no dstrain binary in $BIN"
+[ -x "$DSGEN" ] || skip "no dsgen binary in $BIN"
+command -v jq >/dev/null || skip "jq is needed to read the JSON output"
+
+"$DSGEN" "$WORK/img" --train 2000 --test 500 --shape 3x16x16 --classes 10 --seed 5 -q >/dev/null ||
+    { echo "dsgen failed" >&2; exit 1; }
+CPU=(--device cpu -T 2)
+
+expect_exit 0 "$DSTRAIN" --help
+expect_stdout '--optimizer'
+expect_stdout '--precision'
+
+# ref-cnn learns dsgen's images on the cpu in a few epochs (>= 90%).
+expect_exit 0 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model ref-cnn --epochs 3 --batch 64 --log-json "$WORK/log.jsonl"
+expect_stdout '^epoch 1/3  loss [0-9.]+  train acc [0-9.]+%  test acc [0-9.]+%  time .* samples/s'
+expect_stdout '^epoch 3/3 '
+expect_stderr 'model ref-cnn \(conv3x3:32,bn,relu,conv3x3:32'
+acc=$(grep -o 'test acc [0-9.]*' "$OUT" | tail -1 | grep -o '[0-9.]*$')
+expect_true "ref-cnn test accuracy $acc% >= 90%" awk -v a="$acc" 'BEGIN { exit !(a >= 90) }'
+expect_true "--log-json has 3 lines" test "$(wc -l <"$WORK/log.jsonl")" -eq 3
+expect_true "--log-json lines are JSON with accuracy" jq -e 'select(.epoch == 3) | .test_accuracy > 0.9' "$WORK/log.jsonl"
+
+# --json: one document on stdout; epoch lines go to stderr.
+expect_exit 0 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model "conv3x3:8,bn,relu,maxpool2,flatten,fc:10" --epochs 1 \
+    --batch 100 --optimizer adamw --schedule constant --label-smoothing 0.1 --json
+expect_true "--json document" jq -e '.schema_version == 1 and .device == "cpu" and (.epochs | length) == 1' "$OUT"
+expect_stderr '^epoch 1/1'
+
+# Usage errors exit 2 and say what is wrong.
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model "conv3x3:8,bogus"
+expect_stderr "unknown layer 'bogus'"
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model "flatten,fc:7"
+expect_stderr '10 classes'
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --optimizer adam
+expect_stderr 'expected sgd or adamw'
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --precision fp16
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --device gpu
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --batch 5000
+expect_stderr 'fewer than --batch'
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --schedule step
+
+# Divergence: exit 1 naming the epoch and the step.
+expect_exit 1 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model "flatten,fc:10" --lr 1e30 --epochs 2 --batch 100
+expect_stderr 'non-finite loss at epoch 1, step [0-9]+ of 20'
+
+# A build without CUDA says so with exit 3.
+if ! "$DSTRAIN" --version 2>&1 | grep -qi cuda && ! ldd "$DSTRAIN" 2>/dev/null | grep -q libcudart; then
+    expect_exit 3 "$DSTRAIN" "$WORK/img" --device cuda:0 --epochs 1
+    expect_stderr 'built without CUDA support'
+fi
+finish
