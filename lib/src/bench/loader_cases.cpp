@@ -1,0 +1,112 @@
+// dsbench loader cases: the data path of dstrain with no model. Each case
+// delivers batches into GPU memory (host memory without a GPU) through one
+// placement in one order, as dstrain would: the ceiling the data path sets
+// for training. Registered by add_loader_cases (registry.cpp lists the groups).
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "dstk/bench/case.hpp"
+#include "dstk/data/batch_source.hpp"
+#include "dstk/dataset.hpp"
+#include "dstk/gpu_info.hpp"
+#include "dstk/thread_pool.hpp"
+#if defined(DSTK_HAVE_CUDA)
+#include "dstk/data/gpu_ops.hpp"
+#endif
+
+namespace dstk::bench {
+namespace {
+
+constexpr std::uint64_t max_bytes_per_pass = 1ull << 30; // one timed pass reads at most this much
+
+bool have_gpu() {
+    return !detect_gpus().empty();
+}
+
+std::optional<std::string> waive_loader(const CaseContext& ctx, data::Placement p) {
+    if (auto why = needs_target(ctx)) return why;
+    if (!ctx.target->dataset_dir) return "needs a dataset directory (the loader reads its train split)";
+    if (p == data::Placement::managed) {
+        const auto gpus = detect_gpus();
+        if (gpus.empty()) return "managed memory needs a CUDA GPU";
+        // Managed memory beyond free GPU memory can stall a shared GPU.
+        if (ctx.target->data_bytes > gpus[0].free_memory / 4)
+            return "split larger than a quarter of free GPU memory (managed oversubscription is not measured)";
+    }
+    return std::nullopt;
+}
+
+std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, data::Order o) {
+    const Dataset ds = Dataset::open(*ctx.target->dataset_dir);
+    data::SourceConfig c;
+    c.placement = p;
+    const bool gpu = have_gpu() && built_with_cuda();
+    c.device = {gpu ? train::Backend::cuda : train::Backend::cpu, 0};
+    c.order = {o, ctx.settings.seed, std::max<std::uint64_t>(1, ctx.settings.chunk_bytes / ctx.target->sample_bytes),
+               8};
+    c.batch = static_cast<std::uint32_t>(ctx.settings.batch_samples);
+    c.prefetch = 4;
+    c.readers = std::min(4u, hardware_threads());
+    void* stream = nullptr;
+#if defined(DSTK_HAVE_CUDA)
+    if (gpu) stream = data::gpu::stream_create();
+#endif
+    c.compute_stream = stream;
+    struct StreamGuard {
+        void* s;
+        ~StreamGuard() {
+#if defined(DSTK_HAVE_CUDA)
+            if (s) data::gpu::stream_destroy(s);
+#endif
+        }
+    } guard{stream};
+    auto src = data::make_batch_source(ds, ctx.target->split, c);
+    const std::uint64_t batch_bytes = std::uint64_t{c.batch} * (ctx.target->sample_bytes + 4);
+    const std::uint64_t batches =
+        std::max<std::uint64_t>(1, std::min(src->batches_per_epoch(), max_bytes_per_pass / batch_bytes));
+    std::uint64_t epoch = 0, samples = 0;
+    const auto seconds = time_repetitions(
+        ctx.settings.repeat, [&] { src->start_epoch(epoch++, 0); },
+        [&] {
+            const auto t0 = std::chrono::steady_clock::now();
+            train::Batch b;
+            samples = 0;
+            for (std::uint64_t i = 0; i < batches && src->next(b); ++i) {
+                samples += b.size;
+                src->release();
+            }
+#if defined(DSTK_HAVE_CUDA)
+            if (stream) data::gpu::stream_synchronize(stream);
+#endif
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        });
+    CaseResult r;
+    r.params = {{"placement", data::placement_name(p)},
+                {"order", data::order_name(o)},
+                {"batch", c.batch},
+                {"readers", c.readers},
+                {"prefetch", c.prefetch},
+                {"device", gpu ? "cuda:0" : "cpu"},
+                {"batches_per_pass", batches}};
+    r.repetitions = static_cast<unsigned>(seconds.size());
+    r.metrics["samples/s"] = rate_metric(static_cast<double>(samples), seconds, "samples/s");
+    r.metrics["bytes/s"] = rate_metric(static_cast<double>(samples * (ctx.target->sample_bytes + 4)), seconds, "B/s");
+    return {r};
+}
+
+} // namespace
+
+void add_loader_cases(CaseRegistry& reg) {
+    for (const data::Placement p : {data::Placement::device, data::Placement::stream, data::Placement::managed})
+        for (const data::Order o : {data::Order::sequential, data::Order::chunk, data::Order::full}) {
+            const std::string pn(data::placement_name(p)), on(data::order_name(o));
+            reg.add(Case{"loader." + pn + "." + on,
+                         "batches delivered into GPU memory (host memory without a GPU) by dstrain's " + pn +
+                             " placement in " + on + " order, no model",
+                         p != data::Placement::managed, [p](const CaseContext& ctx) { return waive_loader(ctx, p); },
+                         [p, o](const CaseContext& ctx) { return run_loader(ctx, p, o); }});
+        }
+}
+
+} // namespace dstk::bench
