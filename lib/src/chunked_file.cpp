@@ -24,7 +24,7 @@ constexpr char end_tag[8] = {'D', 'S', 'T', 'K', 'Z', 'E', 'N', 'D'};
 constexpr std::size_t index_fixed_payload = 8 + 4 * 8 + 8 + 8 + 8; // tag, 4 fields, xxh64, frame bytes, end tag
 constexpr std::size_t entry_bytes = 24;
 // Uncompressed bytes in flight per writer batch: bounds memory whatever the chunk size.
-constexpr std::uint64_t batch_target_bytes = 64ull << 20;
+constexpr std::uint64_t batch_target_bytes = 16ull << 20; // also what an interrupted --resume run can lose
 constexpr std::uint64_t batch_limit_bytes = 128ull << 20;
 
 void put_u32(std::vector<std::uint8_t>& b, std::uint32_t v) {
@@ -377,6 +377,46 @@ ChunkedWriter ChunkedWriter::resume(fs::path path, std::uint64_t sample_bytes, s
     if (::lseek(fd, static_cast<off_t>(w.file_bytes_), SEEK_SET) < 0) throw_errno("cannot seek", where);
     w.written_ = keep_samples;
     return w;
+}
+
+std::uint64_t ChunkedWriter::complete_samples(const fs::path& path, std::uint64_t sample_bytes,
+                                              std::uint64_t chunk_samples) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        ::close(fd);
+        return 0;
+    }
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    const auto head = serialize_chunked_header(sample_bytes, chunk_samples);
+    std::vector<std::uint8_t> buf(head.size());
+    std::uint64_t samples = 0;
+    try {
+        if (size < head.size()) throw runtime_error("short");
+        read_all(fd, buf.data(), buf.size(), 0, path);
+        if (buf != head) throw runtime_error("header");
+        const std::uint64_t chunk = sample_bytes * chunk_samples;
+        std::vector<std::uint8_t> plain(chunk);
+        const std::uint64_t max_frame = ZSTD_compressBound(chunk) + 64;
+        std::uint64_t off = head.size();
+        while (off < size) {
+            throw_if_interrupted();
+            buf.resize(std::min(max_frame, size - off));
+            read_all(fd, buf.data(), buf.size(), static_cast<long long>(off), path);
+            const std::size_t n = ZSTD_findFrameCompressedSize(buf.data(), buf.size());
+            if (ZSTD_isError(n) || !decode_frame({buf.data(), n}, plain.data(), chunk).empty()) break;
+            samples += chunk_samples;
+            off += n;
+        }
+    } catch (const Error& e) {
+        if (e.code() == ExitCode::interrupted) {
+            ::close(fd);
+            throw;
+        }
+    }
+    ::close(fd);
+    return samples;
 }
 
 ChunkedWriter::ChunkedWriter(ChunkedWriter&& o) noexcept

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <fstream>
 #include <sstream>
 #include <unistd.h>
 
@@ -54,8 +55,10 @@ class NpySink final : public FieldSink {
 
 class ChunkedSink final : public FieldSink {
   public:
-    ChunkedSink(fs::path path, FieldInfo info, int level, ThreadPool& pool)
-        : info_(std::move(info)), w_(std::move(path), info_.sample_bytes(), info_.chunk_samples, level, pool) {}
+    ChunkedSink(fs::path path, FieldInfo info, int level, ThreadPool& pool, std::uint64_t keep = 0)
+        : info_(std::move(info)),
+          w_(keep ? ChunkedWriter::resume(std::move(path), info_.sample_bytes(), info_.chunk_samples, level, pool, keep)
+                  : ChunkedWriter(std::move(path), info_.sample_bytes(), info_.chunk_samples, level, pool)) {}
     void append(const void* data, std::uint64_t count) override { w_.append(data, count); }
     FieldInfo finish() override {
         info_.checksum = w_.finish();
@@ -120,6 +123,177 @@ class NullSink final : public FieldSink {
   public:
     void append(const void*, std::uint64_t) override {}
     FieldInfo finish() override { return {}; }
+};
+
+// ---- resumable dataset output (--resume) ------------------------------------
+//
+// The output is staged in .OUTPUT.partial/ (not removed on failure) with a
+// resume.json holding the conversion's settings. A rerun with the same
+// settings inspects the files: complete splits are kept, the split in
+// progress continues after its last complete chunk (npy: last whole sample),
+// later splits start over.
+
+// A field file finished by an earlier run.
+class FinishedSink final : public FieldSink {
+  public:
+    FinishedSink(fs::path path, FieldInfo info) : path_(std::move(path)), info_(std::move(info)) {}
+    void append(const void*, std::uint64_t) override {
+        throw runtime_error("internal: samples sent to the finished file '" + path_.string() + "'");
+    }
+    FieldInfo finish() override {
+        info_.bytes = fs::file_size(path_);
+        info_.checksum = file_checksum(path_);
+        return info_;
+    }
+
+  private:
+    fs::path path_;
+    FieldInfo info_;
+};
+
+// An .npy field file that can be reopened after `keep` samples.
+class ResumableNpySink final : public FieldSink {
+  public:
+    ResumableNpySink(fs::path path, FieldInfo info, std::uint64_t samples, std::uint64_t keep)
+        : path_(std::move(path)), info_(std::move(info)) {
+        std::vector<std::uint64_t> dims{samples};
+        dims.insert(dims.end(), info_.shape.dims.begin(), info_.shape.dims.end());
+        const std::string header = make_npy_header(info_.dtype, dims);
+        const std::uint64_t keep_bytes = header.size() + keep * info_.sample_bytes();
+        fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ < 0) throw_errno("cannot open", path_.string());
+        if (::ftruncate(fd_, static_cast<off_t>(keep ? keep_bytes : 0)) != 0)
+            throw_errno("cannot truncate", path_.string());
+        if (keep == 0) {
+            write_all(fd_, header.data(), header.size(), 0, path_);
+            hash_.update(header.data(), header.size());
+        } else {
+            std::vector<std::uint8_t> buf;
+            for (std::uint64_t at = 0; at < keep_bytes; at += buf.size()) {
+                throw_if_interrupted();
+                buf.resize(std::min<std::uint64_t>(4 << 20, keep_bytes - at));
+                read_all(fd_, buf.data(), buf.size(), static_cast<long long>(at), path_);
+                if (at == 0 && std::memcmp(buf.data(), header.data(), std::min(buf.size(), header.size())) != 0)
+                    throw runtime_error(path_.string() + ": partial output has a different header; remove the "
+                                                         "partial directory and convert again");
+                hash_.update(buf.data(), buf.size());
+            }
+        }
+        if (::lseek(fd_, static_cast<off_t>(keep_bytes), SEEK_SET) < 0) throw_errno("cannot seek", path_.string());
+        bytes_ = keep_bytes;
+    }
+    ~ResumableNpySink() override {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    void append(const void* data, std::uint64_t count) override {
+        const std::uint64_t n = count * info_.sample_bytes();
+        write_all(fd_, data, n, -1, path_);
+        hash_.update(data, n);
+        bytes_ += n;
+    }
+    FieldInfo finish() override {
+        const int fd = fd_;
+        fd_ = -1;
+        if (::close(fd) != 0) throw_errno("cannot close", path_.string());
+        info_.bytes = bytes_;
+        info_.checksum = hash_.hex();
+        return info_;
+    }
+
+  private:
+    fs::path path_;
+    FieldInfo info_;
+    int fd_ = -1;
+    std::uint64_t bytes_ = 0;
+    Xxh64 hash_;
+};
+
+class ResumableOutput {
+  public:
+    ResumableOutput(const fs::path& final_path, const std::string& fingerprint, bool force, const OutputOptions& out)
+        : final_(final_path) {
+        while (!final_.has_filename() && final_.has_parent_path() && final_ != final_.root_path())
+            final_ = final_.parent_path();
+        check_overwrite(final_, force);
+        const fs::path parent = final_.parent_path().empty() ? fs::path(".") : final_.parent_path();
+        dir_ = parent / ("." + final_.filename().string() + ".partial");
+        const fs::path state = dir_ / "resume.json";
+        if (fs::exists(state)) {
+            std::ifstream in(state);
+            const std::string saved{std::istreambuf_iterator<char>(in), {}};
+            if (saved != fingerprint)
+                throw usage_error("'" + dir_.string() +
+                                  "' holds a partial conversion with different settings (input, "
+                                  "dtype, mapping, compression, chunks or split); run the same command with --resume, "
+                                  "or remove that directory");
+            resuming_ = true;
+            note(out, "resuming the partial conversion in " + dir_.string());
+        } else {
+            std::error_code ec;
+            fs::create_directories(dir_, ec);
+            if (ec) throw runtime_error("cannot create '" + dir_.string() + "' (" + ec.message() + ")");
+            AtomicFile f(state, true);
+            f.write(fingerprint.data(), fingerprint.size());
+            f.commit();
+        }
+    }
+    const fs::path& dir() const { return dir_; }
+    bool resuming() const { return resuming_; }
+
+    // Samples of `fi` already on disk in a usable state (npy: whole samples;
+    // chunked: complete chunks, or all of them when the file is finished).
+    std::uint64_t done(const FieldInfo& fi, std::uint64_t samples) const {
+        if (!resuming_) return 0;
+        const fs::path p = dir_ / fi.file;
+        std::error_code ec;
+        const auto size = fs::file_size(p, ec);
+        if (ec) return 0;
+        if (fi.storage == Storage::zstd_chunked) {
+            try {
+                ChunkedReader r(p);
+                if (r.samples() == samples && r.sample_bytes() == fi.sample_bytes() &&
+                    r.chunk_samples() == fi.chunk_samples)
+                    return samples;
+            } catch (const Error&) {
+            }
+            return std::min(samples, ChunkedWriter::complete_samples(p, fi.sample_bytes(), fi.chunk_samples));
+        }
+        std::vector<std::uint64_t> dims{samples};
+        dims.insert(dims.end(), fi.shape.dims.begin(), fi.shape.dims.end());
+        const std::uint64_t header = make_npy_header(fi.dtype, dims).size();
+        return size < header ? 0 : std::min(samples, (size - header) / fi.sample_bytes());
+    }
+
+    std::unique_ptr<FieldSink> sink(const FieldInfo& fi, std::uint64_t samples, std::uint64_t keep, int level,
+                                    ThreadPool& pool) {
+        const fs::path p = dir_ / fi.file;
+        if (keep == samples && samples > 0) return std::make_unique<FinishedSink>(p, fi);
+        if (fi.storage == Storage::npy) return std::make_unique<ResumableNpySink>(p, fi, samples, keep);
+        return std::make_unique<ChunkedSink>(p, fi, level, pool, keep);
+    }
+
+    void commit(const Manifest& m, bool force) {
+        const std::string text = serialize_manifest(m);
+        {
+            AtomicFile f(dir_ / manifest_file_name, true);
+            f.write(text.data(), text.size());
+            f.commit();
+        }
+        fs::remove(dir_ / "resume.json");
+        for (const auto& e : fs::directory_iterator(dir_))
+            if (e.is_regular_file()) fsync_path(e.path());
+        std::error_code ec;
+        if (fs::exists(fs::symlink_status(final_, ec))) {
+            check_overwrite(final_, force);
+            fs::remove_all(final_);
+        }
+        if (::rename(dir_.c_str(), final_.c_str()) != 0) throw_errno("cannot rename into", final_.string());
+        fsync_path(final_.parent_path().empty() ? fs::path(".") : final_.parent_path());
+    }
+
+  private:
+    fs::path final_, dir_;
+    bool resuming_ = false;
 };
 
 // ---- plan -------------------------------------------------------------------
@@ -518,16 +692,6 @@ void run_convert(const ConvertOptions& o) {
         for (const auto& p : fields)
             if (to == OutputFormat::dataset || (only_split == i && &p == &fields[only_field]))
                 out_bytes_estimate += checked_mul(outs[i].samples, p.out_bytes, "output size");
-    std::optional<DatasetWriter> writer;
-    fs::path out_dir = o.output.parent_path().empty() ? fs::path(".") : o.output.parent_path();
-    if (to == OutputFormat::dataset) {
-        writer.emplace(o.output, o.force);
-        out_dir = writer->tmp_dir();
-    } else {
-        check_overwrite(o.output, o.force);
-    }
-    if (!zstd && !o.force) check_free_disk(out_dir, out_bytes_estimate);
-
     std::uint64_t chunk_samples = o.chunk_samples;
     if (zstd && chunk_samples == 0) {
         std::uint64_t widest = 1;
@@ -536,8 +700,64 @@ void run_convert(const ConvertOptions& o) {
         chunk_samples = std::max<std::uint64_t>(1, target / widest);
     }
 
+    std::optional<DatasetWriter> writer;
+    fs::path out_dir = o.output.parent_path().empty() ? fs::path(".") : o.output.parent_path();
+    std::unique_ptr<ResumableOutput> resumable;
+    if (o.resume) {
+        if (to != OutputFormat::dataset)
+            throw usage_error("--resume works for dataset outputs (a single .npy/raw file is rewritten whole)");
+        if (o.shuffle_seed)
+            throw usage_error("--resume cannot continue a --shuffle conversion (its buckets are not kept); run "
+                              "without --resume");
+        const nlohmann::json fp = {{"input", fs::absolute(o.input).lexically_normal().string()},
+                                   {"from", std::string(input_format_name(src.format))},
+                                   {"shape", o.raw.shape ? o.raw.shape->str() : ""},
+                                   {"in_dtype", o.raw.dtype ? std::string(dtype_name(*o.raw.dtype)) : ""},
+                                   {"label_dtype", std::string(dtype_name(o.raw.label_dtype))},
+                                   {"layout", o.raw.layout == Layout::feature_major},
+                                   {"dtype", xp ? std::string(dtype_name(xp->out)) : ""},
+                                   {"scale", xp ? xp->map.scale : 1.0},
+                                   {"offset", xp ? xp->map.offset : 0.0},
+                                   {"compress", o.compress},
+                                   {"chunk_samples", chunk_samples},
+                                   {"split", o.split}};
+        resumable = std::make_unique<ResumableOutput>(o.output, fp.dump() + "\n", o.force, o.out);
+        out_dir = resumable->dir();
+    } else if (to == OutputFormat::dataset) {
+        writer.emplace(o.output, o.force);
+        out_dir = writer->tmp_dir();
+    } else {
+        check_overwrite(o.output, o.force);
+    }
+    if (!zstd && !o.force) check_free_disk(out_dir, out_bytes_estimate);
+
     // Sinks.
-    for (std::size_t i = 0; i < outs.size(); ++i) {
+    std::uint64_t resume_at = 0; // samples of the (concatenated) input already converted
+    if (resumable) {
+        bool current_found = false;
+        for (OutSplit& s : outs) {
+            std::vector<FieldInfo> infos;
+            std::uint64_t keep = s.samples;
+            for (const auto& p : fields) {
+                FieldInfo fi;
+                fi.name = p.name;
+                fi.dtype = p.out;
+                fi.shape = p.shape;
+                fi.storage = zstd ? Storage::zstd_chunked : Storage::npy;
+                fi.file = s.name + "_" + p.name + (zstd ? ".zst" : ".npy");
+                fi.chunk_samples = zstd ? chunk_samples : 0;
+                keep = std::min(keep, resumable->done(fi, s.samples));
+                infos.push_back(fi);
+            }
+            if (current_found) keep = 0; // after the split in progress: start over
+            if (keep < s.samples) current_found = true;
+            for (const auto& fi : infos) s.sinks.push_back(resumable->sink(fi, s.samples, keep, level, pool));
+            s.written = keep;
+            resume_at += keep;
+        }
+        if (resume_at > 0) note(o.out, "resuming after " + format_count(resume_at) + " samples");
+    }
+    for (std::size_t i = 0; i < outs.size() && !resumable; ++i) {
         OutSplit& s = outs[i];
         if (to == OutputFormat::dataset) {
             for (const auto& p : fields) {
@@ -580,9 +800,16 @@ void run_convert(const ConvertOptions& o) {
     std::uint64_t block = std::max<std::uint64_t>(1, block_target_bytes / std::max<std::uint64_t>(1, per_sample));
     Progress progress("converting", total_samples, 0, o.out);
     std::vector<std::vector<std::uint8_t>> in(fields.size()), conv(fields.size());
+    std::uint64_t to_skip = resume_at;
     auto process_split = [&](SourceSplit& sp,
                              const std::function<void(const std::vector<const std::uint8_t*>&, std::uint64_t)>& emit) {
-        for (std::uint64_t s = 0; s < sp.samples; s += block) {
+        const std::uint64_t skip = std::min(to_skip, sp.samples);
+        if (skip > 0) {
+            for (auto& f : sp.fields) f.stream->skip(skip);
+            to_skip -= skip;
+            progress.add(skip, 0);
+        }
+        for (std::uint64_t s = skip; s < sp.samples; s += block) {
             throw_if_interrupted();
             const std::uint64_t n = std::min(block, sp.samples - s);
             std::vector<const std::uint8_t*> ptrs(fields.size());
@@ -606,7 +833,17 @@ void run_convert(const ConvertOptions& o) {
     std::vector<OutSplit*> out_ptrs;
     for (auto& s : outs) out_ptrs.push_back(&s);
     Router router(out_ptrs, sink_fields);
-    if (o.shuffle_seed) {
+    if (resumable) {
+        // Say where the work is kept before run_tool reports the interruption.
+        try {
+            for (auto& sp : src.splits) process_split(sp, [&](const auto& d, std::uint64_t n) { router.route(d, n); });
+        } catch (const Error& e) {
+            if (e.code() == ExitCode::interrupted || e.code() == ExitCode::failure)
+                warning("partial conversion kept in '" + resumable->dir().string() +
+                        "'; run the same command with --resume to continue after its last complete chunk");
+            throw;
+        }
+    } else if (o.shuffle_seed) {
         std::optional<AtomicDir> scratch;
         fs::path bucket_dir = out_dir;
         if (!writer) {
@@ -635,7 +872,7 @@ void run_convert(const ConvertOptions& o) {
         }
         m.splits.push_back(std::move(si));
     }
-    if (writer) {
+    if (writer || resumable) {
         if (src.manifest) {
             m.num_classes = src.manifest->num_classes;
             m.input_field = src.manifest->input_field;
@@ -660,7 +897,10 @@ void run_convert(const ConvertOptions& o) {
             m.provenance.params["scale"] = std::to_string(xp->map.scale);
             m.provenance.params["offset"] = std::to_string(xp->map.offset);
         }
-        writer->commit(m);
+        if (resumable)
+            resumable->commit(m, o.force);
+        else
+            writer->commit(m);
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -694,6 +934,7 @@ void run_convert(const ConvertOptions& o) {
         j["chunk_samples"] = chunk_samples;
     }
     if (o.shuffle_seed) j["shuffle_seed"] = *o.shuffle_seed;
+    if (resumable) j["resumed_after_samples"] = resume_at;
     j["seconds"] = secs;
     j["threads"] = pool.size();
     j["peak_rss_bytes"] = peak_rss_bytes();

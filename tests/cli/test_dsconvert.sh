@@ -254,6 +254,33 @@ expect_stderr "chunk 0 of"
 expect_no_file o_zbad
 no_leftovers .
 
+# ---- --resume: killed hard mid-way, rerun continues and gives the same bytes
+head -c 24000000 /dev/urandom >res.raw
+expect_exit 0 "$D" res.raw res_ref --from raw --shape 1000 --in-dtype u8 --compress zstd:15 --chunk-samples 250 --split a=0.5,b=0.5
+"$D" res.raw res_out --from raw --shape 1000 --in-dtype u8 --compress zstd:15 --chunk-samples 250 --split a=0.5,b=0.5 \
+    --resume -T 1 -q 2>/dev/null &
+pid=$!
+for _ in $(seq 600); do # until the first batch of chunks is on disk
+    [ "$(stat -c %s .res_out.partial/a_x.zst 2>/dev/null || echo 0)" -gt 100000 ] && break
+    sleep 0.05
+done
+kill -KILL $pid 2>/dev/null
+wait $pid 2>/dev/null
+CHECKS=$((CHECKS + 1))
+if [ -e res_out ]; then
+    echo "note: the conversion finished before it could be killed; resume not exercised" >&2
+else
+    [ -f .res_out.partial/resume.json ] || fail "--resume left no partial directory"
+    expect_exit 2 "$D" res.raw res_out --from raw --shape 1000 --in-dtype u8 --compress zstd:9 --resume
+    expect_stderr "different settings"
+    expect_exit 0 "$D" res.raw res_out --from raw --shape 1000 --in-dtype u8 --compress zstd:15 --chunk-samples 250 \
+        --split a=0.5,b=0.5 --resume --json
+    expect_stdout '"resumed_after_samples": [1-9]'
+    expect_same res_out/a_x.zst res_ref/a_x.zst
+    expect_same res_out/b_x.zst res_ref/b_x.zst
+    expect_no_file .res_out.partial
+fi
+
 # ---- overwrite, disk full, Ctrl-C -------------------------------------------
 expect_exit 2 "$D" x.npy ds_npy
 expect_stderr "already exists"

@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
                    "Worker threads (0: one per hardware thread); output is identical "
                    "whatever the count")
         ->capture_default_str();
+    app.add_flag("--resume", o.resume,
+                 "Stage the dataset in .OUTPUT.partial/ and keep it if interrupted; run the "
+                 "same command with --resume again to continue after the last complete chunk");
     app.add_flag("-f,--force", o.force, "Replace an existing OUTPUT and skip the free-disk check");
     add_output_options(app, o.out);
 

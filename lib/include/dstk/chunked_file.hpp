@@ -116,6 +116,11 @@ class ChunkedWriter {
     // all be present and valid), truncates the rest and continues after them.
     static ChunkedWriter resume(std::filesystem::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples,
                                 int level, ThreadPool& pool, std::uint64_t keep_samples);
+    // Samples held by the complete, valid chunk frames at the start of a
+    // partial file (0 when it is missing or its header differs): where
+    // resume() can continue. Stops at the first torn or corrupt frame.
+    static std::uint64_t complete_samples(const std::filesystem::path& path, std::uint64_t sample_bytes,
+                                          std::uint64_t chunk_samples);
     ~ChunkedWriter();
     ChunkedWriter(ChunkedWriter&&) noexcept;
     ChunkedWriter& operator=(ChunkedWriter&&) = delete;

@@ -83,6 +83,7 @@ struct ConvertOptions {
     std::string split;  // "train=0.9,test=0.1"
     std::string select; // SPLIT/FIELD for npy/raw outputs
     std::filesystem::path report_json;
+    bool resume = false; // keep .OUTPUT.partial/ when interrupted; continue from it
     bool force = false;
     unsigned threads = 0; // 0: all cores
     std::string command_line;
