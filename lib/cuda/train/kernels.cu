@@ -1,6 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "cuda_check.hpp"
 #include "dstk/rng.hpp"
 #include "kernels.hpp"
@@ -188,6 +190,145 @@ __global__ void adamw_kernel(OptimizerConfig o, ScheduleConfig sched, float* p, 
     }
 }
 
+constexpr unsigned bn_max_splits = 128;
+
+// Splits per channel: enough blocks to fill the GPU, at least 2048 elements each.
+unsigned bn_splits(std::uint32_t n, std::uint32_t c, std::uint64_t hw) {
+    const std::uint64_t per_channel = std::uint64_t{n} * hw;
+    std::uint64_t s = (528 + c - 1) / c;
+    s = std::min<std::uint64_t>(s, std::max<std::uint64_t>(1, per_channel / 2048));
+    return static_cast<unsigned>(std::clamp<std::uint64_t>(s, 1, bn_max_splits));
+}
+
+__device__ inline std::uint64_t bn_index(std::uint64_t e, std::uint32_t c, std::uint32_t channels, std::uint64_t hw) {
+    return ((e / hw) * channels + c) * hw + e % hw;
+}
+
+__device__ void block_sum2(double& a, double& b) {
+    __shared__ double sa[threads], sb[threads];
+    sa[threadIdx.x] = a;
+    sb[threadIdx.x] = b;
+    __syncthreads();
+    for (int w = threads / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) {
+            sa[threadIdx.x] += sa[threadIdx.x + w];
+            sb[threadIdx.x] += sb[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    a = sa[0];
+    b = sb[0];
+}
+
+// Partial sums of (v, v*v) or, backward, (dy, dy*xhat) for block (channel, split).
+__global__ void bn_reduce_kernel(const float* x, const float* dy, std::uint32_t n, std::uint32_t channels,
+                                 std::uint64_t hw, const float* save_mean, const float* save_invstd, double* partials) {
+    const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+    const std::uint64_t total = std::uint64_t{n} * hw;
+    const std::uint64_t e0 = total * s / splits, e1 = total * (s + 1) / splits;
+    float a = 0.0f, b = 0.0f;
+    if (!dy) {
+        for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+            const float v = x[bn_index(e, c, channels, hw)];
+            a += v;
+            b += v * v;
+        }
+    } else {
+        const float m = save_mean[c], is = save_invstd[c];
+        for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+            const std::uint64_t i = bn_index(e, c, channels, hw);
+            const float g = dy[i];
+            a += g;
+            b += g * (x[i] - m) * is;
+        }
+    }
+    double da = a, db = b;
+    block_sum2(da, db);
+    if (threadIdx.x == 0) {
+        partials[(std::uint64_t{c} * splits + s) * 2] = da;
+        partials[(std::uint64_t{c} * splits + s) * 2 + 1] = db;
+    }
+}
+
+__device__ void channel_totals(const double* partials, std::uint32_t c, std::uint32_t splits, double& a, double& b) {
+    a = 0.0;
+    b = 0.0;
+    for (std::uint32_t s = 0; s < splits; ++s) {
+        a += partials[(std::uint64_t{c} * splits + s) * 2];
+        b += partials[(std::uint64_t{c} * splits + s) * 2 + 1];
+    }
+}
+
+__global__ void bn_apply_train_kernel(const float* x, float* y, std::uint32_t n, std::uint32_t channels,
+                                      std::uint64_t hw, const float* gamma, const float* beta, float* run_mean,
+                                      float* run_var, float* save_mean, float* save_invstd, const double* partials,
+                                      float momentum, float eps) {
+    __shared__ float sa, sb;
+    const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+    const std::uint64_t total = std::uint64_t{n} * hw;
+    if (threadIdx.x == 0) {
+        double sum, sq;
+        channel_totals(partials, c, splits, sum, sq);
+        const double cnt = static_cast<double>(total), mean = sum / cnt;
+        const double var = fmax(0.0, sq / cnt - mean * mean);
+        const float is = static_cast<float>(1.0 / sqrt(var + eps));
+        sa = gamma[c] * is;
+        sb = beta[c] - static_cast<float>(mean) * sa;
+        if (s == 0) {
+            save_mean[c] = static_cast<float>(mean);
+            save_invstd[c] = is;
+            const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
+            run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * static_cast<float>(mean);
+            run_var[c] = (1.0f - momentum) * run_var[c] + momentum * static_cast<float>(unbiased);
+        }
+    }
+    __syncthreads();
+    const float a = sa, b = sb;
+    const std::uint64_t e0 = total * s / splits, e1 = total * (s + 1) / splits;
+    for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        const std::uint64_t i = bn_index(e, c, channels, hw);
+        y[i] = x[i] * a + b;
+    }
+}
+
+__global__ void bn_apply_backward_kernel(const float* x, const float* dy, float* dx, std::uint32_t n,
+                                         std::uint32_t channels, std::uint64_t hw, const float* gamma,
+                                         const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta,
+                                         const double* partials) {
+    __shared__ float sk, sm1, sm2;
+    const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+    const std::uint64_t total = std::uint64_t{n} * hw;
+    if (threadIdx.x == 0) {
+        double sg, sgx;
+        channel_totals(partials, c, splits, sg, sgx);
+        if (s == 0) {
+            dgamma[c] = static_cast<float>(sgx);
+            dbeta[c] = static_cast<float>(sg);
+        }
+        sk = gamma[c] * save_invstd[c];
+        sm1 = static_cast<float>(sg / static_cast<double>(total));
+        sm2 = static_cast<float>(sgx / static_cast<double>(total));
+    }
+    __syncthreads();
+    const float k = sk, m1 = sm1, m2 = sm2, m = save_mean[c], is = save_invstd[c];
+    const std::uint64_t e0 = total * s / splits, e1 = total * (s + 1) / splits;
+    for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        const std::uint64_t i = bn_index(e, c, channels, hw);
+        dx[i] = k * (dy[i] - m1 - (x[i] - m) * is * m2);
+    }
+}
+
+__global__ void bn_eval_kernel(const float* x, float* y, std::uint64_t count, std::uint32_t channels, std::uint64_t hw,
+                               const float* gamma, const float* beta, const float* run_mean, const float* run_var,
+                               float eps) {
+    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
+         i += std::uint64_t{gridDim.x} * blockDim.x) {
+        const auto c = static_cast<std::uint32_t>((i / hw) % channels);
+        const float a = gamma[c] / sqrtf(run_var[c] + eps);
+        y[i] = (x[i] - run_mean[c]) * a + beta[c];
+    }
+}
+
 __global__ void advance_step_kernel(unsigned long long* step) {
     *step += 1;
 }
@@ -270,6 +411,40 @@ void launch_optimizer(const OptimizerConfig& o, const ScheduleConfig& sched, flo
         sgd_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, count, step);
     else
         adamw_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, slots + count, count, step);
+    check_launch();
+}
+
+std::uint64_t bn_partials(std::uint32_t channels) {
+    return std::uint64_t{channels} * bn_max_splits * 2;
+}
+
+void launch_bn_forward_train(const float* x, float* y, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                             const float* gamma, const float* beta, float* run_mean, float* run_var, float* save_mean,
+                             float* save_invstd, double* partials, float momentum, float eps, cudaStream_t s) {
+    const dim3 grid(c, bn_splits(n, c, hw));
+    bn_reduce_kernel<<<grid, threads, 0, s>>>(x, nullptr, n, c, hw, nullptr, nullptr, partials);
+    check_launch();
+    bn_apply_train_kernel<<<grid, threads, 0, s>>>(x, y, n, c, hw, gamma, beta, run_mean, run_var, save_mean,
+                                                   save_invstd, partials, momentum, eps);
+    check_launch();
+}
+
+void launch_bn_forward_eval(const float* x, float* y, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                            const float* gamma, const float* beta, const float* run_mean, const float* run_var,
+                            float eps, cudaStream_t s) {
+    const std::uint64_t count = std::uint64_t{n} * c * hw;
+    bn_eval_kernel<<<blocks_for(count, 4), threads, 0, s>>>(x, y, count, c, hw, gamma, beta, run_mean, run_var, eps);
+    check_launch();
+}
+
+void launch_bn_backward(const float* x, const float* dy, float* dx, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                        const float* gamma, const float* save_mean, const float* save_invstd, float* dgamma,
+                        float* dbeta, double* partials, cudaStream_t s) {
+    const dim3 grid(c, bn_splits(n, c, hw));
+    bn_reduce_kernel<<<grid, threads, 0, s>>>(x, dy, n, c, hw, save_mean, save_invstd, partials);
+    check_launch();
+    bn_apply_backward_kernel<<<grid, threads, 0, s>>>(x, dy, dx, n, c, hw, gamma, save_mean, save_invstd, dgamma, dbeta,
+                                                      partials);
     check_launch();
 }
 

@@ -35,6 +35,22 @@ void launch_dropout_forward(const float* x, float* y, float* mask, std::uint64_t
                             std::uint64_t layer, const unsigned long long* step, cudaStream_t s);
 void launch_mul(const float* a, const float* b, float* out, std::uint64_t count, cudaStream_t s);
 
+// Batch normalisation over (n, hw) per channel of NCHW float tensors, in two
+// passes each way (a reduction into `partials`, then an element-wise pass that
+// finishes the per-channel coefficients itself): grid (channels, splits) so
+// that small channel counts still fill the GPU. `partials` holds
+// bn_partials(c) doubles. Running statistics use the unbiased variance.
+std::uint64_t bn_partials(std::uint32_t channels);
+void launch_bn_forward_train(const float* x, float* y, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                             const float* gamma, const float* beta, float* run_mean, float* run_var, float* save_mean,
+                             float* save_invstd, double* partials, float momentum, float eps, cudaStream_t s);
+void launch_bn_forward_eval(const float* x, float* y, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                            const float* gamma, const float* beta, const float* run_mean, const float* run_var,
+                            float eps, cudaStream_t s);
+void launch_bn_backward(const float* x, const float* dy, float* dx, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                        const float* gamma, const float* save_mean, const float* save_invstd, float* dgamma,
+                        float* dbeta, double* partials, cudaStream_t s);
+
 // Softmax cross-entropy over logits[n][k]: accumulates the plain loss and the
 // correct count into m, records the first non-finite step, and (when dlogits is
 // not null) writes the gradient of the mean label-smoothed loss.
