@@ -39,7 +39,7 @@ expect_exit 2 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" "${E2[@]}" --order random
 expect_stderr "invalid --order 'random'"
 expect_exit 2 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" "${E2[@]}" --data somewhere
 expect_exit 2 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" --batch 5000
-expect_stderr 'larger than the train split'
+expect_stderr 'fewer than --batch'
 expect_exit 2 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" "${E2[@]}" --prefetch 0
 
 # A training file cut short before the run: Dataset::open names it.

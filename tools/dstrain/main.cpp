@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "dstk/cli.hpp"
+#include "dstk/data/train_run.hpp"
 #include "dstk/train/run.hpp"
 #include "dstk/units.hpp"
 
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--workspace", workspace, "Bound on cuDNN convolution workspace")->capture_default_str();
     app.add_option("--log-json", o.log_json, "Also write each epoch as a JSON line to this file");
+    data::DataRunOptions d;
+    data::add_data_run_options(app, d);
     add_output_options(app, out);
 
     return run_tool(app, argc, argv, [&] {
@@ -58,7 +61,7 @@ int main(int argc, char** argv) {
         if (!device.empty()) o.device = parse_device(device);
         o.workspace = parse_size(workspace, "--workspace");
         o.command_line = command_line(argc, argv);
-        const RunReport r = run_training(o, out);
+        const RunReport r = data::run_training(o, d, out);
         if (out.json) std::fputs(run_report_json(r).c_str(), stdout);
     });
 }

@@ -290,8 +290,8 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
     if (train_split.samples == 0)
         throw usage_error("split 'train' of " + ds.dir().string() + " is empty (nothing to train on)");
     if (e.batch > train_split.samples)
-        throw usage_error("--batch " + std::to_string(e.batch) + " is larger than the train split (" +
-                          format_count(train_split.samples) + " samples); use a smaller --batch");
+        throw usage_error("the train split has " + format_count(train_split.samples) + " samples, fewer than --batch " +
+                          std::to_string(e.batch) + " (use a smaller --batch)");
 
     // The trainer.
     const std::uint32_t classes = *m.num_classes;
@@ -367,9 +367,11 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
     // The memory ceiling, before the first step.
     const std::uint64_t data_dev = train_src->device_bytes() + (test_src ? test_src->device_bytes() : 0);
     const std::uint64_t ceiling = r.planned.total() + data_dev;
-    note(out, "dstrain: model " + tc.plan.name + ", " + format_count(tc.plan.params) + " parameters, " +
+    note(out, "dstrain: model " + tc.plan.name + " (" + train::to_spec_string(spec) + ")");
+    note(out, "dstrain: " + format_count(tc.plan.params) + " parameters, input " + tc.plan.input.str() + " " +
+                  std::string(dtype_name(x.dtype)) + ", " + std::to_string(classes) + " classes, " +
                   format_count(train_split.samples) + " train / " + format_count(test_split ? test_split->samples : 0) +
-                  " test samples, " + r.device + ", " + r.precision);
+                  " test samples, device " + r.device + ", " + r.precision);
     note(out, "dstrain: data " + std::string(placement_name(train_src->placement())) + " (" + why + "), order " +
                   std::string(order_name(order_kind)) +
                   (order_kind == Order::chunk ? " (" + format_count(sc.order.chunk_samples) + " samples x " +
@@ -458,6 +460,8 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
         er.epoch = static_cast<std::uint32_t>(epoch + 1);
         er.lr = train::learning_rate(tc.optimizer, tc.schedule, steps);
         const std::uint64_t first = epoch == pos.epoch ? pos.next_batch : 0;
+        // first_nonfinite_step counts steps since the trainer was built or loaded.
+        const std::uint64_t epoch_start = steps - pos.steps;
         train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
         train::Batch b;
@@ -493,8 +497,9 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
         trainer->synchronize();
         if (const auto bad = trainer->first_nonfinite_step())
             throw runtime_error("non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
-                                std::to_string(*bad + 1) + " (training diverged) lower --lr (now " +
-                                fixed(tc.optimizer.lr, 4) + ") or add warm-up with --warmup-epochs" +
+                                std::to_string(*bad - epoch_start + first + 1) + " of " +
+                                std::to_string(steps_per_epoch) + " (training diverged) lower --lr (now " +
+                                std::to_string(tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
                                 (d.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
         StageTimes st = train_src->take_times();
         st.compute = compute.take();
