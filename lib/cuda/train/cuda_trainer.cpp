@@ -408,7 +408,11 @@ void CudaTrainer::create_layer_descriptors() {
 
 // Benchmarks the algorithms once per convolution shape with the planned
 // buffers and workspace, keeps the fastest that fits, and sets its math type.
+// Find also reports tensor-core (TF32) results under FMA math: fp32 keeps to
+// FMA ones.
 void CudaTrainer::find_algorithms() {
+    const bool fp32 = cfg_.precision == Precision::fp32;
+    auto math_ok = [&](cudnnMathType_t m) { return !fp32 || m == CUDNN_FMA_MATH; };
     BatchDescs& bd = descs(cfg_.max_batch);
     for (std::size_t i = 0; i < layers().size(); ++i) {
         if (layers()[i].spec.kind != LayerKind::conv) continue;
@@ -421,7 +425,7 @@ void CudaTrainer::find_algorithms() {
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp, workspace_,
                                                            workspace_bytes_));
         for (int j = 0; j < got; ++j)
-            if (fp[j].status == CUDNN_STATUS_SUCCESS && fp[j].memory <= workspace_bytes_) {
+            if (fp[j].status == CUDNN_STATUS_SUCCESS && fp[j].memory <= workspace_bytes_ && math_ok(fp[j].mathType)) {
                 d.algos.fwd = fp[j].algo;
                 CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_fwd, fp[j].mathType));
                 break;
@@ -431,7 +435,7 @@ void CudaTrainer::find_algorithms() {
                                                                 gbuf_[1], CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got,
                                                                 dp, workspace_, workspace_bytes_));
         for (int j = 0; j < got; ++j)
-            if (dp[j].status == CUDNN_STATUS_SUCCESS && dp[j].memory <= workspace_bytes_) {
+            if (dp[j].status == CUDNN_STATUS_SUCCESS && dp[j].memory <= workspace_bytes_ && math_ok(dp[j].mathType)) {
                 d.algos.bwd_data = dp[j].algo;
                 CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_data, dp[j].mathType));
                 break;
@@ -441,7 +445,7 @@ void CudaTrainer::find_algorithms() {
             cudnn_, x, input_of(i), y, gbuf_[0], d.conv_bwd_filter, d.filter, grads_ + layers()[i].param_offset,
             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp, workspace_, workspace_bytes_));
         for (int j = 0; j < got; ++j)
-            if (wp[j].status == CUDNN_STATUS_SUCCESS && wp[j].memory <= workspace_bytes_) {
+            if (wp[j].status == CUDNN_STATUS_SUCCESS && wp[j].memory <= workspace_bytes_ && math_ok(wp[j].mathType)) {
                 d.algos.bwd_filter = wp[j].algo;
                 CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_filter, wp[j].mathType));
                 break;
