@@ -10,6 +10,8 @@
 #include "dstk/data/batch_source.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/gpu_info.hpp"
+#include "dstk/sysinfo.hpp"
+#include "dstk/units.hpp"
 #include "dstk/thread_pool.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
@@ -21,18 +23,30 @@ namespace {
 constexpr std::uint64_t max_bytes_per_pass = 1ull << 30; // one timed pass reads at most this much
 
 bool have_gpu() {
-    return !detect_gpus().empty();
+    return built_with_cuda() && !detect_gpus().empty();
 }
 
 std::optional<std::string> waive_loader(const CaseContext& ctx, data::Placement p) {
     if (auto why = needs_target(ctx)) return why;
     if (!ctx.target->dataset_dir) return "needs a dataset directory (the loader reads its train split)";
+    const std::uint64_t split_bytes = ctx.target->data_bytes + ctx.target->samples() * 4;
     if (p == data::Placement::managed) {
-        const auto gpus = detect_gpus();
-        if (gpus.empty()) return "managed memory needs a CUDA GPU";
-        // Managed memory beyond free GPU memory can stall a shared GPU.
-        if (ctx.target->data_bytes > gpus[0].free_memory / 4)
-            return "split larger than a quarter of free GPU memory (managed oversubscription is not measured)";
+        if (!built_with_cuda()) return "managed memory needs CUDA (this dsbench was built without it)";
+        std::string why;
+        const auto gpus = detect_gpus(&why);
+        if (gpus.empty()) return "managed memory needs a CUDA GPU (" + why + ")";
+        // Managed memory beyond a quarter of free GPU memory can stall a shared GPU.
+        if (split_bytes > gpus[0].free_memory / 4)
+            return "split of " + format_bytes(split_bytes) + " is larger than a quarter of free GPU memory (" +
+                   format_bytes(gpus[0].free_memory) + " free; managed oversubscription is not measured)";
+    }
+    if (p == data::Placement::device) {
+        // The whole split is loaded: into GPU memory, or host memory without a GPU.
+        const auto gpus = built_with_cuda() ? detect_gpus() : std::vector<GpuInfo>{};
+        const std::uint64_t room = gpus.empty() ? detect_system().memory.available / 2 : gpus[0].free_memory / 10 * 9;
+        if (split_bytes > room)
+            return "split of " + format_bytes(split_bytes) + " does not fit in " +
+                   (gpus.empty() ? "half of available RAM (" : "90% of free GPU memory (") + format_bytes(room) + ")";
     }
     return std::nullopt;
 }
@@ -41,7 +55,7 @@ std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, da
     const Dataset ds = Dataset::open(*ctx.target->dataset_dir);
     data::SourceConfig c;
     c.placement = p;
-    const bool gpu = have_gpu() && built_with_cuda();
+    const bool gpu = have_gpu();
     c.device = {gpu ? train::Backend::cuda : train::Backend::cpu, 0};
     c.order = {o, ctx.settings.seed, std::max<std::uint64_t>(1, ctx.settings.chunk_bytes / ctx.target->sample_bytes),
                8};

@@ -56,6 +56,7 @@ const CaseRegistry& builtin_cases() {
         add_io_cases(r);
         add_decode_cases(r);
         add_transfer_cases(r);
+        add_loader_cases(r);
         return r;
     }();
     return registry;

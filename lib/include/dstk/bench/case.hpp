@@ -96,5 +96,6 @@ std::string variant_size(std::uint64_t bytes); // "size=64KiB"
 void add_io_cases(CaseRegistry& reg);
 void add_decode_cases(CaseRegistry& reg);
 void add_transfer_cases(CaseRegistry& reg);
+void add_loader_cases(CaseRegistry& reg); // loader.<placement>.<order> (lib/src/bench/loader_cases.cpp)
 
 } // namespace dstk::bench

@@ -1,0 +1,118 @@
+// dsbench's loader cases (lib/src/bench/loader_cases.cpp): registered in the
+// built-in registry, run on the CPU (host memory) without a GPU, and waived
+// with a reason where they cannot run.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include "dstk/bench/bench.hpp"
+#include "dstk/dataset_writer.hpp"
+#include "dstk/gpu_info.hpp"
+
+using namespace dstk::bench;
+namespace fs = std::filesystem;
+
+namespace {
+
+class LoaderCasesTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        dir_ = fs::temp_directory_path() / ("dstk_loader_cases_" + std::to_string(::getpid()));
+        fs::remove_all(dir_);
+        fs::create_directories(dir_);
+        data_ = dir_ / "ds";
+        const std::uint64_t samples = 1024;
+        dstk::DatasetWriter w(data_, false);
+        auto x = w.npy_field("train", "x", dstk::DType::u8, dstk::Shape{{3, 4, 4}}, samples);
+        std::vector<std::uint8_t> buf(samples * 48);
+        for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<std::uint8_t>(i % 251);
+        x->append(buf.data(), samples);
+        auto y = w.npy_field("train", "y", dstk::DType::i32, dstk::Shape{}, samples);
+        std::vector<std::int32_t> labels(samples);
+        for (std::size_t i = 0; i < samples; ++i) labels[i] = static_cast<std::int32_t>(i % 3);
+        y->append(labels.data(), samples);
+        dstk::Manifest m;
+        dstk::SplitInfo split;
+        split.name = "train";
+        split.samples = samples;
+        split.fields = {x->finish(), y->finish()};
+        m.splits.push_back(split);
+        m.num_classes = 3;
+        w.commit(m);
+    }
+    void TearDown() override { fs::remove_all(dir_); }
+
+    BenchOptions options(std::string cases) const {
+        BenchOptions o;
+        o.target = data_.string();
+        o.cases = std::move(cases);
+        o.out.quiet = true;
+        o.settings.repeat = {2, 0.0, 3};
+        o.settings.threads = {1};
+        o.settings.batch_samples = 32;
+        o.settings.chunk_bytes = 4096;
+        return o;
+    }
+
+    fs::path dir_, data_;
+};
+
+bool gpu_here() {
+    return dstk::built_with_cuda() && !dstk::detect_gpus().empty();
+}
+
+} // namespace
+
+TEST(LoaderCases, AreRegistered) {
+    std::vector<std::string> keys;
+    for (const Case& c : builtin_cases().cases())
+        if (c.key.rfind("loader.", 0) == 0) keys.push_back(c.key);
+    ASSERT_EQ(keys.size(), 9u);
+    for (const char* p : {"device", "stream", "managed"})
+        for (const char* o : {"sequential", "chunk", "full"})
+            EXPECT_NE(std::find(keys.begin(), keys.end(), std::string("loader.") + p + "." + o), keys.end())
+                << p << "." << o;
+    const auto listed = format_case_list(builtin_cases());
+    EXPECT_NE(listed.find("loader.stream.chunk"), std::string::npos);
+}
+
+TEST_F(LoaderCasesTest, DeviceAndStreamDeliverEveryBatch) {
+    const Results r = run_cases(options("loader.device,loader.stream"), builtin_cases());
+    ASSERT_EQ(r.results.size(), 6u);
+    for (const CaseResult& c : r.results) {
+        SCOPED_TRACE(c.key + ": " + c.reason);
+        ASSERT_EQ(c.status, CaseStatus::ok);
+        ASSERT_NE(c.metric("samples/s"), nullptr);
+        EXPECT_GT(c.metric("samples/s")->median, 0);
+        EXPECT_EQ(c.params["batch"].get<std::uint32_t>(), 32u);
+        EXPECT_EQ(c.params["batches_per_pass"].get<std::uint64_t>(), 1024u / 32);
+        EXPECT_EQ(c.params["device"].get<std::string>(), gpu_here() ? "cuda:0" : "cpu");
+    }
+}
+
+TEST_F(LoaderCasesTest, ManagedIsWaivedWithoutAGpu) {
+    if (gpu_here()) GTEST_SKIP() << "a CUDA GPU is present: managed runs (tests/gpu covers it)";
+    const Results r = run_cases(options("loader.managed"), builtin_cases());
+    ASSERT_EQ(r.results.size(), 3u);
+    for (const CaseResult& c : r.results) {
+        EXPECT_EQ(c.status, CaseStatus::waived) << c.key;
+        EXPECT_NE(c.reason.find("CUDA"), std::string::npos) << c.reason;
+    }
+}
+
+TEST_F(LoaderCasesTest, NeedADatasetNotAPlainFile) {
+    BenchOptions o = options("loader.stream.sequential");
+    o.target = (data_ / "train_x.npy").string();
+    o.sample_bytes = 48;
+    const Results r = run_cases(o, builtin_cases());
+    ASSERT_EQ(r.results.size(), 1u);
+    EXPECT_EQ(r.results[0].status, CaseStatus::waived);
+    EXPECT_NE(r.results[0].reason.find("dataset directory"), std::string::npos);
+    o.target.clear();
+    const Results none = run_cases(o, builtin_cases());
+    EXPECT_EQ(none.results[0].status, CaseStatus::waived);
+}
