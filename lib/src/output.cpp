@@ -20,7 +20,7 @@ Progress::Progress(std::string label, std::uint64_t total_items, std::uint64_t t
                    std::string item_name)
     : label_(std::move(label)), item_name_(std::move(item_name)), total_items_(total_items), total_bytes_(total_bytes),
       start_(std::chrono::steady_clock::now()), last_draw_(start_),
-      enabled_(!out.quiet && (out.progress || ::isatty(STDERR_FILENO))) {}
+      enabled_(!out.quiet && (out.progress || ::isatty(STDERR_FILENO))), forced_(out.progress) {}
 
 Progress::~Progress() {
     finish();
@@ -52,7 +52,16 @@ void Progress::draw(bool force) {
 }
 
 void Progress::finish() {
+    if (!enabled_ || finished_) return;
+    if (forced_) {
+        draw(true);
+        std::lock_guard lock(draw_mutex_);
+        std::fputc('\n', stderr);
+        finished_ = true;
+        return;
+    }
     std::lock_guard lock(draw_mutex_);
+    finished_ = true;
     if (drawn_) {
         std::fprintf(stderr, "\r\033[K");
         std::fflush(stderr);

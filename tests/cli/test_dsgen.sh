@@ -57,6 +57,13 @@ done
 expect_exit 0 "$G" "$WORK/tab" --kind tabular --shape 64 --train 1000 --test 100 -q
 expect_exit 0 "$G" "$WORK/bytes" --kind bytes --shape 4096 --train 100 --test 0 -q
 
+# --progress forces progress on stderr when it is not a terminal; -q silences it.
+expect_exit 0 "$G" "$WORK/p" --train 20000 --test 0 --progress
+expect_stderr "dsgen: .*%"
+expect_exit 0 "$G" "$WORK/p" --train 20000 --test 0 --progress -q --force
+CHECKS=$((CHECKS + 1))
+[ ! -s "$ERR" ] || fail "--quiet should silence progress"
+
 # --json prints one parseable document.
 expect_exit 0 "$G" "$WORK/j" --train 100 --test 10 --json
 PY=$(command -v python3 || echo /usr/bin/python3)

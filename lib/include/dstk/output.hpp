@@ -29,7 +29,9 @@ class Progress {
     Progress& operator=(const Progress&) = delete;
 
     void add(std::uint64_t items, std::uint64_t bytes);
-    void finish(); // erase the progress line
+    // Ends the display: erases the line on a terminal; with --progress, draws
+    // the final state and ends the line so logs keep it.
+    void finish();
 
     bool enabled() const { return enabled_; }
 
@@ -42,7 +44,8 @@ class Progress {
     std::chrono::steady_clock::time_point start_, last_draw_;
     std::mutex draw_mutex_;
     bool enabled_;
-    bool drawn_ = false;
+    bool forced_; // --progress: the last state stays on stderr (logs keep it)
+    bool drawn_ = false, finished_ = false;
 };
 
 // Peak resident set size of this process, in bytes (getrusage).
