@@ -5,7 +5,9 @@
 # table of what ran is printed last.
 #   scripts/gpu-test.sh [LOG_DIR]
 #   DSTK_CUDA_ARCHS   architectures to build (default: native)
-#   DSTK_GPU_BENCH    0 to skip the benchmarks
+#   DSTK_GPU_BENCH    which benchmarks: all (default), none, or names among
+#                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert
+#   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=${1:-${OUT:-build-gpu/logs}}
@@ -41,18 +43,29 @@ SUMMARY_RE='Built target|error' step build 420 cmake --build build-gpu -j"$(npro
     cat "$table"
     exit 1
 }
-SUMMARY_RE='tests passed|tests failed' step ctest-gpu 300 ctest --test-dir build-gpu -L gpu --output-on-failure
-grep -E 'Failed|\*\*\*' "$log/ctest-gpu.log" | head -20 >&2
+if [ "${DSTK_GPU_TESTS:-1}" != 0 ]; then
+    SUMMARY_RE='tests passed|tests failed' step ctest-gpu 300 ctest --test-dir build-gpu -L gpu --output-on-failure
+    grep -E 'Failed|\*\*\*' "$log/ctest-gpu.log" | head -20 >&2
+fi
 
-if [ "${DSTK_GPU_BENCH:-1}" != 0 ]; then
+benches=${DSTK_GPU_BENCH:-all}
+want() { [ "$benches" = all ] || [[ " $benches " == *" $1 "* ]]; }
+
+if [ "$benches" != none ]; then
     export DSTK_BIN=$PWD/build-gpu/bin
-    SUMMARY_RE='GB/s' step dsgen-speed 120 bash -c '
-        rm -rf /dev/shm/dstk-gen && "$DSTK_BIN/dsgen" /dev/shm/dstk-gen --train 1M --test 0 -T 1 &&
-        rm -rf /dev/shm/dstk-gen && "$DSTK_BIN/dsgen" /dev/shm/dstk-gen --train 4M --test 0; rm -rf /dev/shm/dstk-gen'
-    for s in scripts/bench-gpu-*.sh; do
-        [ -x "$s" ] || continue
-        step "$(basename "$s" .sh)" 240 "$s" "$log"
-    done
+    work=/dev/shm/dstk-gpu-test
+    rm -rf "$work" && mkdir -p "$work"
+    want dsgen-speed && SUMMARY_RE='GB/s' step dsgen-speed 120 bash -c '
+        "$DSTK_BIN/dsgen" '"$work"'/gen1 --train 1M --test 0 -T 1 --force &&
+        "$DSTK_BIN/dsgen" '"$work"'/gen16 --train 4M --test 0 --force; rm -rf '"$work"'/gen1 '"$work"'/gen16'
+    want dsbench-gpu && SUMMARY_RE='h2d.pinned .*256' step dsbench-gpu 150 "$DSTK_BIN/dsbench" all --cases h2d,decode.convert \
+        --json "$log/bench-gpu.json" --force
+    want bench-train && SUMMARY_RE='tf32|bf16' step bench-train 300 env TRAIN=50000 EPOCHS=3 PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}" \
+        scripts/bench-train.sh build-gpu "$work/train"
+    want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
+        scripts/bench-gpu-datapath.sh "$log"
+    want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
+    rm -rf "$work"
 fi
 
 echo
