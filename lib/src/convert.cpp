@@ -541,6 +541,7 @@ std::vector<SplitFraction> parse_split_fractions(const std::string& text) {
 
 void run_convert(const ConvertOptions& o) {
     if (o.verify_only) return run_verify(o);
+    if (o.benchmark) return run_convert_benchmark(o);
     const auto start = std::chrono::steady_clock::now();
     if (o.output.empty()) throw usage_error("no output given (dsconvert INPUT OUTPUT, or dsconvert --verify DIR)");
     ThreadPool pool(o.threads);

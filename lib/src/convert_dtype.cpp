@@ -133,58 +133,145 @@ void loop(const void* src, void* dst, std::uint64_t n, const ValueMapping& map, 
     stats.bytes_out += n * sizeof(Out);
 }
 
-// f32 -> bf16 without a mapping: float arithmetic only (the ≥ 1 GB/s path).
+// f32 -> bf16 without a mapping (the >= 1 GB/s path). Branch-free so that
+// the compiler vectorises it: integer rounding, selects instead of branches,
+// and the error maxima taken on the bit patterns of non-negative floats (the
+// same order as the values), which needs no float max reduction. Integer ops
+// and IEEE float subtraction and division give the same bits on every code
+// path; the AVX2 clone only runs it 8 lanes wide.
+struct Bf16Tally {
+    std::uint32_t inexact = 0, overflow = 0, nan = 0, max_abs_bits = 0, max_rel_bits = 0;
+};
+
+// Everything but the subtraction and the division is integer arithmetic with
+// masks; inexact <=> the bits differ (NaN and overflow excluded).
+__attribute__((target_clones("avx2", "default"))) void f32_to_bf16_kernel(const float* in, std::uint16_t* out,
+                                                                          std::uint32_t n, Bf16Tally& t) {
+    std::uint32_t inexact = 0, overflow = 0, nan = 0, max_abs = 0, max_rel = 0;
+    for (std::uint32_t i = 0; i < n; ++i) {
+        std::uint32_t b;
+        std::memcpy(&b, in + i, 4);
+        const std::uint32_t a = b & 0x7FFFFFFFu;
+        const std::uint32_t is_nan = a > 0x7F800000u ? 1u : 0u;
+        const std::uint32_t nan_m = 0u - is_nan;
+        const std::uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+        const std::uint32_t h = (nan_m & ((b >> 16) | 0x40u)) | (~nan_m & rounded);
+        out[i] = static_cast<std::uint16_t>(h);
+        const std::uint32_t back_bits = h << 16;
+        const std::uint32_t ovf = ((h & 0x7FFFu) == 0x7F80u ? 1u : 0u) & (a < 0x7F800000u ? 1u : 0u);
+        const std::uint32_t inex = (back_bits != b ? 1u : 0u) & ~is_nan & ~ovf & 1u;
+        const std::uint32_t m = 0u - inex;
+        float back, f;
+        std::memcpy(&back, &back_bits, 4);
+        std::memcpy(&f, &b, 4);
+        const float d = back - f;
+        std::uint32_t db;
+        std::memcpy(&db, &d, 4);
+        const std::uint32_t eb = db & 0x7FFFFFFFu & m;
+        const std::uint32_t denb = (a & m) | (~m & 0x3F800000u);
+        float e, den;
+        std::memcpy(&e, &eb, 4);
+        std::memcpy(&den, &denb, 4);
+        const float rel = e / den;
+        std::uint32_t rb;
+        std::memcpy(&rb, &rel, 4);
+        max_abs = eb > max_abs ? eb : max_abs;
+        max_rel = rb > max_rel ? rb : max_rel;
+        inexact += inex;
+        overflow += ovf;
+        nan += is_nan;
+    }
+    t.inexact += inexact;
+    t.overflow += overflow;
+    t.nan += nan;
+    t.max_abs_bits = t.max_abs_bits > max_abs ? t.max_abs_bits : max_abs;
+    t.max_rel_bits = t.max_rel_bits > max_rel ? t.max_rel_bits : max_rel;
+}
+
 void f32_to_bf16(const void* src, void* dst, std::uint64_t n, ConversionStats& stats) {
     const auto* in = static_cast<const float*>(src);
     auto* out = static_cast<std::uint16_t*>(dst);
+    constexpr std::uint64_t step = 1u << 24; // keeps the 32-bit tallies from overflowing
     std::uint64_t inexact = 0, overflow = 0, nan = 0;
-    float max_abs = 0, max_rel = 0;
-    for (std::uint64_t i = 0; i < n; ++i) {
-        const float f = in[i];
-        const std::uint16_t h = bf16_rne(f);
-        out[i] = h;
-        const float back = bf16_value(h);
-        const float e = std::fabs(back - f);
-        if (f != f) {
-            ++nan;
-        } else if (std::isinf(back) && !std::isinf(f)) {
-            ++overflow;
-        } else if (e != 0) {
-            ++inexact;
-            max_abs = std::max(max_abs, e);
-            max_rel = std::max(max_rel, e / std::fabs(f));
-        }
+    std::uint32_t max_abs = 0, max_rel = 0;
+    for (std::uint64_t at = 0; at < n; at += step) {
+        Bf16Tally t;
+        f32_to_bf16_kernel(in + at, out + at, static_cast<std::uint32_t>(std::min(step, n - at)), t);
+        inexact += t.inexact;
+        overflow += t.overflow;
+        nan += t.nan;
+        max_abs = std::max(max_abs, t.max_abs_bits);
+        max_rel = std::max(max_rel, t.max_rel_bits);
     }
+    float fa, fr;
+    std::memcpy(&fa, &max_abs, 4);
+    std::memcpy(&fr, &max_rel, 4);
     stats.elements += n;
     stats.inexact += inexact;
     stats.overflow_inf += overflow;
     stats.nan += nan;
-    stats.max_abs_error = std::max<double>(stats.max_abs_error, max_abs);
-    stats.max_rel_error = std::max<double>(stats.max_rel_error, max_rel);
+    stats.max_abs_error = std::max<double>(stats.max_abs_error, fa);
+    stats.max_rel_error = std::max<double>(stats.max_rel_error, fr);
     stats.bytes_in += 4 * n;
     stats.bytes_out += 2 * n;
 }
 
-// u8 -> f32: exact without a mapping; with one, computed in double and
-// rounded once, so the error accounting is that of `loop`.
+// u8 -> f32: (float)(v * scale + offset) computed in double and rounded once,
+// vectorised (u8 -> double is exact; with -std=c++20 GCC does not contract
+// to FMA, so every code path gives the same bits). The error accounting needs
+// only which values occur: a byte histogram (four interleaved tables, so that
+// repeated values do not stall on one counter), and the error of each of the
+// 256 values, computed by the same kernel.
+__attribute__((target_clones("avx2", "default"))) void u8_values(const std::uint8_t* in, float* out, std::uint64_t n,
+                                                                 double scale, double offset) {
+    for (std::uint64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(in[i]) * scale + offset);
+}
+
+__attribute__((target_clones("avx2", "default"))) void u8_histogram(const std::uint8_t* in, std::uint64_t n,
+                                                                    std::uint64_t* hist) {
+    std::uint32_t h[4][256] = {};
+    constexpr std::uint64_t step = 1ull << 30; // keeps the 32-bit counters from overflowing
+    for (std::uint64_t at = 0; at < n; at += step) {
+        const std::uint64_t end = std::min(n, at + step);
+        std::uint64_t i = at;
+        for (; i + 4 <= end; i += 4) {
+            ++h[0][in[i]];
+            ++h[1][in[i + 1]];
+            ++h[2][in[i + 2]];
+            ++h[3][in[i + 3]];
+        }
+        for (; i < end; ++i) ++h[0][in[i]];
+        for (int v = 0; v < 256; ++v) {
+            hist[v] += std::uint64_t{h[0][v]} + h[1][v] + h[2][v] + h[3][v];
+            h[0][v] = h[1][v] = h[2][v] = h[3][v] = 0;
+        }
+    }
+}
+
 void u8_to_f32(const void* src, void* dst, std::uint64_t n, const ValueMapping& map, ConversionStats& stats) {
     const auto* in = static_cast<const std::uint8_t*>(src);
     auto* out = static_cast<float*>(dst);
+    std::uint8_t all[256];
     float table[256];
-    Local s;
-    for (int v = 0; v < 256; ++v) table[v] = static_cast<float>(v * map.scale + map.offset);
-    std::uint64_t hist_inexact[256] = {};
-    for (std::uint64_t i = 0; i < n; ++i) {
-        out[i] = table[in[i]];
-        ++hist_inexact[in[i]];
-    }
+    for (int v = 0; v < 256; ++v) all[v] = static_cast<std::uint8_t>(v);
+    u8_values(all, table, 256, map.scale, map.offset);
+    Local per[256];
+    bool any_inexact = false;
     for (int v = 0; v < 256; ++v) {
-        if (!hist_inexact[v]) continue;
-        Local one;
-        one.error(v * map.scale + map.offset, table[v]);
-        if (one.inexact) s.inexact += hist_inexact[v];
-        s.max_abs = std::max(s.max_abs, one.max_abs);
-        s.max_rel = std::max(s.max_rel, one.max_rel);
+        per[v].error(v * map.scale + map.offset, table[v]);
+        any_inexact |= per[v].inexact != 0;
+    }
+    u8_values(in, out, n, map.scale, map.offset);
+    Local s;
+    if (any_inexact) {
+        std::uint64_t hist[256] = {};
+        u8_histogram(in, n, hist);
+        for (int v = 0; v < 256; ++v) {
+            if (!hist[v] || !per[v].inexact) continue;
+            s.inexact += hist[v];
+            s.max_abs = std::max(s.max_abs, per[v].max_abs);
+            s.max_rel = std::max(s.max_rel, per[v].max_rel);
+        }
     }
     stats.elements += n;
     stats.inexact += s.inexact;

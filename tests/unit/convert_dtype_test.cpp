@@ -178,3 +178,61 @@ TEST(ImportParsers, ZipDirectoryRejectsGarbage) {
     EXPECT_EQ(cifar_record_count(3073 * 10, "c"), 10u);
     EXPECT_THROW(cifar_record_count(3073 * 10 - 1, "c"), Error);
 }
+
+// The vectorised f32 -> bf16 and u8 -> f32 kernels against a scalar reference:
+// same bits, same error accounting, whatever the length (vector tails).
+TEST(ConvertDtype, FastKernelsMatchAScalarReference) {
+    const auto in = awkward_floats();
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{33}, in.size()}) {
+        std::vector<std::uint16_t> out(n);
+        ConversionStats s;
+        convert_elements(DType::f32, DType::bf16, in.data(), out.data(), n, {}, s);
+        std::uint64_t inexact = 0, overflow = 0, nan = 0;
+        double max_abs = 0, max_rel = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            const float f = in[i];
+            if (std::isnan(f)) {
+                ++nan;
+                EXPECT_TRUE(std::isnan(bf16_to_float(out[i])));
+                continue;
+            }
+            ASSERT_EQ(out[i], float_to_bf16(f)) << f;
+            const float back = bf16_to_float(out[i]);
+            if (std::isinf(back) && !std::isinf(f)) {
+                ++overflow;
+            } else if (back != f) {
+                ++inexact;
+                const float e = std::fabs(back - f);
+                max_abs = std::max<double>(max_abs, e);
+                max_rel = std::max<double>(max_rel, e / std::fabs(f));
+            }
+        }
+        EXPECT_EQ(s.inexact, inexact) << n;
+        EXPECT_EQ(s.overflow_inf, overflow) << n;
+        EXPECT_EQ(s.nan, nan) << n;
+        EXPECT_EQ(s.max_abs_error, max_abs) << n;
+        EXPECT_EQ(s.max_rel_error, max_rel) << n;
+    }
+    std::vector<std::uint8_t> bytes(100003);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>((i * 37) % 251);
+    for (const ValueMapping m : {ValueMapping{1.0 / 255, 0}, ValueMapping{1, 0}, ValueMapping{0.017, -0.5}}) {
+        std::vector<float> out(bytes.size());
+        ConversionStats s;
+        convert_elements(DType::u8, DType::f32, bytes.data(), out.data(), bytes.size(), m, s);
+        std::uint64_t inexact = 0;
+        double max_abs = 0, max_rel = 0;
+        for (std::size_t i = 0; i < bytes.size(); ++i) {
+            const double exact = bytes[i] * m.scale + m.offset;
+            ASSERT_EQ(out[i], static_cast<float>(exact)) << i;
+            if (out[i] != exact) {
+                ++inexact;
+                max_abs = std::max(max_abs, std::fabs(out[i] - exact));
+                if (exact != 0) max_rel = std::max(max_rel, std::fabs(out[i] - exact) / std::fabs(exact));
+            }
+        }
+        EXPECT_EQ(s.inexact, inexact);
+        EXPECT_EQ(s.max_abs_error, max_abs);
+        EXPECT_EQ(s.max_rel_error, max_rel);
+        EXPECT_EQ(s.nan + s.clipped + s.overflow_inf, 0u);
+    }
+}

@@ -16,12 +16,15 @@ int main(int argc, char** argv) {
                  "dsconvert"};
     app.add_option("INPUT", input,
                    "Input: a dataset directory, file or directory of a known format, or - (stdin, "
-                   "IDX or raw)")
-        ->required();
+                   "IDX or raw); with --benchmark, an optional file to compress");
     app.add_option("OUTPUT", o.output, "Output: a dataset directory, or a .npy / raw file (see --to)");
     app.add_flag("--verify", o.verify_only,
                  "Re-read every file of the dataset INPUT, check sizes and checksums, "
                  "name the first bad chunk; writes nothing");
+    app.add_flag("--benchmark", o.benchmark,
+                 "Measure the conversion kernels (f32 -> bf16, u8 -> f32) and, on INPUT's bytes, zstd-chunked "
+                 "compression and decompression at levels 1 and 3 (or --compress), on 1 and -T threads; "
+                 "writes nothing");
     app.add_option("--from", from, "Input format: auto, dataset, npy, npz, raw, v28b, idx, cifar10")
         ->capture_default_str();
     app.add_option("--to", to,
@@ -71,6 +74,8 @@ int main(int argc, char** argv) {
 
     return run_tool(app, argc, argv, [&] {
         o.input = input;
+        if (input.empty() && !o.benchmark) throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
+        if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
         o.from = parse_input_format(from);
         if (!to.empty()) {
             if (to == "dataset")

@@ -67,6 +67,7 @@ std::vector<SplitFraction> parse_split_fractions(const std::string& text);
 struct ConvertOptions {
     std::filesystem::path input, output;
     bool verify_only = false; // dsconvert --verify DIR
+    bool benchmark = false;   // dsconvert --benchmark [FILE]
 
     InputFormat from = InputFormat::automatic;
     RawInputOptions raw; // --shape, --in-dtype, --layout, --label-dtype
@@ -93,5 +94,11 @@ struct ConvertOptions {
 // Runs the whole conversion (or the verification); prints the report on
 // stderr (or one JSON document on stdout with --json). Throws Error.
 void run_convert(const ConvertOptions& o);
+
+// dsconvert --benchmark [FILE]: prints the in-memory speed of the f32 -> bf16
+// and u8 -> f32 kernels on 1 and all threads and, with FILE (its first 256
+// MiB), of zstd-chunked compression and decompression at levels 1 and 3 (or
+// the --compress level) through ChunkedWriter/ChunkedReader.
+void run_convert_benchmark(const ConvertOptions& o);
 
 } // namespace dstk
