@@ -1,7 +1,9 @@
 // GPU facts through the CUDA runtime (host code: compiled by the C++ compiler).
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#ifdef DSTK_HAVE_NVML
 #include <nvml.h>
+#endif
 
 #include "dstk/gpu_info.hpp"
 
@@ -34,7 +36,9 @@ std::vector<GpuInfo> detect_gpus(std::string* why) {
     const std::size_t cudnn = cudnnGetVersion(); // 91400 -> 9.14.0
     const std::string cudnn_str =
         std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) + "." + std::to_string(cudnn % 100);
+#ifdef DSTK_HAVE_NVML
     const bool nvml_ok = nvmlInit_v2() == NVML_SUCCESS;
+#endif
     int current = 0;
     cudaGetDevice(&current);
     for (int i = 0; i < count; ++i) {
@@ -52,6 +56,7 @@ std::vector<GpuInfo> detect_gpus(std::string* why) {
         g.cudnn_version = cudnn_str;
         std::size_t free_b = 0, total_b = 0;
         if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_memory = free_b;
+#ifdef DSTK_HAVE_NVML
         // PCIe link through NVML: the maximum link, since idle links train down.
         char bus_id[32] = {};
         nvmlDevice_t dev;
@@ -61,10 +66,13 @@ std::vector<GpuInfo> detect_gpus(std::string* why) {
             if (nvmlDeviceGetMaxPcieLinkGeneration(dev, &gen) == NVML_SUCCESS) g.pcie_generation = int(gen);
             if (nvmlDeviceGetMaxPcieLinkWidth(dev, &width) == NVML_SUCCESS) g.pcie_width = int(width);
         }
+#endif
         gpus.push_back(std::move(g));
     }
     cudaSetDevice(current);
+#ifdef DSTK_HAVE_NVML
     if (nvml_ok) nvmlShutdown();
+#endif
     return gpus;
 }
 
