@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -186,5 +187,77 @@ TEST(DataSource, StreamHostMemoryIsTheRingWhateverTheSplitSize) {
     }
     EXPECT_EQ(samples, n);
     EXPECT_LT(peak_rss_bytes() - before, 24u << 20) << "stream mode held more than its ring";
+    fs::remove_all(dir);
+}
+
+TEST(DataSource, DirectReadsDeliverTheSameBatchesInEveryOrder) {
+    // 48-byte samples: no run of samples starts or ends on a 4 KiB boundary.
+    const std::uint64_t n = 3000, sb = 48;
+    const fs::path dir = make_dataset("direct", n, sb);
+    const Dataset ds = Dataset::open(dir);
+    for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
+        SourceConfig c = cpu_config(Placement::stream, o, 200);
+        c.drop_last = false;
+        auto plain = make_batch_source(ds, "train", c);
+        std::vector<std::string> notices;
+        c.direct = true;
+        c.notice = [&](const std::string& s) { notices.push_back(s); };
+        auto direct = make_batch_source(ds, "train", c);
+        const auto a = run_epoch(*plain, 1, 0, sb);
+        const auto b = run_epoch(*direct, 1, 0, sb);
+        ASSERT_EQ(a.size(), n);
+        EXPECT_EQ(a, b) << order_name(o);
+        // Where the filesystem has O_DIRECT, bounce buffers are part of host memory.
+        if (notices.empty()) EXPECT_GT(direct->host_bytes(), plain->host_bytes()) << order_name(o);
+    }
+    fs::remove_all(dir);
+}
+
+TEST(DataSource, DirectFallsBackWithANoticeWhereTheFilesystemRefusesIt) {
+    const fs::path shm = "/dev/shm";
+    if (!fs::is_directory(shm)) GTEST_SKIP() << "no /dev/shm (a tmpfs, which refuses O_DIRECT)";
+    const std::uint64_t n = 500, sb = 40;
+    const fs::path made = make_dataset("direct_tmpfs", n, sb);
+    const fs::path dir = shm / made.filename();
+    fs::remove_all(dir);
+    fs::copy(made, dir, fs::copy_options::recursive);
+    fs::remove_all(made);
+    const int probe = ::open((dir / "train_x.npy").c_str(), O_RDONLY | O_DIRECT);
+    if (probe >= 0) {
+        ::close(probe);
+        fs::remove_all(dir);
+        GTEST_SKIP() << "this kernel's tmpfs accepts O_DIRECT (Linux 6.6 and later): no filesystem here refuses it";
+    }
+    const Dataset ds = Dataset::open(dir);
+    SourceConfig c = cpu_config(Placement::stream, Order::chunk, 50);
+    std::vector<std::string> notices;
+    c.direct = true;
+    c.notice = [&](const std::string& s) { notices.push_back(s); };
+    auto s = make_batch_source(ds, "train", c);
+    EXPECT_EQ(run_epoch(*s, 0, 0, sb).size(), n);
+    fs::remove_all(dir);
+    ASSERT_EQ(notices.size(), 1u) << "tmpfs should refuse O_DIRECT once, for the inputs only";
+    EXPECT_NE(notices[0].find("O_DIRECT"), std::string::npos) << notices[0];
+    EXPECT_NE(notices[0].find("train_x"), std::string::npos) << notices[0];
+    EXPECT_NE(notices[0].find("page cache"), std::string::npos) << notices[0];
+}
+
+TEST(DataSource, DirectReadOfAShrunkFileIsAnErrorNamingIt) {
+    const std::uint64_t n = 2000, sb = 64;
+    const fs::path dir = make_dataset("direct_shrink", n, sb);
+    const Dataset ds = Dataset::open(dir);
+    SourceConfig c = cpu_config(Placement::stream, Order::sequential, 100);
+    c.direct = true;
+    auto s = make_batch_source(ds, "train", c);
+    fs::resize_file(dir / ds.manifest().split("train").field("x").file, 70000);
+    s->start_epoch(0, 0);
+    train::Batch b;
+    try {
+        while (s->next(b)) s->release();
+        FAIL() << "no error after the file shrank";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::failure);
+        EXPECT_NE(std::string(e.what()).find("train_x"), std::string::npos) << e.what();
+    }
     fs::remove_all(dir);
 }

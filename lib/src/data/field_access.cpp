@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -20,23 +22,37 @@ namespace fs = std::filesystem;
 namespace dstk::data {
 namespace {
 
+constexpr std::uint64_t direct_align = 4096;
+constexpr std::uint64_t direct_piece = 4ull << 20; // bytes of samples per O_DIRECT read
+
+struct AlignedFree {
+    void operator()(std::uint8_t* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<std::uint8_t, AlignedFree>;
+
 class NpyAccess final : public FieldAccess {
   public:
-    NpyAccess(fs::path path, std::uint64_t samples, std::uint64_t sample_bytes)
+    NpyAccess(fs::path path, std::uint64_t samples, std::uint64_t sample_bytes, bool direct,
+              const std::function<void(const std::string&)>& notice)
         : FieldAccess(samples, sample_bytes), path_(std::move(path)) {
         fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd_ < 0) throw_errno("cannot open dataset file", path_.string());
         try {
             data_offset_ = read_npy_header_fd(fd_, path_.string()).data_offset;
+            if (direct) open_direct(notice);
         } catch (...) {
-            ::close(fd_);
+            close_all();
             throw;
         }
     }
-    ~NpyAccess() override { ::close(fd_); }
+    ~NpyAccess() override { close_all(); }
 
     std::uint64_t storage_chunk_samples() const override { return 0; }
-    std::uint64_t cache_bytes() const override { return 0; }
+    std::uint64_t cache_bytes() const override {
+        std::lock_guard lock(pool_mutex_);
+        return buffers_made_ * bounce_bytes;
+    }
+    bool direct() const override { return dfd_ >= 0; }
 
     void gather(std::span<const std::uint64_t> indices, std::uint8_t* dst) override {
         const std::uint64_t sb = sample_bytes();
@@ -47,13 +63,17 @@ class NpyAccess final : public FieldAccess {
             if (indices[j - 1] >= samples())
                 throw runtime_error("sample " + std::to_string(indices[j - 1]) + " is outside '" + path_.string() +
                                     "' (" + std::to_string(samples()) + " samples)");
-            // read_all names the file and reports a short read when the file shrank.
-            read_all(fd_, dst + i * sb, (j - i) * sb, static_cast<long long>(data_offset_ + indices[i] * sb), path_);
+            const std::uint64_t offset = data_offset_ + indices[i] * sb;
+            if (dfd_ >= 0)
+                read_direct(dst + i * sb, (j - i) * sb, offset);
+            else // read_all names the file and reports a short read when the file shrank.
+                read_all(fd_, dst + i * sb, (j - i) * sb, static_cast<long long>(offset), path_);
             i = j;
         }
     }
 
     void will_need(std::span<const std::uint64_t> chunks, std::uint64_t chunk_samples) override {
+        if (dfd_ >= 0) return; // O_DIRECT reads do not go through the page cache
         const std::uint64_t sb = sample_bytes();
         for (const std::uint64_t c : chunks)
             ::posix_fadvise(fd_, static_cast<off_t>(data_offset_ + c * chunk_samples * sb),
@@ -61,9 +81,93 @@ class NpyAccess final : public FieldAccess {
     }
 
   private:
+    static constexpr std::uint64_t bounce_bytes = direct_piece + 2 * direct_align;
+
+    void close_all() {
+        if (dfd_ >= 0) ::close(dfd_);
+        if (fd_ >= 0) ::close(fd_);
+        dfd_ = fd_ = -1;
+    }
+
+    // Opens the O_DIRECT descriptor and proves it with one aligned read; on
+    // refusal (EINVAL: the filesystem has no O_DIRECT) keeps the page cache.
+    void open_direct(const std::function<void(const std::string&)>& notice) {
+        const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+        int err = fd < 0 ? errno : 0;
+        if (fd >= 0) {
+            AlignedBuffer probe(static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, direct_align)));
+            if (!probe) throw std::bad_alloc();
+            if (::pread(fd, probe.get(), direct_align, 0) < 0) err = errno;
+            if (err == 0) {
+                dfd_ = fd;
+                return;
+            }
+            ::close(fd);
+        }
+        if (err != EINVAL && err != EOPNOTSUPP) throw_errno("cannot open with O_DIRECT", path_.string());
+        if (notice)
+            notice("--direct: the filesystem of " + path_.string() + " refuses O_DIRECT (" + std::strerror(err) +
+                   "): reading it through the page cache");
+    }
+
+    AlignedBuffer take_buffer() {
+        {
+            std::lock_guard lock(pool_mutex_);
+            if (!pool_.empty()) {
+                AlignedBuffer b = std::move(pool_.back());
+                pool_.pop_back();
+                return b;
+            }
+            ++buffers_made_;
+        }
+        AlignedBuffer b(static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, bounce_bytes)));
+        if (!b) throw std::bad_alloc();
+        return b;
+    }
+    void give_buffer(AlignedBuffer b) {
+        std::lock_guard lock(pool_mutex_);
+        pool_.push_back(std::move(b));
+    }
+
+    // [offset, offset + bytes) of the file through aligned reads of at most
+    // direct_piece bytes into a bounce buffer.
+    void read_direct(std::uint8_t* dst, std::uint64_t bytes, std::uint64_t offset) {
+        AlignedBuffer buf = take_buffer();
+        while (bytes > 0) {
+            const std::uint64_t start = offset / direct_align * direct_align;
+            const std::uint64_t lead = offset - start;
+            const std::uint64_t n = std::min(bytes, direct_piece);
+            const std::uint64_t len = (lead + n + direct_align - 1) / direct_align * direct_align;
+            std::uint64_t got = 0;
+            while (got < lead + n) {
+                const ssize_t r = ::pread(dfd_, buf.get() + got, len - got, static_cast<off_t>(start + got));
+                if (r < 0 && errno == EINTR) continue;
+                if (r < 0) throw_errno("cannot read (O_DIRECT)", path_.string());
+                if (r == 0)
+                    throw runtime_error("cannot read " + path_.string() + ": it ends at byte " +
+                                        std::to_string(start + got) + ", before byte " + std::to_string(offset + n) +
+                                        " (the file shrank while training?) re-create or restore the dataset");
+                got += static_cast<std::uint64_t>(r);
+                if (got % direct_align != 0) break; // end of file: a short tail
+            }
+            if (got < lead + n)
+                throw runtime_error("cannot read " + path_.string() + ": it ends at byte " +
+                                    std::to_string(start + got) + ", before byte " + std::to_string(offset + n) +
+                                    " (the file shrank while training?) re-create or restore the dataset");
+            std::memcpy(dst, buf.get() + lead, n);
+            dst += n;
+            offset += n;
+            bytes -= n;
+        }
+        give_buffer(std::move(buf));
+    }
+
     fs::path path_;
-    int fd_ = -1;
+    int fd_ = -1, dfd_ = -1;
     std::uint64_t data_offset_ = 0;
+    mutable std::mutex pool_mutex_;
+    std::vector<AlignedBuffer> pool_;
+    std::uint64_t buffers_made_ = 0;
 };
 
 // Decoded chunks shared by the reader threads: each chunk is decoded by the
@@ -162,12 +266,16 @@ class ChunkedAccess final : public FieldAccess {
 } // namespace
 
 std::unique_ptr<FieldAccess> open_field_access(const fs::path& dataset_dir, const SplitInfo& split,
-                                               const FieldInfo& field, std::uint64_t cache_chunks) {
+                                               const FieldInfo& field, std::uint64_t cache_chunks, bool direct,
+                                               const std::function<void(const std::string&)>& notice) {
     const fs::path path = dataset_dir / field.file;
     switch (field.storage) {
     case Storage::npy:
-        return std::make_unique<NpyAccess>(path, split.samples, field.sample_bytes());
+        return std::make_unique<NpyAccess>(path, split.samples, field.sample_bytes(), direct, notice);
     case Storage::zstd_chunked:
+        if (direct && notice)
+            notice("--direct: " + path.string() +
+                   " is zstd-chunked: its compressed frames are read through the page cache");
         return std::make_unique<ChunkedAccess>(path, split.samples, field.sample_bytes(), cache_chunks);
     }
     throw runtime_error(path.string() + ": unknown storage");

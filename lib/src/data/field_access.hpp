@@ -5,7 +5,9 @@
 // readers for zstd-chunked storage. Thread-safe.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -25,8 +27,10 @@ class FieldAccess {
     virtual void gather(std::span<const std::uint64_t> indices, std::uint8_t* dst) = 0;
     // The epoch will soon read these chunks of `chunk_samples` samples.
     virtual void will_need(std::span<const std::uint64_t> chunks, std::uint64_t chunk_samples) = 0;
-    // Host bytes held for decoded data (bounded; 0 for .npy).
+    // Host bytes held for decoded data or O_DIRECT bounce buffers (bounded).
     virtual std::uint64_t cache_bytes() const = 0;
+    // Whether reads bypass the page cache (O_DIRECT).
+    virtual bool direct() const { return false; }
 
   protected:
     FieldAccess(std::uint64_t samples, std::uint64_t sample_bytes) : samples_(samples), sample_bytes_(sample_bytes) {}
@@ -37,7 +41,13 @@ class FieldAccess {
 
 // `cache_chunks`: decoded chunks kept for zstd-chunked storage (at least the
 // order's window plus one per reader, so a window is decoded once).
+// `direct`: read .npy storage with O_DIRECT (4 KiB-aligned reads into aligned
+// bounce buffers of at most 4 MiB + 8 KiB per reader, copied out); where the
+// filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE and network filesystems), or
+// for zstd-chunked storage, reads go through the page cache and `notice` is
+// told why.
 std::unique_ptr<FieldAccess> open_field_access(const std::filesystem::path& dataset_dir, const SplitInfo& split,
-                                               const FieldInfo& field, std::uint64_t cache_chunks);
+                                               const FieldInfo& field, std::uint64_t cache_chunks, bool direct = false,
+                                               const std::function<void(const std::string&)>& notice = {});
 
 } // namespace dstk::data

@@ -15,13 +15,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dstk/bench/results.hpp"
 #include "dstk/checkpoint.hpp"
 #include "dstk/data/batch_source.hpp"
+#include "dstk/data/tuning.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/sysinfo.hpp"
+#include "dstk/thread_pool.hpp"
 #include "dstk/train/trainer.hpp"
 #include "dstk/units.hpp"
 #if defined(DSTK_HAVE_CUDA)
@@ -252,8 +255,17 @@ void add_data_run_options(CLI::App& app, DataRunOptions& d) {
                    "Chunk order on .npy storage: samples per chunk (0: about 4 MiB; chunked files use theirs)")
         ->capture_default_str();
     app.add_option("--prefetch", d.prefetch, "Stream: batch slots in the ring (K); managed: batches prefetched ahead")
-        ->capture_default_str();
-    app.add_option("--readers", d.readers, "Stream: reader threads")->capture_default_str();
+        ->capture_default_str()
+        ->each([&d](const std::string&) { d.prefetch_given = true; });
+    app.add_option("--readers", d.readers, "Stream: reader threads")
+        ->capture_default_str()
+        ->each([&d](const std::string&) { d.readers_given = true; });
+    app.add_option("--bench", d.bench,
+                   "dsbench results (dsbench all DATA --json FILE): choose --prefetch and --readers from its "
+                   "random-read, sequential-read and host-to-device figures (explicit options win)");
+    app.add_flag("--direct", d.direct,
+                 "Stream: read .npy inputs with O_DIRECT, bypassing the page cache (falls back, with a notice, "
+                 "where the filesystem refuses it)");
     app.add_option("--managed-policy", d.managed_policy, "Managed: prefetch, advise or fault")->capture_default_str();
     app.add_flag("--oversubscribe", d.oversubscribe, "Managed: allow a split larger than free GPU memory");
     app.add_option("--eval-every", d.eval_every, "Evaluate the test split every N steps (0: after each epoch)")
@@ -338,6 +350,18 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
     sc.batch = e.batch;
     sc.prefetch = d.prefetch;
     sc.readers = d.readers;
+    if (!d.bench.empty()) {
+        const bench::Results br = bench::load_results(d.bench);
+        const LoaderTuning t =
+            tune_loader(br, order_kind, x.sample_bytes(), e.batch, hardware_threads(),
+                        d.prefetch_given ? std::optional<unsigned>(d.prefetch) : std::nullopt,
+                        d.readers_given ? std::optional<unsigned>(d.readers) : std::nullopt, d.prefetch, d.readers);
+        sc.prefetch = t.prefetch;
+        sc.readers = t.readers;
+        for (const auto& line : t.why) note(out, "dstrain: --bench " + d.bench.string() + ": " + line);
+    }
+    sc.direct = d.direct;
+    sc.notice = [&out](const std::string& line) { note(out, "dstrain: " + line); };
     sc.managed_policy = policy;
     sc.oversubscribe = d.oversubscribe;
     sc.compute_stream = trainer->compute_stream();
@@ -345,6 +369,9 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                                       (test_split ? test_split->samples * (x.sample_bytes() + 4) : 0);
     std::string why;
     sc.placement = resolve_placement(asked, device, split_bytes, trainer->memory_plan().total(), why);
+    if (d.direct && sc.placement != Placement::stream)
+        note(out, "dstrain: --direct applies to --data stream only; the " + std::string(placement_name(sc.placement)) +
+                      " placement loads the split once");
     if (order_kind == Order::full && sc.placement == Placement::stream)
         warning("--order full with --data stream reads samples at random from the files: unless they are in the "
                 "page cache this is I/O-bound; --order chunk keeps reads sequential");
@@ -383,7 +410,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                   format_bytes(r.planned.activations) + " + workspace " + format_bytes(r.planned.workspace) +
                   " + data " + format_bytes(data_dev) +
                   (train_src->placement() == Placement::stream
-                       ? " (" + std::to_string(std::max(d.prefetch, meter.on_gpu() ? 2u : 1u)) +
+                       ? " (" + std::to_string(std::max(sc.prefetch, meter.on_gpu() ? 2u : 1u)) +
                              " batch slots per split, whatever the dataset size)"
                        : std::string()));
 

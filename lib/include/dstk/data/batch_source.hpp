@@ -16,6 +16,7 @@
 // The batch from next() stays valid until release(); the caller calls
 // release() after it has enqueued (cuda) or done (cpu) all work reading it.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -49,6 +50,10 @@ struct SourceConfig {
     ManagedPolicy managed_policy = ManagedPolicy::prefetch;
     bool oversubscribe = false;     // managed: allow a split larger than free GPU memory
     void* compute_stream = nullptr; // cuda: the trainer's stream (batches are ordered before work on it)
+    // stream: read the input field's .npy file with O_DIRECT (labels, 4 bytes a
+    // sample, stay in the page cache); falls back to the page cache with a notice.
+    bool direct = false;
+    std::function<void(const std::string&)> notice; // messages for the user (O_DIRECT fallback)
 };
 
 // Seconds spent per stage since the last take_times(), summed over batches.

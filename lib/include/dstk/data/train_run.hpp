@@ -22,6 +22,10 @@ struct DataRunOptions {
     std::uint64_t chunk_samples = 0; // chunk order on .npy storage (0: about 4 MiB of samples)
     unsigned prefetch = 4;           // stream: ring slots; managed: batches prefetched ahead
     unsigned readers = 2;            // stream: reader threads
+    bool prefetch_given = false;     // --prefetch / --readers typed: they win over --bench
+    bool readers_given = false;
+    std::filesystem::path bench; // dsbench results: K and readers from its figures (data/tuning.hpp)
+    bool direct = false;         // stream: O_DIRECT reads of the inputs
     std::string managed_policy = "prefetch";
     bool oversubscribe = false;
     std::uint64_t eval_every = 0;       // steps; 0: after each epoch
@@ -31,8 +35,8 @@ struct DataRunOptions {
     std::uint64_t max_steps = 0; // stop after this many steps in total, with a checkpoint; 0: no limit
 };
 
-// Adds --data --order --window --chunk-samples --prefetch --readers
-// --managed-policy --oversubscribe --eval-every --checkpoint
+// Adds --data --order --window --chunk-samples --prefetch --readers --bench
+// --direct --managed-policy --oversubscribe --eval-every --checkpoint
 // --checkpoint-every --resume --max-steps to `app`.
 void add_data_run_options(CLI::App& app, DataRunOptions& d);
 
