@@ -1,6 +1,9 @@
 #include "dstk/chunked_file.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
 #include <cstring>
 #include <fcntl.h>
 #include <memory>
@@ -251,9 +254,15 @@ void ChunkedReader::read_chunk(std::uint64_t i, void* dst) const {
         throw runtime_error(path_.string() + ": chunk " + std::to_string(i) + " requested, the file has " +
                             std::to_string(chunks()));
     const ChunkEntry& e = index_.chunks[i];
-    thread_local std::vector<std::uint8_t> frame;
-    frame.resize(e.compressed_bytes);
-    read_all(fd_, frame.data(), frame.size(), static_cast<long long>(e.offset), path_);
+    // Per-thread frame buffer, grown (never zero-filled) to the largest frame seen.
+    thread_local std::unique_ptr<std::uint8_t[]> frame_buf;
+    thread_local std::uint64_t frame_cap = 0;
+    if (frame_cap < e.compressed_bytes) {
+        frame_buf.reset(new std::uint8_t[e.compressed_bytes]);
+        frame_cap = e.compressed_bytes;
+    }
+    const std::span<const std::uint8_t> frame(frame_buf.get(), e.compressed_bytes);
+    read_all(fd_, frame_buf.get(), frame.size(), static_cast<long long>(e.offset), path_);
     const std::string where = path_.string() + ": " + chunk_name(i, chunks(), chunk_range(i), e.offset);
     if (xxh64(frame.data(), frame.size()) != e.checksum)
         throw runtime_error(where + ": checksum mismatch (data corrupted)" + redo);
@@ -419,15 +428,35 @@ std::uint64_t ChunkedWriter::complete_samples(const fs::path& path, std::uint64_
     return samples;
 }
 
+// A batch of whole chunks being compressed on the pool. The tasks touch only
+// the batch, never the writer, so the writer can be moved meanwhile.
+struct ChunkedWriter::Batch {
+    std::vector<std::uint8_t> data; // uncompressed samples
+    std::uint64_t chunks = 0, samples = 0, chunk_bytes = 0, last_bytes = 0;
+    std::vector<std::unique_ptr<std::uint8_t[]>> frames; // reused across batches, never zero-filled
+    std::vector<std::size_t> caps, sizes;
+    std::vector<std::uint64_t> sums;
+    std::vector<std::exception_ptr> errors;
+    std::mutex m;
+    std::condition_variable cv;
+    std::uint64_t left = 0;
+
+    void wait() {
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return left == 0; });
+    }
+};
+
 ChunkedWriter::ChunkedWriter(ChunkedWriter&& o) noexcept
     : path_(std::move(o.path_)), sample_bytes_(o.sample_bytes_), chunk_samples_(o.chunk_samples_), level_(o.level_),
       pool_(o.pool_), fd_(o.fd_), batch_chunks_(o.batch_chunks_), buffer_(std::move(o.buffer_)),
       buffered_samples_(o.buffered_samples_), written_(o.written_), file_bytes_(o.file_bytes_),
-      entries_(std::move(o.entries_)), hash_(o.hash_) {
+      entries_(std::move(o.entries_)), hash_(o.hash_), pending_(std::move(o.pending_)), spare_(std::move(o.spare_)) {
     o.fd_ = -1;
 }
 
 ChunkedWriter::~ChunkedWriter() {
+    if (pending_) pending_->wait(); // its tasks use the batch's buffers
     if (fd_ >= 0) ::close(fd_);
 }
 
@@ -436,59 +465,92 @@ void ChunkedWriter::append(const void* data, std::uint64_t count) {
     const std::uint64_t batch_samples = batch_chunks_ * chunk_samples_;
     while (count > 0) {
         const std::uint64_t take = std::min(count, batch_samples - buffered_samples_);
-        const std::uint64_t at = buffered_samples_ * sample_bytes_;
-        buffer_.resize(at + take * sample_bytes_);
-        std::memcpy(buffer_.data() + at, p, take * sample_bytes_);
+        if (buffer_.capacity() < batch_samples * sample_bytes_) buffer_.reserve(batch_samples * sample_bytes_);
+        buffer_.insert(buffer_.end(), p, p + take * sample_bytes_); // no zero-fill before the copy
         buffered_samples_ += take;
         p += take * sample_bytes_;
         count -= take;
-        if (buffered_samples_ == batch_samples) compress_buffered(false);
+        if (buffered_samples_ == batch_samples) launch(false);
     }
 }
 
 void ChunkedWriter::flush() {
-    compress_buffered(false);
+    launch(false);
+    collect();
 }
 
-void ChunkedWriter::compress_buffered(bool include_partial) {
+void ChunkedWriter::collect() {
+    if (!pending_) return;
+    std::unique_ptr<Batch> b = std::move(pending_);
+    b->wait();
+    for (std::uint64_t i = 0; i < b->chunks; ++i)
+        if (b->errors[i]) std::rethrow_exception(b->errors[i]);
+    for (std::uint64_t i = 0; i < b->chunks; ++i) {
+        write_all(fd_, b->frames[i].get(), b->sizes[i], -1, path_);
+        hash_.update(b->frames[i].get(), b->sizes[i]);
+        entries_.push_back({file_bytes_, b->sizes[i], b->sums[i]});
+        file_bytes_ += b->sizes[i];
+    }
+    written_ += b->samples;
+    spare_ = std::move(b);
+}
+
+void ChunkedWriter::launch(bool include_partial) {
+    collect();
     const std::uint64_t full = buffered_samples_ / chunk_samples_;
     const std::uint64_t rest = buffered_samples_ % chunk_samples_;
     const std::uint64_t n = full + (include_partial && rest > 0);
     if (n == 0) return;
-    const std::uint64_t chunk = chunk_samples_ * sample_bytes_;
-    std::vector<std::vector<std::uint8_t>> frames(n);
-    std::vector<std::uint64_t> sums(n);
-    std::vector<std::string> errors(n);
-    pool_->parallel_for(n, [&](std::uint64_t i) {
-        throw_if_interrupted(); // a batch at a high level can take seconds
-        const std::uint64_t bytes = i < full ? chunk : rest * sample_bytes_;
-        frames[i].resize(ZSTD_compressBound(bytes));
-        const std::size_t r =
-            ZSTD_compress2(thread_cctx(level_), frames[i].data(), frames[i].size(), buffer_.data() + i * chunk, bytes);
-        if (ZSTD_isError(r)) {
-            errors[i] = ZSTD_getErrorName(r);
-            return;
-        }
-        frames[i].resize(r);
-        sums[i] = xxh64(frames[i].data(), r);
-    });
-    for (std::uint64_t i = 0; i < n; ++i) {
-        if (!errors[i].empty()) throw runtime_error(path_.string() + ": zstd compression failed (" + errors[i] + ")");
-        write_all(fd_, frames[i].data(), frames[i].size(), -1, path_);
-        hash_.update(frames[i].data(), frames[i].size());
-        entries_.push_back({file_bytes_, frames[i].size(), sums[i]});
-        file_bytes_ += frames[i].size();
-    }
-    const std::uint64_t done = n == full ? full * chunk_samples_ : buffered_samples_;
-    written_ += done;
-    const std::uint64_t left = buffered_samples_ - done;
-    if (left > 0) std::memmove(buffer_.data(), buffer_.data() + done * sample_bytes_, left * sample_bytes_);
+    std::unique_ptr<Batch> b = spare_ ? std::move(spare_) : std::make_unique<Batch>();
+    const std::uint64_t taken = n == full ? full * chunk_samples_ : buffered_samples_;
+    b->data.clear();
+    std::swap(b->data, buffer_); // the batch takes the samples; the buffer reuses the old storage
+    const std::uint64_t left = buffered_samples_ - taken;
+    buffer_.insert(buffer_.end(), b->data.begin() + static_cast<std::ptrdiff_t>(taken * sample_bytes_), b->data.end());
     buffered_samples_ = left;
-    buffer_.resize(left * sample_bytes_);
+    b->chunks = n;
+    b->samples = taken;
+    b->chunk_bytes = chunk_samples_ * sample_bytes_;
+    b->last_bytes = n == full ? b->chunk_bytes : rest * sample_bytes_;
+    b->frames.resize(std::max<std::size_t>(b->frames.size(), n));
+    b->caps.resize(b->frames.size(), 0);
+    b->sizes.assign(n, 0);
+    b->sums.assign(n, 0);
+    b->errors.assign(n, nullptr);
+    b->left = n;
+    const int level = level_;
+    const std::string where = path_.string();
+    Batch* raw = b.get();
+    pending_ = std::move(b);
+    for (std::uint64_t i = 0; i < n; ++i) {
+        pool_->submit([raw, i, level, where] {
+            Batch& bt = *raw;
+            try {
+                throw_if_interrupted(); // a batch at a high level can take seconds
+                const std::uint64_t bytes = i + 1 < bt.chunks ? bt.chunk_bytes : bt.last_bytes;
+                const std::size_t bound = ZSTD_compressBound(bytes);
+                if (bt.caps[i] < bound) {
+                    bt.frames[i].reset(new std::uint8_t[bound]);
+                    bt.caps[i] = bound;
+                }
+                const std::size_t r = ZSTD_compress2(thread_cctx(level), bt.frames[i].get(), bt.caps[i],
+                                                     bt.data.data() + i * bt.chunk_bytes, bytes);
+                if (ZSTD_isError(r))
+                    throw runtime_error(where + ": zstd compression failed (" + ZSTD_getErrorName(r) + ")");
+                bt.sizes[i] = r;
+                bt.sums[i] = xxh64(bt.frames[i].get(), r);
+            } catch (...) {
+                bt.errors[i] = std::current_exception();
+            }
+            std::lock_guard lock(bt.m);
+            if (--bt.left == 0) bt.cv.notify_all();
+        });
+    }
 }
 
 std::string ChunkedWriter::finish() {
-    compress_buffered(true);
+    launch(true);
+    collect();
     ChunkIndex ix;
     ix.samples = written_;
     ix.sample_bytes = sample_bytes_;

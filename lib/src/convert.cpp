@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <unistd.h>
 
@@ -800,7 +801,11 @@ void run_convert(const ConvertOptions& o) {
     for (const auto& p : fields) per_sample += p.in_bytes + p.out_bytes;
     std::uint64_t block = std::max<std::uint64_t>(1, block_target_bytes / std::max<std::uint64_t>(1, per_sample));
     Progress progress("converting", total_samples, 0, o.out);
-    std::vector<std::vector<std::uint8_t>> in(fields.size()), conv(fields.size());
+    // Two input slots: the next block is read on another thread while this
+    // one is converted (on the pool) and written, so the stages overlap.
+    std::vector<std::vector<std::uint8_t>> in_slots[2] = {std::vector<std::vector<std::uint8_t>>(fields.size()),
+                                                          std::vector<std::vector<std::uint8_t>>(fields.size())};
+    std::vector<std::vector<std::uint8_t>> conv(fields.size());
     std::uint64_t to_skip = resume_at;
     auto process_split = [&](SourceSplit& sp,
                              const std::function<void(const std::vector<const std::uint8_t*>&, std::uint64_t)>& emit) {
@@ -810,14 +815,25 @@ void run_convert(const ConvertOptions& o) {
             to_skip -= skip;
             progress.add(skip, 0);
         }
+        auto read_into = [&](int slot, std::uint64_t n) {
+            for (std::size_t f = 0; f < fields.size(); ++f) {
+                in_slots[slot][f].resize(n * fields[f].in_bytes);
+                sp.fields[f].stream->read(n, in_slots[slot][f].data());
+            }
+        };
+        std::future<void> next; // destroyed (waited for) before the slots it fills
+        int slot = 0;
+        if (skip < sp.samples) next = std::async(std::launch::async, read_into, 0, std::min(block, sp.samples - skip));
         for (std::uint64_t s = skip; s < sp.samples; s += block) {
             throw_if_interrupted();
             const std::uint64_t n = std::min(block, sp.samples - s);
+            next.get();
+            const int cur = slot;
+            slot ^= 1;
+            if (s + n < sp.samples)
+                next = std::async(std::launch::async, read_into, slot, std::min(block, sp.samples - s - n));
+            const auto& in = in_slots[cur];
             std::vector<const std::uint8_t*> ptrs(fields.size());
-            for (std::size_t f = 0; f < fields.size(); ++f) {
-                in[f].resize(n * fields[f].in_bytes);
-                sp.fields[f].stream->read(n, in[f].data());
-            }
             convert_block(fields, in, conv, n, pool);
             for (std::size_t f = 0; f < fields.size(); ++f) {
                 if (!fields[f].convert) {

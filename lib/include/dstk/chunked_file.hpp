@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -105,7 +106,10 @@ class ChunkedReader {
 };
 
 // Sequential writer of a zstd-chunked file. Samples are buffered; every batch
-// of whole chunks is compressed in parallel on `pool` and written in order.
+// of whole chunks is compressed in parallel on `pool` while the caller goes on
+// filling the next batch (double buffering), and written in order when that
+// next batch is full (or at flush/finish). Errors of a batch surface at the
+// next append/flush/finish.
 class ChunkedWriter {
   public:
     // Creates (truncates) `path`. level: zstd level 1..19 (negative: fast levels).
@@ -140,7 +144,12 @@ class ChunkedWriter {
   private:
     ChunkedWriter(std::filesystem::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples, int level,
                   ThreadPool& pool, int fd);
-    void compress_buffered(bool include_partial);
+    struct Batch;
+    // Waits for the batch in flight, writes its frames in order.
+    void collect();
+    // collect(), then starts compressing the buffered whole chunks (and the
+    // partial last one when include_partial) on the pool.
+    void launch(bool include_partial);
 
     std::filesystem::path path_;
     std::uint64_t sample_bytes_, chunk_samples_;
@@ -154,6 +163,7 @@ class ChunkedWriter {
     std::uint64_t file_bytes_ = 0;
     std::vector<ChunkEntry> entries_;
     Xxh64 hash_; // of the bytes written, in file order
+    std::unique_ptr<Batch> pending_, spare_;
 };
 
 // zstd's level range, for option validation.
