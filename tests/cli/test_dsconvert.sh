@@ -281,6 +281,30 @@ else
     expect_no_file .res_out.partial
 fi
 
+# ---- --resume with npy storage: killed hard mid-way, same bytes after the rerun
+head -c 48000000 /dev/urandom >resn.raw
+resn_args=(resn.raw --from raw --shape 500 --in-dtype f32 --dtype f16 --scale 1e-30 --split a=0.6,b=0.4)
+expect_exit 0 "$D" "${resn_args[@]}" resn_ref
+"$D" "${resn_args[@]}" resn_out --resume -T 1 -q 2>/dev/null &
+pid=$!
+for _ in $(seq 600); do # until part of split a is on disk
+    [ "$(stat -c %s .resn_out.partial/a_x.npy 2>/dev/null || echo 0)" -gt 2000000 ] && break
+    sleep 0.02
+done
+kill -KILL $pid 2>/dev/null
+wait $pid 2>/dev/null
+CHECKS=$((CHECKS + 1))
+if [ -e resn_out ]; then
+    echo "note: the npy conversion finished before it could be killed; npy resume not exercised" >&2
+else
+    [ -f .resn_out.partial/resume.json ] || fail "--resume (npy) left no partial directory"
+    expect_exit 0 "$D" "${resn_args[@]}" resn_out --resume --json
+    expect_stdout '"resumed_after_samples": [1-9]'
+    for f in a_x.npy b_x.npy; do expect_same "resn_out/$f" "resn_ref/$f"; done
+    expect_exit 0 "$D" --verify resn_out
+    expect_no_file .resn_out.partial
+fi
+
 # ---- overwrite, disk full, Ctrl-C -------------------------------------------
 expect_exit 2 "$D" x.npy ds_npy
 expect_stderr "already exists"

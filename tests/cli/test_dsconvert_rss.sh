@@ -7,8 +7,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/dstk-cli.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 [ -x "$BIN/dsgen" ] || { echo "SKIP: dsgen is not built" >&2; exit 77; }
 PY=$(command -v python3 || command -v /usr/bin/python3)
-free=$(df -Pk "$WORK" | awk 'NR == 2 { print $4 * 1024 }')
-[ "$free" -gt $((6 * 1024 * 1024 * 1024)) ] || { echo "SKIP: needs 6 GiB free under $WORK" >&2; exit 77; }
+free_kib=$(df -Pk "$WORK" | awk 'NR == 2 { print $4 }') # KiB: an integer, whatever the size
+[ "$free_kib" -gt $((6 * 1024 * 1024)) ] || { echo "SKIP: needs 6 GiB free under $WORK" >&2; exit 77; }
 fail=0
 "$BIN/dsgen" "$WORK/big" --train 700K --test 0 -q || { echo "FAIL: dsgen" >&2; exit 1; }
 read -r rc rss < <("$PY" - "$BIN/dsconvert" "$WORK/big" "$WORK/out" --shuffle 9 --compress zstd:1 -q <<'PY'
