@@ -37,9 +37,10 @@
 namespace dstk::train {
 
 enum class Backend : std::uint8_t { cpu, cuda };
-// fp32: exact float math; tf32: float storage, tensor-core (TF32) convolutions
-// and matrix products; bf16: bf16 activations and matrix inputs, fp32 master
-// weights, accumulation, BN statistics and loss. The cpu backend computes fp32.
+// fp32: float math, FMA convolution algorithms only; tf32: float storage,
+// TF32 tensor cores in convolutions and matrix products. bf16 (bf16 activations,
+// fp32 master weights) is reserved: the cuda backend refuses it with a usage
+// error for now. The cpu backend computes fp32 whatever is asked.
 enum class Precision : std::uint8_t { fp32, tf32, bf16 };
 
 struct Device {
