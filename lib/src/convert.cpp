@@ -396,7 +396,7 @@ class Shuffler {
         for (std::uint64_t s = 0; s < count; ++s, ++next_) {
             const std::uint64_t b = (std::uint64_t{philox(seed_, 0x5348554646ull, next_)[0]} * buckets_) >> 32;
             auto& buf = buffers_[b];
-            for (std::size_t f = 0, at = 0; f < fields_.size(); at += fields_[f].out_bytes, ++f)
+            for (std::size_t f = 0; f < fields_.size(); ++f)
                 buf.insert(buf.end(), data[f] + s * fields_[f].out_bytes, data[f] + (s + 1) * fields_[f].out_bytes);
             ++counts_[b];
             if (buf.size() >= buffer_cap_) spill(b);
