@@ -92,7 +92,19 @@ expect_exit 0 "$P" --ram 16G --disk 1T --shape 3x32x32 --samples 1M
 if ! "$P" --ram 1G --shape 1 2>/dev/null | grep -q "GPU .*detected"; then
     expect_stdout "note: no GPU \(.*\): GPU placement not checked; give --gpu-mem 8G"
 fi
-expect_stdout "model's GPU footprint .* is not included"
+expect_stdout "no --model: the GPU figures cover the data only"
+
+# --model adds dstrain's training footprint to the GPU figures: a small GPU
+# that holds the data alone no longer holds data and model.
+expect_exit 0 "$P" --ram 16G --disk 1T --gpu-mem 700M --shape 3x32x32 --dtype u8 --samples 1K
+expect_stdout "^verdict: device"
+expect_exit 0 "$P" --ram 16G --disk 1T --gpu-mem 700M --shape 3x32x32 --dtype u8 --samples 1K --model ref-cnn
+expect_stdout "training footprint [0-9.]+ MiB"
+expect_stdout "^verdict: none"
+expect_stdout "a smaller model"
+expect_exit 0 "$P" --json --ram 16G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype u8 --samples 1K --model ref-cnn
+expect_true "model footprint in --json" jq -e '.job.model_footprint_included == true and
+    .job.model_footprint_bytes > 400*1048576 and .job.model_footprint_bytes < 1024*1048576' "$OUT"
 
 # --json: one document on stdout with the same figures.
 expect_exit 0 "$P" --json --ram 128G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype f32 --samples 10M
