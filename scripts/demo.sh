@@ -36,7 +36,7 @@ echo "== 1. generate: $train training images (3x32x32 u8, 10 classes) into $out/
 run "$bin/dsgen" "$out/data" --train "$train" --test "$test" --shape 3x32x32 --dtype u8 --force
 
 echo "== 2. plan: does it fit this machine, and where?"
-run "$bin/dsplan" --dataset "$out/data" --dir "$out" || true
+run "$bin/dsplan" --dataset "$out/data" --dir "$out" --model "$model" || true
 
 echo "== 3. benchmark this machine's data path (short run) -> $out/bench.json"
 run "$bin/dsbench" all "$out/data" --min-time 0.2 --json "$out/bench.json" --force || true
