@@ -1,56 +1,9 @@
 #!/usr/bin/env bash
 # dsconvert end to end: formats in and out, numpy and zstd interop, the real
 # MNIST test set, corrupted inputs, disk full, Ctrl-C, determinism.
-# Self-contained helpers (the same names as tests/cli/lib.sh).
-set -u
-BIN=${DSTK_BIN:?DSTK_BIN must point to the bin/ directory of a build}
-SHARED=${DSTK_SHARED_DIR:-}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/dstk-cli.XXXXXX")
+. "$(dirname "$0")/lib.sh"
+# The disk-full checks mount a small tmpfs under $WORK.
 trap 'umount "$WORK/small" 2>/dev/null; rm -rf "$WORK"' EXIT
-FAILED=0 CHECKS=0 OUT="$WORK/.stdout" ERR="$WORK/.stderr"
-fail() {
-    echo "FAIL: $*" >&2
-    echo "--- stdout:" >&2; head -c 3000 "$OUT" >&2 2>/dev/null
-    echo "--- stderr:" >&2; head -c 3000 "$ERR" >&2 2>/dev/null
-    FAILED=$((FAILED + 1))
-}
-expect_exit() {
-    local want=$1
-    shift
-    CHECKS=$((CHECKS + 1))
-    "$@" >"$OUT" 2>"$ERR" </dev/null
-    local got=$?
-    [ "$got" -eq "$want" ] || fail "exit $got, expected $want: $*"
-    return 0
-}
-expect_stdout() { CHECKS=$((CHECKS + 1)); grep -Eq -- "$1" "$OUT" || fail "stdout does not match /$1/"; }
-expect_stderr() { CHECKS=$((CHECKS + 1)); grep -Eq -- "$1" "$ERR" || fail "stderr does not match /$1/"; }
-expect_no_file() { CHECKS=$((CHECKS + 1)); [ ! -e "$1" ] || fail "file should not exist: $1"; }
-expect_same() { CHECKS=$((CHECKS + 1)); cmp -s "$1" "$2" || fail "files differ: $1 $2"; }
-expect_true() {
-    local what=$1
-    shift
-    CHECKS=$((CHECKS + 1))
-    "$@" 2>"$ERR" || fail "$what"
-}
-numpy_python() {
-    local p
-    for p in python3 /usr/bin/python3; do
-        if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import numpy' >/dev/null 2>&1; then
-            echo "$p"
-            return
-        fi
-    done
-}
-skip() { echo "SKIP: $*" >&2; exit 77; }
-finish() {
-    if [ "$FAILED" -gt 0 ]; then
-        echo "$FAILED of $CHECKS checks failed" >&2
-        exit 1
-    fi
-    echo "$CHECKS checks passed"
-    exit 0
-}
 D="$BIN/dsconvert"
 PY=$(numpy_python)
 [ -n "$PY" ] || skip "no python3 with numpy (tried python3 and /usr/bin/python3)"
