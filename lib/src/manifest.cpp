@@ -76,6 +76,8 @@ std::vector<double> parse_doubles(const Reader& r, const json& v, const std::str
     return out;
 }
 
+Manifest manifest_from_json(const Reader& r, const json& doc);
+
 } // namespace
 
 std::string_view storage_name(Storage s) {
@@ -113,9 +115,19 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
     json doc;
     try {
         doc = json::parse(text.begin(), text.end());
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) { // parse_error, and out_of_range for numbers like 1e9999
         r.fail("", std::string("not valid JSON (") + e.what() + ")");
     }
+    try {
+        return manifest_from_json(r, doc);
+    } catch (const json::exception& e) { // a value of a type the checks above did not expect
+        r.fail("", std::string("unexpected value (") + e.what() + ")");
+    }
+}
+
+namespace {
+
+Manifest manifest_from_json(const Reader& r, const json& doc) {
     if (!doc.is_object()) r.fail("", "expected a JSON object at the top level");
     Manifest m;
     m.format_version = static_cast<int>(r.uint(doc, "", "format_version"));
@@ -203,6 +215,8 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
     }
     return m;
 }
+
+} // namespace
 
 std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples) {
     return checked_mul(f.sample_bytes(), samples, "field '" + f.name + "' size");

@@ -130,6 +130,10 @@ TEST(Manifest, RoundTripsAndValidates) {
 
     const auto err = [](const std::string& text) { return error_of([&] { parse_manifest(text, "m.json"); }); };
     EXPECT_NE(err("{").find("not valid JSON"), std::string::npos);
+    // Found by fuzz_manifest: a number too large for a double is an error, not a crash.
+    EXPECT_NE(err("222222222e2222").find("not valid JSON"), std::string::npos);
+    EXPECT_NE(err(R"({"format_version": 1, "splits": [{"name": "a", "samples": 1e999}]})").find("m.json"),
+              std::string::npos);
     EXPECT_NE(err("{\"format_version\": 2, \"splits\": []}").find("not supported"), std::string::npos);
     EXPECT_NE(err("{\"format_version\": 1}").find("missing \"splits\""), std::string::npos);
     const std::string bad_dtype = R"({"format_version":1,"splits":[{"name":"train","samples":1,"fields":[
