@@ -40,7 +40,7 @@ expect_true() { # expect_true "description" test-args...
     local what=$1
     shift
     CHECKS=$((CHECKS + 1))
-    "$@" 2>"$ERR" || fail "$what"
+    "$@" || fail "$what"
 }
 
 # A python3 that has numpy, or empty.
