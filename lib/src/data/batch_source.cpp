@@ -108,13 +108,50 @@ class HostStreamSource final : public BatchSource {
     StageTimes times_;
 };
 
+// ---- resident sources: the whole split in one memory, batches by position ----
+
+// The epoch bookkeeping the resident placements share: the order of the epoch,
+// the next batch, and the stage counters. Subclasses turn (first, count) into
+// a batch in their memory.
+class ResidentSource : public BatchSource {
+  public:
+    std::uint64_t samples() const override { return samples_; }
+    std::uint64_t batches_per_epoch() const override { return batches_; }
+    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
+        order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
+        next_ = std::min(first_batch, batches_);
+    }
+    void release() override {}
+    StageTimes take_times() override { return std::exchange(times_, {}); }
+
+  protected:
+    ResidentSource(const SourceConfig& c, std::uint64_t samples, std::uint64_t sample_bytes)
+        : config_(c), samples_(samples), sample_bytes_(sample_bytes),
+          batches_(batches_of(samples, c.batch, c.drop_last)) {}
+    // Advances to the next batch of the epoch: its first position and size.
+    bool take(std::uint64_t& first, std::uint32_t& count) {
+        if (next_ >= batches_) return false;
+        first = next_ * config_.batch;
+        count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
+        ++next_;
+        times_.batches += 1;
+        times_.samples += count;
+        times_.bytes += count * (sample_bytes_ + 4);
+        return true;
+    }
+
+    SourceConfig config_;
+    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0;
+    std::unique_ptr<EpochOrder> order_;
+    StageTimes times_;
+};
+
 // ---- device placement, cpu backend: the split in host memory ------------------
 
-class HostResidentSource final : public BatchSource {
+class HostResidentSource final : public ResidentSource {
   public:
     HostResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : config_(c), samples_(f.split->samples), sample_bytes_(f.x->sample_bytes()),
-          batches_(batches_of(samples_, c.batch, c.drop_last)) {
+        : ResidentSource(c, f.split->samples, f.x->sample_bytes()) {
         const auto t0 = Clock::now();
         x_.resize(checked_mul(samples_, sample_bytes_, "split bytes"));
         y_.resize(samples_);
@@ -128,17 +165,10 @@ class HostResidentSource final : public BatchSource {
     }
 
     Placement placement() const override { return Placement::device; }
-    std::uint64_t samples() const override { return samples_; }
-    std::uint64_t batches_per_epoch() const override { return batches_; }
-    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
-        order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
-        next_ = std::min(first_batch, batches_);
-    }
     bool next(train::Batch& out) override {
-        if (next_ >= batches_) return false;
-        const std::uint64_t first = next_ * config_.batch;
-        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
-        ++next_;
+        std::uint64_t first;
+        std::uint32_t count;
+        if (!take(first, count)) return false;
         if (config_.order.kind == Order::sequential) {
             out = {x_.data() + first * sample_bytes_, y_.data() + first, count};
         } else {
@@ -149,25 +179,16 @@ class HostResidentSource final : public BatchSource {
             }
             out = {slot_x_.data(), slot_y_.data(), count};
         }
-        times_.batches += 1;
-        times_.samples += count;
-        times_.bytes += count * (sample_bytes_ + 4);
         return true;
     }
-    void release() override {}
-    StageTimes take_times() override { return std::exchange(times_, {}); }
     std::uint64_t device_bytes() const override {
         return x_.size() + y_.size() * 4 + slot_x_.size() + slot_y_.size() * 4;
     }
     std::uint64_t host_bytes() const override { return device_bytes(); }
 
   private:
-    SourceConfig config_;
-    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0;
     std::vector<std::uint8_t> x_, slot_x_;
     std::vector<std::int32_t> y_, slot_y_;
-    std::unique_ptr<EpochOrder> order_;
-    StageTimes times_;
 };
 
 #if defined(DSTK_HAVE_CUDA)
@@ -238,11 +259,10 @@ class DeviceGather {
 
 // ---- device placement, cuda ------------------------------------------------------
 
-class DeviceResidentSource final : public BatchSource {
+class DeviceResidentSource final : public ResidentSource {
   public:
     DeviceResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : config_(c), samples_(f.split->samples), sample_bytes_(f.x->sample_bytes()),
-          batches_(batches_of(samples_, c.batch, c.drop_last)),
+        : ResidentSource(c, f.split->samples, f.x->sample_bytes()),
           x_(device_mem(checked_mul(samples_, sample_bytes_, "split bytes"))), y_(device_mem(samples_ * 4)) {
         const auto t0 = Clock::now();
         load(ds.reader(f.split->name, f.x->name), x_.p, sample_bytes_);
@@ -253,28 +273,16 @@ class DeviceResidentSource final : public BatchSource {
     }
 
     Placement placement() const override { return Placement::device; }
-    std::uint64_t samples() const override { return samples_; }
-    std::uint64_t batches_per_epoch() const override { return batches_; }
-    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
-        order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
-        next_ = std::min(first_batch, batches_);
-    }
     bool next(train::Batch& out) override {
-        if (next_ >= batches_) return false;
-        const std::uint64_t first = next_ * config_.batch;
-        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
-        ++next_;
+        std::uint64_t first;
+        std::uint32_t count;
+        if (!take(first, count)) return false;
         const auto* xs = static_cast<const std::uint8_t*>(x_.p);
         const auto* ys = static_cast<const std::int32_t*>(y_.p);
         out = gather_ ? gather_->gather(*order_, first, count, xs, ys)
                       : train::Batch{xs + first * sample_bytes_, ys + first, count};
-        times_.batches += 1;
-        times_.samples += count;
-        times_.bytes += count * (sample_bytes_ + 4);
         return true;
     }
-    void release() override {}
-    StageTimes take_times() override { return std::exchange(times_, {}); }
     std::uint64_t device_bytes() const override {
         return samples_ * (sample_bytes_ + 4) + (gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0);
     }
@@ -292,12 +300,8 @@ class DeviceResidentSource final : public BatchSource {
         }
     }
 
-    SourceConfig config_;
-    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0;
     DeviceMem x_, y_;
     std::unique_ptr<DeviceGather> gather_;
-    std::unique_ptr<EpochOrder> order_;
-    StageTimes times_;
 };
 
 // ---- stream placement, cuda: pinned ring -> copy stream -> device slots ---------
@@ -398,11 +402,10 @@ class DeviceStreamSource final : public BatchSource {
 
 // ---- managed placement, cuda -----------------------------------------------------
 
-class ManagedSource final : public BatchSource {
+class ManagedSource final : public ResidentSource {
   public:
     ManagedSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : config_(c), samples_(f.split->samples), sample_bytes_(f.x->sample_bytes()),
-          batches_(batches_of(samples_, c.batch, c.drop_last)),
+        : ResidentSource(c, f.split->samples, f.x->sample_bytes()),
           x_(gpu::managed_alloc(checked_mul(samples_, sample_bytes_, "split bytes")), gpu::managed_free),
           y_(gpu::managed_alloc(samples_ * 4), gpu::managed_free),
           side_stream_(gpu::stream_create(), gpu::stream_destroy) {
@@ -423,30 +426,21 @@ class ManagedSource final : public BatchSource {
     }
 
     Placement placement() const override { return Placement::managed; }
-    std::uint64_t samples() const override { return samples_; }
-    std::uint64_t batches_per_epoch() const override { return batches_; }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
-        order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
-        next_ = std::min(first_batch, batches_);
+        ResidentSource::start_epoch(epoch, first_batch);
         prefetched_until_ = next_ * config_.batch;
     }
     bool next(train::Batch& out) override {
-        if (next_ >= batches_) return false;
-        const std::uint64_t first = next_ * config_.batch;
-        const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
-        ++next_;
+        std::uint64_t first;
+        std::uint32_t count;
+        if (!take(first, count)) return false;
         if (config_.managed_policy == ManagedPolicy::prefetch) prefetch(first + count);
         const auto* xs = static_cast<const std::uint8_t*>(x_.p);
         const auto* ys = static_cast<const std::int32_t*>(y_.p);
         out = gather_ ? gather_->gather(*order_, first, count, xs, ys)
                       : train::Batch{xs + first * sample_bytes_, ys + first, count};
-        times_.batches += 1;
-        times_.samples += count;
-        times_.bytes += count * (sample_bytes_ + 4);
         return true;
     }
-    void release() override {}
-    StageTimes take_times() override { return std::exchange(times_, {}); }
     std::uint64_t device_bytes() const override {
         return gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0;
     }
@@ -489,12 +483,9 @@ class ManagedSource final : public BatchSource {
         }
     }
 
-    SourceConfig config_;
-    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0, prefetched_until_ = 0;
+    std::uint64_t prefetched_until_ = 0;
     DeviceMem x_, y_, side_stream_;
     std::unique_ptr<DeviceGather> gather_;
-    std::unique_ptr<EpochOrder> order_;
-    StageTimes times_;
 };
 
 #endif
