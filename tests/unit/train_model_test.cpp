@@ -31,6 +31,14 @@ TEST(TrainSpec, ParsesEveryLayerAndRoundTrips) {
     EXPECT_EQ(parse_model_spec(to_spec_string(m)).layers, m.layers);
 }
 
+TEST(TrainSpec, DropoutProbabilityRoundTripsExactly) {
+    // Found by fuzz_model_spec: six significant digits lost the float and the spec no longer round-tripped.
+    const ModelSpec m = parse_model_spec("dropout:0.5333333333333333333333333,fc:10");
+    EXPECT_EQ(parse_model_spec(to_spec_string(m)).layers, m.layers);
+    EXPECT_EQ(parse_model_spec("dropout:0.1").layers[0].drop, 0.1f);
+    EXPECT_EQ(to_spec_string(parse_model_spec("dropout:0.1")), "dropout:0.1");
+}
+
 TEST(TrainSpec, RejectsMalformedSpecsWithUsageErrors) {
     for (const char* bad : {"",
                             ",",
@@ -42,6 +50,7 @@ TEST(TrainSpec, RejectsMalformedSpecsWithUsageErrors) {
                             "fc:-1",
                             "fc:10:bias",
                             "dropout:1",
+                            "dropout:0.99999999999",
                             "dropout:x",
                             "res(relu",
                             "relu)",

@@ -113,9 +113,11 @@ LayerSpec parse_layer(std::string_view item) {
         const std::string p(parts[1]);
         char* end = nullptr;
         const double v = std::strtod(p.c_str(), &end);
-        if (p.empty() || end != p.c_str() + p.size() || !(v >= 0.0 && v < 1.0))
+        // The check is on the stored float: 0.9999999999 rounds to 1.0f, which would divide by zero.
+        const float f = static_cast<float>(v);
+        if (p.empty() || end != p.c_str() + p.size() || !(f >= 0.0f && f < 1.0f))
             throw usage_error("model spec: dropout probability '" + p + "' (must be in [0, 1))");
-        l.drop = static_cast<float>(v);
+        l.drop = f;
     } else {
         throw usage_error(
             "model spec: unknown layer '" + std::string(item) +
@@ -149,9 +151,10 @@ std::string layer_string(const LayerSpec& l) {
     case LayerKind::linear:
         return "fc:" + std::to_string(l.out) + (l.bias ? "" : ":nobias");
     case LayerKind::dropout: {
-        std::ostringstream o;
-        o << "dropout:" << l.drop;
-        return o.str();
+        // Shortest text that reads back as the same float, so a spec round-trips exactly.
+        char buf[32];
+        const auto r = std::to_chars(buf, buf + sizeof buf, l.drop);
+        return "dropout:" + std::string(buf, r.ptr);
     }
     case LayerKind::residual_begin:
         return "res(";
