@@ -65,6 +65,10 @@ struct TrainerConfig {
     Device device;
     unsigned cpu_threads = 0;                                 // cpu backend: 0 = one per hardware thread
     std::uint64_t workspace_limit = std::uint64_t{256} << 20; // cuda: cuDNN workspace bound
+    // cuda: only algorithms and kernels whose results do not depend on
+    // scheduling, so that two runs (or a run and its resume) give the same
+    // weights. The cpu backend is deterministic always.
+    bool deterministic = false;
 };
 
 struct Batch {
