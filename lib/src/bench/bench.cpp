@@ -37,6 +37,23 @@ std::string pad(std::string s, std::size_t width) {
     return s;
 }
 
+// Rows as left-aligned columns two spaces apart, no trailing blanks.
+std::string render_columns(const std::vector<std::vector<std::string>>& rows) {
+    std::vector<std::size_t> width;
+    for (const auto& row : rows) {
+        width.resize(std::max(width.size(), row.size()), 0);
+        for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+    }
+    std::string out;
+    for (const auto& row : rows) {
+        std::string line;
+        for (std::size_t i = 0; i < row.size(); ++i) line += pad(row[i], width[i] + 2);
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        out += line + "\n";
+    }
+    return out;
+}
+
 std::string fixed(double v, int decimals) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
@@ -254,17 +271,7 @@ std::string format_results_table(const Results& r) {
         if (const Metric* m = c.metric("latency_p99")) row[5] = format_metric(*m);
         rows.push_back(std::move(row));
     }
-    std::vector<std::size_t> width(rows.front().size(), 0);
-    for (const auto& row : rows)
-        for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
-    std::string out;
-    if (rows.size() > 1)
-        for (const auto& row : rows) {
-            std::string line;
-            for (std::size_t i = 0; i < row.size(); ++i) line += pad(row[i], width[i] + 2);
-            while (!line.empty() && line.back() == ' ') line.pop_back();
-            out += line + "\n";
-        }
+    std::string out = rows.size() > 1 ? render_columns(rows) : "";
     if (!notes.empty()) {
         if (!out.empty()) out += "\n";
         for (const auto& n : notes) out += n + "\n";
@@ -305,17 +312,8 @@ std::string format_comparison(const Results& a, const Results& b, const std::str
             seen.insert({rb.key, rb.variant});
             notes.push_back(rb.key + (rb.variant.empty() ? "" : " " + rb.variant) + ": only in B");
         }
-    std::vector<std::size_t> width(rows.front().size(), 0);
-    for (const auto& row : rows)
-        for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
     std::string out = "A: " + name_a + " (" + a.context.host + ", " + a.context.date + ")\nB: " + name_b + " (" +
-                      b.context.host + ", " + b.context.date + ")\n\n";
-    for (const auto& row : rows) {
-        std::string line;
-        for (std::size_t i = 0; i < row.size(); ++i) line += pad(row[i], width[i] + 2);
-        while (!line.empty() && line.back() == ' ') line.pop_back();
-        out += line + "\n";
-    }
+                      b.context.host + ", " + b.context.date + ")\n\n" + render_columns(rows);
     if (!notes.empty()) {
         out += "\n";
         for (const auto& n : notes) out += n + "\n";

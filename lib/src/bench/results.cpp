@@ -56,63 +56,59 @@ int get_int(const json& o, const char* name, const std::string& where) {
     return static_cast<int>(x);
 }
 
+// One table per member type drives both directions, so a field added to
+// Context is written and read alike.
+template <class T> struct Field {
+    const char* name;
+    T Context::*member;
+};
+constexpr Field<std::string> string_fields[] = {{"dstk_version", &Context::dstk_version},
+                                                {"command_line", &Context::command_line},
+                                                {"date", &Context::date},
+                                                {"host", &Context::host},
+                                                {"kernel", &Context::kernel},
+                                                {"cpu_model", &Context::cpu_model},
+                                                {"target", &Context::target},
+                                                {"file", &Context::file},
+                                                {"filesystem", &Context::filesystem},
+                                                {"mount_point", &Context::mount_point},
+                                                {"block_device", &Context::block_device},
+                                                {"gpu_status", &Context::gpu_status},
+                                                {"driver_version", &Context::driver_version},
+                                                {"cuda_runtime_version", &Context::cuda_runtime_version},
+                                                {"cudnn_version", &Context::cudnn_version}};
+constexpr Field<std::uint64_t> u64_fields[] = {{"ram_total_bytes", &Context::ram_total_bytes},
+                                               {"ram_available_bytes", &Context::ram_available_bytes},
+                                               {"file_bytes", &Context::file_bytes},
+                                               {"sample_bytes", &Context::sample_bytes}};
+constexpr Field<unsigned> count_fields[] = {{"logical_cores", &Context::logical_cores},
+                                            {"physical_cores", &Context::physical_cores},
+                                            {"numa_nodes", &Context::numa_nodes}};
+
 json context_to_json(const Context& c) {
-    json gpu = nullptr;
+    json j = json::object();
+    for (const auto& f : string_fields) j[f.name] = c.*f.member;
+    for (const auto& f : u64_fields) j[f.name] = c.*f.member;
+    for (const auto& f : count_fields) j[f.name] = c.*f.member;
+    j["built_with_cuda"] = c.built_with_cuda;
+    j["gpu"] = nullptr;
     if (!c.gpu_name.empty())
-        gpu = {{"name", c.gpu_name},
-               {"memory_bytes", c.gpu_memory_bytes},
-               {"free_bytes", c.gpu_free_bytes},
-               {"pcie_generation", c.pcie_generation},
-               {"pcie_width", c.pcie_width}};
-    return {{"dstk_version", c.dstk_version},
-            {"command_line", c.command_line},
-            {"date", c.date},
-            {"host", c.host},
-            {"kernel", c.kernel},
-            {"cpu_model", c.cpu_model},
-            {"logical_cores", c.logical_cores},
-            {"physical_cores", c.physical_cores},
-            {"numa_nodes", c.numa_nodes},
-            {"ram_total_bytes", c.ram_total_bytes},
-            {"ram_available_bytes", c.ram_available_bytes},
-            {"target", c.target},
-            {"file", c.file},
-            {"file_bytes", c.file_bytes},
-            {"sample_bytes", c.sample_bytes},
-            {"filesystem", c.filesystem},
-            {"mount_point", c.mount_point},
-            {"block_device", c.block_device},
-            {"built_with_cuda", c.built_with_cuda},
-            {"gpu", gpu},
-            {"gpu_status", c.gpu_status},
-            {"driver_version", c.driver_version},
-            {"cuda_runtime_version", c.cuda_runtime_version},
-            {"cudnn_version", c.cudnn_version},
-            {"settings", c.settings.is_object() ? c.settings : json::object()}};
+        j["gpu"] = {{"name", c.gpu_name},
+                    {"memory_bytes", c.gpu_memory_bytes},
+                    {"free_bytes", c.gpu_free_bytes},
+                    {"pcie_generation", c.pcie_generation},
+                    {"pcie_width", c.pcie_width}};
+    j["settings"] = c.settings.is_object() ? c.settings : json::object();
+    return j;
 }
 
 Context context_from_json(const json& j) {
     const std::string w = "context";
     member(j, "dstk_version", w);
     Context c;
-    c.dstk_version = get_string(j, "dstk_version", w);
-    c.command_line = get_string(j, "command_line", w);
-    c.date = get_string(j, "date", w);
-    c.host = get_string(j, "host", w);
-    c.kernel = get_string(j, "kernel", w);
-    c.cpu_model = get_string(j, "cpu_model", w);
-    c.logical_cores = static_cast<unsigned>(get_int(j, "logical_cores", w));
-    c.physical_cores = static_cast<unsigned>(get_int(j, "physical_cores", w));
-    c.numa_nodes = static_cast<unsigned>(get_int(j, "numa_nodes", w));
-    c.ram_total_bytes = get_u64(j, "ram_total_bytes", w);
-    c.ram_available_bytes = get_u64(j, "ram_available_bytes", w);
-    c.target = get_string(j, "target", w);
-    c.file = get_string(j, "file", w);
-    c.file_bytes = get_u64(j, "file_bytes", w);
-    c.sample_bytes = get_u64(j, "sample_bytes", w);
-    c.filesystem = get_string(j, "filesystem", w);
-    c.mount_point = get_string(j, "mount_point", w);
-    c.block_device = get_string(j, "block_device", w);
+    for (const auto& f : string_fields) c.*f.member = get_string(j, f.name, w);
+    for (const auto& f : u64_fields) c.*f.member = get_u64(j, f.name, w);
+    for (const auto& f : count_fields) c.*f.member = static_cast<unsigned>(get_int(j, f.name, w));
     if (j.contains("built_with_cuda")) {
         if (!j["built_with_cuda"].is_boolean()) throw std::invalid_argument("context.built_with_cuda is not a boolean");
         c.built_with_cuda = j["built_with_cuda"].get<bool>();
@@ -126,10 +122,6 @@ Context context_from_json(const json& j) {
         c.pcie_generation = get_int(g, "pcie_generation", gw);
         c.pcie_width = get_int(g, "pcie_width", gw);
     }
-    c.gpu_status = get_string(j, "gpu_status", w);
-    c.driver_version = get_string(j, "driver_version", w);
-    c.cuda_runtime_version = get_string(j, "cuda_runtime_version", w);
-    c.cudnn_version = get_string(j, "cudnn_version", w);
     if (j.contains("settings")) {
         if (!j["settings"].is_object()) throw std::invalid_argument("context.settings is not an object");
         c.settings = j["settings"];
