@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dstk/atomic_output.hpp"
@@ -32,19 +33,34 @@ struct Row {
     unsigned threads = 1;
     std::uint64_t bytes_in = 0, bytes_out = 0;
     double seconds = 0;
+    double cpu_seconds = 0; // process CPU time of the same (best) run: all threads
 };
 
 double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-template <class F> double best_of(int repeats, F&& f) {
-    double best = 1e300;
+double cpu_now() {
+    timespec t{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+struct Timing {
+    double wall = 1e300, cpu = 1e300;
+};
+
+// Best wall time and best CPU time of `repeats` runs. On a shared machine the
+// CPU time is the steadier per-core figure: other processes stretch the wall
+// clock, not the cycles this process spends.
+template <class F> Timing best_of(int repeats, F&& f) {
+    Timing best;
     for (int r = 0; r < repeats; ++r) {
         throw_if_interrupted();
-        const double t0 = now();
+        const double t0 = now(), c0 = cpu_now();
         f();
-        best = std::min(best, now() - t0);
+        best.wall = std::min(best.wall, now() - t0);
+        best.cpu = std::min(best.cpu, cpu_now() - c0);
     }
     return best;
 }
@@ -85,11 +101,11 @@ void kernel_rows(std::vector<Row>& rows, ThreadPool& pool) {
     for (unsigned threads : {1u, pool.size()}) {
         if (threads != 1 && threads == pool.size() && pool.size() == 1) break;
         for (const Case& c : cases) {
-            Row r{c.name, threads, kernel_elements * dtype_size(c.from), kernel_elements * dtype_size(c.to), 0};
-            r.seconds = best_of(kernel_repeats, [&] {
+            const Timing t = best_of(kernel_repeats, [&] {
                 convert_all(c.from, c.to, c.in, out.data(), kernel_elements, c.map, threads == 1 ? nullptr : &pool);
             });
-            rows.push_back(r);
+            rows.push_back({c.name, threads, kernel_elements * dtype_size(c.from), kernel_elements * dtype_size(c.to),
+                            t.wall, t.cpu});
         }
     }
 }
@@ -123,17 +139,17 @@ void zstd_rows(std::vector<Row>& rows, const ConvertOptions& o, ThreadPool& pool
             for (ThreadPool* p : {&one, &pool}) {
                 if (p == &pool && pool.size() == 1) break;
                 std::uint64_t compressed = 0;
-                const double c = best_of(zstd_repeats, [&] {
+                const Timing c = best_of(zstd_repeats, [&] {
                     ChunkedWriter w(tmp, 1, chunk, level, *p);
                     w.append(data.data(), data.size());
                     w.finish();
                     compressed = w.file_bytes();
                 });
-                rows.push_back({name + " compress", p->size(), data.size(), compressed, c});
+                rows.push_back({name + " compress", p->size(), data.size(), compressed, c.wall, c.cpu});
                 const ChunkedReader r(tmp);
-                const double d = best_of(zstd_repeats, [&] { r.read(0, r.samples(), back.data(), p); });
+                const Timing d = best_of(zstd_repeats, [&] { r.read(0, r.samples(), back.data(), p); });
                 if (back != data) throw runtime_error("--benchmark: zstd round trip differs (internal error)");
-                rows.push_back({name + " decompress", p->size(), compressed, data.size(), d});
+                rows.push_back({name + " decompress", p->size(), compressed, data.size(), d.wall, d.cpu});
             }
         }
     } catch (...) {
@@ -160,15 +176,19 @@ void run_convert_benchmark(const ConvertOptions& o) {
                          {"bytes_in", r.bytes_in},
                          {"bytes_out", r.bytes_out},
                          {"seconds", r.seconds},
+                         {"cpu_seconds", r.cpu_seconds},
                          {"in_mb_per_s", r.bytes_in / r.seconds / 1e6},
-                         {"out_mb_per_s", r.bytes_out / r.seconds / 1e6}});
+                         {"out_mb_per_s", r.bytes_out / r.seconds / 1e6},
+                         {"in_mb_per_cpu_s", r.bytes_in / r.cpu_seconds / 1e6},
+                         {"out_mb_per_cpu_s", r.bytes_out / r.cpu_seconds / 1e6}});
         std::printf("%s\n", nlohmann::json{{"input", o.input.string()}, {"results", j}}.dump(2).c_str());
         return;
     }
-    std::printf("%-34s %7s %12s %12s\n", "case", "threads", "in MB/s", "out MB/s");
+    std::printf("%-34s %7s %12s %12s %14s %14s\n", "case", "threads", "in MB/s", "out MB/s", "in MB/cpu-s",
+                "out MB/cpu-s");
     for (const Row& r : rows)
-        std::printf("%-34s %7u %12.0f %12.0f\n", r.name.c_str(), r.threads, r.bytes_in / r.seconds / 1e6,
-                    r.bytes_out / r.seconds / 1e6);
+        std::printf("%-34s %7u %12.0f %12.0f %14.0f %14.0f\n", r.name.c_str(), r.threads, r.bytes_in / r.seconds / 1e6,
+                    r.bytes_out / r.seconds / 1e6, r.bytes_in / r.cpu_seconds / 1e6, r.bytes_out / r.cpu_seconds / 1e6);
     if (!o.input.empty())
         std::printf("(zstd rows: %s, first %s, %s chunks; compress in = uncompressed bytes, decompress out = "
                     "uncompressed bytes)\n",

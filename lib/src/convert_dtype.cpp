@@ -1,9 +1,11 @@
 // Element conversions between dataset dtypes, with the error accounting that
 // dsconvert reports. One template loop per (input, output) pair, so the inner
 // loop has no per-element dispatch.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "dstk/convert.hpp"
 #include "dstk/error.hpp"
@@ -216,15 +218,47 @@ void f32_to_bf16(const void* src, void* dst, std::uint64_t n, ConversionStats& s
     stats.bytes_out += 2 * n;
 }
 
-// u8 -> f32: (float)(v * scale + offset) computed in double and rounded once,
-// vectorised (u8 -> double is exact; with -std=c++20 GCC does not contract
-// to FMA, so every code path gives the same bits). The error accounting needs
-// only which values occur: a byte histogram (four interleaved tables, so that
-// repeated values do not stall on one counter), and the error of each of the
-// 256 values, computed by the same kernel.
+// u8 -> f32: (float)(v * scale + offset) computed in double and rounded once
+// (u8 -> double is exact; with -std=c++20 GCC does not contract to FMA, so
+// every code path gives the same bits). There are only 256 inputs, so the
+// kernel computes those once and then is a table lookup over restrict
+// pointers. The error accounting needs only which values occur: the exact
+// values (or the inexact ones, whichever are fewer, up to 4) are counted in
+// one vectorised compare pass, and the largest errors are found by looking
+// for the worst values with memchr; only unusual mappings fall back to a
+// byte histogram.
 __attribute__((target_clones("avx2", "default"))) void u8_values(const std::uint8_t* in, float* out, std::uint64_t n,
                                                                  double scale, double offset) {
     for (std::uint64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(in[i]) * scale + offset);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void
+u8_lookup(const std::uint8_t* __restrict in, float* __restrict out, std::uint64_t n, const float* __restrict table) {
+    for (std::uint64_t i = 0; i < n; ++i) out[i] = table[in[i]];
+}
+
+// Elements equal to one of a, b, c, d; n < 2^32 (the caller passes blocks).
+__attribute__((target_clones("avx2", "default"))) std::uint32_t u8_count4(const std::uint8_t* __restrict in,
+                                                                          std::uint32_t n, std::uint8_t a,
+                                                                          std::uint8_t b, std::uint8_t c,
+                                                                          std::uint8_t d) {
+    std::uint32_t k = 0;
+    for (std::uint32_t i = 0; i < n; ++i) {
+        const std::uint8_t x = in[i];
+        k += static_cast<std::uint32_t>((x == a) | (x == b) | (x == c) | (x == d));
+    }
+    return k;
+}
+
+std::uint64_t u8_count(const std::uint8_t* in, std::uint64_t n, const std::vector<std::uint8_t>& values) {
+    if (values.empty()) return 0;
+    std::uint8_t v[4];
+    for (int k = 0; k < 4; ++k) v[k] = values[std::min<std::size_t>(k, values.size() - 1)];
+    std::uint64_t total = 0;
+    constexpr std::uint64_t step = 1ull << 30;
+    for (std::uint64_t at = 0; at < n; at += step)
+        total += u8_count4(in + at, static_cast<std::uint32_t>(std::min(step, n - at)), v[0], v[1], v[2], v[3]);
+    return total;
 }
 
 __attribute__((target_clones("avx2", "default"))) void u8_histogram(const std::uint8_t* in, std::uint64_t n,
@@ -248,6 +282,20 @@ __attribute__((target_clones("avx2", "default"))) void u8_histogram(const std::u
     }
 }
 
+// The largest `err` among the values in `by_err` (sorted by err, largest
+// first) that occur in the input; false when none of the first few occurs
+// (the caller then builds a histogram).
+bool largest_present(const std::uint8_t* in, std::uint64_t n, const std::vector<std::uint8_t>& by_err,
+                     const double* err, double& out) {
+    constexpr std::size_t tries = 8;
+    for (std::size_t k = 0; k < by_err.size() && k < tries; ++k)
+        if (std::memchr(in, by_err[k], n)) {
+            out = err[by_err[k]];
+            return true;
+        }
+    return by_err.empty();
+}
+
 void u8_to_f32(const void* src, void* dst, std::uint64_t n, const ValueMapping& map, ConversionStats& stats) {
     const auto* in = static_cast<const std::uint8_t*>(src);
     auto* out = static_cast<float*>(dst);
@@ -256,21 +304,45 @@ void u8_to_f32(const void* src, void* dst, std::uint64_t n, const ValueMapping& 
     for (int v = 0; v < 256; ++v) all[v] = static_cast<std::uint8_t>(v);
     u8_values(all, table, 256, map.scale, map.offset);
     Local per[256];
-    bool any_inexact = false;
+    double abs_err[256], rel_err[256];
+    std::vector<std::uint8_t> exact, inexact;
     for (int v = 0; v < 256; ++v) {
         per[v].error(v * map.scale + map.offset, table[v]);
-        any_inexact |= per[v].inexact != 0;
+        abs_err[v] = per[v].max_abs;
+        rel_err[v] = per[v].max_rel;
+        (per[v].inexact ? inexact : exact).push_back(static_cast<std::uint8_t>(v));
     }
-    u8_values(in, out, n, map.scale, map.offset);
+    u8_lookup(in, out, n, table);
     Local s;
-    if (any_inexact) {
-        std::uint64_t hist[256] = {};
-        u8_histogram(in, n, hist);
-        for (int v = 0; v < 256; ++v) {
-            if (!hist[v] || !per[v].inexact) continue;
-            s.inexact += hist[v];
-            s.max_abs = std::max(s.max_abs, per[v].max_abs);
-            s.max_rel = std::max(s.max_rel, per[v].max_rel);
+    if (!inexact.empty()) {
+        bool done = false;
+        if (exact.size() <= 4) {
+            std::vector<std::uint8_t> by_abs = inexact, by_rel = inexact;
+            std::stable_sort(by_abs.begin(), by_abs.end(), [&](auto a, auto b) { return abs_err[a] > abs_err[b]; });
+            std::stable_sort(by_rel.begin(), by_rel.end(), [&](auto a, auto b) { return rel_err[a] > rel_err[b]; });
+            s.inexact = n - u8_count(in, n, exact);
+            done = s.inexact == 0 || (largest_present(in, n, by_abs, abs_err, s.max_abs) &&
+                                      largest_present(in, n, by_rel, rel_err, s.max_rel));
+        } else if (inexact.size() <= 4) {
+            for (std::uint8_t v : inexact) {
+                const std::uint64_t c = u8_count(in, n, {v});
+                if (!c) continue;
+                s.inexact += c;
+                s.max_abs = std::max(s.max_abs, abs_err[v]);
+                s.max_rel = std::max(s.max_rel, rel_err[v]);
+            }
+            done = true;
+        }
+        if (!done) {
+            s = Local{};
+            std::uint64_t hist[256] = {};
+            u8_histogram(in, n, hist);
+            for (int v = 0; v < 256; ++v) {
+                if (!hist[v] || !per[v].inexact) continue;
+                s.inexact += hist[v];
+                s.max_abs = std::max(s.max_abs, per[v].max_abs);
+                s.max_rel = std::max(s.max_rel, per[v].max_rel);
+            }
         }
     }
     stats.elements += n;

@@ -213,26 +213,36 @@ TEST(ConvertDtype, FastKernelsMatchAScalarReference) {
         EXPECT_EQ(s.max_abs_error, max_abs) << n;
         EXPECT_EQ(s.max_rel_error, max_rel) << n;
     }
-    std::vector<std::uint8_t> bytes(100003);
-    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>((i * 37) % 251);
-    for (const ValueMapping m : {ValueMapping{1.0 / 255, 0}, ValueMapping{1, 0}, ValueMapping{0.017, -0.5}}) {
-        std::vector<float> out(bytes.size());
-        ConversionStats s;
-        convert_elements(DType::u8, DType::f32, bytes.data(), out.data(), bytes.size(), m, s);
-        std::uint64_t inexact = 0;
-        double max_abs = 0, max_rel = 0;
-        for (std::size_t i = 0; i < bytes.size(); ++i) {
-            const double exact = bytes[i] * m.scale + m.offset;
-            ASSERT_EQ(out[i], static_cast<float>(exact)) << i;
-            if (out[i] != exact) {
-                ++inexact;
-                max_abs = std::max(max_abs, std::fabs(out[i] - exact));
-                if (exact != 0) max_rel = std::max(max_rel, std::fabs(out[i] - exact) / std::fabs(exact));
-            }
-        }
-        EXPECT_EQ(s.inexact, inexact);
-        EXPECT_EQ(s.max_abs_error, max_abs);
-        EXPECT_EQ(s.max_rel_error, max_rel);
-        EXPECT_EQ(s.nan + s.clipped + s.overflow_inf, 0u);
+    // Inputs that miss some values (0..250; only 0, 3 and 255) and one with all
+    // of them; mappings with no, few, most and all values inexact, so that
+    // every accounting path of the u8 kernel (compare counts, memchr search,
+    // histogram) is checked.
+    std::vector<std::vector<std::uint8_t>> inputs(3, std::vector<std::uint8_t>(100003));
+    for (std::size_t i = 0; i < inputs[0].size(); ++i) {
+        inputs[0][i] = static_cast<std::uint8_t>((i * 37) % 251);
+        inputs[1][i] = static_cast<std::uint8_t>(i * 7);
+        inputs[2][i] = i % 3 == 0 ? 0 : i % 3 == 1 ? 255 : (i % 1001 == 2 ? 3 : 0);
     }
+    for (const auto& bytes : inputs)
+        for (const ValueMapping m : {ValueMapping{1.0 / 255, 0}, ValueMapping{1, 0}, ValueMapping{0.017, -0.5},
+                                     ValueMapping{65795, 0}, ValueMapping{1, 16777216}}) {
+            std::vector<float> out(bytes.size());
+            ConversionStats s;
+            convert_elements(DType::u8, DType::f32, bytes.data(), out.data(), bytes.size(), m, s);
+            std::uint64_t inexact = 0;
+            double max_abs = 0, max_rel = 0;
+            for (std::size_t i = 0; i < bytes.size(); ++i) {
+                const double exact = bytes[i] * m.scale + m.offset;
+                ASSERT_EQ(out[i], static_cast<float>(exact)) << i;
+                if (out[i] != exact) {
+                    ++inexact;
+                    max_abs = std::max(max_abs, std::fabs(out[i] - exact));
+                    if (exact != 0) max_rel = std::max(max_rel, std::fabs(out[i] - exact) / std::fabs(exact));
+                }
+            }
+            EXPECT_EQ(s.inexact, inexact);
+            EXPECT_EQ(s.max_abs_error, max_abs);
+            EXPECT_EQ(s.max_rel_error, max_rel);
+            EXPECT_EQ(s.nan + s.clipped + s.overflow_inf, 0u);
+        }
 }
