@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <unistd.h>
@@ -72,17 +73,90 @@ class ChunkedSink final : public FieldSink {
     ChunkedWriter w_;
 };
 
-// One .npy or raw file (sample-major, or feature-major for raw).
+// The .npy header of `samples` samples of `shape`.
+std::string npy_header_for(DType dtype, const Shape& shape, std::uint64_t samples) {
+    std::vector<std::uint64_t> dims{samples};
+    dims.insert(dims.end(), shape.dims.begin(), shape.dims.end());
+    return make_npy_header(dtype, dims);
+}
+
+// A .npy file written before its sample count was known (stdin) starts with
+// the header of 0 samples; this puts the real header in its place. A longer
+// count can push the header over a 64-byte boundary: the data then moves up
+// by that much, block by block from the end (bounded memory).
+void rewrite_npy_header(const fs::path& path, std::uint64_t old_len, const std::string& header,
+                        std::uint64_t data_bytes) {
+    if (header.size() < old_len) throw runtime_error("internal: .npy header shrank in '" + path.string() + "'");
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) throw_errno("cannot reopen", path.string());
+    struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+    } closer{fd};
+    if (header.size() > old_len) {
+        std::vector<std::uint8_t> buf(std::min<std::uint64_t>(data_bytes, 4ull << 20));
+        for (std::uint64_t end = data_bytes; end > 0;) {
+            throw_if_interrupted();
+            const std::uint64_t n = std::min<std::uint64_t>(buf.size(), end), at = end - n;
+            read_all(fd, buf.data(), n, static_cast<long long>(old_len + at), path);
+            write_all(fd, buf.data(), n, static_cast<long long>(header.size() + at), path);
+            end = at;
+        }
+    }
+    write_all(fd, header.data(), header.size(), 0, path);
+}
+
+// A dataset's .npy field file of unknown length (stdin): provisional header,
+// fixed by finish(), which then checksums the finished file.
+class UnknownCountNpySink final : public FieldSink {
+  public:
+    UnknownCountNpySink(fs::path path, FieldInfo info) : path_(std::move(path)), info_(std::move(info)) {
+        header_ = npy_header_for(info_.dtype, info_.shape, 0).size();
+        fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd_ < 0) throw_errno("cannot create", path_.string());
+        const std::string h = npy_header_for(info_.dtype, info_.shape, 0);
+        write_all(fd_, h.data(), h.size(), 0, path_);
+    }
+    ~UnknownCountNpySink() override {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    void append(const void* data, std::uint64_t count) override {
+        write_all(fd_, data, count * info_.sample_bytes(), static_cast<long long>(header_ + bytes_), path_);
+        bytes_ += count * info_.sample_bytes();
+        written_ += count;
+    }
+    FieldInfo finish() override {
+        const std::string h = npy_header_for(info_.dtype, info_.shape, written_);
+        const int fd = fd_;
+        fd_ = -1;
+        if (::close(fd) != 0) throw_errno("cannot close", path_.string());
+        rewrite_npy_header(path_, header_, h, bytes_);
+        info_.bytes = h.size() + bytes_;
+        info_.checksum = file_checksum(path_);
+        return info_;
+    }
+
+  private:
+    fs::path path_;
+    FieldInfo info_;
+    int fd_ = -1;
+    std::uint64_t header_ = 0, bytes_ = 0, written_ = 0;
+};
+
+// One .npy or raw file (sample-major, or feature-major for raw). With no
+// known count (stdin), a .npy output gets its header at finish().
 class FileSink final : public FieldSink {
   public:
-    FileSink(const fs::path& out, bool force, DType dtype, const Shape& shape, std::uint64_t samples, bool npy,
-             Layout layout)
+    FileSink(const fs::path& out, bool force, DType dtype, const Shape& shape, std::optional<std::uint64_t> samples,
+             bool npy, Layout layout)
         : file_(out, force), sample_bytes_(sample_bytes(shape, dtype)), elem_(dtype_size(dtype)),
-          features_(shape.numel()), samples_(samples), layout_(layout) {
+          features_(shape.numel()), samples_(samples.value_or(0)), count_known_(samples.has_value()), npy_(npy),
+          layout_(layout) {
+        if (layout_ == Layout::feature_major && !count_known_)
+            throw usage_error("a feature-major output needs the sample count, which stdin does not give; write a "
+                              "sample-major output, or convert from a file");
         if (npy) {
-            std::vector<std::uint64_t> dims{samples};
-            dims.insert(dims.end(), shape.dims.begin(), shape.dims.end());
-            const std::string h = make_npy_header(dtype, dims);
+            const std::string h = npy_header_for(dtype, shape, samples_);
             file_.write(h.data(), h.size());
             header_ = h.size();
         }
@@ -105,6 +179,11 @@ class FileSink final : public FieldSink {
         written_ += count;
     }
     FieldInfo finish() override {
+        if (npy_ && !count_known_) {
+            const std::string h = npy_header_for(info_.dtype, info_.shape, written_);
+            rewrite_npy_header(file_.tmp_path(), header_, h, written_ * sample_bytes_);
+            header_ = h.size();
+        }
         file_.commit();
         info_.bytes = header_ + written_ * sample_bytes_;
         return info_;
@@ -113,6 +192,7 @@ class FileSink final : public FieldSink {
   private:
     AtomicFile file_;
     std::uint64_t sample_bytes_, elem_, features_, samples_;
+    bool count_known_, npy_;
     Layout layout_;
     std::uint64_t header_ = 0, written_ = 0;
     std::vector<std::uint8_t> tmp_;
@@ -571,6 +651,16 @@ void run_convert(const ConvertOptions& o) {
 
     Source src = open_source(o.input, o.from, o.raw, pool);
     const std::string x_name = src.manifest ? src.manifest->input_field : "x";
+    // Raw stdin without --labels: the count is what arrives before the pipe ends.
+    bool count_known = true;
+    for (const auto& sp : src.splits) count_known &= sp.count_known;
+    if (!count_known) {
+        const char* why = !o.split.empty() ? "--split" : o.shuffle_seed ? "--shuffle" : o.resume ? "--resume" : nullptr;
+        if (why)
+            throw usage_error(std::string(why) +
+                              " needs the sample count before it starts, and raw stdin gives it only at its end; "
+                              "save the input to a file first, or give --labels FILE (the labels set the count)");
+    }
 
     // Fields: every split of the source must have the same fields.
     std::vector<FieldPlan> fields;
@@ -655,7 +745,9 @@ void run_convert(const ConvertOptions& o) {
             outs.push_back(std::move(s));
         }
     } else {
-        for (const auto& sp : src.splits) outs.push_back(OutSplit{sp.name, sp.samples, {}, 0});
+        // An unknown count is set when the stream ends; the router never reaches it.
+        for (const auto& sp : src.splits)
+            outs.push_back(OutSplit{sp.name, sp.count_known ? sp.samples : ~std::uint64_t{0}, {}, 0});
     }
 
     // Which outputs are written.
@@ -690,7 +782,7 @@ void run_convert(const ConvertOptions& o) {
     }
 
     std::uint64_t out_bytes_estimate = 0;
-    for (std::size_t i = 0; i < outs.size(); ++i)
+    for (std::size_t i = 0; i < outs.size() && count_known; ++i)
         for (const auto& p : fields)
             if (to == OutputFormat::dataset || (only_split == i && &p == &fields[only_field]))
                 out_bytes_estimate += checked_mul(outs[i].samples, p.out_bytes, "output size");
@@ -772,6 +864,14 @@ void run_convert(const ConvertOptions& o) {
                     fi.file = s.name + "_" + p.name + ".zst";
                     fi.chunk_samples = chunk_samples;
                     s.sinks.push_back(std::make_unique<ChunkedSink>(writer->file(fi.file), fi, level, pool));
+                } else if (!count_known) {
+                    FieldInfo fi;
+                    fi.name = p.name;
+                    fi.dtype = p.out;
+                    fi.shape = p.shape;
+                    fi.storage = Storage::npy;
+                    fi.file = s.name + "_" + p.name + ".npy";
+                    s.sinks.push_back(std::make_unique<UnknownCountNpySink>(writer->file(fi.file), fi));
                 } else {
                     s.sinks.push_back(
                         std::make_unique<NpySink>(writer->npy_field(s.name, p.name, p.out, p.shape, s.samples)));
@@ -785,67 +885,92 @@ void run_convert(const ConvertOptions& o) {
         outs[*only_split].sinks.resize(fields.size());
         // Only the selected field gets a real sink; the others are dropped.
         for (std::size_t f = 0; f < fields.size(); ++f)
-            outs[*only_split].sinks[f] = f == only_field
-                                             ? std::unique_ptr<FieldSink>(std::make_unique<FileSink>(
-                                                   o.output, o.force, p.out, p.shape, outs[*only_split].samples,
-                                                   to == OutputFormat::npy, o.out_layout))
-                                             : std::make_unique<NullSink>();
+            outs[*only_split].sinks[f] =
+                f == only_field ? std::unique_ptr<FieldSink>(std::make_unique<FileSink>(
+                                      o.output, o.force, p.out, p.shape,
+                                      count_known ? std::optional(outs[*only_split].samples) : std::nullopt,
+                                      to == OutputFormat::npy, o.out_layout))
+                                : std::make_unique<NullSink>();
     }
     // Splits that are not written still consume their samples.
     for (auto& s : outs)
         if (s.sinks.empty())
             for (std::size_t f = 0; f < fields.size(); ++f) s.sinks.push_back(std::make_unique<NullSink>());
 
-    // The stream.
+    // The stream. Three stages overlap: the next block is read on its own
+    // thread, this one is converted on the pool, and the previous one goes
+    // through the router to the sinks (.npy writes, the copy into the zstd
+    // writer, shuffle buckets) on another thread. Three input slots and two
+    // conversion buffers keep the stages apart.
     std::uint64_t per_sample = 0;
     for (const auto& p : fields) per_sample += p.in_bytes + p.out_bytes;
     std::uint64_t block = std::max<std::uint64_t>(1, block_target_bytes / std::max<std::uint64_t>(1, per_sample));
-    Progress progress("converting", total_samples, 0, o.out);
-    // Two input slots: the next block is read on another thread while this
-    // one is converted (on the pool) and written, so the stages overlap.
-    std::vector<std::vector<std::uint8_t>> in_slots[2] = {std::vector<std::vector<std::uint8_t>>(fields.size()),
-                                                          std::vector<std::vector<std::uint8_t>>(fields.size())};
-    std::vector<std::vector<std::uint8_t>> conv(fields.size());
+    Progress progress("converting", count_known ? total_samples : 0, 0, o.out);
+    using Buffers = std::vector<std::vector<std::uint8_t>>;
+    Buffers in_slots[3] = {Buffers(fields.size()), Buffers(fields.size()), Buffers(fields.size())};
+    Buffers conv[2] = {Buffers(fields.size()), Buffers(fields.size())};
     std::uint64_t to_skip = resume_at;
-    auto process_split = [&](SourceSplit& sp,
-                             const std::function<void(const std::vector<const std::uint8_t*>&, std::uint64_t)>& emit) {
+    using Emit = std::function<void(const std::vector<const std::uint8_t*>&, std::uint64_t)>;
+    auto process_split = [&](SourceSplit& sp, const Emit& emit) {
         const std::uint64_t skip = std::min(to_skip, sp.samples);
         if (skip > 0) {
             for (auto& f : sp.fields) f.stream->skip(skip);
             to_skip -= skip;
             progress.add(skip, 0);
         }
-        auto read_into = [&](int slot, std::uint64_t n) {
+        const bool known = sp.count_known;
+        // Reads up to n samples of every field into a slot; returns how many
+        // (fewer only at the end of a stream of unknown length, which has one field).
+        auto read_into = [&](int slot, std::uint64_t n) -> std::uint64_t {
+            if (!known) {
+                in_slots[slot][0].resize(n * fields[0].in_bytes);
+                n = sp.fields[0].stream->read_up_to(n, in_slots[slot][0].data());
+                in_slots[slot][0].resize(n * fields[0].in_bytes);
+                return n;
+            }
             for (std::size_t f = 0; f < fields.size(); ++f) {
                 in_slots[slot][f].resize(n * fields[f].in_bytes);
                 sp.fields[f].stream->read(n, in_slots[slot][f].data());
             }
+            return n;
         };
-        std::future<void> next; // destroyed (waited for) before the slots it fills
-        int slot = 0;
-        if (skip < sp.samples) next = std::async(std::launch::async, read_into, 0, std::min(block, sp.samples - skip));
-        for (std::uint64_t s = skip; s < sp.samples; s += block) {
+        auto want = [&](std::uint64_t at) { return known ? std::min(block, sp.samples - at) : block; };
+        // Declared before `writing`, destroyed after it: a pending write never outlives its buffers.
+        std::future<std::uint64_t> next;
+        std::future<void> writing;
+        int slot = 0, cslot = 0;
+        std::uint64_t at = skip;
+        if (!known || at < sp.samples) next = std::async(std::launch::async, read_into, 0, want(at));
+        while (next.valid()) {
             throw_if_interrupted();
-            const std::uint64_t n = std::min(block, sp.samples - s);
-            next.get();
+            const std::uint64_t n = next.get();
+            if (n == 0) break;
             const int cur = slot;
-            slot ^= 1;
-            if (s + n < sp.samples)
-                next = std::async(std::launch::async, read_into, slot, std::min(block, sp.samples - s - n));
-            const auto& in = in_slots[cur];
+            slot = (slot + 1) % 3;
+            at += n;
+            if (!known || at < sp.samples) next = std::async(std::launch::async, read_into, slot, want(at));
+            const Buffers& in = in_slots[cur];
+            convert_block(fields, in, conv[cslot], n, pool);
             std::vector<const std::uint8_t*> ptrs(fields.size());
-            convert_block(fields, in, conv, n, pool);
             for (std::size_t f = 0; f < fields.size(); ++f) {
                 if (!fields[f].convert) {
                     fields[f].stats.elements += n * fields[f].shape.numel();
                     fields[f].stats.bytes_in += n * fields[f].in_bytes;
                     fields[f].stats.bytes_out += n * fields[f].out_bytes;
                 }
-                ptrs[f] = fields[f].convert ? conv[f].data() : in[f].data();
+                ptrs[f] = fields[f].convert ? conv[cslot][f].data() : in[f].data();
             }
-            emit(ptrs, n);
+            cslot ^= 1;
+            if (writing.valid()) writing.get(); // the previous block is out: its buffers are free
+            writing = std::async(std::launch::async, [&emit, ptrs = std::move(ptrs), n] { emit(ptrs, n); });
             progress.add(n, 0);
         }
+        if (writing.valid()) writing.get();
+        if (!known) {
+            sp.samples = at;
+            sp.count_known = true;
+        }
+        for (auto& f : sp.fields) f.stream->expect_end();
     };
     std::vector<OutSplit*> out_ptrs;
     for (auto& s : outs) out_ptrs.push_back(&s);
@@ -874,6 +999,12 @@ void run_convert(const ConvertOptions& o) {
         for (auto& sp : src.splits) process_split(sp, [&](const auto& d, std::uint64_t n) { router.route(d, n); });
     }
     progress.finish();
+    if (!count_known) {
+        total_samples = src.splits.front().samples;
+        outs.front().samples = total_samples;
+        if (total_samples == 0)
+            throw runtime_error(o.input.string() + ": no samples arrived (empty input); nothing written");
+    }
 
     // Finish and commit.
     Manifest m;

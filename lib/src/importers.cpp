@@ -1,9 +1,11 @@
 #include "dstk/importers.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <map>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -534,6 +536,63 @@ Source open_npz(const fs::path& path) {
 
 // ---- raw and v28b -------------------------------------------------------
 
+// Raw samples from a pipe (stdin): no seek, no size, so the count is what
+// arrives; a pipe that ends inside a sample is an error.
+class PipeField final : public FieldStream {
+  public:
+    PipeField(int fd, std::string source, std::uint64_t sample_bytes)
+        : fd_(fd), source_(std::move(source)), sample_bytes_(sample_bytes) {}
+    void read(std::uint64_t count, void* dst) override {
+        const std::uint64_t got = read_up_to(count, dst);
+        if (got < count)
+            bad_input(source_, "ends after " + std::to_string(samples_) + " samples, " + std::to_string(count - got) +
+                                   " fewer than expected (input cut short, or the labels count more samples?)");
+    }
+    std::uint64_t read_up_to(std::uint64_t max, void* dst) override {
+        auto* p = static_cast<std::uint8_t*>(dst);
+        const std::uint64_t want = max * sample_bytes_;
+        std::uint64_t have = 0;
+        while (have < want && !eof_) {
+            // This runs on the read-ahead thread, which a signal may not
+            // interrupt: wait with a timeout so that Ctrl-C is seen even
+            // while the writer of the pipe is silent.
+            pollfd pfd{fd_, POLLIN, 0};
+            const int ready = ::poll(&pfd, 1, 200);
+            if (ready < 0 && errno != EINTR) throw_errno("cannot wait for", source_);
+            throw_if_interrupted();
+            if (ready <= 0) continue;
+            const ssize_t n = ::read(fd_, p + have, std::min<std::uint64_t>(want - have, 1u << 30));
+            if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+            if (n < 0) throw_errno("cannot read", source_);
+            if (n == 0) eof_ = true;
+            have += static_cast<std::uint64_t>(n);
+        }
+        if (have % sample_bytes_ != 0)
+            bad_input(source_, "ends inside sample " + std::to_string(samples_ + have / sample_bytes_) + " (" +
+                                   std::to_string(have % sample_bytes_) + " of its " + std::to_string(sample_bytes_) +
+                                   " bytes; input cut short, or wrong --shape/--in-dtype?)");
+        samples_ += have / sample_bytes_;
+        return have / sample_bytes_;
+    }
+    void expect_end() override {
+        std::uint8_t c;
+        ssize_t n;
+        do {
+            n = ::read(fd_, &c, 1);
+        } while (n < 0 && errno == EINTR && (throw_if_interrupted(), true));
+        if (n > 0)
+            bad_input(source_, "holds more data than the " + std::to_string(samples_) +
+                                   " samples the labels give (wrong --labels file, or wrong --shape/--in-dtype?)");
+    }
+    std::uint64_t sample_bytes() const override { return sample_bytes_; }
+
+  private:
+    int fd_;
+    std::string source_;
+    std::uint64_t sample_bytes_, samples_ = 0;
+    bool eof_ = false;
+};
+
 SourceField raw_field(std::shared_ptr<File> f, std::string name, DType dtype, const Shape& shape, Layout layout,
                       std::uint64_t samples) {
     SourceField sf;
@@ -571,11 +630,20 @@ Source open_raw(const fs::path& path, const RawInputOptions& raw) {
         if (raw.layout == Layout::feature_major)
             throw usage_error("feature-major raw input cannot be read from stdin (it needs random access); give a "
                               "file");
-        throw usage_error("raw input from stdin has no sample count; write it to a file first, or send IDX");
+        s.description = "raw binary from stdin";
+        s.rereadable = false;
+        SourceField x;
+        x.name = "x";
+        x.dtype = *raw.dtype;
+        x.shape = *raw.shape;
+        x.stream = std::make_unique<PipeField>(STDIN_FILENO, "<stdin>", sb);
+        split.fields.push_back(std::move(x));
+        split.count_known = false;
+    } else {
+        auto f = std::make_shared<File>(path);
+        split.samples = whole_samples(*f, sb, "samples");
+        split.fields.push_back(raw_field(f, "x", *raw.dtype, *raw.shape, raw.layout, split.samples));
     }
-    auto f = std::make_shared<File>(path);
-    split.samples = whole_samples(*f, sb, "samples");
-    split.fields.push_back(raw_field(f, "x", *raw.dtype, *raw.shape, raw.layout, split.samples));
     s.splits.push_back(std::move(split));
     return s;
 }
@@ -739,6 +807,33 @@ Source open_idx_file(const fs::path& path) {
     split.fields.push_back(idx_images(path, split.samples));
     s.splits.push_back(std::move(split));
     return s;
+}
+
+// --labels FILE: field y of a single-split raw or IDX-file source. Images
+// from stdin take their split name from an IDX-style label file name
+// (t10k-labels-idx1-ubyte.gz: test).
+void attach_labels(Source& s, const fs::path& images, const fs::path& labels) {
+    SourceSplit& split = s.splits.front();
+    std::string prefix;
+    bool is_images = false;
+    if (images == "-" && idx_name(labels.filename().string(), prefix, is_images) && !is_images)
+        split.name = split_for_prefix(prefix);
+    std::uint64_t count = 0;
+    std::uint32_t classes = 0;
+    auto data = load_idx_labels(labels, count, classes);
+    if (!split.count_known) {
+        split.samples = count; // stdin images: the labels give the count
+        split.count_known = true;
+    } else if (count != split.samples) {
+        bad_input(labels.string(), "has " + std::to_string(count) + " labels but the images have " +
+                                       std::to_string(split.samples) + " samples");
+    }
+    SourceField y;
+    y.name = "y";
+    y.dtype = DType::i32;
+    y.stream = std::make_unique<MemoryField>(std::move(data), 4);
+    split.fields.push_back(std::move(y));
+    if (classes) s.num_classes = classes;
 }
 
 // ---- CIFAR-10 -----------------------------------------------------------
@@ -1046,6 +1141,17 @@ Source open_source(const fs::path& path, InputFormat format, const RawInputOptio
     if (raw.shape && format != InputFormat::raw && format != InputFormat::v28b)
         throw usage_error("--shape describes raw and v28b inputs only; '" + path.string() + "' is " +
                           std::string(input_format_name(format)));
+    if (!raw.labels.empty()) {
+        const bool idx_file = format == InputFormat::idx && (path == "-" || !fs::is_directory(path));
+        if (format != InputFormat::raw && !idx_file)
+            throw usage_error("--labels gives the labels of raw or IDX-file images; '" + path.string() + "' is " +
+                              std::string(input_format_name(format)) +
+                              (format == InputFormat::idx ? " (a directory pairs its own label files)" : ""));
+        if (raw.labels == "-" && path == "-") throw usage_error("--labels - : stdin already carries the images");
+        Source s = format == InputFormat::raw ? open_raw(path, raw) : open_idx_file(path);
+        attach_labels(s, path, raw.labels);
+        return s;
+    }
     switch (format) {
     case InputFormat::dataset:
         return open_dataset_dir(path, pool);

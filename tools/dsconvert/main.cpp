@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
                  "zstd-chunked storage), .npy and raw out.",
                  "dsconvert"};
     app.add_option("INPUT", input,
-                   "Input: a dataset directory, file or directory of a known format, or - (stdin, "
-                   "IDX or raw); with --benchmark, an optional file to compress");
+                   "Input: a dataset directory, file or directory of a known format, or - (stdin: IDX, plain "
+                   "or gzip, or raw with --from raw); with --benchmark, an optional file to compress");
     app.add_option("OUTPUT", o.output, "Output: a dataset directory, or a .npy / raw file (see --to)");
     app.add_flag("--verify", o.verify_only,
                  "Re-read every file of the dataset INPUT, check sizes and checksums, "
@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
     app.add_option("--shape", shape, "Per-sample shape of raw and v28b inputs, e.g. 3x32x32");
     app.add_option("--in-dtype", in_dtype, "Element type of raw inputs (required) and v28b images (default f32)");
     app.add_option("--label-dtype", label_dtype, "Element type of v28b labels_*.bin")->capture_default_str();
+    app.add_option("--labels", o.raw.labels,
+                   "IDX label file (plain or .gz) giving field y to raw or IDX-file images, stdin included; with "
+                   "raw stdin it also sets the sample count");
     app.add_option("--layout", layout, "Layout of a raw input: sample-major or feature-major")->capture_default_str();
     app.add_option("--out-layout", out_layout, "Layout of a raw OUTPUT: sample-major or feature-major")
         ->capture_default_str();

@@ -38,6 +38,16 @@ class FieldStream {
     // Skips `count` samples (read and discarded where the format cannot seek).
     virtual void skip(std::uint64_t count);
     virtual std::uint64_t sample_bytes() const = 0;
+    // At most `max` samples into dst; returns how many, 0 at the end. Only a
+    // stream of unknown length (raw stdin) returns fewer than asked; it
+    // throws when the data ends inside a sample.
+    virtual std::uint64_t read_up_to(std::uint64_t max, void* dst) {
+        read(max, dst);
+        return max;
+    }
+    // Throws when data follows the samples read (checked where the count
+    // comes from elsewhere, e.g. stdin images with a --labels file).
+    virtual void expect_end() {}
 };
 
 struct SourceField {
@@ -50,6 +60,7 @@ struct SourceField {
 struct SourceSplit {
     std::string name;
     std::uint64_t samples = 0;
+    bool count_known = true; // false: raw stdin without labels; read until the stream ends
     std::vector<SourceField> fields;
 };
 
@@ -68,10 +79,14 @@ struct RawInputOptions {
     std::optional<DType> dtype;
     Layout layout = Layout::sample_major;
     DType label_dtype = DType::i32; // v28b labels
+    // --labels: an IDX label file (plain or gzip) that gives field y to raw or
+    // IDX-file images (stdin included); its count must match the images'.
+    std::filesystem::path labels;
 };
 
 // Detects the format when `format` is automatic, then opens every split and
-// field. `path` "-" is stdin (raw and IDX only).
+// field. `path` "-" is stdin (raw and IDX only); raw stdin without labels
+// has no known count (count_known false).
 Source open_source(const std::filesystem::path& path, InputFormat format, const RawInputOptions& raw, ThreadPool& pool);
 
 // Header parsers, exposed for the fuzzers and unit tests; each throws
