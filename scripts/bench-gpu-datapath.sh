@@ -3,11 +3,13 @@
 #  (a) constant GPU memory: ref-cnn at batch 256 in stream mode on datasets of
 #      1 GiB, 8 GiB and 32 GiB (u8 3x32x32, generated in /dev/shm, one at a
 #      time, deleted after use), a few hundred steps each; the peak GPU memory
-#      of each run (dstrain's --log-json gpu_memory_peak) must agree within 1%.
+#      of each run (dstrain's --log-json gpu_memory_peak) must agree within 1%,
+#      and stay at or under the ceiling printed before the first step
+#      (memory_ceiling), within 1% of it.
 #  (b) stream vs device vs managed samples/s for ref-cnn batch 256, u8, bf16
 #      and f32 storage in the page cache (scripts/bench-datapath.sh, short runs).
-# Prints a short table last; exit 1 when (a) disagrees by more than 1% or a
-# run fails.
+# Prints a short table last; exit 1 when (a) disagrees by more than 1%, a peak
+# exceeds its ceiling or falls more than 1% under it, or a run fails.
 #
 #   DSTK_BIN=build-gpu/bin scripts/bench-gpu-datapath.sh LOG_DIR
 #
@@ -63,9 +65,15 @@ for gib in $SIZES_GIB; do
     ceiling=$(field "$log" memory_ceiling)
     rate=$(field "$log" samples_per_second)
     peaks+=("$peak")
-    printf '%4s GiB %10s samples  peak GPU memory %8.1f MiB  ceiling %8.1f MiB  %8.0f samples/s  (dsgen %ss, train %ss)\n' \
+    overhead=$(grep '"event":"memory"' "$log" | tail -1 | grep -o '"runtime_overhead":[0-9]*' | cut -d: -f2)
+    bound=$(awk -v p="$peak" -v c="$ceiling" 'BEGIN {
+        if (p > c) print "OVER the ceiling"; else if (p < 0.99 * c) print "more than 1% UNDER the ceiling";
+        else print "ok" }')
+    [ "$bound" = ok ] || fail=1
+    printf '%4s GiB %10s samples  peak GPU memory %8.1f MiB  ceiling %8.1f MiB (runtime overhead %6.1f MiB)  %s  %8.0f samples/s  (dsgen %ss, train %ss)\n' \
         "$gib" "$n" "$(awk -v b="$peak" 'BEGIN { print b / 1048576 }')" \
-        "$(awk -v b="$ceiling" 'BEGIN { print b / 1048576 }')" "$rate" "$gen_s" $((SECONDS - t0)) |
+        "$(awk -v b="$ceiling" 'BEGIN { print b / 1048576 }')" "$(awk -v b="${overhead:-0}" 'BEGIN { print b / 1048576 }')" \
+        "$bound" "$rate" "$gen_s" $((SECONDS - t0)) |
         tee -a "$LOG/memory.txt"
 done
 verdict="no runs"

@@ -24,7 +24,10 @@ expect_stdout '^epoch 3/3 '
 expect_stderr 'model ref-cnn \(conv3x3:32,bn,relu,conv3x3:32'
 acc=$(grep -o 'test acc [0-9.]*' "$OUT" | tail -1 | grep -o '[0-9.]*$')
 expect_true "ref-cnn test accuracy $acc% >= 90%" awk -v a="$acc" 'BEGIN { exit !(a >= 90) }'
-expect_true "--log-json has 3 lines" test "$(wc -l <"$WORK/log.jsonl")" -eq 3
+expect_true "--log-json has a memory line and 3 epoch lines" test "$(jq -r .event "$WORK/log.jsonl" | sort | uniq -c |
+    tr -s ' ' | tr '\n' ';')" = " 3 epoch; 1 memory;"
+expect_true "--log-json memory line: the ceiling and its parts" jq -s -e 'map(select(.event == "memory")) | .[0] |
+    .memory_ceiling == .planned_parameters + .planned_activations + .planned_workspace + .planned_data' "$WORK/log.jsonl"
 expect_true "--log-json lines are JSON with accuracy" jq -e 'select(.epoch == 3) | .test_accuracy > 0.9' "$WORK/log.jsonl"
 
 # --json: one document on stdout; epoch lines go to stderr.

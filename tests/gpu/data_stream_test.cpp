@@ -1,14 +1,19 @@
 // The data path on the GPU: every placement delivers the same batches as the
 // host reads, in device memory; stream mode holds the same GPU memory
-// whatever the dataset size.
+// whatever the dataset size; a training run's measured peak GPU memory stays
+// under the ceiling it printed before the first step, and within 1% of it.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "dstk/data/train_run.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
 #if defined(DSTK_HAVE_CUDA)
@@ -30,31 +35,37 @@ std::string gpu_missing() {
     return {};
 }
 
-fs::path make_dataset(const std::string& name, std::uint64_t samples) {
+// Sample i of a split: byte j is (i * 31 + j) & 0xff; its label is i, or
+// i mod 10 with `classes` (a dataset to train on). `test` samples more in a
+// test split.
+fs::path make_dataset(const std::string& name, std::uint64_t samples, bool classes = false, std::uint64_t test = 0) {
     const fs::path dir = fs::path(::testing::TempDir()) / ("dstk_gpu_" + name + "_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     DatasetWriter w(dir, false);
     Manifest m;
-    SplitInfo split;
-    split.name = "train";
-    split.samples = samples;
-    auto x = w.npy_field("train", "x", DType::u8, Shape{{3, 32, 32}}, samples);
-    auto y = w.npy_field("train", "y", DType::i32, Shape{}, samples);
-    std::vector<std::uint8_t> rows(row_bytes * 1024);
-    std::vector<std::int32_t> labels(1024);
-    for (std::uint64_t first = 0; first < samples; first += 1024) {
-        const std::uint64_t n = std::min<std::uint64_t>(1024, samples - first);
-        for (std::uint64_t i = 0; i < n; ++i) {
-            labels[i] = static_cast<std::int32_t>(first + i);
-            for (std::uint64_t j = 0; j < row_bytes; ++j)
-                rows[i * row_bytes + j] = static_cast<std::uint8_t>((first + i) * 31 + j);
+    for (const auto& [split_name, count] : {std::pair<std::string, std::uint64_t>{"train", samples}, {"test", test}}) {
+        if (count == 0) continue;
+        SplitInfo split;
+        split.name = split_name;
+        split.samples = count;
+        auto x = w.npy_field(split_name, "x", DType::u8, Shape{{3, 32, 32}}, count);
+        auto y = w.npy_field(split_name, "y", DType::i32, Shape{}, count);
+        std::vector<std::uint8_t> rows(row_bytes * 1024);
+        std::vector<std::int32_t> labels(1024);
+        for (std::uint64_t first = 0; first < count; first += 1024) {
+            const std::uint64_t n = std::min<std::uint64_t>(1024, count - first);
+            for (std::uint64_t i = 0; i < n; ++i) {
+                labels[i] = static_cast<std::int32_t>(classes ? (first + i) % 10 : first + i);
+                for (std::uint64_t j = 0; j < row_bytes; ++j)
+                    rows[i * row_bytes + j] = static_cast<std::uint8_t>((first + i) * 31 + j);
+            }
+            x->append(rows.data(), n);
+            y->append(labels.data(), n);
         }
-        x->append(rows.data(), n);
-        y->append(labels.data(), n);
+        split.fields.push_back(x->finish());
+        split.fields.push_back(y->finish());
+        m.splits.push_back(split);
     }
-    split.fields.push_back(x->finish());
-    split.fields.push_back(y->finish());
-    m.splits.push_back(split);
     m.num_classes = 10;
     w.commit(m);
     return dir;
@@ -148,4 +159,54 @@ TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
     const double ratio = static_cast<double>(peaks[1]) / static_cast<double>(std::max<std::uint64_t>(peaks[0], 1));
     EXPECT_NEAR(ratio, 1.0, 0.01) << peaks[0] << " vs " << peaks[1] << " bytes";
 #endif
+}
+
+TEST(GpuDataPath, TrainingPeakStaysUnderTheCeilingPrintedBeforeTheFirstStep) {
+    if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
+    // ref-cnn, batch 256, 120 steps over two epochs; a test split whose last
+    // batch is partial (it runs outside the captured graph).
+    struct Case {
+        const char* placement;
+        std::uint64_t samples;
+    };
+    std::vector<std::uint64_t> stream_ceilings, stream_peaks;
+    for (const Case c : {Case{"stream", 20'000}, Case{"stream", 80'000}, Case{"device", 20'000}}) {
+        const std::string label = std::string(c.placement) + " " + std::to_string(c.samples);
+        SCOPED_TRACE(label);
+        const fs::path dir = make_dataset("ceiling" + std::to_string(c.samples), c.samples, true, 1'000);
+        train::RunOptions e;
+        e.dataset = dir;
+        e.model = "ref-cnn";
+        e.epochs = 2;
+        e.batch = 256;
+        e.device = train::Device{train::Backend::cuda, 0};
+        data::DataRunOptions d;
+        d.data = c.placement;
+        d.order = "chunk";
+        d.max_steps = 120;
+        OutputOptions out;
+        out.quiet = true;
+        out.json = true; // epoch lines to stderr, silenced
+        const train::RunReport r = data::run_training(e, d, out);
+        fs::remove_all(dir);
+        ASSERT_GT(r.memory_ceiling, 0u);
+        EXPECT_EQ(r.memory_ceiling, r.runtime_overhead + r.planned.total() + r.data_device_bytes);
+        EXPECT_GT(r.runtime_overhead, 0u) << "the CUDA context alone holds memory";
+        EXPECT_LE(r.peak_device_bytes, r.memory_ceiling) << r.memory_method;
+        EXPECT_GE(static_cast<double>(r.peak_device_bytes), 0.99 * static_cast<double>(r.memory_ceiling))
+            << r.memory_method;
+        std::printf(
+            "[ %s ] ceiling %llu = overhead %llu + planned %llu + data %llu; peak %llu (%s)\n", label.c_str(),
+            static_cast<unsigned long long>(r.memory_ceiling), static_cast<unsigned long long>(r.runtime_overhead),
+            static_cast<unsigned long long>(r.planned.total()), static_cast<unsigned long long>(r.data_device_bytes),
+            static_cast<unsigned long long>(r.peak_device_bytes), r.memory_method.c_str());
+        if (std::string(c.placement) == "stream") {
+            stream_ceilings.push_back(r.memory_ceiling);
+            stream_peaks.push_back(r.peak_device_bytes);
+        }
+    }
+    ASSERT_EQ(stream_peaks.size(), 2u);
+    // Four times the samples in stream mode: the same memory within 1%.
+    EXPECT_NEAR(static_cast<double>(stream_peaks[1]) / static_cast<double>(stream_peaks[0]), 1.0, 0.01);
+    EXPECT_NEAR(static_cast<double>(stream_ceilings[1]) / static_cast<double>(stream_ceilings[0]), 1.0, 0.01);
 }

@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
     float lr = 0.0f;
     bool no_nesterov = false;
 
-    CLI::App app{"Train a network on a dataset directory (the whole dataset in GPU memory, or in host memory with "
-                 "--device cpu) and report loss and accuracy per epoch.",
+    CLI::App app{"Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
+                 "streamed from the files (--data), and report loss, accuracy, speed and memory per epoch.",
                  "dstrain"};
     app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits")->required();
     app.add_option("-m,--model", o.model,
@@ -46,7 +46,11 @@ int main(int argc, char** argv) {
     app.add_option("-T,--threads", o.threads, "CPU threads for --device cpu (0: one per hardware thread)")
         ->capture_default_str();
     app.add_option("--workspace", workspace, "Bound on cuDNN convolution workspace")->capture_default_str();
-    app.add_option("--log-json", o.log_json, "Also write each epoch as a JSON line to this file");
+    app.add_flag("--deterministic", o.deterministic,
+                 "GPU: cuDNN algorithms restricted to deterministic ones; same seed, same weights; slower (the CPU "
+                 "is always deterministic)");
+    app.add_option("--log-json", o.log_json,
+                   "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
     data::DataRunOptions d;
     data::add_data_run_options(app, d);
     add_output_options(app, out);

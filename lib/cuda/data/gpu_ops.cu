@@ -52,6 +52,12 @@ void mem_info(int device, std::uint64_t& free_bytes, std::uint64_t& total_bytes)
     total_bytes = t;
 }
 
+std::string pci_bus_id(int device) {
+    char id[32] = {};
+    DSTK_DATA_CUDA(cudaDeviceGetPCIBusId(id, sizeof id, device));
+    return id;
+}
+
 void* device_alloc(std::uint64_t bytes) {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);

@@ -74,7 +74,7 @@ std::uint64_t cache_chunks_for(const SourceConfig& c) {
 class HostStreamSource final : public BatchSource {
   public:
     HostStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice)),
+        : x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
           y_(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
           ring_(*x_, *y_, c.batch, c.drop_last, effective_order(c, x_->storage_chunk_samples()), c.prefetch, c.readers,
                 plain_host_memory()) {}
@@ -310,7 +310,7 @@ class DeviceStreamSource final : public BatchSource {
   public:
     DeviceStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
         : config_(c), sample_bytes_(f.x->sample_bytes()),
-          x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice)),
+          x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
           y_(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
           ring_(*x_, *y_, c.batch, c.drop_last, effective_order(c, x_->storage_chunk_samples()),
                 std::max(c.prefetch, 2u), c.readers, HostMemory{gpu::pinned_alloc, gpu::pinned_free}),

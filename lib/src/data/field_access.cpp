@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cerrno>
 #include <cstdlib>
@@ -33,8 +34,8 @@ using AlignedBuffer = std::unique_ptr<std::uint8_t, AlignedFree>;
 class NpyAccess final : public FieldAccess {
   public:
     NpyAccess(fs::path path, std::uint64_t samples, std::uint64_t sample_bytes, bool direct,
-              const std::function<void(const std::string&)>& notice)
-        : FieldAccess(samples, sample_bytes), path_(std::move(path)) {
+              const std::function<void(const std::string&)>& notice, std::function<void(const std::string&)> warn)
+        : FieldAccess(samples, sample_bytes), path_(std::move(path)), warn_(std::move(warn)) {
         fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd_ < 0) throw_errno("cannot open dataset file", path_.string());
         try {
@@ -52,7 +53,7 @@ class NpyAccess final : public FieldAccess {
         std::lock_guard lock(pool_mutex_);
         return buffers_made_ * bounce_bytes;
     }
-    bool direct() const override { return dfd_ >= 0; }
+    bool direct() const override { return dfd_ >= 0 && !buffered_.load(); }
 
     void gather(std::span<const std::uint64_t> indices, std::uint8_t* dst) override {
         const std::uint64_t sb = sample_bytes();
@@ -64,7 +65,7 @@ class NpyAccess final : public FieldAccess {
                 throw runtime_error("sample " + std::to_string(indices[j - 1]) + " is outside '" + path_.string() +
                                     "' (" + std::to_string(samples()) + " samples)");
             const std::uint64_t offset = data_offset_ + indices[i] * sb;
-            if (dfd_ >= 0)
+            if (direct())
                 read_direct(dst + i * sb, (j - i) * sb, offset);
             else // read_all names the file and reports a short read when the file shrank.
                 read_all(fd_, dst + i * sb, (j - i) * sb, static_cast<long long>(offset), path_);
@@ -73,7 +74,7 @@ class NpyAccess final : public FieldAccess {
     }
 
     void will_need(std::span<const std::uint64_t> chunks, std::uint64_t chunk_samples) override {
-        if (dfd_ >= 0) return; // O_DIRECT reads do not go through the page cache
+        if (direct()) return; // O_DIRECT reads do not go through the page cache
         const std::uint64_t sb = sample_bytes();
         for (const std::uint64_t c : chunks)
             ::posix_fadvise(fd_, static_cast<off_t>(data_offset_ + c * chunk_samples * sb),
@@ -129,8 +130,19 @@ class NpyAccess final : public FieldAccess {
         pool_.push_back(std::move(b));
     }
 
+    // From now on, reads of this file go through the page cache: an O_DIRECT
+    // read was refused after the probe passed (a filesystem that accepts
+    // O_DIRECT only for some ranges or sizes, or a file moved under us).
+    void fall_back(int err) {
+        if (buffered_.exchange(true)) return;
+        const std::string line = "--direct: an O_DIRECT read of " + path_.string() + " failed (" + std::strerror(err) +
+                                 "): reading it through the page cache from now on";
+        if (warn_) warn_(line);
+    }
+
     // [offset, offset + bytes) of the file through aligned reads of at most
-    // direct_piece bytes into a bounce buffer.
+    // direct_piece bytes into a bounce buffer; where the filesystem refuses
+    // one (EINVAL), the rest through the page cache.
     void read_direct(std::uint8_t* dst, std::uint64_t bytes, std::uint64_t offset) {
         AlignedBuffer buf = take_buffer();
         while (bytes > 0) {
@@ -142,6 +154,12 @@ class NpyAccess final : public FieldAccess {
             while (got < lead + n) {
                 const ssize_t r = ::pread(dfd_, buf.get() + got, len - got, static_cast<off_t>(start + got));
                 if (r < 0 && errno == EINTR) continue;
+                if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
+                    fall_back(errno);
+                    give_buffer(std::move(buf));
+                    read_all(fd_, dst, bytes, static_cast<long long>(offset), path_);
+                    return;
+                }
                 if (r < 0) throw_errno("cannot read (O_DIRECT)", path_.string());
                 if (r == 0)
                     throw runtime_error("cannot read " + path_.string() + ": it ends at byte " +
@@ -163,6 +181,8 @@ class NpyAccess final : public FieldAccess {
     }
 
     fs::path path_;
+    std::function<void(const std::string&)> warn_;
+    std::atomic<bool> buffered_{false}; // O_DIRECT was refused mid-run
     int fd_ = -1, dfd_ = -1;
     std::uint64_t data_offset_ = 0;
     mutable std::mutex pool_mutex_;
@@ -267,11 +287,13 @@ class ChunkedAccess final : public FieldAccess {
 
 std::unique_ptr<FieldAccess> open_field_access(const fs::path& dataset_dir, const SplitInfo& split,
                                                const FieldInfo& field, std::uint64_t cache_chunks, bool direct,
-                                               const std::function<void(const std::string&)>& notice) {
+                                               const std::function<void(const std::string&)>& notice,
+                                               const std::function<void(const std::string&)>& warn) {
     const fs::path path = dataset_dir / field.file;
     switch (field.storage) {
     case Storage::npy:
-        return std::make_unique<NpyAccess>(path, split.samples, field.sample_bytes(), direct, notice);
+        return std::make_unique<NpyAccess>(path, split.samples, field.sample_bytes(), direct, notice,
+                                           warn ? warn : notice);
     case Storage::zstd_chunked:
         if (direct && notice)
             notice("--direct: " + path.string() +

@@ -43,11 +43,14 @@ class FieldAccess {
 // order's window plus one per reader, so a window is decoded once).
 // `direct`: read .npy storage with O_DIRECT (4 KiB-aligned reads into aligned
 // bounce buffers of at most 4 MiB + 8 KiB per reader, copied out); where the
-// filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE and network filesystems), or
-// for zstd-chunked storage, reads go through the page cache and `notice` is
-// told why.
+// filesystem refuses O_DIRECT at open (tmpfs before Linux 6.6, some FUSE and
+// network filesystems), or for zstd-chunked storage, reads go through the page
+// cache and `notice` is told why. Where an O_DIRECT read fails later with
+// EINVAL or EOPNOTSUPP, that read and every later one of the file go through
+// the page cache and `warn` (else `notice`) is told once, from a reader thread.
 std::unique_ptr<FieldAccess> open_field_access(const std::filesystem::path& dataset_dir, const SplitInfo& split,
                                                const FieldInfo& field, std::uint64_t cache_chunks, bool direct = false,
-                                               const std::function<void(const std::string&)>& notice = {});
+                                               const std::function<void(const std::string&)>& notice = {},
+                                               const std::function<void(const std::string&)>& warn = {});
 
 } // namespace dstk::data

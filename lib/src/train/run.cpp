@@ -227,6 +227,7 @@ RunReport run_training(const RunOptions& o, const OutputOptions& out) {
     c.device = device;
     c.cpu_threads = o.threads;
     c.workspace_limit = o.workspace;
+    c.deterministic = o.deterministic;
 
     RunReport r;
     r.model = c.plan.name;
@@ -335,7 +336,12 @@ std::string run_report_json(const RunReport& r) {
                           {"planned_parameters", r.planned.parameters},
                           {"planned_activations", r.planned.activations},
                           {"planned_workspace", r.planned.workspace},
-                          {"measured", r.measured_device_bytes}}},
+                          {"measured", r.measured_device_bytes},
+                          {"ceiling", r.memory_ceiling},
+                          {"runtime_overhead", r.runtime_overhead},
+                          {"planned_data", r.data_device_bytes},
+                          {"peak", r.peak_device_bytes},
+                          {"method", r.memory_method}}},
                         {"epochs", nlohmann::json::array()}};
     for (const auto& e : r.epochs) j["epochs"].push_back(epoch_json(e, r));
     return j.dump(2) + "\n";

@@ -51,9 +51,12 @@ struct SourceConfig {
     bool oversubscribe = false;     // managed: allow a split larger than free GPU memory
     void* compute_stream = nullptr; // cuda: the trainer's stream (batches are ordered before work on it)
     // stream: read the input field's .npy file with O_DIRECT (labels, 4 bytes a
-    // sample, stay in the page cache); falls back to the page cache with a notice.
+    // sample, stay in the page cache); falls back to the page cache with a
+    // notice where the filesystem refuses O_DIRECT at open, with a warning
+    // (once per file) where it refuses a read later on.
     bool direct = false;
-    std::function<void(const std::string&)> notice; // messages for the user (O_DIRECT fallback)
+    std::function<void(const std::string&)> notice; // messages for the user (O_DIRECT refused at open)
+    std::function<void(const std::string&)> warn;   // warnings (O_DIRECT refused mid-run); from reader threads
 };
 
 // Seconds spent per stage since the last take_times(), summed over batches.

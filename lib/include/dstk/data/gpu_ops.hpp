@@ -4,11 +4,13 @@
 // (DSTK_HAVE_CUDA); callers guard their use. Errors throw dstk::Error naming
 // the call, file and line.
 #include <cstdint>
+#include <string>
 
 namespace dstk::data::gpu {
 
 void set_device(int device);
 void mem_info(int device, std::uint64_t& free_bytes, std::uint64_t& total_bytes);
+std::string pci_bus_id(int device); // "0000:65:00.0": the device as NVML knows it
 
 void* device_alloc(std::uint64_t bytes); // cudaMalloc
 void device_free(void* p);

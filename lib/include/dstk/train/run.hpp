@@ -33,7 +33,8 @@ struct RunOptions {
     std::uint64_t seed = 0;
     unsigned threads = 0;
     std::uint64_t workspace = std::uint64_t{256} << 20;
-    std::string log_json; // JSON lines, one per epoch
+    bool deterministic = false; // cuda: deterministic cuDNN algorithms and kernels only (TrainerConfig)
+    std::string log_json;       // JSON lines, one per epoch
     std::string command_line;
 };
 
@@ -49,6 +50,11 @@ struct RunReport {
     std::uint64_t parameters = 0;
     MemoryPlan planned;
     std::uint64_t measured_device_bytes = 0;
+    // The data path's GPU memory ceiling (cuda): runtime overhead measured
+    // after the warm-up + planned buffers (planned.total() + data); the peak
+    // measured over the run, and how it was measured.
+    std::uint64_t memory_ceiling = 0, runtime_overhead = 0, data_device_bytes = 0, peak_device_bytes = 0;
+    std::string memory_method;
     std::vector<EpochReport> epochs;
 };
 
