@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # dstrain against PyTorch on the same data, same model (ref-cnn), same batch,
 # data already in GPU memory. Usage: scripts/bench-train.sh BUILD_DIR [WORK_DIR]
-# Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 fp32").
+# Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 bf16 fp32");
+# bf16 is compared with PyTorch's bf16 autocast + channels_last.
 set -euo pipefail
 build=${1:?usage: bench-train.sh BUILD_DIR [WORK_DIR]}
 work=${2:-$(mktemp -d)}
 mkdir -p "$work"
 here=$(cd "$(dirname "$0")" && pwd)
-train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 fp32"}
+train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 bf16 fp32"}
 data="$work/bench-u8"
 [[ -f "$data/dataset.json" ]] || "$build/bin/dsgen" "$data" --train "$train" --test 10000 --shape 3x32x32 --dtype u8 --classes 10 --quiet
 declare -A ds torch_eager torch_compile

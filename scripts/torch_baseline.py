@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The same model as dstrain's ref-cnn in PyTorch, on the same dataset, with the
 whole training split already in GPU memory: eager and torch.compile
-(reduce-overhead, CUDA graphs) modes. Prints one line per mode and, with
+(reduce-overhead, CUDA graphs) modes. --precision bf16 is PyTorch's mixed
+precision: bf16 autocast with channels_last tensors, fp32 master weights. Prints one line per mode and, with
 --json, one JSON document. Run on the GPU machine's python3."""
 import argparse, json, os, sys, time
 
@@ -40,16 +41,20 @@ def to_float(x, dtype):
     return t.cuda().float()
 
 
-def run(mode, x, y, classes, batch, epochs, lr):
+def run(mode, x, y, classes, batch, epochs, lr, bf16):
     torch.manual_seed(0)
     n, c, h, w = x.shape
     model = ref_cnn(c, classes, h, w).cuda()
+    if bf16:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4,
                           fused=(mode != "eager"))
 
     def step(xb, yb):
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
         return loss
@@ -77,11 +82,11 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--precision", choices=["fp32", "tf32"], default="tf32")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="tf32")
     ap.add_argument("--modes", default="eager,compile")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    tf32 = a.precision == "tf32"
+    tf32 = a.precision in ("tf32", "bf16")
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
@@ -95,7 +100,7 @@ def main():
     out = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(),
            "batch": a.batch, "precision": a.precision, "samples": int(xg.shape[0]), "modes": {}}
     for mode in a.modes.split(","):
-        r = run(mode, xg, yg, classes, a.batch, a.epochs, a.lr)
+        r = run(mode, xg, yg, classes, a.batch, a.epochs, a.lr, a.precision == "bf16")
         out["modes"][mode] = r
         print(f"torch {mode:8s} {r:12,.0f} samples/s", file=sys.stderr if a.json else sys.stdout, flush=True)
     if a.json:

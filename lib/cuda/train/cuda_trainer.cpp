@@ -1,21 +1,39 @@
-// The cuda backend: cuDNN for convolutions (algorithms found once per shape,
-// workspace bounded and counted), pooling and ReLU; cuBLAS for linear layers;
-// our kernels (kernels.cu) for batch norm, input conversion, bias, residual,
-// dropout, the loss and the optimiser. Batch norm is ours because cuDNN's NCHW
-// kernels run one block per channel: 395 us for the backward pass of a
-// 256x32x32x32 tensor on an H100, where two passes over it take about 60 us. NCHW float activations. Every buffer
-// lives in one arena allocated in the constructor; the full-batch training
-// step (forward, loss, backward, update) and evaluation are captured once as
-// CUDA graphs.
+// The cuda backend: cuDNN for convolutions (algorithms chosen once per shape,
+// workspace bounded and counted); cuBLAS for linear layers; our kernels
+// (kernels.cu) for batch norm (with the following ReLU fused in training and
+// evaluation), ReLU, pooling, input conversion, bias, residual, dropout, the
+// loss and the optimiser.
+//
+// Activations and their gradients are NHWC (channels last) for tf32 and bf16:
+// cuDNN's tensor-core convolutions read that layout without transposes (NCHW
+// left the weight-gradient convolution without tensor cores, half of the
+// step). fp32 keeps NCHW: cuDNN's NHWC float kernels for 32 and more channels
+// rounded like TF32 (ref-cnn's parameters were 7e-3 away from the cpu backend's
+// after 4 steps, against 2e-8 with 8 channels) and NCHW was faster there
+// (97.7k against 79.4k samples/s, ref-cnn batch 256 on an H100). Activations
+// are float for fp32 and tf32 and bf16 for bf16 mixed precision; in bf16 a
+// first convolution's input channels are zero-padded to a multiple of 8 (the
+// tensor cores' granule). Parameters,
+// gradients, optimiser slots and BN statistics are fp32 and keep the cpu
+// backend's layout (conv weights KCRS, features of flatten in NCHW order), so
+// checkpoints and read_* inspection are the same on both backends. The
+// convolutions read compute copies of their weights (KRSC, in the activation
+// type; in bf16 mode the linear weights too) that the optimiser step refreshes
+// as it writes each parameter; their gradients come back into the fp32
+// gradient vector in one scatter pass.
+//
+// Every buffer lives in one arena allocated in the constructor; the full-batch
+// training step (forward, loss, backward, update) and evaluation are captured
+// once as CUDA graphs.
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <utility>
 
-#include "train/backends.hpp"
 #include "cuda_check.hpp"
 #include "dstk/units.hpp"
+#include "train/backends.hpp"
 #include "train/kernels.hpp"
 
 namespace dstk::train {
@@ -25,16 +43,18 @@ using namespace dstk::train::cuda;
 
 constexpr double bn_eps = 1e-5, bn_momentum = 0.1;
 constexpr std::uint64_t cublas_workspace = std::uint64_t{32} << 20;
+constexpr std::uint32_t no_copy = ~0u;
 
 // Bump allocation inside one cudaMalloc; measuring pass first (base 0).
 class Arena {
   public:
-    template <class T> T* take(std::uint64_t count) {
+    void* take_bytes(std::uint64_t bytes) {
         offset_ = (offset_ + 255) & ~std::uint64_t{255};
-        T* p = reinterpret_cast<T*>(base_ + offset_);
-        offset_ += std::max<std::uint64_t>(1, count) * sizeof(T);
+        void* p = reinterpret_cast<void*>(base_ + offset_);
+        offset_ += std::max<std::uint64_t>(1, bytes);
         return p;
     }
+    template <class T> T* take(std::uint64_t count) { return static_cast<T*>(take_bytes(count * sizeof(T))); }
     std::uint64_t used() const { return offset_; }
     void reset(std::uintptr_t base) {
         base_ = base;
@@ -48,17 +68,19 @@ class Arena {
 
 struct ConvAlgos {
     cudnnConvolutionFwdAlgo_t fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-    cudnnConvolutionBwdDataAlgo_t bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    cudnnConvolutionBwdDataAlgo_t bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
 };
 
 struct LayerDev {
-    float* out = nullptr;   // activation (aliases the input for flatten and residual_begin)
+    void* out = nullptr;    // activation (aliases the input for residual_begin and flatten of 1x1 maps)
     float* aux = nullptr;   // bn: saved mean and inverse std; dropout: mask
-    float* stash = nullptr; // residual_end: gradient for the skip path
+    void* stash = nullptr;  // residual_end: gradient for the skip path
+    void* wk = nullptr;     // conv: KRSC weights; linear in bf16 mode: bf16 weights (compute copies)
+    void* gk = nullptr;     // conv: gradient of wk
+    bool relu_next = false; // batchnorm followed by relu: fused where allowed
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
-    cudnnPoolingDescriptor_t pool = nullptr;
     ConvAlgos algos; // for max_batch
 };
 
@@ -69,12 +91,56 @@ struct BatchDescs {
     std::vector<ConvAlgos> algos;
 };
 
-cudnnTensorDescriptor_t make_tensor(std::uint32_t n, TensorShape s) {
-    cudnnTensorDescriptor_t d;
-    CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, static_cast<int>(n),
-                                           static_cast<int>(s.c), static_cast<int>(s.h), static_cast<int>(s.w)));
-    return d;
+std::uint64_t conv_weights(const LayerPlan& l) {
+    return std::uint64_t{l.out.c} * l.in.c * l.spec.kernel * l.spec.kernel;
+}
+
+PoolShape pool_shape(const LayerPlan& l, std::uint32_t n, bool nchw) {
+    return {n, l.in.c, l.in.h, l.in.w, l.out.h, l.out.w, l.spec.kernel, l.spec.stride, nchw};
+}
+
+// Host-side NHWC -> NCHW of a downloaded batch (inspection only).
+// Keeps the first `keep` channels.
+std::vector<float> to_nchw(const std::vector<float>& v, TensorShape s, std::uint32_t keep) {
+    const std::uint64_t hw = std::uint64_t{s.h} * s.w, per = s.numel();
+    if (keep == s.c && (hw == 1 || s.c == 1)) return v;
+    const std::uint64_t n = v.size() / per, out_per = std::uint64_t{keep} * hw;
+    std::vector<float> out(n * out_per);
+    for (std::uint64_t k = 0; k < n; ++k)
+        for (std::uint64_t j = 0; j < hw; ++j)
+            for (std::uint64_t c = 0; c < keep; ++c) out[k * out_per + c * hw + j] = v[k * per + j * s.c + c];
+    return out;
+}
+
+// The convolution algorithms a precision and the determinism setting allow.
+// fp32 keeps to FMA math (Find also reports TF32 results under FMA math) and
+// leaves out the FFT and non-fused Winograd algorithms, whose rounding error
+// (1e-4 and more relative) is not "float math".
+bool imprecise(cudnnConvolutionFwdAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool imprecise(cudnnConvolutionBwdDataAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool imprecise(cudnnConvolutionBwdFilterAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+template <class Perf> bool usable(const Perf& p, std::uint64_t workspace, Precision prec, bool deterministic) {
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > workspace) return false;
+    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
+    if (prec == Precision::fp32 && (p.mathType != CUDNN_FMA_MATH || imprecise(p.algo))) return false;
+    return true;
+}
+// First usable entry of a ranked list (fastest first), optionally of one math type.
+template <class Perf>
+const Perf* first_usable(const Perf* list, int got, std::uint64_t workspace, Precision prec, bool deterministic,
+                         const cudnnMathType_t* math = nullptr) {
+    for (int j = 0; j < got; ++j)
+        if (usable(list[j], workspace, prec, deterministic) && (!math || list[j].mathType == *math)) return &list[j];
+    return nullptr;
 }
 
 class CudaBuffer final : public BackendBuffer {
@@ -124,33 +190,44 @@ class CudaTrainer final : public Trainer {
     std::vector<std::uint8_t> save_state() override;
     void load_state(std::span<const std::uint8_t> blob) override;
 
+    // Inspection reads what compute_gradients left: it runs unfused, so the
+    // output of a batchnorm followed by relu is there too.
     void compute_gradients(const Batch& b) override;
     std::vector<float> read_activation(std::size_t layer) override {
         if (layer >= layers().size()) throw runtime_error("read_activation: no layer " + std::to_string(layer));
-        return download(dev_[layer].out, std::uint64_t{last_n_} * layers()[layer].out.numel());
+        const TensorShape s = layers()[layer].out;
+        auto v = download_act(dev_[layer].out, std::uint64_t{last_n_} * s.numel());
+        return nchw_ ? v : to_nchw(v, s, s.c);
     }
     std::vector<float> read_input_gradient() override {
-        return download(input_grad_, std::uint64_t{last_n_} * cfg_.plan.input.numel());
+        auto v = download_act(input_grad_, std::uint64_t{last_n_} * input_.numel());
+        return nchw_ ? v : to_nchw(v, input_, cfg_.plan.input.c);
     }
     std::vector<float> read_gradients() override { return download(grads_, cfg_.plan.params); }
     std::vector<float> read_parameters() override { return download(params_, cfg_.plan.params); }
     std::vector<float> read_states() override { return download(states_, cfg_.plan.states); }
     void write_parameters(std::span<const float> p) override {
         if (p.size() != cfg_.plan.params) throw runtime_error("write_parameters: wrong size");
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
         CUDA_CHECK(cudaMemcpy(params_, p.data(), p.size_bytes(), cudaMemcpyHostToDevice));
+        refresh_copies();
     }
 
   private:
     const std::vector<LayerPlan>& layers() const { return cfg_.plan.layers; }
+    void plan_copies();
     void layout(Arena& a);
     void create_layer_descriptors();
     void find_algorithms();
     BatchDescs& descs(std::uint32_t n);
-    const float* input_of(std::size_t i) const { return i == 0 ? act0_ : dev_[i - 1].out; }
+    const void* input_of(std::size_t i) const { return i == 0 ? act0_ : dev_[i - 1].out; }
     void convert(const Batch& b);
-    void forward(std::uint32_t n, bool training);
-    void backward(std::uint32_t n, bool want_input_grad);
+    void forward(std::uint32_t n, bool training, bool fuse);
+    void backward(std::uint32_t n, bool want_input_grad, bool fuse);
     void step_body(std::uint32_t n);
+    void refresh_copies();
+    void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a, cudaDataType_t at,
+              int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc);
     void check_batch(const Batch& b) const;
     Metrics take(DeviceMetrics* m, std::uint64_t& samples);
     std::vector<float> download(const float* p, std::uint64_t count) {
@@ -159,19 +236,32 @@ class CudaTrainer final : public Trainer {
         CUDA_CHECK(cudaMemcpy(out.data(), p, count * sizeof(float), cudaMemcpyDeviceToHost));
         return out;
     }
+    std::vector<float> download_act(const void* p, std::uint64_t count);
     void capture(cudaGraphExec_t& exec, const std::function<void()>& body);
 
     TrainerConfig cfg_;
+    ActType at_ = ActType::f32;
+    bool nchw_ = false;
+    TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
+    cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
+    cudaDataType_t blas_type_ = CUDA_R_32F;
+    cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
     MemoryPlan plan_;
     std::uint64_t measured_ = 0;
     cudaStream_t stream_ = nullptr;
     cudnnHandle_t cudnn_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
-    cudnnActivationDescriptor_t relu_ = nullptr;
     void* arena_ = nullptr;
     float *params_ = nullptr, *grads_ = nullptr, *slots_ = nullptr, *states_ = nullptr;
-    float *act0_ = nullptr, *gbuf_[2] = {nullptr, nullptr}, *input_grad_ = nullptr, *dlogits_ = nullptr;
     float *mean_ = nullptr, *inv_std_ = nullptr;
+    // Compute copies: copy[i] = params[map[i]]; conv weights first (their
+    // gradients gcopy share those indices), then linear weights in bf16 mode.
+    void *wcopy_ = nullptr, *gcopy_ = nullptr;
+    std::uint32_t *map_ = nullptr, *inv_ = nullptr;
+    std::vector<std::uint32_t> map_host_, inv_host_;
+    std::uint64_t conv_copies_ = 0;
+    std::vector<std::uint64_t> copy_offset_; // per layer, elements into wcopy
+    void *act0_ = nullptr, *gbuf_[2] = {nullptr, nullptr}, *input_grad_ = nullptr, *dlogits_ = nullptr;
     std::int32_t* labels_ = nullptr;
     double* bn_partials_ = nullptr;
     void* workspace_ = nullptr;
@@ -187,8 +277,6 @@ class CudaTrainer final : public Trainer {
 };
 
 CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
-    if (cfg_.precision == Precision::bf16)
-        throw usage_error("--precision bf16 is not available in this build of the cuda backend (use tf32 or fp32)");
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         cudaGetLastError();
@@ -198,6 +286,21 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
         throw no_fit_error("--device " + device_name(cfg_.device) + " (only " + std::to_string(count) +
                            " GPU(s) visible)");
     CUDA_CHECK(cudaSetDevice(cfg_.device.index));
+    if (cfg_.precision == Precision::bf16) {
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, cfg_.device.index));
+        if (prop.major < 8)
+            throw no_fit_error("--precision bf16 (the GPU, compute capability " + std::to_string(prop.major) + "." +
+                               std::to_string(prop.minor) + ", has no bf16 tensor cores) use --precision fp32");
+        at_ = ActType::bf16;
+        cudnn_type_ = CUDNN_DATA_BFLOAT16;
+        blas_type_ = CUDA_R_16BF;
+    }
+    nchw_ = cfg_.precision == Precision::fp32;
+    input_ = cfg_.plan.input;
+    if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
+        input_.c = (input_.c + 7) / 8 * 8;
+    blas_compute_ = cfg_.precision == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
@@ -205,9 +308,11 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     CUBLAS_CHECK(cublasSetMathMode(cublas_, cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                                               : CUBLAS_DEFAULT_MATH));
-    CUDNN_CHECK(cudnnCreateActivationDescriptor(&relu_));
-    CUDNN_CHECK(cudnnSetActivationDescriptor(relu_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
     dev_.resize(layers().size());
+    for (std::size_t i = 0; i + 1 < layers().size(); ++i)
+        dev_[i].relu_next =
+            layers()[i].spec.kind == LayerKind::batchnorm && layers()[i + 1].spec.kind == LayerKind::relu;
+    plan_copies();
     create_layer_descriptors();
 
     std::size_t free_before = 0, total = 0;
@@ -234,20 +339,25 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     CUDA_CHECK(cudaMemcpy(states_, st.data(), st.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(mean_, cfg_.mean.data(), cfg_.mean.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(inv_std_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+    if (!map_host_.empty())
+        CUDA_CHECK(cudaMemcpy(map_, map_host_.data(), map_host_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(inv_, inv_host_.data(), inv_host_.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(slots_, 0, cfg_.plan.params * cfg_.optimizer.slots() * 4));
     CUDA_CHECK(cudaMemset(train_m_, 0, sizeof(DeviceMetrics) * 3));
     CUDA_CHECK(cudaMemset(&train_m_->first_nonfinite, 0xff, 8));
     CUDA_CHECK(cudaMemset(step_dev_, 0, 8));
     CUDA_CHECK(cudaMemset(labels_, 0, 4 * std::uint64_t{cfg_.max_batch}));
-    CUDA_CHECK(cudaMemset(act0_, 0, 4 * std::uint64_t{cfg_.max_batch} * cfg_.plan.input.numel()));
+    CUDA_CHECK(cudaMemset(act0_, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
+    refresh_copies();
     find_algorithms();
     descs(cfg_.max_batch);
 
     const std::uint32_t n = cfg_.max_batch;
     capture(train_graph_, [&] { step_body(n); });
     capture(eval_graph_, [&] {
-        forward(n, false);
-        launch_softmax_xent(dev_.back().out, labels_, n, cfg_.plan.classes, 0.0f, nullptr, eval_m_, step_dev_, stream_);
+        forward(n, false, true);
+        launch_softmax_xent(dev_.back().out, at_, labels_, n, cfg_.plan.classes, 0.0f, nullptr, eval_m_, step_dev_,
+                            stream_);
     });
     CUDA_CHECK(cudaDeviceSynchronize());
     std::size_t free_after = 0;
@@ -281,17 +391,57 @@ CudaTrainer::~CudaTrainer() {
         if (d.filter) cudnnDestroyFilterDescriptor(d.filter);
         for (auto cd : {d.conv_fwd, d.conv_bwd_data, d.conv_bwd_filter})
             if (cd) cudnnDestroyConvolutionDescriptor(cd);
-        if (d.pool) cudnnDestroyPoolingDescriptor(d.pool);
     }
-    if (relu_) cudnnDestroyActivationDescriptor(relu_);
     if (cublas_) cublasDestroy(cublas_);
     if (cudnn_) cudnnDestroy(cudnn_);
     if (arena_) cudaFree(arena_);
     if (stream_) cudaStreamDestroy(stream_);
 }
 
+// Which parameters have compute copies, and where: conv filters KCRS -> KRSC
+// (NHWC) or as they are (NCHW), then (bf16 only) linear weights as they are.
+// Padded input channels of a first convolution get no_copy (weight 0, no
+// gradient).
+void CudaTrainer::plan_copies() {
+    inv_host_.assign(cfg_.plan.params, no_copy);
+    copy_offset_.assign(layers().size(), 0);
+    for (const bool conv_pass : {true, false}) {
+        for (std::size_t i = 0; i < layers().size(); ++i) {
+            const LayerPlan& l = layers()[i];
+            if (conv_pass && l.spec.kind == LayerKind::conv) {
+                copy_offset_[i] = map_host_.size();
+                const std::uint64_t rs = std::uint64_t{l.spec.kernel} * l.spec.kernel;
+                const std::uint32_t cin = i == 0 ? input_.c : l.in.c;
+                auto add = [&](std::uint64_t k, std::uint64_t c, std::uint64_t j) {
+                    if (c >= l.in.c) {
+                        map_host_.push_back(no_copy);
+                        return;
+                    }
+                    const std::uint64_t src = l.param_offset + (k * l.in.c + c) * rs + j;
+                    inv_host_[src] = static_cast<std::uint32_t>(map_host_.size());
+                    map_host_.push_back(static_cast<std::uint32_t>(src));
+                };
+                for (std::uint64_t k = 0; k < l.out.c; ++k)
+                    if (nchw_)
+                        for (std::uint64_t c = 0; c < cin; ++c)
+                            for (std::uint64_t j = 0; j < rs; ++j) add(k, c, j);
+                    else
+                        for (std::uint64_t j = 0; j < rs; ++j)
+                            for (std::uint64_t c = 0; c < cin; ++c) add(k, c, j);
+            } else if (!conv_pass && l.spec.kind == LayerKind::linear && at_ == ActType::bf16) {
+                copy_offset_[i] = map_host_.size();
+                for (std::uint64_t j = 0; j < std::uint64_t{l.out.c} * l.in.c; ++j) {
+                    inv_host_[l.param_offset + j] = static_cast<std::uint32_t>(map_host_.size());
+                    map_host_.push_back(static_cast<std::uint32_t>(l.param_offset + j));
+                }
+            }
+        }
+        if (conv_pass) conv_copies_ = map_host_.size();
+    }
+}
+
 void CudaTrainer::layout(Arena& a) {
-    const std::uint64_t b = cfg_.max_batch, np = cfg_.plan.params;
+    const std::uint64_t b = cfg_.max_batch, np = cfg_.plan.params, ab = act_bytes(at_);
     params_ = a.take<float>(np);
     grads_ = a.take<float>(np);
     slots_ = a.take<float>(np * cfg_.optimizer.slots());
@@ -302,30 +452,41 @@ void CudaTrainer::layout(Arena& a) {
     eval_m_ = train_m_ + 1;
     scratch_m_ = train_m_ + 2;
     step_dev_ = a.take<unsigned long long>(1);
+    wcopy_ = a.take_bytes(map_host_.size() * ab);
+    gcopy_ = a.take_bytes(conv_copies_ * ab);
+    map_ = a.take<std::uint32_t>(map_host_.size());
+    inv_ = a.take<std::uint32_t>(np);
     plan_.parameters = a.used();
     const std::uint64_t start = a.used();
-    act0_ = a.take<float>(b * cfg_.plan.input.numel());
+    act0_ = a.take_bytes(b * input_.numel() * ab);
     labels_ = a.take<std::int32_t>(b);
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
         const std::uint64_t count = b * l.out.numel();
-        if (l.spec.kind == LayerKind::flatten || l.spec.kind == LayerKind::residual_begin)
-            d.out = const_cast<float*>(input_of(i));
+        if (l.spec.kind == LayerKind::residual_begin ||
+            (l.spec.kind == LayerKind::flatten && (nchw_ || l.in.h * l.in.w == 1)))
+            d.out = const_cast<void*>(input_of(i));
         else
-            d.out = a.take<float>(count);
+            d.out = a.take_bytes(count * ab);
         if (l.spec.kind == LayerKind::batchnorm) d.aux = a.take<float>(2 * std::uint64_t{l.in.c});
         if (l.spec.kind == LayerKind::dropout) d.aux = a.take<float>(count);
-        if (l.spec.kind == LayerKind::residual_end) d.stash = a.take<float>(count);
+        if (l.spec.kind == LayerKind::residual_end) d.stash = a.take_bytes(count * ab);
+        if (l.spec.kind == LayerKind::conv) {
+            d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
+            d.gk = static_cast<char*>(gcopy_) + copy_offset_[i] * ab;
+        } else if (l.spec.kind == LayerKind::linear && at_ == ActType::bf16) {
+            d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
+        }
     }
     std::uint32_t bn_channels = 0;
     for (const auto& l : layers())
         if (l.spec.kind == LayerKind::batchnorm) bn_channels = std::max(bn_channels, l.in.c);
-    bn_partials_ = a.take<double>(bn_partials(bn_channels));
-    gbuf_[0] = a.take<float>(b * cfg_.plan.max_activation());
-    gbuf_[1] = a.take<float>(b * cfg_.plan.max_activation());
-    input_grad_ = a.take<float>(b * cfg_.plan.input.numel());
-    dlogits_ = a.take<float>(b * cfg_.plan.classes);
+    bn_partials_ = a.take<double>(bn_partials(std::max(bn_channels, 1u)));
+    gbuf_[0] = a.take_bytes(b * cfg_.plan.max_activation() * ab);
+    gbuf_[1] = a.take_bytes(b * cfg_.plan.max_activation() * ab);
+    input_grad_ = a.take_bytes(b * input_.numel() * ab);
+    dlogits_ = a.take_bytes(b * cfg_.plan.classes * ab);
     plan_.activations = a.used() - start;
     const std::uint64_t ws_start = a.used();
     workspace_ = a.take<std::uint8_t>(workspace_bytes_);
@@ -333,50 +494,41 @@ void CudaTrainer::layout(Arena& a) {
     plan_.workspace = a.used() - ws_start;
 }
 
+cudnnTensorDescriptor_t make_tensor(std::uint32_t n, TensorShape s, cudnnDataType_t t, bool nchw) {
+    cudnnTensorDescriptor_t d;
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, nchw ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, t, static_cast<int>(n),
+                                           static_cast<int>(s.c), static_cast<int>(s.h), static_cast<int>(s.w)));
+    return d;
+}
+
 void CudaTrainer::create_layer_descriptors() {
     const cudnnMathType_t math = cfg_.precision == Precision::fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
+        if (l.spec.kind != LayerKind::conv) continue;
         LayerDev& d = dev_[i];
-        switch (l.spec.kind) {
-        case LayerKind::conv: {
-            const int k = static_cast<int>(l.spec.kernel), s = static_cast<int>(l.spec.stride),
-                      p = static_cast<int>(l.spec.padding);
-            CUDNN_CHECK(cudnnCreateFilterDescriptor(&d.filter));
-            CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.filter, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                                   static_cast<int>(l.out.c), static_cast<int>(l.in.c), k, k));
-            for (auto* cd : {&d.conv_fwd, &d.conv_bwd_data, &d.conv_bwd_filter}) {
-                CUDNN_CHECK(cudnnCreateConvolutionDescriptor(cd));
-                CUDNN_CHECK(
-                    cudnnSetConvolution2dDescriptor(*cd, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-                CUDNN_CHECK(cudnnSetConvolutionMathType(*cd, math));
-            }
-            break;
-        }
-        case LayerKind::maxpool:
-        case LayerKind::avgpool:
-        case LayerKind::global_avgpool: {
-            const bool gap = l.spec.kind == LayerKind::global_avgpool;
-            const int kh = gap ? static_cast<int>(l.in.h) : static_cast<int>(l.spec.kernel);
-            const int kw = gap ? static_cast<int>(l.in.w) : static_cast<int>(l.spec.kernel);
-            const int sh = gap ? kh : static_cast<int>(l.spec.stride), sw = gap ? kw : static_cast<int>(l.spec.stride);
-            CUDNN_CHECK(cudnnCreatePoolingDescriptor(&d.pool));
-            CUDNN_CHECK(cudnnSetPooling2dDescriptor(d.pool,
-                                                    l.spec.kind == LayerKind::maxpool
-                                                        ? CUDNN_POOLING_MAX_DETERMINISTIC
-                                                        : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
-                                                    CUDNN_NOT_PROPAGATE_NAN, kh, kw, 0, 0, sh, sw));
-            break;
-        }
-        default:
-            break;
+        const int k = static_cast<int>(l.spec.kernel), s = static_cast<int>(l.spec.stride),
+                  p = static_cast<int>(l.spec.padding);
+        CUDNN_CHECK(cudnnCreateFilterDescriptor(&d.filter));
+        CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.filter, cudnn_type_, nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC,
+                                               static_cast<int>(l.out.c), static_cast<int>(i == 0 ? input_.c : l.in.c),
+                                               k, k));
+        for (auto* cd : {&d.conv_fwd, &d.conv_bwd_data, &d.conv_bwd_filter}) {
+            CUDNN_CHECK(cudnnCreateConvolutionDescriptor(cd));
+            CUDNN_CHECK(
+                cudnnSetConvolution2dDescriptor(*cd, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+            CUDNN_CHECK(cudnnSetConvolutionMathType(*cd, math));
         }
     }
-    // Workspace: the largest any heuristically ranked algorithm under the bound needs.
+    // Workspace: the largest any heuristically ranked, allowed algorithm under the bound needs.
     BatchDescs probe;
-    probe.input = make_tensor(cfg_.max_batch, cfg_.plan.input);
-    for (const auto& l : layers()) probe.out.push_back(make_tensor(cfg_.max_batch, l.out));
+    probe.input = make_tensor(cfg_.max_batch, input_, cudnn_type_, nchw_);
+    for (const auto& l : layers()) probe.out.push_back(make_tensor(cfg_.max_batch, l.out, cudnn_type_, nchw_));
     std::uint64_t ws = 0;
+    const Precision prec = cfg_.precision;
+    const bool det = cfg_.deterministic;
+    const std::uint64_t lim = cfg_.workspace_limit;
     for (std::size_t i = 0; i < layers().size(); ++i) {
         if (layers()[i].spec.kind != LayerKind::conv) continue;
         const auto x = i == 0 ? probe.input : probe.out[i - 1], y = probe.out[i];
@@ -386,101 +538,144 @@ void CudaTrainer::create_layer_descriptors() {
         CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, x, d.filter, d.conv_fwd, y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp));
         for (int j = 0; j < got; ++j)
-            if (fp[j].status == CUDNN_STATUS_SUCCESS && fp[j].memory <= cfg_.workspace_limit)
-                ws = std::max<std::uint64_t>(ws, fp[j].memory);
+            if (usable(fp[j], lim, prec, det)) ws = std::max<std::uint64_t>(ws, fp[j].memory);
         cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, d.filter, y, d.conv_bwd_data, x,
                                                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp));
         for (int j = 0; j < got; ++j)
-            if (dp[j].status == CUDNN_STATUS_SUCCESS && dp[j].memory <= cfg_.workspace_limit)
-                ws = std::max<std::uint64_t>(ws, dp[j].memory);
+            if (usable(dp[j], lim, prec, det)) ws = std::max<std::uint64_t>(ws, dp[j].memory);
         cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
         CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, x, y, d.conv_bwd_filter, d.filter,
                                                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp));
         for (int j = 0; j < got; ++j)
-            if (wp[j].status == CUDNN_STATUS_SUCCESS && wp[j].memory <= cfg_.workspace_limit)
-                ws = std::max<std::uint64_t>(ws, wp[j].memory);
+            if (usable(wp[j], lim, prec, det)) ws = std::max<std::uint64_t>(ws, wp[j].memory);
     }
     cudnnDestroyTensorDescriptor(probe.input);
     for (auto t : probe.out) cudnnDestroyTensorDescriptor(t);
     workspace_bytes_ = ws;
 }
 
-// Benchmarks the algorithms once per convolution shape with the planned
-// buffers and workspace, keeps the fastest that fits, and sets its math type.
-// Find also reports tensor-core (TF32) results under FMA math: fp32 keeps to
-// FMA ones.
+// Chooses each convolution's algorithms once, for max_batch, with the planned
+// buffers and workspace, and sets the chosen math type. Normally cuDNN's Find
+// (timed): the fastest allowed one. With TrainerConfig::deterministic the
+// ranked heuristic list instead, which is the same on every run, so that two
+// runs (or a run and its resume) pick the same algorithms; only algorithms
+// cuDNN reports as deterministic qualify then.
 void CudaTrainer::find_algorithms() {
-    const bool fp32 = cfg_.precision == Precision::fp32;
-    auto math_ok = [&](cudnnMathType_t m) { return !fp32 || m == CUDNN_FMA_MATH; };
+    const Precision prec = cfg_.precision;
+    const bool det = cfg_.deterministic;
     BatchDescs& bd = descs(cfg_.max_batch);
+    auto none = [&](std::size_t i, const char* which) {
+        return runtime_error(std::string("no ") + which + " convolution algorithm for layer " + std::to_string(i) +
+                             " fits the precision" + (det ? ", determinism" : "") + " and workspace bound (" +
+                             format_bytes(workspace_bytes_) + ") use a larger workspace or another --precision");
+    };
     for (std::size_t i = 0; i < layers().size(); ++i) {
         if (layers()[i].spec.kind != LayerKind::conv) continue;
         LayerDev& d = dev_[i];
         const auto x = i == 0 ? bd.input : bd.out[i - 1], y = bd.out[i];
-        float* w = params_ + layers()[i].param_offset;
         int got = 0;
         cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(cudnn_, x, input_of(i), d.filter, w, d.conv_fwd, y, d.out,
-                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp, workspace_,
-                                                           workspace_bytes_));
-        for (int j = 0; j < got; ++j)
-            if (fp[j].status == CUDNN_STATUS_SUCCESS && fp[j].memory <= workspace_bytes_ && math_ok(fp[j].mathType)) {
-                d.algos.fwd = fp[j].algo;
-                CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_fwd, fp[j].mathType));
-                break;
-            }
+        if (det)
+            CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, x, d.filter, d.conv_fwd, y,
+                                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp));
+        else
+            CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(cudnn_, x, input_of(i), d.filter, d.wk, d.conv_fwd, y,
+                                                               d.out, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp,
+                                                               workspace_, workspace_bytes_));
+        const auto* f = first_usable(fp, got, workspace_bytes_, prec, det);
+        if (!f) throw none(i, "forward");
+        d.algos.fwd = f->algo;
+        CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_fwd, f->mathType));
+
         cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn_, d.filter, w, y, gbuf_[0], d.conv_bwd_data, x,
-                                                                gbuf_[1], CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got,
-                                                                dp, workspace_, workspace_bytes_));
-        for (int j = 0; j < got; ++j)
-            if (dp[j].status == CUDNN_STATUS_SUCCESS && dp[j].memory <= workspace_bytes_ && math_ok(dp[j].mathType)) {
-                d.algos.bwd_data = dp[j].algo;
-                CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_data, dp[j].mathType));
-                break;
-            }
+        if (det)
+            CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, d.filter, y, d.conv_bwd_data, x,
+                                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp));
+        else
+            CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+                cudnn_, d.filter, d.wk, y, gbuf_[0], d.conv_bwd_data, x, gbuf_[1],
+                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp, workspace_, workspace_bytes_));
+        const auto* g = first_usable(dp, got, workspace_bytes_, prec, det);
+        if (!g) throw none(i, "backward-data");
+        d.algos.bwd_data = g->algo;
+        CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_data, g->mathType));
+
         cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            cudnn_, x, input_of(i), y, gbuf_[0], d.conv_bwd_filter, d.filter, grads_ + layers()[i].param_offset,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp, workspace_, workspace_bytes_));
-        for (int j = 0; j < got; ++j)
-            if (wp[j].status == CUDNN_STATUS_SUCCESS && wp[j].memory <= workspace_bytes_ && math_ok(wp[j].mathType)) {
-                d.algos.bwd_filter = wp[j].algo;
-                CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_filter, wp[j].mathType));
-                break;
-            }
+        if (det)
+            CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                cudnn_, x, y, d.conv_bwd_filter, d.filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp));
+        else
+            CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                cudnn_, x, input_of(i), y, gbuf_[0], d.conv_bwd_filter, d.filter, d.gk,
+                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp, workspace_, workspace_bytes_));
+        const auto* w = first_usable(wp, got, workspace_bytes_, prec, det);
+        if (!w) throw none(i, "weight-gradient");
+        d.algos.bwd_filter = w->algo;
+        CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_filter, w->mathType));
         bd.algos[i] = d.algos;
     }
 }
 
-// Descriptors for batch size n; algorithms chosen for max_batch are kept where
-// their workspace still fits, else the zero-workspace algorithms.
+// Descriptors for batch size n. The algorithms chosen for max_batch are kept
+// where their workspace still fits; otherwise the first allowed algorithm of
+// cuDNN's ranked list with the same math type (the descriptors are shared).
 BatchDescs& CudaTrainer::descs(std::uint32_t n) {
     auto it = descs_.find(n);
     if (it != descs_.end()) return it->second;
     BatchDescs d;
-    d.input = make_tensor(n, cfg_.plan.input);
-    for (const auto& l : layers()) d.out.push_back(make_tensor(n, l.out));
+    d.input = make_tensor(n, input_, cudnn_type_, nchw_);
+    for (const auto& l : layers()) d.out.push_back(make_tensor(n, l.out, cudnn_type_, nchw_));
     d.algos.resize(layers().size());
+    const Precision prec = cfg_.precision;
+    const bool det = cfg_.deterministic;
     for (std::size_t i = 0; i < layers().size(); ++i) {
         if (layers()[i].spec.kind != LayerKind::conv) continue;
         const LayerDev& ld = dev_[i];
         const auto x = i == 0 ? d.input : d.out[i - 1], y = d.out[i];
         ConvAlgos a = ld.algos;
         std::size_t need = 0;
+        int got = 0;
+        cudnnMathType_t math;
         if (cudnnGetConvolutionForwardWorkspaceSize(cudnn_, x, ld.filter, ld.conv_fwd, y, a.fwd, &need) !=
                 CUDNN_STATUS_SUCCESS ||
-            need > workspace_bytes_)
-            a.fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+            need > workspace_bytes_) {
+            cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+            CUDNN_CHECK(cudnnGetConvolutionMathType(ld.conv_fwd, &math));
+            CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, x, ld.filter, ld.conv_fwd, y,
+                                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp));
+            const auto* f = first_usable(fp, got, workspace_bytes_, prec, det, &math);
+            if (!f)
+                throw runtime_error("no forward convolution algorithm for layer " + std::to_string(i) + " at batch " +
+                                    std::to_string(n) + " fits the workspace bound");
+            a.fwd = f->algo;
+        }
         if (cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, ld.filter, y, ld.conv_bwd_data, x, a.bwd_data,
                                                          &need) != CUDNN_STATUS_SUCCESS ||
-            need > workspace_bytes_)
-            a.bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+            need > workspace_bytes_) {
+            cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+            CUDNN_CHECK(cudnnGetConvolutionMathType(ld.conv_bwd_data, &math));
+            CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, ld.filter, y, ld.conv_bwd_data, x,
+                                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp));
+            const auto* g = first_usable(dp, got, workspace_bytes_, prec, det, &math);
+            if (!g)
+                throw runtime_error("no backward-data convolution algorithm for layer " + std::to_string(i) +
+                                    " at batch " + std::to_string(n) + " fits the workspace bound");
+            a.bwd_data = g->algo;
+        }
         if (cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, x, y, ld.conv_bwd_filter, ld.filter, a.bwd_filter,
                                                            &need) != CUDNN_STATUS_SUCCESS ||
-            need > workspace_bytes_)
-            a.bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+            need > workspace_bytes_) {
+            cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+            CUDNN_CHECK(cudnnGetConvolutionMathType(ld.conv_bwd_filter, &math));
+            CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                cudnn_, x, y, ld.conv_bwd_filter, ld.filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp));
+            const auto* w = first_usable(wp, got, workspace_bytes_, prec, det, &math);
+            if (!w)
+                throw runtime_error("no weight-gradient convolution algorithm for layer " + std::to_string(i) +
+                                    " at batch " + std::to_string(n) + " fits the workspace bound");
+            a.bwd_filter = w->algo;
+        }
         d.algos[i] = a;
     }
     return descs_.emplace(n, std::move(d)).first->second;
@@ -493,155 +688,205 @@ void CudaTrainer::check_batch(const Batch& b) const {
     if (!b.x || !b.y) throw runtime_error("batch without data");
 }
 
+void CudaTrainer::refresh_copies() {
+    launch_gather_weights(params_, map_, wcopy_, at_, map_host_.size(), stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count) {
+    std::vector<float> out(count);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (at_ == ActType::f32) {
+        CUDA_CHECK(cudaMemcpy(out.data(), p, count * 4, cudaMemcpyDeviceToHost));
+        return out;
+    }
+    std::vector<std::uint16_t> raw(count);
+    CUDA_CHECK(cudaMemcpy(raw.data(), p, count * 2, cudaMemcpyDeviceToHost));
+    for (std::uint64_t i = 0; i < count; ++i) {
+        const std::uint32_t bits = std::uint32_t{raw[i]} << 16;
+        std::memcpy(&out[i], &bits, 4);
+    }
+    return out;
+}
+
 void CudaTrainer::convert(const Batch& b) {
     const TensorShape in = cfg_.plan.input;
     launch_convert_input(b.x, cfg_.input_dtype, b.y, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_, act0_,
-                         labels_, stream_);
+                         at_, nchw_, input_.c, labels_, stream_);
 }
 
-void CudaTrainer::forward(std::uint32_t n, bool training) {
+// Column-major C[m][n] = op(A) op(B) with float accumulation, the
+// activations' type for B (and for A where it is not fp32).
+void CudaTrainer::gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
+                       cudaDataType_t at, int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc) {
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(cublas_, ta, tb, m, n, k, &one, a, at, lda, b, blas_type_, ldb, &zero, c, ct, ldc,
+                              blas_compute_, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
     const float one = 1.0f, zero = 0.0f;
     BatchDescs& bd = descs(n);
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
-        const float* x = input_of(i);
+        const void* x = input_of(i);
         const auto xd = i == 0 ? bd.input : bd.out[i - 1], yd = bd.out[i];
         const std::uint64_t count = std::uint64_t{n} * l.out.numel();
+        const std::uint64_t hw_in = std::uint64_t{l.in.h} * l.in.w, hw_out = std::uint64_t{l.out.h} * l.out.w;
         const float* p = params_ + l.param_offset;
         switch (l.spec.kind) {
         case LayerKind::conv:
-            CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, p, d.conv_fwd, bd.algos[i].fwd,
+            CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, d.wk, d.conv_fwd, bd.algos[i].fwd,
                                                 workspace_, workspace_bytes_, &zero, yd, d.out));
-            if (l.spec.bias)
-                launch_add_bias(d.out, p + std::uint64_t{l.out.c} * l.in.c * l.spec.kernel * l.spec.kernel, n, l.out.c,
-                                std::uint64_t{l.out.h} * l.out.w, stream_);
+            if (l.spec.bias) launch_add_bias(d.out, at_, p + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
             break;
         case LayerKind::batchnorm: {
+            const bool fused = fuse && d.relu_next;
+            void* y = fused ? dev_[i + 1].out : d.out;
             float* rm = states_ + l.state_offset;
-            const std::uint64_t hw = std::uint64_t{l.in.h} * l.in.w;
             if (training)
-                launch_bn_forward_train(x, d.out, n, l.in.c, hw, p, p + l.in.c, rm, rm + l.in.c, d.aux, d.aux + l.in.c,
-                                        bn_partials_, static_cast<float>(bn_momentum), static_cast<float>(bn_eps),
-                                        stream_);
+                launch_bn_forward_train(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
+                                        d.aux, d.aux + l.in.c, bn_partials_, static_cast<float>(bn_momentum),
+                                        static_cast<float>(bn_eps), stream_);
             else
-                launch_bn_forward_eval(x, d.out, n, l.in.c, hw, p, p + l.in.c, rm, rm + l.in.c,
-                                       static_cast<float>(bn_eps), stream_);
+                launch_bn_forward_eval(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
+                                       static_cast<float>(bn_eps), bn_partials_, stream_);
             break;
         }
         case LayerKind::relu:
-            CUDNN_CHECK(cudnnActivationForward(cudnn_, relu_, &one, xd, x, &zero, yd, d.out));
+            if (!(fuse && i > 0 && dev_[i - 1].relu_next)) launch_relu_forward(x, d.out, at_, count, stream_);
             break;
         case LayerKind::maxpool:
         case LayerKind::avgpool:
+            launch_pool_forward(x, d.out, at_, pool_shape(l, n, nchw_), l.spec.kind == LayerKind::maxpool, stream_);
+            break;
         case LayerKind::global_avgpool:
-            CUDNN_CHECK(cudnnPoolingForward(cudnn_, d.pool, &one, xd, x, &zero, yd, d.out));
+            launch_gap_forward(x, d.out, at_, n, l.in.c, hw_in, nchw_, stream_);
             break;
         case LayerKind::linear: {
             const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c);
-            CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, p, in, x,
-                                     in, &zero, d.out, out));
-            if (l.spec.bias) launch_add_bias(d.out, p + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, stream_);
+            const bool copy = d.wk != nullptr;
+            gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, copy ? d.wk : p,
+                 copy ? blas_type_ : CUDA_R_32F, in, x, in, d.out, blas_type_, out);
+            if (l.spec.bias)
+                launch_add_bias(d.out, at_, p + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_);
             break;
         }
         case LayerKind::dropout:
             if (training && l.spec.drop > 0.0f)
-                launch_dropout_forward(x, d.out, d.aux, count, l.spec.drop, cfg_.seed, i, step_dev_, stream_);
+                launch_dropout_forward(x, d.out, d.aux, at_, count, l.out.c, hw_out, nchw_, l.spec.drop, cfg_.seed, i,
+                                       step_dev_, stream_);
             else
-                launch_copy(x, d.out, count, stream_);
+                launch_copy(x, d.out, at_, count, stream_);
             break;
-        case LayerKind::flatten:
+        case LayerKind::flatten: // features in the cpu backend's (NCHW) order, for the linear layers
+            if (d.out != x) launch_nhwc_to_nchw(x, d.out, at_, n, l.in.c, std::uint64_t{l.in.h} * l.in.w, stream_);
+            break;
         case LayerKind::residual_begin:
             break; // aliases its input
         case LayerKind::residual_end:
-            launch_add(x, input_of(static_cast<std::size_t>(l.partner)), d.out, count, stream_);
+            launch_add(x, input_of(static_cast<std::size_t>(l.partner)), d.out, at_, count, stream_);
             break;
         }
     }
 }
 
-void CudaTrainer::backward(std::uint32_t n, bool want_input_grad) {
+void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
     const float one = 1.0f, zero = 0.0f;
     BatchDescs& bd = descs(n);
-    const float* dy = dlogits_;
+    const void* dy = dlogits_;
     for (std::size_t i = layers().size(); i-- > 0;) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
-        const float* x = input_of(i);
+        const void* x = input_of(i);
         const auto xd = i == 0 ? bd.input : bd.out[i - 1], yd = bd.out[i];
         const float* p = params_ + l.param_offset;
         float* g = grads_ + l.param_offset;
-        float* dx = i == 0 ? input_grad_ : (dy == gbuf_[0] ? gbuf_[1] : gbuf_[0]);
+        void* dx = i == 0 ? input_grad_ : (dy == gbuf_[0] ? gbuf_[1] : gbuf_[0]);
         const bool need_dx = i > 0 || want_input_grad;
         const std::uint64_t count_in = std::uint64_t{n} * l.in.numel();
+        const std::uint64_t hw_in = std::uint64_t{l.in.h} * l.in.w, hw_out = std::uint64_t{l.out.h} * l.out.w;
         switch (l.spec.kind) {
         case LayerKind::conv:
             CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, xd, x, yd, dy, d.conv_bwd_filter,
                                                        bd.algos[i].bwd_filter, workspace_, workspace_bytes_, &zero,
-                                                       d.filter, g));
-            if (l.spec.bias)
-                launch_bias_grad(dy, g + std::uint64_t{l.out.c} * l.in.c * l.spec.kernel * l.spec.kernel, n, l.out.c,
-                                 std::uint64_t{l.out.h} * l.out.w, stream_);
+                                                       d.filter, d.gk));
+            if (l.spec.bias) launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
             if (need_dx)
-                CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, p, yd, dy, d.conv_bwd_data,
+                CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
                                                          bd.algos[i].bwd_data, workspace_, workspace_bytes_, &zero, xd,
                                                          dx));
             break;
-        case LayerKind::batchnorm:
-            launch_bn_backward(x, dy, dx, n, l.in.c, std::uint64_t{l.in.h} * l.in.w, p, d.aux, d.aux + l.in.c, g,
-                               g + l.in.c, bn_partials_, stream_);
+        case LayerKind::batchnorm: {
+            const bool fused = fuse && d.relu_next;
+            launch_bn_backward(x, dy, fused ? dev_[i + 1].out : nullptr, dx, at_, n, hw_in, l.in.c, nchw_, p, d.aux,
+                               d.aux + l.in.c, g, g + l.in.c, bn_partials_, stream_);
             break;
+        }
         case LayerKind::relu:
-            CUDNN_CHECK(cudnnActivationBackward(cudnn_, relu_, &one, yd, d.out, yd, dy, xd, x, &zero, xd, dx));
+            if (fuse && i > 0 && dev_[i - 1].relu_next)
+                dx = const_cast<void*>(dy); // the batchnorm below applies the mask
+            else
+                launch_relu_backward(d.out, dy, dx, at_, count_in, stream_);
             break;
         case LayerKind::maxpool:
         case LayerKind::avgpool:
+            launch_pool_backward(x, dy, dx, at_, pool_shape(l, n, nchw_), l.spec.kind == LayerKind::maxpool, stream_);
+            break;
         case LayerKind::global_avgpool:
-            CUDNN_CHECK(cudnnPoolingBackward(cudnn_, d.pool, &one, yd, d.out, yd, dy, xd, x, &zero, xd, dx));
+            launch_gap_backward(dy, dx, at_, n, l.in.c, hw_in, nchw_, stream_);
             break;
         case LayerKind::linear: {
             const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c), nn = static_cast<int>(n);
-            CUBLAS_CHECK(
-                cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, nn, &one, x, in, dy, out, &zero, g, in));
-            if (l.spec.bias) launch_bias_grad(dy, g + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, stream_);
-            if (need_dx)
-                CUBLAS_CHECK(
-                    cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, nn, out, &one, p, in, dy, out, &zero, dx, in));
+            // dW (fp32, straight into the gradient vector) = x^T dy
+            gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, nn, x, blas_type_, in, dy, out, g, CUDA_R_32F, in);
+            if (l.spec.bias)
+                launch_bias_grad(dy, at_, g + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_);
+            if (need_dx) {
+                const bool copy = d.wk != nullptr;
+                gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, nn, out, copy ? d.wk : p, copy ? blas_type_ : CUDA_R_32F, in, dy,
+                     out, dx, blas_type_, in);
+            }
             break;
         }
         case LayerKind::dropout:
             if (l.spec.drop > 0.0f)
-                launch_mul(dy, d.aux, dx, count_in, stream_);
+                launch_mul_mask(dy, d.aux, dx, at_, count_in, stream_);
             else
-                launch_copy(dy, dx, count_in, stream_);
+                launch_copy(dy, dx, at_, count_in, stream_);
             break;
         case LayerKind::flatten:
-            if (i == 0)
-                launch_copy(dy, dx, count_in, stream_);
+            if (!nchw_ && hw_in > 1)
+                launch_nchw_to_nhwc(dy, dx, at_, n, l.in.c, hw_in, stream_);
+            else if (i == 0)
+                launch_copy(dy, dx, at_, count_in, stream_);
             else
-                dx = const_cast<float*>(dy);
+                dx = const_cast<void*>(dy);
             break;
         case LayerKind::residual_end:
-            launch_copy(dy, d.stash, count_in, stream_);
+            launch_copy(dy, d.stash, at_, count_in, stream_);
             if (i == 0)
-                launch_copy(dy, dx, count_in, stream_);
+                launch_copy(dy, dx, at_, count_in, stream_);
             else
-                dx = const_cast<float*>(dy);
+                dx = const_cast<void*>(dy);
             break;
         case LayerKind::residual_begin:
-            launch_add(dy, dev_[static_cast<std::size_t>(l.partner)].stash, dx, count_in, stream_);
+            launch_add(dy, dev_[static_cast<std::size_t>(l.partner)].stash, dx, at_, count_in, stream_);
             break;
         }
         dy = dx;
     }
+    launch_scatter_grads(gcopy_, at_, map_, grads_, conv_copies_, stream_);
 }
 
 void CudaTrainer::step_body(std::uint32_t n) {
-    forward(n, true);
-    launch_softmax_xent(dev_.back().out, labels_, n, cfg_.plan.classes, cfg_.label_smoothing, dlogits_, train_m_,
+    forward(n, true, true);
+    launch_softmax_xent(dev_.back().out, at_, labels_, n, cfg_.plan.classes, cfg_.label_smoothing, dlogits_, train_m_,
                         step_dev_, stream_);
-    backward(n, false);
-    launch_optimizer(cfg_.optimizer, cfg_.schedule, params_, grads_, slots_, cfg_.plan.params, step_dev_, stream_);
+    backward(n, false, true);
+    launch_optimizer(cfg_.optimizer, cfg_.schedule, params_, grads_, slots_, cfg_.plan.params, step_dev_, inv_, wcopy_,
+                     at_, stream_);
     launch_advance_step(step_dev_, stream_);
 }
 
@@ -664,8 +909,8 @@ void CudaTrainer::evaluate(const Batch& b) {
     if (b.size == cfg_.max_batch) {
         CUDA_CHECK(cudaGraphLaunch(eval_graph_, stream_));
     } else {
-        forward(b.size, false);
-        launch_softmax_xent(dev_.back().out, labels_, b.size, cfg_.plan.classes, 0.0f, nullptr, eval_m_, step_dev_,
+        forward(b.size, false, true);
+        launch_softmax_xent(dev_.back().out, at_, labels_, b.size, cfg_.plan.classes, 0.0f, nullptr, eval_m_, step_dev_,
                             stream_);
     }
     eval_samples_ += b.size;
@@ -675,10 +920,10 @@ void CudaTrainer::compute_gradients(const Batch& b) {
     check_batch(b);
     last_n_ = b.size;
     convert(b);
-    forward(b.size, true);
-    launch_softmax_xent(dev_.back().out, labels_, b.size, cfg_.plan.classes, cfg_.label_smoothing, dlogits_, scratch_m_,
-                        step_dev_, stream_);
-    backward(b.size, true);
+    forward(b.size, true, false);
+    launch_softmax_xent(dev_.back().out, at_, labels_, b.size, cfg_.plan.classes, cfg_.label_smoothing, dlogits_,
+                        scratch_m_, step_dev_, stream_);
+    backward(b.size, true, false);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -718,6 +963,7 @@ void CudaTrainer::load_state(std::span<const std::uint8_t> blob) {
     const unsigned long long st = step_;
     CUDA_CHECK(cudaMemcpy(step_dev_, &st, 8, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(&train_m_->first_nonfinite, 0xff, 8));
+    refresh_copies();
 }
 
 } // namespace

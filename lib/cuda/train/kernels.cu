@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "dstk/rng.hpp"
@@ -10,6 +11,7 @@
 namespace dstk::train::cuda {
 namespace {
 
+using bf16 = __nv_bfloat16;
 constexpr int threads = 256;
 
 unsigned blocks_for(std::uint64_t count, std::uint64_t per_thread = 1) {
@@ -17,108 +19,248 @@ unsigned blocks_for(std::uint64_t count, std::uint64_t per_thread = 1) {
     return static_cast<unsigned>(b < 1 ? 1 : (b > 65535u * 16 ? 65535u * 16 : b));
 }
 
-template <class T> __device__ float load_as_float(const T* p, std::uint64_t i);
-template <> __device__ float load_as_float(const std::uint8_t* p, std::uint64_t i) {
+void check_launch() {
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Calls f with a null T* for the activation type, T = float or bf16.
+template <class F> void dispatch(ActType t, F&& f) {
+    if (t == ActType::bf16)
+        f(static_cast<bf16*>(nullptr));
+    else
+        f(static_cast<float*>(nullptr));
+}
+#define DSTK_T std::remove_pointer_t<decltype(tag)>
+
+__device__ __forceinline__ float ld(const float* p, std::uint64_t i) {
     return p[i];
 }
-template <> __device__ float load_as_float(const float* p, std::uint64_t i) {
-    return p[i];
-}
-template <> __device__ float load_as_float(const __nv_bfloat16* p, std::uint64_t i) {
+__device__ __forceinline__ float ld(const bf16* p, std::uint64_t i) {
     return __bfloat162float(p[i]);
 }
-template <> __device__ float load_as_float(const __half* p, std::uint64_t i) {
+__device__ __forceinline__ float ld(const std::uint8_t* p, std::uint64_t i) {
+    return p[i];
+}
+__device__ __forceinline__ float ld(const __half* p, std::uint64_t i) {
     return __half2float(p[i]);
+}
+__device__ __forceinline__ void st(float* p, std::uint64_t i, float v) {
+    p[i] = v;
+}
+__device__ __forceinline__ void st(bf16* p, std::uint64_t i, float v) {
+    p[i] = __float2bfloat16(v);
+}
+
+#define GRID_LOOP(i, count)                                                                                            \
+    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < (count);                          \
+         i += std::uint64_t{gridDim.x} * blockDim.x)
+
+// Block size for element-wise passes over [rows][c]: a multiple of c where one
+// exists, so that each thread's channel never changes along its grid-stride
+// loop (Fixed) and per-channel coefficients stay in registers.
+unsigned channel_threads(std::uint32_t c) {
+    if (c <= 256 && 256 % c == 0) return 256;
+    if (c <= 1024 && c % 32 == 0) return c;
+    return 256;
+}
+// Channel of element i of an [n][hw][c] (NHWC) or [n][c][hw] (NCHW) tensor.
+struct Channels {
+    std::uint32_t c;
+    std::uint64_t hw;
+    bool nchw, fixed; // fixed: NHWC with a block size that is a multiple of c
+    __device__ std::uint32_t operator()(std::uint64_t i, std::uint32_t c0) const {
+        return nchw ? static_cast<std::uint32_t>((i / hw) % c) : fixed ? c0 : static_cast<std::uint32_t>(i % c);
+    }
+};
+__device__ __forceinline__ std::uint32_t first_channel(std::uint32_t c) {
+    return static_cast<std::uint32_t>((blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x) % c);
+}
+
+template <class In, class T>
+__global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
+                               std::uint64_t hw, const float* mean, const float* inv_std, T* out,
+                               std::int32_t* labels_out, bool nchw, std::uint32_t out_channels) {
+    const std::uint64_t total = std::uint64_t{n} * out_channels * hw;
+    GRID_LOOP(i, total) {
+        if (i < n) labels_out[i] = labels[i];
+        if (nchw) {
+            const auto c = static_cast<std::uint32_t>((i / hw) % channels);
+            st(out, i, (ld(x, i) - mean[c]) * inv_std[c]);
+            continue;
+        }
+        // i indexes the NHWC output (channels zero-padded to out_channels); the stored sample is CHW.
+        const auto c = static_cast<std::uint32_t>(i % out_channels);
+        const std::uint64_t pix = i / out_channels, j = pix % hw, s = pix / hw;
+        st(out, i, c < channels ? (ld(x, (s * channels + c) * hw + j) - mean[c]) * inv_std[c] : 0.0f);
+    }
+}
+
+template <class T> __global__ void add_bias_kernel(T* y, const float* bias, std::uint64_t total, Channels ch) {
+    const std::uint32_t c0 = first_channel(ch.c);
+    GRID_LOOP(i, total) st(y, i, ld(y, i) + bias[ch(i, c0)]);
 }
 
 template <class T>
-__global__ void convert_kernel(const T* x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
-                               std::uint64_t hw, const float* mean, const float* inv_std, float* out,
-                               std::int32_t* labels_out) {
-    const std::uint64_t total = std::uint64_t{n} * channels * hw;
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < total;
-         i += std::uint64_t{gridDim.x} * blockDim.x) {
-        const auto c = static_cast<std::uint32_t>((i / hw) % channels);
-        out[i] = (load_as_float(x, i) - mean[c]) * inv_std[c];
-        if (i < n) labels_out[i] = labels[i];
-    }
-}
-
-__global__ void add_bias_kernel(float* y, const float* bias, std::uint64_t total, std::uint32_t c, std::uint64_t hw) {
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < total;
-         i += std::uint64_t{gridDim.x} * blockDim.x)
-        y[i] += bias[(i / hw) % c];
-}
-
-__global__ void bias_grad_kernel(const float* dy, float* db, std::uint64_t n, std::uint32_t c, std::uint64_t hw) {
-    __shared__ float part[threads];
+__global__ void bias_grad_kernel(const T* dy, float* db, std::uint64_t rows, std::uint32_t c, std::uint64_t hw,
+                                 bool nchw) {
+    __shared__ double part[threads];
     const std::uint32_t ch = blockIdx.x;
     float acc = 0.0f;
-    for (std::uint64_t j = threadIdx.x; j < n * hw; j += blockDim.x) {
-        const std::uint64_t s = j / hw, k = j % hw;
-        acc += dy[(s * c + ch) * hw + k];
-    }
+    for (std::uint64_t r = threadIdx.x; r < rows; r += blockDim.x)
+        acc += ld(dy, nchw ? ((r / hw) * c + ch) * hw + r % hw : r * c + ch);
     part[threadIdx.x] = acc;
     __syncthreads();
     for (int w = threads / 2; w > 0; w /= 2) {
         if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
         __syncthreads();
     }
-    if (threadIdx.x == 0) db[ch] = part[0];
+    if (threadIdx.x == 0) db[ch] = static_cast<float>(part[0]);
 }
 
-__global__ void add_kernel(const float* a, const float* b, float* out, std::uint64_t count) {
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
-         i += std::uint64_t{gridDim.x} * blockDim.x)
-        out[i] = a[i] + b[i];
+template <class T> __global__ void add_kernel(const T* a, const T* b, T* out, std::uint64_t count) {
+    GRID_LOOP(i, count) st(out, i, ld(a, i) + ld(b, i));
 }
 
-__global__ void mul_kernel(const float* a, const float* b, float* out, std::uint64_t count) {
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
-         i += std::uint64_t{gridDim.x} * blockDim.x)
-        out[i] = a[i] * b[i];
+template <class T> __global__ void mul_mask_kernel(const T* dy, const float* mask, T* dx, std::uint64_t count) {
+    GRID_LOOP(i, count) st(dx, i, ld(dy, i) * mask[i]);
 }
 
-__global__ void dropout_kernel(const float* x, float* y, float* mask, std::uint64_t count, float p, std::uint64_t seed,
-                               std::uint64_t layer, const unsigned long long* step) {
+template <class T> __global__ void relu_kernel(const T* x, T* y, std::uint64_t count) {
+    GRID_LOOP(i, count) st(y, i, fmaxf(ld(x, i), 0.0f));
+}
+
+template <class T> __global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, std::uint64_t count) {
+    GRID_LOOP(i, count) st(dx, i, ld(y, i) > 0.0f ? ld(dy, i) : 0.0f);
+}
+
+template <class T>
+__global__ void dropout_kernel(const T* x, T* y, float* mask, std::uint64_t count, std::uint32_t channels,
+                               std::uint64_t hw, bool nchw, float p, std::uint64_t seed, std::uint64_t layer,
+                               const unsigned long long* step) {
     const std::uint64_t stream = (layer << 40) ^ static_cast<std::uint64_t>(*step);
     const auto threshold = static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0);
     const float scale = 1.0f / (1.0f - p);
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
-         i += std::uint64_t{gridDim.x} * blockDim.x) {
-        const float m = philox(seed, stream, i)[0] >= threshold ? scale : 0.0f;
+    GRID_LOOP(i, count) {
+        const std::uint64_t c = i % channels, pix = i / channels;
+        const std::uint64_t j = nchw ? i : ((pix / hw) * channels + c) * hw + pix % hw; // the cpu backend's index
+        const float m = philox(seed, stream, j)[0] >= threshold ? scale : 0.0f;
         mask[i] = m;
-        y[i] = x[i] * m;
+        st(y, i, ld(x, i) * m);
     }
 }
 
-__global__ void softmax_xent_kernel(const float* logits, const std::int32_t* labels, std::uint32_t n, std::uint32_t k,
-                                    float smoothing, float* dlogits, DeviceMetrics* m, const unsigned long long* step) {
+// Coordinates of element i of an [n][h][w][c] or [n][c][h][w] tensor, and back.
+struct Coord {
+    std::uint64_t n;
+    std::uint32_t c, y, x;
+};
+__device__ __forceinline__ Coord coord_of(std::uint64_t i, std::uint32_t c, std::uint32_t h, std::uint32_t w,
+                                          bool nchw) {
+    if (nchw)
+        return {i / (std::uint64_t{c} * h * w), static_cast<std::uint32_t>((i / (std::uint64_t{h} * w)) % c),
+                static_cast<std::uint32_t>((i / w) % h), static_cast<std::uint32_t>(i % w)};
+    const std::uint64_t pix = i / c;
+    return {pix / (std::uint64_t{h} * w), static_cast<std::uint32_t>(i % c), static_cast<std::uint32_t>((pix / w) % h),
+            static_cast<std::uint32_t>(pix % w)};
+}
+__device__ __forceinline__ std::uint64_t index_of(Coord k, std::uint32_t c, std::uint32_t h, std::uint32_t w,
+                                                  bool nchw) {
+    return nchw ? ((k.n * c + k.c) * h + k.y) * w + k.x : ((k.n * h + k.y) * w + k.x) * c + k.c;
+}
+
+template <class T> __global__ void pool_forward_kernel(const T* x, T* y, PoolShape p, bool max, std::uint64_t count) {
+    GRID_LOOP(o, count) {
+        const Coord k = coord_of(o, p.c, p.oh, p.ow, p.nchw);
+        const Coord first{k.n, k.c, k.y * p.stride, k.x * p.stride};
+        float best = ld(x, index_of(first, p.c, p.h, p.w, p.nchw)), sum = 0.0f;
+        for (std::uint32_t ky = 0; ky < p.k; ++ky)
+            for (std::uint32_t kx = 0; kx < p.k; ++kx) {
+                const float v = ld(x, index_of({k.n, k.c, first.y + ky, first.x + kx}, p.c, p.h, p.w, p.nchw));
+                sum += v;
+                best = v > best ? v : best;
+            }
+        st(y, o, max ? best : sum / static_cast<float>(p.k * p.k));
+    }
+}
+
+// One thread per input element: sums, in output order, the gradient of every
+// window that holds it (for max, only where it is the window's first maximum).
+template <class T>
+__global__ void pool_backward_kernel(const T* x, const T* dy, T* dx, PoolShape p, bool max, std::uint64_t count) {
+    GRID_LOOP(i, count) {
+        const Coord k = coord_of(i, p.c, p.h, p.w, p.nchw);
+        const std::uint32_t oy0 = k.y + 1 >= p.k ? (k.y + 1 - p.k + p.stride - 1) / p.stride : 0;
+        const std::uint32_t ox0 = k.x + 1 >= p.k ? (k.x + 1 - p.k + p.stride - 1) / p.stride : 0;
+        const std::uint32_t oy1 = min(k.y / p.stride, p.oh - 1), ox1 = min(k.x / p.stride, p.ow - 1);
+        float g = 0.0f;
+        for (std::uint32_t oy = oy0; oy <= oy1 && oy0 < p.oh; ++oy)
+            for (std::uint32_t ox = ox0; ox <= ox1 && ox0 < p.ow; ++ox) {
+                const std::uint64_t o = index_of({k.n, k.c, oy, ox}, p.c, p.oh, p.ow, p.nchw);
+                if (!max) {
+                    g += ld(dy, o) / static_cast<float>(p.k * p.k);
+                    continue;
+                }
+                std::uint32_t by = oy * p.stride, bx = ox * p.stride;
+                float best = ld(x, index_of({k.n, k.c, by, bx}, p.c, p.h, p.w, p.nchw));
+                for (std::uint32_t ky = 0; ky < p.k; ++ky)
+                    for (std::uint32_t kx = 0; kx < p.k; ++kx) {
+                        const std::uint32_t yy = oy * p.stride + ky, xx = ox * p.stride + kx;
+                        const float v = ld(x, index_of({k.n, k.c, yy, xx}, p.c, p.h, p.w, p.nchw));
+                        if (v > best) best = v, by = yy, bx = xx;
+                    }
+                if (by == k.y && bx == k.x) g += ld(dy, o);
+            }
+        st(dx, i, g);
+    }
+}
+
+template <class T>
+__global__ void gap_forward_kernel(const T* x, T* y, std::uint32_t c, std::uint64_t hw, bool nchw,
+                                   std::uint64_t count) {
+    GRID_LOOP(o, count) {
+        const std::uint64_t ch = o % c, n = o / c;
+        float s = 0.0f;
+        for (std::uint64_t j = 0; j < hw; ++j) s += ld(x, nchw ? o * hw + j : (n * hw + j) * c + ch);
+        st(y, o, s / static_cast<float>(hw));
+    }
+}
+
+template <class T>
+__global__ void gap_backward_kernel(const T* dy, T* dx, std::uint32_t c, std::uint64_t hw, bool nchw,
+                                    std::uint64_t count) {
+    GRID_LOOP(i, count) {
+        const std::uint64_t o = nchw ? i / hw : (i / (c * hw)) * c + i % c;
+        st(dx, i, ld(dy, o) / static_cast<float>(hw));
+    }
+}
+
+template <class T>
+__global__ void softmax_xent_kernel(const T* logits, const std::int32_t* labels, std::uint32_t n, std::uint32_t k,
+                                    float smoothing, T* dlogits, DeviceMetrics* m, const unsigned long long* step) {
     __shared__ double loss_part[threads];
     __shared__ unsigned correct_part[threads];
     const std::uint32_t s = blockIdx.x * blockDim.x + threadIdx.x;
     double loss = 0.0;
     unsigned correct = 0;
     if (s < n) {
-        const float* z = logits + std::uint64_t{s} * k;
+        const std::uint64_t row = std::uint64_t{s} * k;
         const std::int32_t label = labels[s];
-        float zmax = z[0];
+        float zmax = ld(logits, row);
         std::uint32_t arg = 0;
         for (std::uint32_t j = 1; j < k; ++j)
-            if (z[j] > zmax) zmax = z[j], arg = j;
+            if (ld(logits, row + j) > zmax) zmax = ld(logits, row + j), arg = j;
         float denom = 0.0f;
-        for (std::uint32_t j = 0; j < k; ++j) denom += __expf(z[j] - zmax);
+        for (std::uint32_t j = 0; j < k; ++j) denom += __expf(ld(logits, row + j) - zmax);
         const float lse = logf(denom) + zmax;
-        const float l = lse - z[label];
+        const float l = lse - ld(logits, row + label);
         loss = l;
         correct = arg == static_cast<std::uint32_t>(label);
         if (!isfinite(l) || !isfinite(zmax)) atomicMin(&m->first_nonfinite, *step);
         if (dlogits) {
             const float inv_n = 1.0f / static_cast<float>(n), off = smoothing / static_cast<float>(k);
-            float* g = dlogits + std::uint64_t{s} * k;
             for (std::uint32_t j = 0; j < k; ++j) {
                 const float q = (j == static_cast<std::uint32_t>(label) ? 1.0f - smoothing : 0.0f) + off;
-                g[j] = (__expf(z[j] - lse) - q) * inv_n;
+                st(dlogits, row + j, (__expf(ld(logits, row + j) - lse) - q) * inv_n);
             }
         }
     }
@@ -153,23 +295,34 @@ __device__ float device_lr(float base, ScheduleConfig s, std::uint64_t step) {
     return static_cast<float>(lr);
 }
 
+template <class C>
+__device__ __forceinline__ void refresh_copy(const std::uint32_t* inv, C* copy, std::uint64_t i, float v) {
+    if (inv) {
+        const std::uint32_t j = inv[i];
+        if (j != ~0u) st(copy, j, v);
+    }
+}
+
+template <class C>
 __global__ void sgd_kernel(OptimizerConfig o, ScheduleConfig sched, float* p, const float* g, float* m,
-                           std::uint64_t count, const unsigned long long* step) {
+                           std::uint64_t count, const unsigned long long* step, const std::uint32_t* inv, C* copy) {
     __shared__ float lr;
     if (threadIdx.x == 0) lr = device_lr(o.lr, sched, *step);
     __syncthreads();
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
-         i += std::uint64_t{gridDim.x} * blockDim.x) {
+    GRID_LOOP(i, count) {
         const float pi = p[i];
         const float gi = g[i] + o.weight_decay * pi;
         const float mi = o.momentum * m[i] + gi;
         m[i] = mi;
-        p[i] = pi - lr * (o.nesterov ? gi + o.momentum * mi : mi);
+        const float np = pi - lr * (o.nesterov ? gi + o.momentum * mi : mi);
+        p[i] = np;
+        refresh_copy(inv, copy, i, np);
     }
 }
 
+template <class C>
 __global__ void adamw_kernel(OptimizerConfig o, ScheduleConfig sched, float* p, const float* g, float* m, float* v,
-                             std::uint64_t count, const unsigned long long* step) {
+                             std::uint64_t count, const unsigned long long* step, const std::uint32_t* inv, C* copy) {
     __shared__ float lr, c1, c2;
     if (threadIdx.x == 0) {
         lr = device_lr(o.lr, sched, *step);
@@ -179,37 +332,151 @@ __global__ void adamw_kernel(OptimizerConfig o, ScheduleConfig sched, float* p, 
     }
     __syncthreads();
     const float decay = 1.0f - lr * o.weight_decay;
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
-         i += std::uint64_t{gridDim.x} * blockDim.x) {
+    GRID_LOOP(i, count) {
         const float gi = g[i];
         const float mi = o.beta1 * m[i] + (1.0f - o.beta1) * gi;
         const float vi = o.beta2 * v[i] + (1.0f - o.beta2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] = p[i] * decay - lr * (mi / c1) / (sqrtf(vi / c2) + o.eps);
+        const float np = p[i] * decay - lr * (mi / c1) / (sqrtf(vi / c2) + o.eps);
+        p[i] = np;
+        refresh_copy(inv, copy, i, np);
     }
 }
 
-constexpr unsigned bn_max_splits = 128;
+// ---- batch norm ----
 
-// Splits per channel: enough blocks to fill the GPU, at least 2048 elements each.
-unsigned bn_splits(std::uint32_t n, std::uint32_t c, std::uint64_t hw) {
-    const std::uint64_t per_channel = std::uint64_t{n} * hw;
-    std::uint64_t s = (528 + c - 1) / c;
-    s = std::min<std::uint64_t>(s, std::max<std::uint64_t>(1, per_channel / 2048));
-    return static_cast<unsigned>(std::clamp<std::uint64_t>(s, 1, bn_max_splits));
+constexpr unsigned bn_max_splits = 1024;
+
+// Splits of the rows: enough blocks to fill the GPU, at least 16 rows each.
+unsigned bn_splits(std::uint64_t rows) {
+    return static_cast<unsigned>(std::clamp<std::uint64_t>(rows / 16, 1, bn_max_splits));
 }
 
-__device__ inline std::uint64_t bn_index(std::uint64_t e, std::uint32_t c, std::uint32_t channels, std::uint64_t hw) {
-    return ((e / hw) * channels + c) * hw + e % hw;
+// Per-channel coefficients after the split partials: 4 floats per channel.
+float* bn_coef(double* partials, std::uint32_t c) {
+    return reinterpret_cast<float*>(partials + std::uint64_t{c} * bn_max_splits * 2);
 }
 
-__device__ void block_sum2(double& a, double& b) {
+// Partial sums over the rows of split blockIdx.x of the NHWC matrix [rows][C]:
+// forward (v - pivot, (v - pivot)^2) with the channel's first value as the
+// pivot (no cancellation when |mean| >> std); backward (g, g * xhat) with g =
+// dy masked by relu_y > 0 when the ReLU is fused. partials[(c*splits + s)*2 + k].
+template <class T>
+__global__ void bn_reduce_kernel(const T* x, const T* dy, const T* relu_y, std::uint64_t rows, std::uint32_t channels,
+                                 const float* save_mean, const float* save_invstd, double* partials) {
+    extern __shared__ double sh[];
+    const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x;
+    const std::uint64_t r0 = rows * s / splits, r1 = rows * (s + 1) / splits;
+    auto term = [&](std::uint64_t i, std::uint32_t c, float m, float is, float& a, float& b) {
+        if (!dy) {
+            const float v = ld(x, i) - m;
+            a += v;
+            b += v * v;
+        } else {
+            const float g = relu_y && !(ld(relu_y, i) > 0.0f) ? 0.0f : ld(dy, i);
+            a += g;
+            b += g * (ld(x, i) - m) * is;
+        }
+    };
+    auto centre = [&](std::uint32_t c, float& m, float& is) {
+        m = dy ? save_mean[c] : ld(x, c);
+        is = dy ? save_invstd[c] : 0.0f;
+    };
+    if (nt % channels == 0) {
+        const std::uint32_t c = t % channels;
+        float a = 0.0f, b = 0.0f, m, is;
+        centre(c, m, is);
+        for (std::uint64_t i = r0 * channels + t; i < r1 * channels; i += nt) term(i, c, m, is, a, b);
+        sh[t] = a;
+        sh[nt + t] = b;
+        __syncthreads();
+        if (t < channels) {
+            double sa = 0.0, sb = 0.0;
+            for (std::uint32_t k = t; k < nt; k += channels) {
+                sa += sh[k];
+                sb += sh[nt + k];
+            }
+            partials[(std::uint64_t{t} * splits + s) * 2] = sa;
+            partials[(std::uint64_t{t} * splits + s) * 2 + 1] = sb;
+        }
+        return;
+    }
+    // Any other channel count: the block walks its rows once per channel.
+    for (std::uint32_t c = 0; c < channels; ++c) {
+        float a = 0.0f, b = 0.0f, m, is;
+        centre(c, m, is);
+        for (std::uint64_t r = r0 + t; r < r1; r += nt) term(r * channels + c, c, m, is, a, b);
+        sh[t] = a;
+        sh[nt + t] = b;
+        __syncthreads();
+        for (unsigned w = nt / 2; w > 0; w /= 2) {
+            if (t < w) {
+                sh[t] += sh[t + w];
+                sh[nt + t] += sh[nt + t + w];
+            }
+            __syncthreads();
+        }
+        if (t == 0) {
+            partials[(std::uint64_t{c} * splits + s) * 2] = sh[0];
+            partials[(std::uint64_t{c} * splits + s) * 2 + 1] = sh[nt];
+        }
+        __syncthreads();
+    }
+}
+
+// The same partials for NCHW tensors: block (channel blockIdx.x, split
+// blockIdx.y) walks its part of the channel's n * hw elements.
+template <class T>
+__global__ void bn_reduce_nchw_kernel(const T* x, const T* dy, const T* relu_y, std::uint32_t n, std::uint32_t channels,
+                                      std::uint64_t hw, const float* save_mean, const float* save_invstd,
+                                      double* partials) {
     __shared__ double sa[threads], sb[threads];
-    sa[threadIdx.x] = a;
-    sb[threadIdx.x] = b;
+    const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
+    const std::uint64_t total = std::uint64_t{n} * hw, e0 = total * s / splits, e1 = total * (s + 1) / splits;
+    const float m = dy ? save_mean[c] : ld(x, std::uint64_t{c} * hw), is = dy ? save_invstd[c] : 0.0f;
+    float a = 0.0f, b = 0.0f;
+    for (std::uint64_t e = e0 + t; e < e1; e += blockDim.x) {
+        const std::uint64_t i = ((e / hw) * channels + c) * hw + e % hw;
+        if (!dy) {
+            const float v = ld(x, i) - m;
+            a += v;
+            b += v * v;
+        } else {
+            const float g = relu_y && !(ld(relu_y, i) > 0.0f) ? 0.0f : ld(dy, i);
+            a += g;
+            b += g * (ld(x, i) - m) * is;
+        }
+    }
+    sa[t] = a;
+    sb[t] = b;
     __syncthreads();
-    for (int w = threads / 2; w > 0; w /= 2) {
+    for (unsigned w = threads / 2; w > 0; w /= 2) {
+        if (t < w) {
+            sa[t] += sa[t + w];
+            sb[t] += sb[t + w];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        partials[(std::uint64_t{c} * splits + s) * 2] = sa[0];
+        partials[(std::uint64_t{c} * splits + s) * 2 + 1] = sb[0];
+    }
+}
+
+// Block-wide (blockDim.x == 128) sums of a channel's split partials, in a
+// fixed order; every thread gets them.
+__device__ void channel_totals(const double* partials, std::uint32_t c, std::uint32_t splits, double& a, double& b) {
+    __shared__ double sa[128], sb[128];
+    double pa = 0.0, pb = 0.0;
+    for (std::uint32_t s = threadIdx.x; s < splits; s += blockDim.x) {
+        pa += partials[(std::uint64_t{c} * splits + s) * 2];
+        pb += partials[(std::uint64_t{c} * splits + s) * 2 + 1];
+    }
+    sa[threadIdx.x] = pa;
+    sb[threadIdx.x] = pb;
+    __syncthreads();
+    for (unsigned w = 64; w > 0; w /= 2) {
         if (threadIdx.x < w) {
             sa[threadIdx.x] += sa[threadIdx.x + w];
             sb[threadIdx.x] += sb[threadIdx.x + w];
@@ -220,236 +487,428 @@ __device__ void block_sum2(double& a, double& b) {
     b = sb[0];
 }
 
-// Partial sums of (v, v*v) or, backward, (dy, dy*xhat) for block (channel, split).
-__global__ void bn_reduce_kernel(const float* x, const float* dy, std::uint32_t n, std::uint32_t channels,
-                                 std::uint64_t hw, const float* save_mean, const float* save_invstd, double* partials) {
-    const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
-    const std::uint64_t total = std::uint64_t{n} * hw;
-    const std::uint64_t e0 = total * s / splits, e1 = total * (s + 1) / splits;
-    float a = 0.0f, b = 0.0f;
-    if (!dy) {
-        for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-            const float v = x[bn_index(e, c, channels, hw)];
-            a += v;
-            b += v * v;
+// coef per channel: forward (scale, shift, -, mean): y = (x - mean) * scale + shift.
+template <class T>
+__global__ void bn_finalize_forward_kernel(const T* x, std::uint64_t pivot_stride, std::uint32_t channels,
+                                           std::uint32_t splits, double count, const float* gamma, const float* beta,
+                                           float* run_mean, float* run_var, float* save_mean, float* save_invstd,
+                                           const double* partials, float* coef, float momentum, float eps) {
+    const std::uint32_t c = blockIdx.x;
+    double sum, sq;
+    channel_totals(partials, c, splits, sum, sq);
+    if (threadIdx.x != 0) return;
+    const double d = sum / count, mean = static_cast<double>(ld(x, c * pivot_stride)) + d;
+    const double var = fmax(0.0, sq / count - d * d);
+    const float is = static_cast<float>(1.0 / sqrt(var + eps));
+    coef[c] = gamma[c] * is;
+    coef[channels + c] = beta[c];
+    coef[3 * channels + c] = static_cast<float>(mean);
+    save_mean[c] = static_cast<float>(mean);
+    save_invstd[c] = is;
+    const double unbiased = count > 1 ? var * count / (count - 1) : var;
+    run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * static_cast<float>(mean);
+    run_var[c] = (1.0f - momentum) * run_var[c] + momentum * static_cast<float>(unbiased);
+}
+
+// coef per channel, backward: dx = k * g + c1 * (x - mean) + c2, with
+// k = gamma * is, c1 = -k * is * mean(g * xhat), c2 = -k * mean(g).
+__global__ void bn_finalize_backward_kernel(std::uint32_t channels, std::uint32_t splits, double count,
+                                            const float* gamma, const float* save_mean, const float* save_invstd,
+                                            float* dgamma, float* dbeta, const double* partials, float* coef) {
+    const std::uint32_t c = blockIdx.x;
+    double sg, sgx;
+    channel_totals(partials, c, splits, sg, sgx);
+    if (threadIdx.x != 0) return;
+    dgamma[c] = static_cast<float>(sgx);
+    dbeta[c] = static_cast<float>(sg);
+    const float is = save_invstd[c], k = gamma[c] * is;
+    const float m1 = static_cast<float>(sg / count), m2 = static_cast<float>(sgx / count);
+    coef[c] = k;
+    coef[channels + c] = -k * is * m2;
+    coef[2 * channels + c] = -k * m1;
+    coef[3 * channels + c] = save_mean[c];
+}
+
+// Eval-mode coefficients from the running statistics.
+__global__ void bn_eval_coef_kernel(std::uint32_t channels, const float* gamma, const float* beta,
+                                    const float* run_mean, const float* run_var, float eps, float* coef) {
+    const std::uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    coef[c] = gamma[c] / sqrtf(run_var[c] + eps);
+    coef[channels + c] = beta[c];
+    coef[3 * channels + c] = run_mean[c];
+}
+
+template <class T>
+__global__ void bn_apply_kernel(const T* x, T* y, std::uint64_t count, Channels ch, const float* coef, bool relu) {
+    const std::uint32_t channels = ch.c, c0 = first_channel(channels);
+    float a = coef[c0], b = coef[channels + c0], m = coef[3 * channels + c0];
+    GRID_LOOP(i, count) {
+        if (!ch.fixed) {
+            const std::uint32_t c = ch(i, c0);
+            a = coef[c], b = coef[channels + c], m = coef[3 * channels + c];
         }
-    } else {
-        const float m = save_mean[c], is = save_invstd[c];
-        for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-            const std::uint64_t i = bn_index(e, c, channels, hw);
-            const float g = dy[i];
-            a += g;
-            b += g * (x[i] - m) * is;
-        }
-    }
-    double da = a, db = b;
-    block_sum2(da, db);
-    if (threadIdx.x == 0) {
-        partials[(std::uint64_t{c} * splits + s) * 2] = da;
-        partials[(std::uint64_t{c} * splits + s) * 2 + 1] = db;
+        const float v = (ld(x, i) - m) * a + b;
+        st(y, i, relu ? fmaxf(v, 0.0f) : v);
     }
 }
 
-__device__ void channel_totals(const double* partials, std::uint32_t c, std::uint32_t splits, double& a, double& b) {
-    a = 0.0;
-    b = 0.0;
-    for (std::uint32_t s = 0; s < splits; ++s) {
-        a += partials[(std::uint64_t{c} * splits + s) * 2];
-        b += partials[(std::uint64_t{c} * splits + s) * 2 + 1];
-    }
-}
-
-__global__ void bn_apply_train_kernel(const float* x, float* y, std::uint32_t n, std::uint32_t channels,
-                                      std::uint64_t hw, const float* gamma, const float* beta, float* run_mean,
-                                      float* run_var, float* save_mean, float* save_invstd, const double* partials,
-                                      float momentum, float eps) {
-    __shared__ float sa, sb;
-    const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
-    const std::uint64_t total = std::uint64_t{n} * hw;
-    if (threadIdx.x == 0) {
-        double sum, sq;
-        channel_totals(partials, c, splits, sum, sq);
-        const double cnt = static_cast<double>(total), mean = sum / cnt;
-        const double var = fmax(0.0, sq / cnt - mean * mean);
-        const float is = static_cast<float>(1.0 / sqrt(var + eps));
-        sa = gamma[c] * is;
-        sb = beta[c] - static_cast<float>(mean) * sa;
-        if (s == 0) {
-            save_mean[c] = static_cast<float>(mean);
-            save_invstd[c] = is;
-            const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
-            run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * static_cast<float>(mean);
-            run_var[c] = (1.0f - momentum) * run_var[c] + momentum * static_cast<float>(unbiased);
+template <class T>
+__global__ void bn_apply_backward_kernel(const T* x, const T* dy, const T* relu_y, T* dx, std::uint64_t count,
+                                         Channels ch, const float* coef) {
+    const std::uint32_t channels = ch.c, c0 = first_channel(channels);
+    float k = coef[c0], c1 = coef[channels + c0], c2 = coef[2 * channels + c0], m = coef[3 * channels + c0];
+    GRID_LOOP(i, count) {
+        if (!ch.fixed) {
+            const std::uint32_t c = ch(i, c0);
+            k = coef[c], c1 = coef[channels + c], c2 = coef[2 * channels + c], m = coef[3 * channels + c];
         }
-    }
-    __syncthreads();
-    const float a = sa, b = sb;
-    const std::uint64_t e0 = total * s / splits, e1 = total * (s + 1) / splits;
-    for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-        const std::uint64_t i = bn_index(e, c, channels, hw);
-        y[i] = x[i] * a + b;
+        const float g = relu_y && !(ld(relu_y, i) > 0.0f) ? 0.0f : ld(dy, i);
+        st(dx, i, k * g + c1 * (ld(x, i) - m) + c2);
     }
 }
 
-__global__ void bn_apply_backward_kernel(const float* x, const float* dy, float* dx, std::uint32_t n,
-                                         std::uint32_t channels, std::uint64_t hw, const float* gamma,
-                                         const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta,
-                                         const double* partials) {
-    __shared__ float sk, sm1, sm2;
-    const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
-    const std::uint64_t total = std::uint64_t{n} * hw;
-    if (threadIdx.x == 0) {
-        double sg, sgx;
-        channel_totals(partials, c, splits, sg, sgx);
-        if (s == 0) {
-            dgamma[c] = static_cast<float>(sgx);
-            dbeta[c] = static_cast<float>(sg);
-        }
-        sk = gamma[c] * save_invstd[c];
-        sm1 = static_cast<float>(sg / static_cast<double>(total));
-        sm2 = static_cast<float>(sgx / static_cast<double>(total));
-    }
-    __syncthreads();
-    const float k = sk, m1 = sm1, m2 = sm2, m = save_mean[c], is = save_invstd[c];
-    const std::uint64_t e0 = total * s / splits, e1 = total * (s + 1) / splits;
-    for (std::uint64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-        const std::uint64_t i = bn_index(e, c, channels, hw);
-        dx[i] = k * (dy[i] - m1 - (x[i] - m) * is * m2);
+// ---- layouts and weight copies ----
+
+template <class T>
+__global__ void nhwc_to_nchw_kernel(const T* in, T* out, std::uint64_t count, std::uint32_t channels,
+                                    std::uint64_t hw) {
+    GRID_LOOP(i, count) {
+        const std::uint64_t j = i % hw, c = (i / hw) % channels, n = i / (hw * channels);
+        out[i] = in[(n * hw + j) * channels + c];
     }
 }
 
-__global__ void bn_eval_kernel(const float* x, float* y, std::uint64_t count, std::uint32_t channels, std::uint64_t hw,
-                               const float* gamma, const float* beta, const float* run_mean, const float* run_var,
-                               float eps) {
-    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
-         i += std::uint64_t{gridDim.x} * blockDim.x) {
-        const auto c = static_cast<std::uint32_t>((i / hw) % channels);
-        const float a = gamma[c] / sqrtf(run_var[c] + eps);
-        y[i] = (x[i] - run_mean[c]) * a + beta[c];
+template <class T>
+__global__ void nchw_to_nhwc_kernel(const T* in, T* out, std::uint64_t count, std::uint32_t channels,
+                                    std::uint64_t hw) {
+    GRID_LOOP(i, count) {
+        const std::uint64_t c = i % channels, j = (i / channels) % hw, n = i / (hw * channels);
+        out[i] = in[(n * channels + c) * hw + j];
     }
+}
+
+template <class T>
+__global__ void gather_kernel(const float* params, const std::uint32_t* map, T* copy, std::uint64_t count) {
+    GRID_LOOP(i, count) st(copy, i, map[i] == ~0u ? 0.0f : params[map[i]]);
+}
+
+template <class T>
+__global__ void scatter_kernel(const T* gcopy, const std::uint32_t* map, float* grads, std::uint64_t count) {
+    GRID_LOOP(i, count) if (map[i] != ~0u) grads[map[i]] = ld(gcopy, i);
 }
 
 __global__ void advance_step_kernel(unsigned long long* step) {
     *step += 1;
 }
 
-void check_launch() {
-    CUDA_CHECK(cudaGetLastError());
-}
-
 } // namespace
 
 void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels, std::uint32_t n,
-                          std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, float* out,
-                          std::int32_t* labels_out, cudaStream_t s) {
-    const std::uint64_t total = std::uint64_t{n} * channels * hw;
-    const unsigned b = blocks_for(total, 4);
-    switch (dtype) {
-    case DType::u8:
-        convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::uint8_t*>(x), labels, n, channels, hw, mean,
-                                             inv_std, out, labels_out);
-        break;
-    case DType::bf16:
-        convert_kernel<<<b, threads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), labels, n, channels, hw, mean,
-                                             inv_std, out, labels_out);
-        break;
-    case DType::f16:
-        convert_kernel<<<b, threads, 0, s>>>(static_cast<const __half*>(x), labels, n, channels, hw, mean, inv_std, out,
-                                             labels_out);
-        break;
-    default:
-        convert_kernel<<<b, threads, 0, s>>>(static_cast<const float*>(x), labels, n, channels, hw, mean, inv_std, out,
-                                             labels_out);
-        break;
-    }
+                          std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, void* out,
+                          ActType t, bool nchw, std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s) {
+    const unsigned b = blocks_for(std::uint64_t{n} * out_channels * hw, 4);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        T* o = static_cast<T*>(out);
+        switch (dtype) {
+        case DType::u8:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::uint8_t*>(x), labels, n, channels, hw, mean,
+                                                 inv_std, o, labels_out, nchw, out_channels);
+            break;
+        case DType::bf16:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const bf16*>(x), labels, n, channels, hw, mean, inv_std, o,
+                                                 labels_out, nchw, out_channels);
+            break;
+        case DType::f16:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const __half*>(x), labels, n, channels, hw, mean, inv_std,
+                                                 o, labels_out, nchw, out_channels);
+            break;
+        default:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const float*>(x), labels, n, channels, hw, mean, inv_std,
+                                                 o, labels_out, nchw, out_channels);
+            break;
+        }
+    });
     check_launch();
 }
 
-void launch_add_bias(float* y, const float* bias, std::uint64_t n, std::uint32_t c, std::uint64_t hw, cudaStream_t s) {
+void launch_add_bias(void* y, ActType t, const float* bias, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                     bool nchw, cudaStream_t s) {
     const std::uint64_t total = n * c * hw;
-    add_bias_kernel<<<blocks_for(total, 4), threads, 0, s>>>(y, bias, total, c, hw);
+    const unsigned nt = channel_threads(c);
+    const unsigned b = std::max(1u, blocks_for(total, 4) * threads / nt);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        add_bias_kernel<<<b, nt, 0, s>>>(static_cast<T*>(y), bias, total, Channels{c, hw, nchw, !nchw && nt % c == 0});
+    });
     check_launch();
 }
 
-void launch_bias_grad(const float* dy, float* db, std::uint64_t n, std::uint32_t c, std::uint64_t hw, cudaStream_t s) {
-    bias_grad_kernel<<<c, threads, 0, s>>>(dy, db, n, c, hw);
+void launch_bias_grad(const void* dy, ActType t, float* db, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                      bool nchw, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        bias_grad_kernel<<<c, threads, 0, s>>>(static_cast<const T*>(dy), db, n * hw, c, hw, nchw);
+    });
     check_launch();
 }
 
-void launch_add(const float* a, const float* b, float* out, std::uint64_t count, cudaStream_t s) {
-    add_kernel<<<blocks_for(count, 4), threads, 0, s>>>(a, b, out, count);
+void launch_add(const void* a, const void* b, void* out, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        add_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                            static_cast<T*>(out), count);
+    });
     check_launch();
 }
 
-void launch_copy(const float* a, float* out, std::uint64_t count, cudaStream_t s) {
-    CUDA_CHECK(cudaMemcpyAsync(out, a, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
+void launch_copy(const void* a, void* out, ActType t, std::uint64_t count, cudaStream_t s) {
+    CUDA_CHECK(cudaMemcpyAsync(out, a, count * act_bytes(t), cudaMemcpyDeviceToDevice, s));
 }
 
-void launch_mul(const float* a, const float* b, float* out, std::uint64_t count, cudaStream_t s) {
-    mul_kernel<<<blocks_for(count, 4), threads, 0, s>>>(a, b, out, count);
+void launch_dropout_forward(const void* x, void* y, float* mask, ActType t, std::uint64_t count, std::uint32_t channels,
+                            std::uint64_t hw, bool nchw, float p, std::uint64_t seed, std::uint64_t layer,
+                            const unsigned long long* step, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        dropout_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), mask,
+                                                                count, channels, hw, nchw, p, seed, layer, step);
+    });
     check_launch();
 }
 
-void launch_dropout_forward(const float* x, float* y, float* mask, std::uint64_t count, float p, std::uint64_t seed,
-                            std::uint64_t layer, const unsigned long long* step, cudaStream_t s) {
-    dropout_kernel<<<blocks_for(count, 4), threads, 0, s>>>(x, y, mask, count, p, seed, layer, step);
+void launch_mul_mask(const void* dy, const float* mask, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        mul_mask_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(dy), mask, static_cast<T*>(dx),
+                                                                 count);
+    });
     check_launch();
 }
 
-void launch_softmax_xent(const float* logits, const std::int32_t* labels, std::uint32_t n, std::uint32_t k,
-                         float smoothing, float* dlogits, DeviceMetrics* m, const unsigned long long* step,
+void launch_relu_forward(const void* x, void* y, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        relu_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), count);
+    });
+    check_launch();
+}
+
+void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        relu_backward_kernel<<<blocks_for(count, 4), threads, 0, s>>>(
+            static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), count);
+    });
+    check_launch();
+}
+
+void launch_pool_forward(const void* x, void* y, ActType t, const PoolShape& p, bool max, cudaStream_t s) {
+    const std::uint64_t count = std::uint64_t{p.n} * p.oh * p.ow * p.c;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        pool_forward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), p,
+                                                                     max, count);
+    });
+    check_launch();
+}
+
+void launch_pool_backward(const void* x, const void* dy, void* dx, ActType t, const PoolShape& p, bool max,
+                          cudaStream_t s) {
+    const std::uint64_t count = std::uint64_t{p.n} * p.h * p.w * p.c;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        pool_backward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), p, max, count);
+    });
+    check_launch();
+}
+
+void launch_gap_forward(const void* x, void* y, ActType t, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                        bool nchw, cudaStream_t s) {
+    const std::uint64_t count = std::uint64_t{n} * c;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        gap_forward_kernel<<<blocks_for(count), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), c, hw,
+                                                                 nchw, count);
+    });
+    check_launch();
+}
+
+void launch_gap_backward(const void* dy, void* dx, ActType t, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
+                         bool nchw, cudaStream_t s) {
+    const std::uint64_t count = std::uint64_t{n} * c * hw;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        gap_backward_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(dy), static_cast<T*>(dx), c,
+                                                                     hw, nchw, count);
+    });
+    check_launch();
+}
+
+void launch_softmax_xent(const void* logits, ActType t, const std::int32_t* labels, std::uint32_t n, std::uint32_t k,
+                         float smoothing, void* dlogits, DeviceMetrics* m, const unsigned long long* step,
                          cudaStream_t s) {
-    softmax_xent_kernel<<<(n + threads - 1) / threads, threads, 0, s>>>(logits, labels, n, k, smoothing, dlogits, m,
-                                                                        step);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        softmax_xent_kernel<<<(n + threads - 1) / threads, threads, 0, s>>>(
+            static_cast<const T*>(logits), labels, n, k, smoothing, static_cast<T*>(dlogits), m, step);
+    });
     check_launch();
 }
 
 void launch_optimizer(const OptimizerConfig& o, const ScheduleConfig& sched, float* params, const float* grads,
-                      float* slots, std::uint64_t count, const unsigned long long* step, cudaStream_t s) {
+                      float* slots, std::uint64_t count, const unsigned long long* step, const std::uint32_t* inv,
+                      void* copy, ActType copy_t, cudaStream_t s) {
     const unsigned b = blocks_for(count, 4);
-    if (o.kind == OptimizerKind::sgd)
-        sgd_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, count, step);
-    else
-        adamw_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, slots + count, count, step);
-    check_launch();
-}
-
-std::uint64_t bn_partials(std::uint32_t channels) {
-    return std::uint64_t{channels} * bn_max_splits * 2;
-}
-
-void launch_bn_forward_train(const float* x, float* y, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
-                             const float* gamma, const float* beta, float* run_mean, float* run_var, float* save_mean,
-                             float* save_invstd, double* partials, float momentum, float eps, cudaStream_t s) {
-    const dim3 grid(c, bn_splits(n, c, hw));
-    bn_reduce_kernel<<<grid, threads, 0, s>>>(x, nullptr, n, c, hw, nullptr, nullptr, partials);
-    check_launch();
-    bn_apply_train_kernel<<<grid, threads, 0, s>>>(x, y, n, c, hw, gamma, beta, run_mean, run_var, save_mean,
-                                                   save_invstd, partials, momentum, eps);
-    check_launch();
-}
-
-void launch_bn_forward_eval(const float* x, float* y, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
-                            const float* gamma, const float* beta, const float* run_mean, const float* run_var,
-                            float eps, cudaStream_t s) {
-    const std::uint64_t count = std::uint64_t{n} * c * hw;
-    bn_eval_kernel<<<blocks_for(count, 4), threads, 0, s>>>(x, y, count, c, hw, gamma, beta, run_mean, run_var, eps);
-    check_launch();
-}
-
-void launch_bn_backward(const float* x, const float* dy, float* dx, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
-                        const float* gamma, const float* save_mean, const float* save_invstd, float* dgamma,
-                        float* dbeta, double* partials, cudaStream_t s) {
-    const dim3 grid(c, bn_splits(n, c, hw));
-    bn_reduce_kernel<<<grid, threads, 0, s>>>(x, dy, n, c, hw, save_mean, save_invstd, partials);
-    check_launch();
-    bn_apply_backward_kernel<<<grid, threads, 0, s>>>(x, dy, dx, n, c, hw, gamma, save_mean, save_invstd, dgamma, dbeta,
-                                                      partials);
+    dispatch(copy_t, [&](auto tag) {
+        using T = DSTK_T;
+        T* c = static_cast<T*>(copy);
+        if (o.kind == OptimizerKind::sgd)
+            sgd_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, count, step, inv, c);
+        else
+            adamw_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, slots + count, count, step, inv, c);
+    });
     check_launch();
 }
 
 void launch_advance_step(unsigned long long* step, cudaStream_t s) {
     advance_step_kernel<<<1, 1, 0, s>>>(step);
+    check_launch();
+}
+
+std::uint64_t bn_partials(std::uint32_t channels) {
+    return std::uint64_t{channels} * (bn_max_splits * 2 + 2);
+}
+
+namespace {
+
+// NCHW splits per channel: enough blocks to fill the GPU, at least 2048 elements each.
+unsigned bn_nchw_splits(std::uint32_t n, std::uint32_t c, std::uint64_t hw) {
+    std::uint64_t sp = (528 + c - 1) / c;
+    sp = std::min<std::uint64_t>(sp, std::max<std::uint64_t>(1, std::uint64_t{n} * hw / 2048));
+    return static_cast<unsigned>(std::clamp<std::uint64_t>(sp, 1, 128));
+}
+
+// The reduction pass of either layout; returns the split count.
+template <class T>
+unsigned bn_reduce(const T* x, const T* dy, const T* relu_y, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
+                   bool nchw, const float* save_mean, const float* save_invstd, double* partials, cudaStream_t s) {
+    if (nchw) {
+        const unsigned splits = bn_nchw_splits(n, c, hw);
+        bn_reduce_nchw_kernel<<<dim3(c, splits), threads, 0, s>>>(x, dy, relu_y, n, c, hw, save_mean, save_invstd,
+                                                                  partials);
+        check_launch();
+        return splits;
+    }
+    const std::uint64_t rows = std::uint64_t{n} * hw;
+    const unsigned splits = bn_splits(rows), nt = channel_threads(c);
+    bn_reduce_kernel<<<splits, nt, 2 * nt * sizeof(double), s>>>(x, dy, relu_y, rows, c, save_mean, save_invstd,
+                                                                 partials);
+    check_launch();
+    return splits;
+}
+
+} // namespace
+
+void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
+                             bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
+                             float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
+                             float eps, cudaStream_t s) {
+    const std::uint64_t rows = std::uint64_t{n} * hw, count = rows * c;
+    const unsigned nt = channel_threads(c);
+    float* coef = bn_coef(partials, c);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        const T* xt = static_cast<const T*>(x);
+        const unsigned splits = bn_reduce(xt, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr), n, hw, c,
+                                          nchw, nullptr, nullptr, partials, s);
+        bn_finalize_forward_kernel<<<c, 128, 0, s>>>(xt, nchw ? hw : 1, c, splits, static_cast<double>(rows), gamma,
+                                                     beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
+                                                     momentum, eps);
+        check_launch();
+        bn_apply_kernel<<<std::max(1u, blocks_for(count, 4) * threads / nt), nt, 0, s>>>(
+            xt, static_cast<T*>(y), count, Channels{c, hw, nchw, !nchw && nt % c == 0}, coef, relu);
+    });
+    check_launch();
+}
+
+void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
+                            bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
+                            const float* run_var, float eps, double* partials, cudaStream_t s) {
+    const std::uint64_t count = std::uint64_t{n} * hw * c;
+    const unsigned nt = channel_threads(c);
+    float* coef = bn_coef(partials, c);
+    bn_eval_coef_kernel<<<(c + 127) / 128, 128, 0, s>>>(c, gamma, beta, run_mean, run_var, eps, coef);
+    check_launch();
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        bn_apply_kernel<<<std::max(1u, blocks_for(count, 4) * threads / nt), nt, 0, s>>>(
+            static_cast<const T*>(x), static_cast<T*>(y), count, Channels{c, hw, nchw, !nchw && nt % c == 0}, coef,
+            relu);
+    });
+    check_launch();
+}
+
+void launch_bn_backward(const void* x, const void* dy, const void* relu_y, void* dx, ActType t, std::uint32_t n,
+                        std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* save_mean,
+                        const float* save_invstd, float* dgamma, float* dbeta, double* partials, cudaStream_t s) {
+    const std::uint64_t rows = std::uint64_t{n} * hw, count = rows * c;
+    const unsigned nt = channel_threads(c);
+    float* coef = bn_coef(partials, c);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        const T *xt = static_cast<const T*>(x), *dyt = static_cast<const T*>(dy), *ry = static_cast<const T*>(relu_y);
+        const unsigned splits = bn_reduce(xt, dyt, ry, n, hw, c, nchw, save_mean, save_invstd, partials, s);
+        bn_finalize_backward_kernel<<<c, 128, 0, s>>>(c, splits, static_cast<double>(rows), gamma, save_mean,
+                                                      save_invstd, dgamma, dbeta, partials, coef);
+        check_launch();
+        bn_apply_backward_kernel<<<std::max(1u, blocks_for(count, 4) * threads / nt), nt, 0, s>>>(
+            xt, dyt, ry, static_cast<T*>(dx), count, Channels{c, hw, nchw, !nchw && nt % c == 0}, coef);
+    });
+    check_launch();
+}
+
+void launch_nhwc_to_nchw(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                         cudaStream_t s) {
+    const std::uint64_t count = n * c * hw;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        nhwc_to_nchw_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
+                                                                     count, c, hw);
+    });
+    check_launch();
+}
+
+void launch_nchw_to_nhwc(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                         cudaStream_t s) {
+    const std::uint64_t count = n * c * hw;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        nchw_to_nhwc_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
+                                                                     count, c, hw);
+    });
+    check_launch();
+}
+
+void launch_gather_weights(const float* params, const std::uint32_t* map, void* copy, ActType t, std::uint64_t count,
+                           cudaStream_t s) {
+    if (count == 0) return;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        gather_kernel<<<blocks_for(count, 4), threads, 0, s>>>(params, map, static_cast<T*>(copy), count);
+    });
+    check_launch();
+}
+
+void launch_scatter_grads(const void* gcopy, ActType t, const std::uint32_t* map, float* grads, std::uint64_t count,
+                          cudaStream_t s) {
+    if (count == 0) return;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        scatter_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(gcopy), map, grads, count);
+    });
     check_launch();
 }
 

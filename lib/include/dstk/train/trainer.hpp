@@ -37,10 +37,13 @@
 namespace dstk::train {
 
 enum class Backend : std::uint8_t { cpu, cuda };
-// fp32: float math, FMA convolution algorithms only; tf32: float storage,
-// TF32 tensor cores in convolutions and matrix products. bf16 (bf16 activations,
-// fp32 master weights) is reserved: the cuda backend refuses it with a usage
-// error for now. The cpu backend computes fp32 whatever is asked.
+// fp32: float math, FMA convolution algorithms only (no FFT or non-fused
+// Winograd); tf32: float storage, TF32 tensor cores in convolutions and matrix
+// products; bf16: mixed precision: bf16 activations, activation gradients and
+// compute copies of the conv/linear weights, float accumulation in cuDNN and
+// cuBLAS, fp32 master weights, gradients, optimiser state, BN statistics and
+// loss (GPUs of compute capability 8.0 and later). The cpu backend computes
+// fp32 whatever is asked.
 enum class Precision : std::uint8_t { fp32, tf32, bf16 };
 
 struct Device {
@@ -67,7 +70,10 @@ struct TrainerConfig {
     std::uint64_t workspace_limit = std::uint64_t{256} << 20; // cuda: cuDNN workspace bound
     // cuda: only algorithms and kernels whose results do not depend on
     // scheduling, so that two runs (or a run and its resume) give the same
-    // weights. The cpu backend is deterministic always.
+    // weights: cuDNN algorithms reported deterministic, chosen from cuDNN's
+    // ranked heuristics instead of timing (the same choice every run). Our
+    // kernels never add floats with atomics. The cpu backend is deterministic
+    // always.
     bool deterministic = false;
 };
 
