@@ -40,11 +40,12 @@ class DeviceMemoryMeter {
     struct Nvml;
     enum class Source : std::uint8_t { none, nvml_process, nvml_device, runtime };
     std::unique_ptr<Nvml> nvml_;
-    Source source_ = Source::none;
+    [[maybe_unused]] Source source_ = Source::none; // unused in builds without CUDA
     bool attached_ = false;
-    int device_ = 0;
+    [[maybe_unused]] int device_ = 0;
     std::string method_ = "none";
-    std::uint64_t baseline_ = 0, last_ = 0, peak_ = 0;
+    [[maybe_unused]] std::uint64_t baseline_ = 0;
+    std::uint64_t last_ = 0, peak_ = 0;
 };
 
 } // namespace dstk::data

@@ -169,7 +169,7 @@ class ComputeTimer {
 #endif
     void* stream_;
     std::array<Pair, 64> pairs_{};
-    std::size_t turn_ = 0;
+    [[maybe_unused]] std::size_t turn_ = 0; // unused in builds without CUDA
     double seconds_ = 0;
 };
 
