@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
     app.add_option("--gamma", o.gamma, "step schedule factor")->capture_default_str();
     app.add_option("--label-smoothing", o.label_smoothing, "Label smoothing in [0, 1)")->capture_default_str();
     app.add_option("--precision", precision,
-                   "GPU arithmetic: fp32, or tf32 (the default: TF32 tensor cores in convolutions and "
-                   "matrix products); the CPU computes fp32");
+                   "GPU arithmetic: fp32, tf32 (the default: TF32 tensor cores in convolutions and matrix "
+                   "products) or bf16 (mixed precision: bf16 activations, fp32 master weights); the CPU computes fp32");
     app.add_option("--device", device, "cuda:N or cpu (default: cuda:0 when a GPU is present, else cpu)");
     app.add_option("--seed", o.seed, "Seed for initialisation and dropout")->capture_default_str();
     app.add_option("-T,--threads", o.threads, "CPU threads for --device cpu (0: one per hardware thread)")
