@@ -124,7 +124,40 @@ TEST(ChunkedFile, CorruptChunkIsNamed) {
     }
     std::vector<std::uint8_t> buf(16 * 50);
     EXPECT_NO_THROW(r.read_chunk(4, buf.data()));
-    EXPECT_THROW(r.read_chunk(5, buf.data()), Error);
+    try {
+        r.read_chunk(5, buf.data());
+        FAIL() << "corruption not detected by read_chunk";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("chunk 5 of 8"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    }
+}
+
+// read_chunk trusts zstd's content checksum: a frame header whose checksum
+// flag was cleared must not slip through unchecked.
+TEST(ChunkedFile, FrameWithoutContentChecksumIsRejected) {
+    TempDir t;
+    write_file(t.path / "h.zc", pattern(16 * 400), 16, 50, 2);
+    std::uint64_t offset = 0;
+    {
+        ChunkedReader r(t.path / "h.zc");
+        offset = r.index().chunks[3].offset + 4; // the frame header descriptor
+    }
+    {
+        std::fstream f(t.path / "h.zc", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(static_cast<std::streamoff>(offset));
+        char d = 0;
+        f.read(&d, 1);
+        ASSERT_TRUE(d & 0x04);
+        d = static_cast<char>(d & ~0x04);
+        f.seekp(static_cast<std::streamoff>(offset));
+        f.write(&d, 1);
+    }
+    ChunkedReader r(t.path / "h.zc");
+    std::vector<std::uint8_t> buf(16 * 50);
+    EXPECT_NO_THROW(r.read_chunk(2, buf.data()));
+    EXPECT_THROW(r.read_chunk(3, buf.data()), Error);
+    EXPECT_THROW(r.verify(), Error);
 }
 
 TEST(ChunkedFile, TruncatedOrForeignFileIsRejected) {

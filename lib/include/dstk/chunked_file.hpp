@@ -90,15 +90,18 @@ class ChunkedReader {
     // The largest chunk, for sizing buffers.
     std::uint64_t max_chunk_bytes() const { return index_.chunk_samples * index_.sample_bytes; }
 
-    // Decompresses chunk i into dst (chunk_bytes(i) bytes), checking the
-    // frame's XXH64 and zstd content checksum; errors name the file and chunk.
+    // Decompresses chunk i into dst (chunk_bytes(i) bytes), checking zstd's
+    // content checksum of the decoded bytes (the frame's XXH64 from the index
+    // only when that fails, to name the damage); errors name the file and chunk.
     void read_chunk(std::uint64_t i, void* dst) const;
     // Samples [first, first + count) into dst; chunks decoded on `pool` when given.
     void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool = nullptr) const;
-    // Decodes every chunk (on `pool` when given); throws naming the first bad one.
+    // Decodes every chunk (on `pool` when given), checking the frames' XXH64
+    // too; throws naming the first bad one.
     void verify(ThreadPool* pool = nullptr) const;
 
   private:
+    void decode_chunk(std::uint64_t i, void* dst, bool check_frame) const;
     std::filesystem::path path_;
     int fd_ = -1;
     std::uint64_t file_bytes_ = 0;
