@@ -25,7 +25,16 @@
 // Every buffer lives in one arena allocated in the constructor; the full-batch
 // training step (forward, loss, backward, update) and evaluation are captured
 // once as CUDA graphs.
+//
+// Profiling: with DSTK_PROFILE_LAYERS=N in the environment, the constructor
+// also runs N training steps outside the graph with a CUDA event after every
+// operation, prints each operation's mean GPU time (and the graph's step time)
+// to stderr, then restores the parameters, optimiser state and step counter,
+// so training goes on as without it. Operations shorter than their launch
+// (a few microseconds) are measured as their launch interval.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -238,6 +247,8 @@ class CudaTrainer final : public Trainer {
     }
     std::vector<float> download_act(const void* p, std::uint64_t count);
     void capture(cudaGraphExec_t& exec, const std::function<void()>& body);
+    void mark(std::size_t layer, const char* what);
+    void profile_layers(int steps);
 
     TrainerConfig cfg_;
     ActType at_ = ActType::f32;
@@ -274,6 +285,8 @@ class CudaTrainer final : public Trainer {
     cudaGraphExec_t train_graph_ = nullptr, eval_graph_ = nullptr;
     std::uint64_t step_ = 0, train_samples_ = 0, eval_samples_ = 0;
     std::uint32_t last_n_ = 0;
+    // Profiling (DSTK_PROFILE_LAYERS): events recorded after each operation.
+    std::vector<std::pair<std::string, cudaEvent_t>>* marks_ = nullptr;
 };
 
 CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
@@ -363,6 +376,80 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     std::size_t free_after = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     measured_ = free_before > free_after ? free_before - free_after : 0;
+    if (const char* e = std::getenv("DSTK_PROFILE_LAYERS"); e && std::atoi(e) > 0) profile_layers(std::atoi(e));
+}
+
+void CudaTrainer::mark(std::size_t layer, const char* what) {
+    if (!marks_) return;
+    std::string label = what;
+    if (layer < layers().size()) {
+        const LayerPlan& l = layers()[layer];
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "L%-2zu %-9s %4ux%ux%u ", layer,
+                      std::string(layer_kind_name(l.spec.kind)).c_str(), l.out.c, l.out.h, l.out.w);
+        label = buf + label;
+    }
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreate(&ev));
+    CUDA_CHECK(cudaEventRecord(ev, stream_));
+    marks_->emplace_back(std::move(label), ev);
+}
+
+void CudaTrainer::profile_layers(int steps) {
+    const auto saved = save_state();
+    const std::uint32_t n = cfg_.max_batch;
+    std::vector<std::string> order;
+    std::map<std::string, double> total;
+    for (int it = -2; it < steps; ++it) { // two warm-up steps
+        std::vector<std::pair<std::string, cudaEvent_t>> marks;
+        marks_ = &marks;
+        mark(~std::size_t{0}, "start");
+        step_body(n);
+        marks_ = nullptr;
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (std::size_t k = 1; k < marks.size(); ++k) {
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, marks[k - 1].second, marks[k].second));
+            if (it >= 0) {
+                if (!total.count(marks[k].first)) order.push_back(marks[k].first);
+                total[marks[k].first] += ms;
+            }
+        }
+        for (auto& m : marks) cudaEventDestroy(m.second);
+    }
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    const int graph_steps = 50;
+    CUDA_CHECK(cudaEventRecord(a, stream_));
+    for (int k = 0; k < graph_steps; ++k) CUDA_CHECK(cudaGraphLaunch(train_graph_, stream_));
+    CUDA_CHECK(cudaEventRecord(b, stream_));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float graph_ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&graph_ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    double sum = 0.0;
+    for (auto& [k, v] : total) sum += v / steps;
+    std::fprintf(stderr, "profile: %s, batch %u, %d steps outside the graph (ms per step, share)\n",
+                 std::string(precision_name(cfg_.precision)).c_str(), n, steps);
+    for (const auto& k : order)
+        std::fprintf(stderr, "  %-48s %8.4f %5.1f%%\n", k.c_str(), total[k] / steps, 100.0 * total[k] / steps / sum);
+    std::fprintf(stderr,
+                 "profile: sum of operations %.4f ms; graph step %.4f ms (%.0f samples/s without input conversion)\n",
+                 sum, graph_ms / graph_steps, n * 1000.0 * graph_steps / graph_ms);
+    std::vector<std::pair<std::string, double>> top(total.begin(), total.end());
+    std::sort(top.begin(), top.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+    std::fprintf(stderr, "profile: top operations\n");
+    for (std::size_t k = 0; k < top.size() && k < 12; ++k)
+        std::fprintf(stderr, "  %-48s %8.4f ms\n", top[k].first.c_str(), top[k].second / steps);
+    for (std::size_t i = 0; i < layers().size(); ++i)
+        if (layers()[i].spec.kind == LayerKind::conv)
+            std::fprintf(stderr, "profile: L%zu conv algorithms fwd %d bwd-data %d bwd-filter %d, workspace %s\n", i,
+                         static_cast<int>(dev_[i].algos.fwd), static_cast<int>(dev_[i].algos.bwd_data),
+                         static_cast<int>(dev_[i].algos.bwd_filter), format_bytes(workspace_bytes_).c_str());
+    load_state(saved);
+    CUDA_CHECK(cudaMemset(train_m_, 0, offsetof(DeviceMetrics, first_nonfinite)));
 }
 
 void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& body) {
@@ -789,6 +876,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             launch_add(x, input_of(static_cast<std::size_t>(l.partner)), d.out, at_, count, stream_);
             break;
         }
+        mark(i, "fwd");
     }
 }
 
@@ -813,6 +901,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
                                                        bd.algos[i].bwd_filter, workspace_, workspace_bytes_, &zero,
                                                        d.filter, d.gk));
             if (l.spec.bias) launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
+            mark(i, "bwd filter");
             if (need_dx)
                 CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
                                                          bd.algos[i].bwd_data, workspace_, workspace_bytes_, &zero, xd,
@@ -875,19 +964,23 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
             launch_add(dy, dev_[static_cast<std::size_t>(l.partner)].stash, dx, at_, count_in, stream_);
             break;
         }
+        mark(i, l.spec.kind == LayerKind::conv ? "bwd data" : "bwd");
         dy = dx;
     }
     launch_scatter_grads(gcopy_, at_, map_, grads_, conv_copies_, stream_);
+    mark(~std::size_t{0}, "weight-gradient scatter");
 }
 
 void CudaTrainer::step_body(std::uint32_t n) {
     forward(n, true, true);
     launch_softmax_xent(dev_.back().out, at_, labels_, n, cfg_.plan.classes, cfg_.label_smoothing, dlogits_, train_m_,
                         step_dev_, stream_);
+    mark(~std::size_t{0}, "loss");
     backward(n, false, true);
     launch_optimizer(cfg_.optimizer, cfg_.schedule, params_, grads_, slots_, cfg_.plan.params, step_dev_, inv_, wcopy_,
                      at_, stream_);
     launch_advance_step(step_dev_, stream_);
+    mark(~std::size_t{0}, "optimizer");
 }
 
 void CudaTrainer::train_step(const Batch& b) {
