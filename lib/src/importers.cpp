@@ -1135,6 +1135,8 @@ std::uint64_t cifar_record_count(std::uint64_t file_bytes, const std::string& so
 }
 
 Source open_source(const fs::path& path, InputFormat format, const RawInputOptions& raw, ThreadPool& pool) {
+    // stdin cannot be sniffed and put back: IDX unless the user described raw samples.
+    if (format == InputFormat::automatic && path == "-" && (raw.shape || raw.dtype)) format = InputFormat::raw;
     if (format == InputFormat::automatic) format = detect_format(path);
     if (path == "-" && format != InputFormat::idx && format != InputFormat::raw)
         throw usage_error("stdin ('-') can only be read as raw or IDX (--from raw|idx)");

@@ -35,6 +35,9 @@ expect_exit 0 "$D" x.raw f.npy "${RAW[@]}" --dtype f32 --scale 0.5
 from_pipe 0 x.raw "$D" - s.npy "${RAW[@]}" --dtype f32 --scale 0.5
 expect_same f.npy s.npy
 expect_stderr "700 samples"
+# --shape on stdin means raw without --from.
+from_pipe 0 x.raw "$D" - s2.npy --shape 3x8x8 --in-dtype u8 --dtype f32 --scale 0.5
+expect_same f.npy s2.npy
 for c in none zstd:1; do
     expect_exit 0 "$D" x.raw f_$c "${RAW[@]}" --compress $c --chunk-samples 64
     from_pipe 0 x.raw "$D" - s_$c "${RAW[@]}" --compress $c --chunk-samples 64

@@ -15,8 +15,9 @@ int main(int argc, char** argv) {
                  "zstd-chunked storage), .npy and raw out.",
                  "dsconvert"};
     app.add_option("INPUT", input,
-                   "Input: a dataset directory, file or directory of a known format, or - (stdin: IDX, plain "
-                   "or gzip, or raw with --from raw); with --benchmark, an optional file to compress");
+                   "Input: a dataset directory, file or directory of a known format, or - (stdin: raw when "
+                   "--shape/--in-dtype are given, else IDX, plain or gzip); with --benchmark, an optional file "
+                   "to compress");
     app.add_option("OUTPUT", o.output, "Output: a dataset directory, or a .npy / raw file (see --to)");
     app.add_flag("--verify", o.verify_only,
                  "Re-read every file of the dataset INPUT, check sizes and checksums, "
