@@ -20,6 +20,7 @@
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/rng.hpp"
+#include "support/test_dataset.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
@@ -41,33 +42,17 @@ fs::path temp(const std::string& name) {
 
 // Four classes of 3x16x16 u8 images: class c is brighter in its quadrant c.
 fs::path make_dataset(const fs::path& dir) {
-    DatasetWriter w(dir, false);
-    Manifest m;
     CounterRng rng(7, 0);
-    for (const auto& [name, n] : {std::pair<std::string, std::uint64_t>{"train", 2000}, {"test", 300}}) {
-        SplitInfo split;
-        split.name = name;
-        split.samples = n;
-        auto x = w.npy_field(name, "x", DType::u8, Shape{{3, 16, 16}}, n);
-        auto y = w.npy_field(name, "y", DType::i32, Shape{}, n);
-        std::vector<std::uint8_t> img(3 * 16 * 16);
-        for (std::uint64_t i = 0; i < n; ++i) {
+    return test_support::write_u8_dataset(
+        dir, Shape{{3, 16, 16}}, {{"train", 2000}, {"test", 300}}, 4, [&](std::uint64_t, std::span<std::uint8_t> img) {
             const auto label = static_cast<std::int32_t>(rng.below(4));
             for (std::size_t p = 0; p < img.size(); ++p) {
                 const std::size_t row = p / 16 % 16, col = p % 16;
                 const bool lit = static_cast<std::int32_t>((row / 8) * 2 + col / 8) == label;
                 img[p] = static_cast<std::uint8_t>(rng.below(150) + (lit ? 80 : 0));
             }
-            x->append(img.data(), 1);
-            y->append(&label, 1);
-        }
-        split.fields.push_back(x->finish());
-        split.fields.push_back(y->finish());
-        m.splits.push_back(split);
-    }
-    m.num_classes = 4;
-    w.commit(m);
-    return dir;
+            return label;
+        });
 }
 
 struct Options {

@@ -19,6 +19,7 @@
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
 #endif
+#include "support/test_dataset.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
@@ -39,36 +40,13 @@ std::string gpu_missing() {
 // i mod 10 with `classes` (a dataset to train on). `test` samples more in a
 // test split.
 fs::path make_dataset(const std::string& name, std::uint64_t samples, bool classes = false, std::uint64_t test = 0) {
-    const fs::path dir = fs::path(::testing::TempDir()) / ("dstk_gpu_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    DatasetWriter w(dir, false);
-    Manifest m;
-    for (const auto& [split_name, count] : {std::pair<std::string, std::uint64_t>{"train", samples}, {"test", test}}) {
-        if (count == 0) continue;
-        SplitInfo split;
-        split.name = split_name;
-        split.samples = count;
-        auto x = w.npy_field(split_name, "x", DType::u8, Shape{{3, 32, 32}}, count);
-        auto y = w.npy_field(split_name, "y", DType::i32, Shape{}, count);
-        std::vector<std::uint8_t> rows(row_bytes * 1024);
-        std::vector<std::int32_t> labels(1024);
-        for (std::uint64_t first = 0; first < count; first += 1024) {
-            const std::uint64_t n = std::min<std::uint64_t>(1024, count - first);
-            for (std::uint64_t i = 0; i < n; ++i) {
-                labels[i] = static_cast<std::int32_t>(classes ? (first + i) % 10 : first + i);
-                for (std::uint64_t j = 0; j < row_bytes; ++j)
-                    rows[i * row_bytes + j] = static_cast<std::uint8_t>((first + i) * 31 + j);
-            }
-            x->append(rows.data(), n);
-            y->append(labels.data(), n);
-        }
-        split.fields.push_back(x->finish());
-        split.fields.push_back(y->finish());
-        m.splits.push_back(split);
-    }
-    m.num_classes = 10;
-    w.commit(m);
-    return dir;
+    return test_support::write_u8_dataset(test_support::temp_path("dstk_gpu", name), Shape{{3, 32, 32}},
+                                          {{"train", samples}, {"test", test}}, 10,
+                                          [classes](std::uint64_t i, std::span<std::uint8_t> b) {
+                                              for (std::size_t j = 0; j < b.size(); ++j)
+                                                  b[j] = static_cast<std::uint8_t>(i * 31 + j);
+                                              return static_cast<std::int32_t>(classes ? i % 10 : i);
+                                          });
 }
 
 #if defined(DSTK_HAVE_CUDA)

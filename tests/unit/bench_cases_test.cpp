@@ -13,6 +13,7 @@
 #include "dstk/thread_pool.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
+#include "support/test_dataset.hpp"
 
 using namespace dstk::bench;
 namespace fs = std::filesystem;
@@ -25,25 +26,13 @@ class BenchCasesTest : public ::testing::Test {
         dir_ = fs::temp_directory_path() / ("dstk_bench_test_" + std::to_string(::getpid()));
         fs::remove_all(dir_);
         fs::create_directories(dir_);
-        data_ = dir_ / "ds";
-        const std::uint64_t samples = 2048;
-        const dstk::Shape shape{{3, 8, 8}};
-        dstk::DatasetWriter w(data_, false);
-        auto x = w.npy_field("train", "x", dstk::DType::u8, shape, samples);
-        std::vector<std::uint8_t> buf(samples * 192);
-        for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<std::uint8_t>((i * 7) % 61);
-        x->append(buf.data(), samples);
-        auto y = w.npy_field("train", "y", dstk::DType::i32, dstk::Shape{}, samples);
-        std::vector<std::int32_t> labels(samples, 1);
-        y->append(labels.data(), samples);
-        dstk::Manifest m;
-        dstk::SplitInfo split;
-        split.name = "train";
-        split.samples = samples;
-        split.fields = {x->finish(), y->finish()};
-        m.splits.push_back(split);
-        m.num_classes = 2;
-        w.commit(m);
+        // Byte k of the split is (k * 7) % 61; every label is 1.
+        data_ = dstk::test_support::write_u8_dataset(dir_ / "ds", dstk::Shape{{3, 8, 8}}, {{"train", 2048}}, 2,
+                                                     [](std::uint64_t i, std::span<std::uint8_t> b) {
+                                                         for (std::size_t j = 0; j < b.size(); ++j)
+                                                             b[j] = static_cast<std::uint8_t>(((i * 192 + j) * 7) % 61);
+                                                         return 1;
+                                                     });
     }
     void TearDown() override { fs::remove_all(dir_); }
 

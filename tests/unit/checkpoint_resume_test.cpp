@@ -11,6 +11,7 @@
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
+#include "support/test_dataset.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
@@ -25,30 +26,14 @@ fs::path temp(const std::string& name) {
 
 // Two classes of 1x8x8 u8 images: class 1 is brighter in its left half.
 fs::path make_dataset(const fs::path& dir) {
-    DatasetWriter w(dir, false);
-    Manifest m;
     CounterRng rng(5, 0);
-    for (const auto& [name, n] : {std::pair<std::string, std::uint64_t>{"train", 300}, {"test", 64}}) {
-        SplitInfo split;
-        split.name = name;
-        split.samples = n;
-        auto x = w.npy_field(name, "x", DType::u8, Shape{{1, 8, 8}}, n);
-        auto y = w.npy_field(name, "y", DType::i32, Shape{}, n);
-        for (std::uint64_t i = 0; i < n; ++i) {
+    return test_support::write_u8_dataset(
+        dir, Shape{{1, 8, 8}}, {{"train", 300}, {"test", 64}}, 2, [&](std::uint64_t, std::span<std::uint8_t> img) {
             const auto label = static_cast<std::int32_t>(rng.below(2));
-            std::uint8_t img[64];
-            for (int p = 0; p < 64; ++p)
+            for (std::size_t p = 0; p < img.size(); ++p)
                 img[p] = static_cast<std::uint8_t>(rng.below(128) + ((label == 1 && p % 8 < 4) ? 100 : 0));
-            x->append(img, 1);
-            y->append(&label, 1);
-        }
-        split.fields.push_back(x->finish());
-        split.fields.push_back(y->finish());
-        m.splits.push_back(split);
-    }
-    m.num_classes = 2;
-    w.commit(m);
-    return dir;
+            return label;
+        });
 }
 
 struct Options {

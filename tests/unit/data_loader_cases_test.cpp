@@ -12,6 +12,7 @@
 #include "dstk/bench/bench.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
+#include "support/test_dataset.hpp"
 
 using namespace dstk::bench;
 namespace fs = std::filesystem;
@@ -24,25 +25,13 @@ class LoaderCasesTest : public ::testing::Test {
         dir_ = fs::temp_directory_path() / ("dstk_loader_cases_" + std::to_string(::getpid()));
         fs::remove_all(dir_);
         fs::create_directories(dir_);
-        data_ = dir_ / "ds";
-        const std::uint64_t samples = 1024;
-        dstk::DatasetWriter w(data_, false);
-        auto x = w.npy_field("train", "x", dstk::DType::u8, dstk::Shape{{3, 4, 4}}, samples);
-        std::vector<std::uint8_t> buf(samples * 48);
-        for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<std::uint8_t>(i % 251);
-        x->append(buf.data(), samples);
-        auto y = w.npy_field("train", "y", dstk::DType::i32, dstk::Shape{}, samples);
-        std::vector<std::int32_t> labels(samples);
-        for (std::size_t i = 0; i < samples; ++i) labels[i] = static_cast<std::int32_t>(i % 3);
-        y->append(labels.data(), samples);
-        dstk::Manifest m;
-        dstk::SplitInfo split;
-        split.name = "train";
-        split.samples = samples;
-        split.fields = {x->finish(), y->finish()};
-        m.splits.push_back(split);
-        m.num_classes = 3;
-        w.commit(m);
+        // Byte k of the split is k % 251; sample i's label is i % 3.
+        data_ = dstk::test_support::write_u8_dataset(dir_ / "ds", dstk::Shape{{3, 4, 4}}, {{"train", 1024}}, 3,
+                                                     [](std::uint64_t i, std::span<std::uint8_t> b) {
+                                                         for (std::size_t j = 0; j < b.size(); ++j)
+                                                             b[j] = static_cast<std::uint8_t>((i * 48 + j) % 251);
+                                                         return static_cast<std::int32_t>(i % 3);
+                                                     });
     }
     void TearDown() override { fs::remove_all(dir_); }
 

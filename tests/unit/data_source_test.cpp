@@ -13,6 +13,7 @@
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
+#include "support/test_dataset.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
@@ -20,30 +21,15 @@ using namespace dstk::data;
 
 namespace {
 
-// Sample i of the test dataset: every byte is (i * 7 + j) & 0xff, its label i.
+// Sample i: every byte is (i * 7 + j) & 0xff, its label i.
 fs::path make_dataset(const std::string& name, std::uint64_t samples, std::uint64_t sample_bytes) {
-    const fs::path dir = fs::path(::testing::TempDir()) / ("dstk_data_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    DatasetWriter w(dir, false);
-    Manifest m;
-    SplitInfo split;
-    split.name = "train";
-    split.samples = samples;
-    auto x = w.npy_field("train", "x", DType::u8, Shape{{sample_bytes}}, samples);
-    auto y = w.npy_field("train", "y", DType::i32, Shape{}, samples);
-    std::vector<std::uint8_t> row(sample_bytes);
-    for (std::uint64_t i = 0; i < samples; ++i) {
-        for (std::uint64_t j = 0; j < sample_bytes; ++j) row[j] = static_cast<std::uint8_t>(i * 7 + j);
-        x->append(row.data(), 1);
-        const auto label = static_cast<std::int32_t>(i);
-        y->append(&label, 1);
-    }
-    split.fields.push_back(x->finish());
-    split.fields.push_back(y->finish());
-    m.splits.push_back(split);
-    m.num_classes = static_cast<std::uint32_t>(samples);
-    w.commit(m);
-    return dir;
+    return test_support::write_u8_dataset(test_support::temp_path("dstk_data", name), Shape{{sample_bytes}},
+                                          {{"train", samples}}, static_cast<std::uint32_t>(samples),
+                                          [](std::uint64_t i, std::span<std::uint8_t> b) {
+                                              for (std::size_t j = 0; j < b.size(); ++j)
+                                                  b[j] = static_cast<std::uint8_t>(i * 7 + j);
+                                              return static_cast<std::int32_t>(i);
+                                          });
 }
 
 SourceConfig cpu_config(Placement p, Order o, std::uint32_t batch) {
