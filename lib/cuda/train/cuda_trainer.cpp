@@ -909,8 +909,8 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
             break;
         case LayerKind::batchnorm: {
             const bool fused = fuse && d.relu_next;
-            launch_bn_backward(x, dy, fused ? dev_[i + 1].out : nullptr, dx, at_, n, hw_in, l.in.c, nchw_, p, d.aux,
-                               d.aux + l.in.c, g, g + l.in.c, bn_partials_, stream_);
+            launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,
+                               g + l.in.c, bn_partials_, stream_);
             break;
         }
         case LayerKind::relu:

@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <type_traits>
 
 #include "cuda_check.hpp"
@@ -51,6 +52,53 @@ __device__ __forceinline__ void st(bf16* p, std::uint64_t i, float v) {
     p[i] = __float2bfloat16(v);
 }
 
+// Division by a divisor fixed at launch, for dividends below 2^31: a multiply
+// and a shift instead of the long integer division (Granlund-Montgomery, as in
+// PyTorch's IntDivider). Kernels use it where every index of the tensor is
+// below 2^31 ("narrow") and plain 64-bit division otherwise.
+struct Div32 {
+    std::uint32_t d = 1, m = 1, s = 0;
+    Div32() = default;
+    explicit Div32(std::uint64_t divisor) : d(static_cast<std::uint32_t>(divisor)) {
+        if (divisor == 0 || divisor > 0x7fffffffu) return; // unused: the kernel runs wide
+        while ((std::uint64_t{1} << s) < d) ++s;
+        m = static_cast<std::uint32_t>(((std::uint64_t{1} << 32) * ((std::uint64_t{1} << s) - d)) / d + 1);
+    }
+    __device__ __forceinline__ std::uint32_t div(std::uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
+    __device__ __forceinline__ std::uint32_t mod(std::uint32_t n) const { return n - div(n) * d; }
+};
+constexpr std::uint64_t narrow_limit = 0x7fffffffu;
+
+// 16-byte loads and stores of V = 16 / sizeof(T) consecutive elements (float:
+// 4, bf16: 8), converted to and from float; V == 1 is a plain element.
+template <class T> constexpr int vec_of = 16 / static_cast<int>(sizeof(T));
+template <int V, class T> __device__ __forceinline__ void ldv(const T* p, std::uint64_t i, float (&v)[V]) {
+    if constexpr (V == 1) {
+        v[0] = ld(p, i);
+    } else {
+        static_assert(V * sizeof(T) == 16);
+        const uint4 q = *reinterpret_cast<const uint4*>(p + i);
+        const T* e = reinterpret_cast<const T*>(&q);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = ld(e, k);
+    }
+}
+template <int V, class T> __device__ __forceinline__ void stv(T* p, std::uint64_t i, const float (&v)[V]) {
+    if constexpr (V == 1) {
+        st(p, i, v[0]);
+    } else {
+        static_assert(V * sizeof(T) == 16);
+        uint4 q;
+        T* e = reinterpret_cast<T*>(&q);
+#pragma unroll
+        for (int k = 0; k < V; ++k) st(e, k, v[k]);
+        *reinterpret_cast<uint4*>(p + i) = q;
+    }
+}
+bool aligned16(const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
 #define GRID_LOOP(i, count)                                                                                            \
     for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < (count);                          \
          i += std::uint64_t{gridDim.x} * blockDim.x)
@@ -67,31 +115,46 @@ unsigned channel_threads(std::uint32_t c) {
 struct Channels {
     std::uint32_t c;
     std::uint64_t hw;
-    bool nchw, fixed; // fixed: NHWC with a block size that is a multiple of c
+    bool nchw, fixed, narrow; // fixed: NHWC with a block size that is a multiple of c; narrow: indices < 2^31
+    Div32 dhw, dc;
     __device__ std::uint32_t operator()(std::uint64_t i, std::uint32_t c0) const {
-        return nchw ? static_cast<std::uint32_t>((i / hw) % c) : fixed ? c0 : static_cast<std::uint32_t>(i % c);
+        if (fixed) return c0;
+        if (narrow) {
+            const auto j = static_cast<std::uint32_t>(i);
+            return dc.mod(nchw ? dhw.div(j) : j);
+        }
+        return static_cast<std::uint32_t>(nchw ? (i / hw) % c : i % c);
     }
 };
+Channels channels_of(std::uint32_t c, std::uint64_t hw, bool nchw, unsigned block, std::uint64_t count) {
+    const bool narrow = count <= narrow_limit;
+    return {c, hw, nchw, !nchw && block % c == 0, narrow, narrow ? Div32(hw) : Div32(), narrow ? Div32(c) : Div32()};
+}
 __device__ __forceinline__ std::uint32_t first_channel(std::uint32_t c) {
     return static_cast<std::uint32_t>((blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x) % c);
 }
 
 template <class In, class T>
 __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
-                               std::uint64_t hw, const float* mean, const float* inv_std, T* out,
-                               std::int32_t* labels_out, bool nchw, std::uint32_t out_channels) {
-    const std::uint64_t total = std::uint64_t{n} * out_channels * hw;
-    GRID_LOOP(i, total) {
-        if (i < n) labels_out[i] = labels[i];
-        if (nchw) {
-            const auto c = static_cast<std::uint32_t>((i / hw) % channels);
+                               Channels ch, const float* mean, const float* inv_std, T* out, std::int32_t* labels_out,
+                               std::uint32_t out_channels) {
+    const std::uint64_t hw = ch.hw;
+    if (ch.nchw) {
+        GRID_LOOP(i, std::uint64_t{n} * channels * hw) {
+            if (i < n) labels_out[i] = labels[i];
+            const std::uint32_t c = ch(i, 0);
             st(out, i, (ld(x, i) - mean[c]) * inv_std[c]);
-            continue;
         }
-        // i indexes the NHWC output (channels zero-padded to out_channels); the stored sample is CHW.
-        const auto c = static_cast<std::uint32_t>(i % out_channels);
-        const std::uint64_t pix = i / out_channels, j = pix % hw, s = pix / hw;
-        st(out, i, c < channels ? (ld(x, (s * channels + c) * hw + j) - mean[c]) * inv_std[c] : 0.0f);
+        return;
+    }
+    // One thread per pixel of the NHWC output (channels zero-padded to
+    // out_channels); the stored sample is CHW.
+    GRID_LOOP(pix, std::uint64_t{n} * hw) {
+        if (pix < n) labels_out[pix] = labels[pix];
+        const std::uint64_t s = ch.narrow ? ch.dhw.div(static_cast<std::uint32_t>(pix)) : pix / hw, j = pix - s * hw;
+        for (std::uint32_t c = 0; c < out_channels; ++c)
+            st(out, pix * out_channels + c,
+               c < channels ? (ld(x, (s * channels + c) * hw + j) - mean[c]) * inv_std[c] : 0.0f);
     }
 }
 
@@ -212,6 +275,93 @@ __global__ void pool_backward_kernel(const T* x, const T* dy, T* dx, PoolShape p
             }
         st(dx, i, g);
     }
+}
+
+// Non-overlapping windows that tile the input (k == stride, h == oh * k,
+// w == ow * k): one thread per output pixel and group of V channels of an
+// [n][h][w][c] tensor (NCHW runs as n * c planes of one channel), reading
+// each input element once; the backward pass writes the whole window (the
+// gradient at the first maximum, zeros elsewhere), so every dx element is
+// written exactly once. Output groups number below 2^31.
+struct TiledPool {
+    std::uint32_t count, w, c, k, ow;
+    Div32 groups, dow, doh;
+    // First input element of output group o's window; o's output element is o * V.
+    __device__ __forceinline__ std::uint64_t window(std::uint32_t o, int v) const {
+        const std::uint32_t pix = groups.div(o), g = o - pix * groups.d;
+        const std::uint32_t t = dow.div(pix), ox = pix - t * ow, nn = doh.div(t), oy = t - nn * doh.d;
+        return ((std::uint64_t{nn} * doh.d * k + oy * k) * w + std::uint64_t{ox} * k) * c + std::uint64_t{g} * v;
+    }
+};
+
+template <class T, int V> __global__ void tiled_pool_forward_kernel(const T* x, T* y, TiledPool p, bool max) {
+    for (std::uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < p.count; o += gridDim.x * blockDim.x) {
+        const std::uint64_t base = p.window(o, V);
+        float best[V], sum[V], v[V];
+        ldv<V>(x, base, best);
+#pragma unroll
+        for (int j = 0; j < V; ++j) sum[j] = 0.0f;
+        for (std::uint32_t ky = 0; ky < p.k; ++ky)
+            for (std::uint32_t kx = 0; kx < p.k; ++kx) {
+                ldv<V>(x, base + (std::uint64_t{ky} * p.w + kx) * p.c, v);
+#pragma unroll
+                for (int j = 0; j < V; ++j) {
+                    sum[j] += v[j];
+                    best[j] = v[j] > best[j] ? v[j] : best[j];
+                }
+            }
+        if (!max)
+#pragma unroll
+            for (int j = 0; j < V; ++j) best[j] = sum[j] / static_cast<float>(p.k * p.k);
+        stv<V>(y, std::uint64_t{o} * V, best);
+    }
+}
+
+template <class T, int V>
+__global__ void tiled_pool_backward_kernel(const T* x, const T* dy, T* dx, TiledPool p, bool max) {
+    for (std::uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < p.count; o += gridDim.x * blockDim.x) {
+        const std::uint64_t base = p.window(o, V);
+        float g[V], best[V], v[V];
+        std::uint32_t arg[V];
+        ldv<V>(dy, std::uint64_t{o} * V, g);
+        if (max) {
+            ldv<V>(x, base, best);
+#pragma unroll
+            for (int j = 0; j < V; ++j) arg[j] = 0;
+            for (std::uint32_t ky = 0; ky < p.k; ++ky)
+                for (std::uint32_t kx = 0; kx < p.k; ++kx) {
+                    ldv<V>(x, base + (std::uint64_t{ky} * p.w + kx) * p.c, v);
+#pragma unroll
+                    for (int j = 0; j < V; ++j)
+                        if (v[j] > best[j]) best[j] = v[j], arg[j] = ky * p.k + kx;
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; ++j) g[j] /= static_cast<float>(p.k * p.k);
+        }
+        for (std::uint32_t ky = 0; ky < p.k; ++ky)
+            for (std::uint32_t kx = 0; kx < p.k; ++kx) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) v[j] = !max || arg[j] == ky * p.k + kx ? g[j] : 0.0f;
+                stv<V>(dx, base + (std::uint64_t{ky} * p.w + kx) * p.c, v);
+            }
+    }
+}
+
+// Launches a tiled pooling kernel where the shape allows one; false otherwise.
+template <class T, class F> bool tiled_pool(const PoolShape& p, const void* const* ptrs, int nptrs, F&& launch) {
+    if (p.k != p.stride || p.h != p.oh * p.k || p.w != p.ow * p.k) return false;
+    // NCHW: n * c planes of one channel.
+    const std::uint64_t n = p.nchw ? std::uint64_t{p.n} * p.c : p.n;
+    const std::uint32_t c = p.nchw ? 1 : p.c;
+    bool vec = c % vec_of<T> == 0;
+    for (int j = 0; j < nptrs; ++j) vec = vec && aligned16(ptrs[j]);
+    const std::uint32_t v = vec ? vec_of<T> : 1;
+    const std::uint64_t count = n * p.oh * p.ow * (c / v);
+    if (count > narrow_limit || n * p.h * p.w * c > (std::uint64_t{1} << 62)) return false;
+    TiledPool tp{static_cast<std::uint32_t>(count), p.w, c, p.k, p.ow, Div32(c / v), Div32(p.ow), Div32(p.oh)};
+    launch(tp, vec, blocks_for(count));
+    return true;
 }
 
 template <class T>
@@ -353,41 +503,59 @@ unsigned bn_splits(std::uint64_t rows) {
     return static_cast<unsigned>(std::clamp<std::uint64_t>(rows / 16, 1, bn_max_splits));
 }
 
-// Per-channel coefficients after the split partials: 4 floats per channel.
+// Per-channel coefficients after the split partials: 6 floats per channel
+// (scale or k, shift or c1, c2, mean, beta).
 float* bn_coef(double* partials, std::uint32_t c) {
     return reinterpret_cast<float*>(partials + std::uint64_t{c} * bn_max_splits * 2);
 }
 
+// What the backward reduction needs per channel. With relu, the gradient
+// arrives with respect to relu(bn(x)) and is masked where the forward output
+// was not positive: recomputed from x with the forward pass's own
+// coefficients (gamma * invstd, beta, mean) and expression, so the mask is
+// the forward's exactly and the ReLU output is not read back.
+struct BnRefs {
+    const float *gamma, *beta, *mean, *invstd;
+    bool relu;
+};
+__device__ __forceinline__ float bn_value(float x, float mean, float scale, float shift) {
+    return __fmaf_rn(x - mean, scale, shift);
+}
+
 // Partial sums over the rows of split blockIdx.x of the NHWC matrix [rows][C]:
-// forward (v - pivot, (v - pivot)^2) with the channel's first value as the
-// pivot (no cancellation when |mean| >> std); backward (g, g * xhat) with g =
-// dy masked by relu_y > 0 when the ReLU is fused. partials[(c*splits + s)*2 + k].
+// forward (dy null) (v - pivot, (v - pivot)^2) with the channel's first value as
+// the pivot (no cancellation when |mean| >> std); backward (g, g * xhat) with g
+// = dy, masked when r.relu. partials[(c*splits + s)*2 + k].
 template <class T>
-__global__ void bn_reduce_kernel(const T* x, const T* dy, const T* relu_y, std::uint64_t rows, std::uint32_t channels,
-                                 const float* save_mean, const float* save_invstd, double* partials) {
+__global__ void bn_reduce_kernel(const T* x, const T* dy, BnRefs r, std::uint64_t rows, std::uint32_t channels,
+                                 double* partials) {
     extern __shared__ double sh[];
     const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x;
     const std::uint64_t r0 = rows * s / splits, r1 = rows * (s + 1) / splits;
-    auto term = [&](std::uint64_t i, std::uint32_t c, float m, float is, float& a, float& b) {
+    struct Ref {
+        float m, is, a, b;
+    };
+    auto term = [&](std::uint64_t i, const Ref& f, float& a, float& b) {
+        const float xv = ld(x, i) - f.m;
         if (!dy) {
-            const float v = ld(x, i) - m;
-            a += v;
-            b += v * v;
+            a += xv;
+            b += xv * xv;
         } else {
-            const float g = relu_y && !(ld(relu_y, i) > 0.0f) ? 0.0f : ld(dy, i);
+            const float g = r.relu && !(__fmaf_rn(xv, f.a, f.b) > 0.0f) ? 0.0f : ld(dy, i);
             a += g;
-            b += g * (ld(x, i) - m) * is;
+            b += g * xv * f.is;
         }
     };
-    auto centre = [&](std::uint32_t c, float& m, float& is) {
-        m = dy ? save_mean[c] : ld(x, c);
-        is = dy ? save_invstd[c] : 0.0f;
+    auto centre = [&](std::uint32_t c) {
+        if (!dy) return Ref{ld(x, c), 0.0f, 0.0f, 0.0f};
+        const float is = r.invstd[c];
+        return Ref{r.mean[c], is, r.gamma[c] * is, r.beta[c]};
     };
     if (nt % channels == 0) {
         const std::uint32_t c = t % channels;
-        float a = 0.0f, b = 0.0f, m, is;
-        centre(c, m, is);
-        for (std::uint64_t i = r0 * channels + t; i < r1 * channels; i += nt) term(i, c, m, is, a, b);
+        float a = 0.0f, b = 0.0f;
+        const Ref f = centre(c);
+        for (std::uint64_t i = r0 * channels + t; i < r1 * channels; i += nt) term(i, f, a, b);
         sh[t] = a;
         sh[nt + t] = b;
         __syncthreads();
@@ -404,9 +572,9 @@ __global__ void bn_reduce_kernel(const T* x, const T* dy, const T* relu_y, std::
     }
     // Any other channel count: the block walks its rows once per channel.
     for (std::uint32_t c = 0; c < channels; ++c) {
-        float a = 0.0f, b = 0.0f, m, is;
-        centre(c, m, is);
-        for (std::uint64_t r = r0 + t; r < r1; r += nt) term(r * channels + c, c, m, is, a, b);
+        float a = 0.0f, b = 0.0f;
+        const Ref f = centre(c);
+        for (std::uint64_t row = r0 + t; row < r1; row += nt) term(row * channels + c, f, a, b);
         sh[t] = a;
         sh[nt + t] = b;
         __syncthreads();
@@ -425,27 +593,89 @@ __global__ void bn_reduce_kernel(const T* x, const T* dy, const T* relu_y, std::
     }
 }
 
+// The same partials with 16-byte loads: each thread keeps to one group of V
+// channels (blockDim.x a multiple of channels / V), V pairs of float sums;
+// the block's sums per channel in a fixed order, one channel of each group
+// per round.
+template <class T, int V>
+__global__ void bn_reduce_vec_kernel(const T* x, const T* dy, BnRefs r, std::uint64_t rows, std::uint32_t channels,
+                                     double* partials) {
+    extern __shared__ double sh[];
+    const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x, groups = channels / V;
+    const std::uint64_t r0 = rows * s / splits, r1 = rows * (s + 1) / splits;
+    const std::uint32_t c0 = (t % groups) * V;
+    float m[V], is[V], a[V], b[V], sa[V], sb[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const std::uint32_t c = c0 + k;
+        m[k] = dy ? r.mean[c] : ld(x, c);
+        is[k] = dy ? r.invstd[c] : 0.0f;
+        a[k] = dy ? r.gamma[c] * is[k] : 0.0f;
+        b[k] = dy ? r.beta[c] : 0.0f;
+        sa[k] = sb[k] = 0.0f;
+    }
+    for (std::uint64_t g = r0 * groups + t; g < r1 * groups; g += nt) {
+        float xv[V], gv[V];
+        ldv<V>(x, g * V, xv);
+        if (!dy) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const float v = xv[k] - m[k];
+                sa[k] += v;
+                sb[k] += v * v;
+            }
+            continue;
+        }
+        ldv<V>(dy, g * V, gv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float v = xv[k] - m[k];
+            const float gg = r.relu && !(__fmaf_rn(v, a[k], b[k]) > 0.0f) ? 0.0f : gv[k];
+            sa[k] += gg;
+            sb[k] += gg * v * is[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        sh[t] = sa[k];
+        sh[nt + t] = sb[k];
+        __syncthreads();
+        if (t < groups) {
+            double A = 0.0, B = 0.0;
+            for (std::uint32_t j = t; j < nt; j += groups) {
+                A += sh[j];
+                B += sh[nt + j];
+            }
+            const std::uint64_t c = std::uint64_t{t} * V + k;
+            partials[(c * splits + s) * 2] = A;
+            partials[(c * splits + s) * 2 + 1] = B;
+        }
+        __syncthreads();
+    }
+}
+
 // The same partials for NCHW tensors: block (channel blockIdx.x, split
 // blockIdx.y) walks its part of the channel's n * hw elements.
 template <class T>
-__global__ void bn_reduce_nchw_kernel(const T* x, const T* dy, const T* relu_y, std::uint32_t n, std::uint32_t channels,
-                                      std::uint64_t hw, const float* save_mean, const float* save_invstd,
-                                      double* partials) {
+__global__ void bn_reduce_nchw_kernel(const T* x, const T* dy, BnRefs r, std::uint32_t n, std::uint32_t channels,
+                                      std::uint64_t hw, Div32 dhw, bool narrow, double* partials) {
     __shared__ double sa[threads], sb[threads];
     const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
     const std::uint64_t total = std::uint64_t{n} * hw, e0 = total * s / splits, e1 = total * (s + 1) / splits;
-    const float m = dy ? save_mean[c] : ld(x, std::uint64_t{c} * hw), is = dy ? save_invstd[c] : 0.0f;
+    const float m = dy ? r.mean[c] : ld(x, std::uint64_t{c} * hw), is = dy ? r.invstd[c] : 0.0f;
+    const float fa = dy ? r.gamma[c] * is : 0.0f, fb = dy ? r.beta[c] : 0.0f;
     float a = 0.0f, b = 0.0f;
     for (std::uint64_t e = e0 + t; e < e1; e += blockDim.x) {
-        const std::uint64_t i = ((e / hw) * channels + c) * hw + e % hw;
+        const std::uint64_t q = narrow ? dhw.div(static_cast<std::uint32_t>(e)) : e / hw;
+        const std::uint64_t i = (q * channels + c) * hw + (e - q * hw);
+        const float v = ld(x, i) - m;
         if (!dy) {
-            const float v = ld(x, i) - m;
             a += v;
             b += v * v;
         } else {
-            const float g = relu_y && !(ld(relu_y, i) > 0.0f) ? 0.0f : ld(dy, i);
+            const float g = r.relu && !(__fmaf_rn(v, fa, fb) > 0.0f) ? 0.0f : ld(dy, i);
             a += g;
-            b += g * (ld(x, i) - m) * is;
+            b += g * v * is;
         }
     }
     sa[t] = a;
@@ -487,7 +717,7 @@ __device__ void channel_totals(const double* partials, std::uint32_t c, std::uin
     b = sb[0];
 }
 
-// coef per channel: forward (scale, shift, -, mean): y = (x - mean) * scale + shift.
+// coef per channel: forward (scale, shift, -, mean): y = bn_value(x, mean, scale, shift).
 template <class T>
 __global__ void bn_finalize_forward_kernel(const T* x, std::uint64_t pivot_stride, std::uint32_t channels,
                                            std::uint32_t splits, double count, const float* gamma, const float* beta,
@@ -511,10 +741,12 @@ __global__ void bn_finalize_forward_kernel(const T* x, std::uint64_t pivot_strid
 }
 
 // coef per channel, backward: dx = k * g + c1 * (x - mean) + c2, with
-// k = gamma * is, c1 = -k * is * mean(g * xhat), c2 = -k * mean(g).
+// k = gamma * is, c1 = -k * is * mean(g * xhat), c2 = -k * mean(g); beta for
+// the ReLU mask (whose scale is k).
 __global__ void bn_finalize_backward_kernel(std::uint32_t channels, std::uint32_t splits, double count,
-                                            const float* gamma, const float* save_mean, const float* save_invstd,
-                                            float* dgamma, float* dbeta, const double* partials, float* coef) {
+                                            const float* gamma, const float* beta, const float* save_mean,
+                                            const float* save_invstd, float* dgamma, float* dbeta,
+                                            const double* partials, float* coef) {
     const std::uint32_t c = blockIdx.x;
     double sg, sgx;
     channel_totals(partials, c, splits, sg, sgx);
@@ -527,6 +759,7 @@ __global__ void bn_finalize_backward_kernel(std::uint32_t channels, std::uint32_
     coef[channels + c] = -k * is * m2;
     coef[2 * channels + c] = -k * m1;
     coef[3 * channels + c] = save_mean[c];
+    coef[4 * channels + c] = beta[c];
 }
 
 // Eval-mode coefficients from the running statistics.
@@ -548,23 +781,74 @@ __global__ void bn_apply_kernel(const T* x, T* y, std::uint64_t count, Channels 
             const std::uint32_t c = ch(i, c0);
             a = coef[c], b = coef[channels + c], m = coef[3 * channels + c];
         }
-        const float v = (ld(x, i) - m) * a + b;
+        const float v = bn_value(ld(x, i), m, a, b);
         st(y, i, relu ? fmaxf(v, 0.0f) : v);
     }
 }
 
 template <class T>
-__global__ void bn_apply_backward_kernel(const T* x, const T* dy, const T* relu_y, T* dx, std::uint64_t count,
-                                         Channels ch, const float* coef) {
+__global__ void bn_apply_backward_kernel(const T* x, const T* dy, T* dx, std::uint64_t count, Channels ch,
+                                         const float* coef, bool relu) {
     const std::uint32_t channels = ch.c, c0 = first_channel(channels);
-    float k = coef[c0], c1 = coef[channels + c0], c2 = coef[2 * channels + c0], m = coef[3 * channels + c0];
+    float k = coef[c0], c1 = coef[channels + c0], c2 = coef[2 * channels + c0], m = coef[3 * channels + c0],
+          b = coef[4 * channels + c0];
     GRID_LOOP(i, count) {
         if (!ch.fixed) {
             const std::uint32_t c = ch(i, c0);
-            k = coef[c], c1 = coef[channels + c], c2 = coef[2 * channels + c], m = coef[3 * channels + c];
+            k = coef[c], c1 = coef[channels + c], c2 = coef[2 * channels + c], m = coef[3 * channels + c],
+            b = coef[4 * channels + c];
         }
-        const float g = relu_y && !(ld(relu_y, i) > 0.0f) ? 0.0f : ld(dy, i);
-        st(dx, i, k * g + c1 * (ld(x, i) - m) + c2);
+        const float xv = ld(x, i);
+        const float g = relu && !(bn_value(xv, m, k, b) > 0.0f) ? 0.0f : ld(dy, i);
+        st(dx, i, k * g + c1 * (xv - m) + c2);
+    }
+}
+
+// The element-wise passes over NHWC tensors with 16-byte accesses: each
+// thread keeps to one group of V channels (blockDim.x a multiple of c / V),
+// its coefficients in registers.
+template <class T, int V>
+__global__ void bn_apply_vec_kernel(const T* x, T* y, std::uint64_t groups, std::uint32_t channels, const float* coef,
+                                    bool relu) {
+    const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+    const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % (channels / V)) * V;
+    float a[V], b[V], m[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = coef[c0 + k], b[k] = coef[channels + c0 + k], m[k] = coef[3 * channels + c0 + k];
+    for (std::uint64_t g = g0; g < groups; g += std::uint64_t{gridDim.x} * blockDim.x) {
+        float v[V];
+        ldv<V>(x, g * V, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float o = bn_value(v[k], m[k], a[k], b[k]);
+            v[k] = relu ? fmaxf(o, 0.0f) : o;
+        }
+        stv<V>(y, g * V, v);
+    }
+}
+
+template <class T, int V>
+__global__ void bn_apply_backward_vec_kernel(const T* x, const T* dy, T* dx, std::uint64_t groups,
+                                             std::uint32_t channels, const float* coef, bool relu) {
+    const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+    const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % (channels / V)) * V;
+    float kk[V], c1[V], c2[V], m[V], b[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const std::uint32_t c = c0 + k;
+        kk[k] = coef[c], c1[k] = coef[channels + c], c2[k] = coef[2 * channels + c], m[k] = coef[3 * channels + c],
+        b[k] = coef[4 * channels + c];
+    }
+    for (std::uint64_t g = g0; g < groups; g += std::uint64_t{gridDim.x} * blockDim.x) {
+        float xv[V], gv[V];
+        ldv<V>(x, g * V, xv);
+        ldv<V>(dy, g * V, gv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float g1 = relu && !(bn_value(xv[k], m[k], kk[k], b[k]) > 0.0f) ? 0.0f : gv[k];
+            gv[k] = kk[k] * g1 + c1[k] * (xv[k] - m[k]) + c2[k];
+        }
+        stv<V>(dx, g * V, gv);
     }
 }
 
@@ -607,26 +891,28 @@ __global__ void advance_step_kernel(unsigned long long* step) {
 void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels, std::uint32_t n,
                           std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, void* out,
                           ActType t, bool nchw, std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s) {
-    const unsigned b = blocks_for(std::uint64_t{n} * out_channels * hw, 4);
+    const unsigned b = blocks_for(std::uint64_t{n} * (nchw ? out_channels : 1) * hw, 4);
+    // NCHW: the channel of each element; NHWC: the sample of each pixel.
+    const Channels ch = channels_of(channels, hw, nchw, 0, std::uint64_t{n} * out_channels * hw);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
         T* o = static_cast<T*>(out);
         switch (dtype) {
         case DType::u8:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::uint8_t*>(x), labels, n, channels, hw, mean,
-                                                 inv_std, o, labels_out, nchw, out_channels);
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::uint8_t*>(x), labels, n, channels, ch, mean,
+                                                 inv_std, o, labels_out, out_channels);
             break;
         case DType::bf16:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const bf16*>(x), labels, n, channels, hw, mean, inv_std, o,
-                                                 labels_out, nchw, out_channels);
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const bf16*>(x), labels, n, channels, ch, mean, inv_std, o,
+                                                 labels_out, out_channels);
             break;
         case DType::f16:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const __half*>(x), labels, n, channels, hw, mean, inv_std,
-                                                 o, labels_out, nchw, out_channels);
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const __half*>(x), labels, n, channels, ch, mean, inv_std,
+                                                 o, labels_out, out_channels);
             break;
         default:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const float*>(x), labels, n, channels, hw, mean, inv_std,
-                                                 o, labels_out, nchw, out_channels);
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const float*>(x), labels, n, channels, ch, mean, inv_std,
+                                                 o, labels_out, out_channels);
             break;
         }
     });
@@ -640,7 +926,7 @@ void launch_add_bias(void* y, ActType t, const float* bias, std::uint64_t n, std
     const unsigned b = std::max(1u, blocks_for(total, 4) * threads / nt);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        add_bias_kernel<<<b, nt, 0, s>>>(static_cast<T*>(y), bias, total, Channels{c, hw, nchw, !nchw && nt % c == 0});
+        add_bias_kernel<<<b, nt, 0, s>>>(static_cast<T*>(y), bias, total, channels_of(c, hw, nchw, nt, total));
     });
     check_launch();
 }
@@ -708,8 +994,17 @@ void launch_pool_forward(const void* x, void* y, ActType t, const PoolShape& p, 
     const std::uint64_t count = std::uint64_t{p.n} * p.oh * p.ow * p.c;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        pool_forward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), p,
-                                                                     max, count);
+        const T* xt = static_cast<const T*>(x);
+        T* yt = static_cast<T*>(y);
+        const void* ptrs[] = {x, y};
+        if (tiled_pool<T>(p, ptrs, 2, [&](const TiledPool& tp, bool vec, unsigned b) {
+                if (vec)
+                    tiled_pool_forward_kernel<T, vec_of<T>><<<b, threads, 0, s>>>(xt, yt, tp, max);
+                else
+                    tiled_pool_forward_kernel<T, 1><<<b, threads, 0, s>>>(xt, yt, tp, max);
+            }))
+            return;
+        pool_forward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(xt, yt, p, max, count);
     });
     check_launch();
 }
@@ -719,8 +1014,17 @@ void launch_pool_backward(const void* x, const void* dy, void* dx, ActType t, co
     const std::uint64_t count = std::uint64_t{p.n} * p.h * p.w * p.c;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        pool_backward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(
-            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), p, max, count);
+        const T *xt = static_cast<const T*>(x), *dyt = static_cast<const T*>(dy);
+        T* dxt = static_cast<T*>(dx);
+        const void* ptrs[] = {x, dy, dx};
+        if (tiled_pool<T>(p, ptrs, 3, [&](const TiledPool& tp, bool vec, unsigned b) {
+                if (vec)
+                    tiled_pool_backward_kernel<T, vec_of<T>><<<b, threads, 0, s>>>(xt, dyt, dxt, tp, max);
+                else
+                    tiled_pool_backward_kernel<T, 1><<<b, threads, 0, s>>>(xt, dyt, dxt, tp, max);
+            }))
+            return;
+        pool_backward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(xt, dyt, dxt, p, max, count);
     });
     check_launch();
 }
@@ -779,7 +1083,7 @@ void launch_advance_step(unsigned long long* step, cudaStream_t s) {
 }
 
 std::uint64_t bn_partials(std::uint32_t channels) {
-    return std::uint64_t{channels} * (bn_max_splits * 2 + 2);
+    return std::uint64_t{channels} * (bn_max_splits * 2 + 3);
 }
 
 namespace {
@@ -791,23 +1095,47 @@ unsigned bn_nchw_splits(std::uint32_t n, std::uint32_t c, std::uint64_t hw) {
     return static_cast<unsigned>(std::clamp<std::uint64_t>(sp, 1, 128));
 }
 
+// Block size for the 16-byte NHWC passes (a multiple of c / V), or 0 where
+// they do not apply (c not a multiple of V, or pointers not 16-byte aligned).
+template <class T> unsigned bn_vec_threads(std::uint32_t c, std::initializer_list<const void*> ptrs) {
+    constexpr unsigned v = vec_of<T>;
+    if (c % v != 0) return 0;
+    for (const void* p : ptrs)
+        if (p && !aligned16(p)) return 0;
+    const unsigned g = c / v;
+    if (threads % g == 0) return threads;
+    if (g % 32 == 0 && g <= 1024) return g;
+    return 0;
+}
+
 // The reduction pass of either layout; returns the split count.
 template <class T>
-unsigned bn_reduce(const T* x, const T* dy, const T* relu_y, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
-                   bool nchw, const float* save_mean, const float* save_invstd, double* partials, cudaStream_t s) {
+unsigned bn_reduce(const T* x, const T* dy, const BnRefs& r, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
+                   bool nchw, double* partials, cudaStream_t s) {
     if (nchw) {
         const unsigned splits = bn_nchw_splits(n, c, hw);
-        bn_reduce_nchw_kernel<<<dim3(c, splits), threads, 0, s>>>(x, dy, relu_y, n, c, hw, save_mean, save_invstd,
-                                                                  partials);
+        const bool narrow = std::uint64_t{n} * hw * c <= narrow_limit;
+        bn_reduce_nchw_kernel<<<dim3(c, splits), threads, 0, s>>>(x, dy, r, n, c, hw, narrow ? Div32(hw) : Div32(),
+                                                                  narrow, partials);
         check_launch();
         return splits;
     }
     const std::uint64_t rows = std::uint64_t{n} * hw;
-    const unsigned splits = bn_splits(rows), nt = channel_threads(c);
-    bn_reduce_kernel<<<splits, nt, 2 * nt * sizeof(double), s>>>(x, dy, relu_y, rows, c, save_mean, save_invstd,
-                                                                 partials);
+    const unsigned splits = bn_splits(rows);
+    if (const unsigned nt = bn_vec_threads<T>(c, {x, dy})) {
+        bn_reduce_vec_kernel<T, vec_of<T>><<<splits, nt, 2 * nt * sizeof(double), s>>>(x, dy, r, rows, c, partials);
+        check_launch();
+        return splits;
+    }
+    const unsigned nt = channel_threads(c);
+    bn_reduce_kernel<<<splits, nt, 2 * nt * sizeof(double), s>>>(x, dy, r, rows, c, partials);
     check_launch();
     return splits;
+}
+
+// Blocks of nt threads for an element-wise pass over `units` (elements or groups).
+unsigned bn_blocks(std::uint64_t units, unsigned nt) {
+    return std::max(1u, blocks_for(units, 4) * threads / nt);
 }
 
 } // namespace
@@ -817,19 +1145,24 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
                              float eps, cudaStream_t s) {
     const std::uint64_t rows = std::uint64_t{n} * hw, count = rows * c;
-    const unsigned nt = channel_threads(c);
     float* coef = bn_coef(partials, c);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
         const T* xt = static_cast<const T*>(x);
-        const unsigned splits = bn_reduce(xt, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr), n, hw, c,
-                                          nchw, nullptr, nullptr, partials, s);
+        T* yt = static_cast<T*>(y);
+        const unsigned splits = bn_reduce(xt, static_cast<const T*>(nullptr), BnRefs{}, n, hw, c, nchw, partials, s);
         bn_finalize_forward_kernel<<<c, 128, 0, s>>>(xt, nchw ? hw : 1, c, splits, static_cast<double>(rows), gamma,
                                                      beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
                                                      momentum, eps);
         check_launch();
-        bn_apply_kernel<<<std::max(1u, blocks_for(count, 4) * threads / nt), nt, 0, s>>>(
-            xt, static_cast<T*>(y), count, Channels{c, hw, nchw, !nchw && nt % c == 0}, coef, relu);
+        if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
+            const std::uint64_t groups = count / vec_of<T>;
+            bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(xt, yt, groups, c, coef, relu);
+            return;
+        }
+        const unsigned nt = channel_threads(c);
+        bn_apply_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(xt, yt, count, channels_of(c, hw, nchw, nt, count), coef,
+                                                            relu);
     });
     check_launch();
 }
@@ -838,34 +1171,49 @@ void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, 
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s) {
     const std::uint64_t count = std::uint64_t{n} * hw * c;
-    const unsigned nt = channel_threads(c);
     float* coef = bn_coef(partials, c);
     bn_eval_coef_kernel<<<(c + 127) / 128, 128, 0, s>>>(c, gamma, beta, run_mean, run_var, eps, coef);
     check_launch();
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        bn_apply_kernel<<<std::max(1u, blocks_for(count, 4) * threads / nt), nt, 0, s>>>(
-            static_cast<const T*>(x), static_cast<T*>(y), count, Channels{c, hw, nchw, !nchw && nt % c == 0}, coef,
-            relu);
+        const T* xt = static_cast<const T*>(x);
+        T* yt = static_cast<T*>(y);
+        if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
+            const std::uint64_t groups = count / vec_of<T>;
+            bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(xt, yt, groups, c, coef, relu);
+            return;
+        }
+        const unsigned nt = channel_threads(c);
+        bn_apply_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(xt, yt, count, channels_of(c, hw, nchw, nt, count), coef,
+                                                            relu);
     });
     check_launch();
 }
 
-void launch_bn_backward(const void* x, const void* dy, const void* relu_y, void* dx, ActType t, std::uint32_t n,
-                        std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* save_mean,
-                        const float* save_invstd, float* dgamma, float* dbeta, double* partials, cudaStream_t s) {
+void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActType t, std::uint32_t n,
+                        std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* beta,
+                        const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, double* partials,
+                        cudaStream_t s) {
     const std::uint64_t rows = std::uint64_t{n} * hw, count = rows * c;
-    const unsigned nt = channel_threads(c);
     float* coef = bn_coef(partials, c);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        const T *xt = static_cast<const T*>(x), *dyt = static_cast<const T*>(dy), *ry = static_cast<const T*>(relu_y);
-        const unsigned splits = bn_reduce(xt, dyt, ry, n, hw, c, nchw, save_mean, save_invstd, partials, s);
-        bn_finalize_backward_kernel<<<c, 128, 0, s>>>(c, splits, static_cast<double>(rows), gamma, save_mean,
+        const T *xt = static_cast<const T*>(x), *dyt = static_cast<const T*>(dy);
+        T* dxt = static_cast<T*>(dx);
+        const unsigned splits =
+            bn_reduce(xt, dyt, BnRefs{gamma, beta, save_mean, save_invstd, relu}, n, hw, c, nchw, partials, s);
+        bn_finalize_backward_kernel<<<c, 128, 0, s>>>(c, splits, static_cast<double>(rows), gamma, beta, save_mean,
                                                       save_invstd, dgamma, dbeta, partials, coef);
         check_launch();
-        bn_apply_backward_kernel<<<std::max(1u, blocks_for(count, 4) * threads / nt), nt, 0, s>>>(
-            xt, dyt, ry, static_cast<T*>(dx), count, Channels{c, hw, nchw, !nchw && nt % c == 0}, coef);
+        if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, dy, dx})) {
+            const std::uint64_t groups = count / vec_of<T>;
+            bn_apply_backward_vec_kernel<T, vec_of<T>>
+                <<<bn_blocks(groups, nt), nt, 0, s>>>(xt, dyt, dxt, groups, c, coef, relu);
+            return;
+        }
+        const unsigned nt = channel_threads(c);
+        bn_apply_backward_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(xt, dyt, dxt, count,
+                                                                     channels_of(c, hw, nchw, nt, count), coef, relu);
     });
     check_launch();
 }

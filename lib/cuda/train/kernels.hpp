@@ -75,11 +75,14 @@ void launch_gap_backward(const void* dy, void* dx, ActType t, std::uint32_t n, s
 
 // Batch normalisation per channel over the n * hw values of each channel: a
 // reduction over splits into `partials` (NHWC: row splits, each thread keeping
-// to one channel where the block size allows; NCHW: a grid of channels x
-// splits), a per-channel finalisation, an element-wise pass. `partials` holds
-// bn_partials(c) doubles. Running statistics use the unbiased variance. With
-// relu, the forward writes relu(bn(x)) and the backward takes the gradient with
-// respect to that output and the output itself (`relu_y`) for the mask.
+// to one channel, or one group of channels read 16 bytes at a time, where the
+// block size allows; NCHW: a grid of channels x splits), a per-channel
+// finalisation, an element-wise pass. `partials` holds bn_partials(c) doubles.
+// Running statistics use the unbiased variance. With relu, the forward writes
+// relu(bn(x)) and the backward takes the gradient with respect to that output;
+// its mask is recomputed from x with the forward's coefficients (gamma, beta
+// and the saved statistics, unchanged between the passes), bit for bit the
+// forward's, so the ReLU output is not read back.
 std::uint64_t bn_partials(std::uint32_t channels);
 void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
@@ -88,9 +91,10 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s);
-void launch_bn_backward(const void* x, const void* dy, const void* relu_y, void* dx, ActType t, std::uint32_t n,
-                        std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* save_mean,
-                        const float* save_invstd, float* dgamma, float* dbeta, double* partials, cudaStream_t s);
+void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActType t, std::uint32_t n,
+                        std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* beta,
+                        const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, double* partials,
+                        cudaStream_t s);
 
 // Layout changes of activations: out[n][c][hw] = in[n][hw][c] and the inverse.
 void launch_nhwc_to_nchw(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
