@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "dstk/convert.hpp"
@@ -218,22 +219,23 @@ void f32_to_bf16(const void* src, void* dst, std::uint64_t n, ConversionStats& s
     stats.bytes_out += 2 * n;
 }
 
-// u8 -> f32: (float)(v * scale + offset) computed in double and rounded once
-// (u8 -> double is exact; with -std=c++20 GCC does not contract to FMA, so
-// every code path gives the same bits). There are only 256 inputs, so the
-// kernel computes those once and then is a table lookup over restrict
-// pointers. The error accounting needs only which values occur: the exact
-// values (or the inexact ones, whichever are fewer, up to 4) are counted in
-// one vectorised compare pass, and the largest errors are found by looking
-// for the worst values with memchr; only unusual mappings fall back to a
-// byte histogram.
-__attribute__((target_clones("avx2", "default"))) void u8_values(const std::uint8_t* in, float* out, std::uint64_t n,
-                                                                 double scale, double offset) {
-    for (std::uint64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(in[i]) * scale + offset);
+// u8 -> any type: there are only 256 inputs, so the kernel computes their
+// outputs once, with the same rounding and error accounting as the generic
+// loop (store()), and is then a table lookup over restrict pointers. The
+// error accounting needs only which values occur: the exact values (or the
+// inexact ones, whichever are fewer, up to 4) are counted in one vectorised
+// compare pass, and the largest errors are found by looking for the worst
+// values with memchr; mappings that clip or overflow some values, or have
+// many of both kinds, fall back to a byte histogram.
+template <class Bits>
+void u8_lookup(const std::uint8_t* __restrict in, Bits* __restrict out, std::uint64_t n, const Bits* __restrict table) {
+    for (std::uint64_t i = 0; i < n; ++i) out[i] = table[in[i]];
 }
-
-__attribute__((target_clones("avx512f", "avx2", "default"))) void
-u8_lookup(const std::uint8_t* __restrict in, float* __restrict out, std::uint64_t n, const float* __restrict table) {
+// The u8 -> f32 case gets AVX2 / AVX-512 clones (gathers).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void u8_lookup32(const std::uint8_t* __restrict in,
+                                                                              std::uint32_t* __restrict out,
+                                                                              std::uint64_t n,
+                                                                              const std::uint32_t* __restrict table) {
     for (std::uint64_t i = 0; i < n; ++i) out[i] = table[in[i]];
 }
 
@@ -296,61 +298,73 @@ bool largest_present(const std::uint8_t* in, std::uint64_t n, const std::vector<
     return by_err.empty();
 }
 
-void u8_to_f32(const void* src, void* dst, std::uint64_t n, const ValueMapping& map, ConversionStats& stats) {
+template <class Out>
+void from_u8(const void* src, void* dst, std::uint64_t n, const ValueMapping& map, ConversionStats& stats) {
+    using Bits =
+        std::conditional_t<sizeof(Out) == 1, std::uint8_t,
+                           std::conditional_t<sizeof(Out) == 2, std::uint16_t,
+                                              std::conditional_t<sizeof(Out) == 4, std::uint32_t, std::uint64_t>>>;
+    static_assert(sizeof(Bits) == sizeof(Out));
     const auto* in = static_cast<const std::uint8_t*>(src);
-    auto* out = static_cast<float*>(dst);
-    std::uint8_t all[256];
-    float table[256];
-    for (int v = 0; v < 256; ++v) all[v] = static_cast<std::uint8_t>(v);
-    u8_values(all, table, 256, map.scale, map.offset);
+    Bits table[256];
     Local per[256];
     double abs_err[256], rel_err[256];
     std::vector<std::uint8_t> exact, inexact;
+    bool other = false; // some value clips, overflows or is NaN
     for (int v = 0; v < 256; ++v) {
-        per[v].error(v * map.scale + map.offset, table[v]);
+        const Out y = store<Out>(map.identity() ? static_cast<double>(v) : v * map.scale + map.offset, per[v]);
+        std::memcpy(&table[v], &y, sizeof y);
         abs_err[v] = per[v].max_abs;
         rel_err[v] = per[v].max_rel;
         (per[v].inexact ? inexact : exact).push_back(static_cast<std::uint8_t>(v));
+        other |= per[v].clipped || per[v].overflow || per[v].nan;
     }
-    u8_lookup(in, out, n, table);
+    if constexpr (sizeof(Bits) == 4)
+        u8_lookup32(in, static_cast<std::uint32_t*>(dst), n, table);
+    else
+        u8_lookup(in, static_cast<Bits*>(dst), n, table);
     Local s;
-    if (!inexact.empty()) {
-        bool done = false;
-        if (exact.size() <= 4) {
-            std::vector<std::uint8_t> by_abs = inexact, by_rel = inexact;
-            std::stable_sort(by_abs.begin(), by_abs.end(), [&](auto a, auto b) { return abs_err[a] > abs_err[b]; });
-            std::stable_sort(by_rel.begin(), by_rel.end(), [&](auto a, auto b) { return rel_err[a] > rel_err[b]; });
-            s.inexact = n - u8_count(in, n, exact);
-            done = s.inexact == 0 || (largest_present(in, n, by_abs, abs_err, s.max_abs) &&
-                                      largest_present(in, n, by_rel, rel_err, s.max_rel));
-        } else if (inexact.size() <= 4) {
-            for (std::uint8_t v : inexact) {
-                const std::uint64_t c = u8_count(in, n, {v});
-                if (!c) continue;
-                s.inexact += c;
-                s.max_abs = std::max(s.max_abs, abs_err[v]);
-                s.max_rel = std::max(s.max_rel, rel_err[v]);
-            }
-            done = true;
+    bool done = inexact.empty() && !other;
+    if (!done && !other && exact.size() <= 4) {
+        std::vector<std::uint8_t> by_abs = inexact, by_rel = inexact;
+        std::stable_sort(by_abs.begin(), by_abs.end(), [&](auto a, auto b) { return abs_err[a] > abs_err[b]; });
+        std::stable_sort(by_rel.begin(), by_rel.end(), [&](auto a, auto b) { return rel_err[a] > rel_err[b]; });
+        s.inexact = n - u8_count(in, n, exact);
+        done = s.inexact == 0 || (largest_present(in, n, by_abs, abs_err, s.max_abs) &&
+                                  largest_present(in, n, by_rel, rel_err, s.max_rel));
+    } else if (!done && !other && inexact.size() <= 4) {
+        for (std::uint8_t v : inexact) {
+            const std::uint64_t c = u8_count(in, n, {v});
+            if (!c) continue;
+            s.inexact += c;
+            s.max_abs = std::max(s.max_abs, abs_err[v]);
+            s.max_rel = std::max(s.max_rel, rel_err[v]);
         }
-        if (!done) {
-            s = Local{};
-            std::uint64_t hist[256] = {};
-            u8_histogram(in, n, hist);
-            for (int v = 0; v < 256; ++v) {
-                if (!hist[v] || !per[v].inexact) continue;
-                s.inexact += hist[v];
-                s.max_abs = std::max(s.max_abs, per[v].max_abs);
-                s.max_rel = std::max(s.max_rel, per[v].max_rel);
-            }
+        done = true;
+    }
+    if (!done) {
+        s = Local{};
+        std::uint64_t hist[256] = {};
+        u8_histogram(in, n, hist);
+        for (int v = 0; v < 256; ++v) {
+            if (!hist[v]) continue;
+            s.inexact += hist[v] * per[v].inexact;
+            s.clipped += hist[v] * per[v].clipped;
+            s.overflow += hist[v] * per[v].overflow;
+            s.nan += hist[v] * per[v].nan;
+            s.max_abs = std::max(s.max_abs, per[v].max_abs);
+            s.max_rel = std::max(s.max_rel, per[v].max_rel);
         }
     }
     stats.elements += n;
     stats.inexact += s.inexact;
+    stats.clipped += s.clipped;
+    stats.overflow_inf += s.overflow;
+    stats.nan += s.nan;
     stats.max_abs_error = std::max(stats.max_abs_error, s.max_abs);
     stats.max_rel_error = std::max(stats.max_rel_error, s.max_rel);
     stats.bytes_in += n;
-    stats.bytes_out += 4 * n;
+    stats.bytes_out += sizeof(Out) * n;
 }
 
 template <class F> void with_type(DType t, F&& f) {
@@ -415,7 +429,7 @@ void convert_elements(DType from, DType to, const void* src, void* dst, std::uin
         return;
     }
     if (from == DType::f32 && to == DType::bf16 && map.identity()) return f32_to_bf16(src, dst, n, stats);
-    if (from == DType::u8 && to == DType::f32) return u8_to_f32(src, dst, n, map, stats);
+    if (from == DType::u8) return with_type(to, [&]<class Out>() { from_u8<Out>(src, dst, n, map, stats); });
     with_type(from, [&]<class In>() { with_type(to, [&]<class Out>() { loop<In, Out>(src, dst, n, map, stats); }); });
 }
 

@@ -246,3 +246,38 @@ TEST(ConvertDtype, FastKernelsMatchAScalarReference) {
             EXPECT_EQ(s.nan + s.clipped + s.overflow_inf, 0u);
         }
 }
+
+// u8 inputs take a table-lookup kernel for every output type; the same values
+// as i32 go through the generic per-element loop: same bits, same accounting.
+TEST(ConvertDtype, U8TableKernelMatchesTheGenericLoop) {
+    std::vector<std::vector<std::uint8_t>> inputs(2, std::vector<std::uint8_t>(70001));
+    for (std::size_t i = 0; i < inputs[0].size(); ++i) {
+        inputs[0][i] = static_cast<std::uint8_t>(i * 7);
+        inputs[1][i] = static_cast<std::uint8_t>((i % 5) * 50); // only 0, 50, 100, 150, 200
+    }
+    const DType outs[] = {DType::u8,  DType::i8,  DType::u16,  DType::i16, DType::i32,
+                          DType::i64, DType::f16, DType::bf16, DType::f32, DType::f64};
+    const ValueMapping maps[] = {{1, 0}, {1.0 / 255, 0}, {0.017, -0.5}, {65795, 0}, {1, 16777216}, {300, -1000}};
+    for (const auto& bytes : inputs) {
+        std::vector<std::int32_t> ints(bytes.begin(), bytes.end());
+        for (DType to : outs)
+            for (const ValueMapping& m : maps) {
+                if (to == DType::u8 && m.identity()) continue; // a copy
+                const std::size_t eo = dtype_size(to);
+                std::vector<std::uint8_t> a(bytes.size() * eo), b(bytes.size() * eo);
+                ConversionStats sa, sb;
+                convert_elements(DType::u8, to, bytes.data(), a.data(), bytes.size(), m, sa);
+                convert_elements(DType::i32, to, ints.data(), b.data(), ints.size(), m, sb);
+                const std::string what = std::string(dtype_name(to)) + " scale " + std::to_string(m.scale) +
+                                         " offset " + std::to_string(m.offset);
+                EXPECT_EQ(a, b) << what;
+                EXPECT_EQ(sa.inexact, sb.inexact) << what;
+                EXPECT_EQ(sa.clipped, sb.clipped) << what;
+                EXPECT_EQ(sa.overflow_inf, sb.overflow_inf) << what;
+                EXPECT_EQ(sa.nan, sb.nan) << what;
+                EXPECT_EQ(sa.max_abs_error, sb.max_abs_error) << what;
+                EXPECT_EQ(sa.max_rel_error, sb.max_rel_error) << what;
+                EXPECT_EQ(sa.bytes_out, sb.bytes_out) << what;
+            }
+    }
+}
