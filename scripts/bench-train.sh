@@ -3,6 +3,9 @@
 # data already in GPU memory. Usage: scripts/bench-train.sh BUILD_DIR [WORK_DIR]
 # Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 bf16 fp32");
 # bf16 is compared with PyTorch's bf16 autocast + channels_last.
+# MEMMAP=1 (default) also runs the end-to-end comparison with the seeds' recipe:
+# dstrain --data stream (tf32) against PyTorch fed by an np.memmap Dataset +
+# DataLoader(shuffle, 4 workers, pin_memory), both reading the dataset files.
 set -euo pipefail
 build=${1:?usage: bench-train.sh BUILD_DIR [WORK_DIR]}
 work=${2:-$(mktemp -d)}
@@ -29,3 +32,14 @@ for p in $precisions; do
   printf '%-10s %14s %14s %16s %9sx\n' "$p" "${ds[$p]}" "${torch_eager[$p]}" "${torch_compile[$p]}" \
       "$(python3 -c "print(f'{${ds[$p]}/$best:.2f}')")"
 done
+if [ "${MEMMAP:-1}" != 0 ]; then
+  "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision tf32 --device cuda:0 \
+      --data stream --order full --json > "$work/dstrain-stream.json"
+  stream=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(max(e["samples_per_second"] for e in d["epochs"][1:] or d["epochs"])))' "$work/dstrain-stream.json")
+  env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 1 --precision tf32 \
+      --modes memmap --json > "$work/torch-memmap.json"
+  memmap=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["memmap"]))' "$work/torch-memmap.json")
+  printf '\nend to end from the dataset files, tf32, shuffled (samples/s)\n'
+  printf '%-34s %10s\n' "dstrain --data stream --order full" "$stream" "torch np.memmap + DataLoader(4)" "$memmap"
+  printf '%-34s %9sx\n' "ratio" "$(python3 -c "print(f'{$stream/$memmap:.2f}')")"
+fi
