@@ -33,7 +33,7 @@ def load(dataset, split):
     x = np.load(os.path.join(dataset, fields[meta.get("input_field", "x")]["file"]), mmap_mode="r")
     y = np.load(os.path.join(dataset, fields[meta.get("label_field", "y")]["file"]), mmap_mode="r")
     dtype = fields[meta.get("input_field", "x")]["dtype"]
-    return np.asarray(x), np.asarray(y).astype(np.int64), dtype, meta.get("num_classes", int(y.max()) + 1)
+    return np.array(x), np.asarray(y).astype(np.int64), dtype, meta.get("num_classes", int(y.max()) + 1)
 
 
 def to_float(x, dtype):
