@@ -963,7 +963,9 @@ void run_convert(const ConvertOptions& o) {
             cslot ^= 1;
             if (writing.valid()) writing.get(); // the previous block is out: its buffers are free
             writing = std::async(std::launch::async, [&emit, ptrs = std::move(ptrs), n] { emit(ptrs, n); });
-            progress.add(n, 0);
+            std::uint64_t in_bytes = 0;
+            for (const auto& f : fields) in_bytes += n * f.in_bytes;
+            progress.add(n, in_bytes); // input bytes: the rate shown is the conversion's
         }
         if (writing.valid()) writing.get();
         if (!known) {
