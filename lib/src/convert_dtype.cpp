@@ -191,34 +191,6 @@ __attribute__((target_clones("avx2", "default"))) void f32_to_bf16_kernel(const 
     t.max_rel_bits = t.max_rel_bits > max_rel ? t.max_rel_bits : max_rel;
 }
 
-void f32_to_bf16(const void* src, void* dst, std::uint64_t n, ConversionStats& stats) {
-    const auto* in = static_cast<const float*>(src);
-    auto* out = static_cast<std::uint16_t*>(dst);
-    constexpr std::uint64_t step = 1u << 24; // keeps the 32-bit tallies from overflowing
-    std::uint64_t inexact = 0, overflow = 0, nan = 0;
-    std::uint32_t max_abs = 0, max_rel = 0;
-    for (std::uint64_t at = 0; at < n; at += step) {
-        Bf16Tally t;
-        f32_to_bf16_kernel(in + at, out + at, static_cast<std::uint32_t>(std::min(step, n - at)), t);
-        inexact += t.inexact;
-        overflow += t.overflow;
-        nan += t.nan;
-        max_abs = std::max(max_abs, t.max_abs_bits);
-        max_rel = std::max(max_rel, t.max_rel_bits);
-    }
-    float fa, fr;
-    std::memcpy(&fa, &max_abs, 4);
-    std::memcpy(&fr, &max_rel, 4);
-    stats.elements += n;
-    stats.inexact += inexact;
-    stats.overflow_inf += overflow;
-    stats.nan += nan;
-    stats.max_abs_error = std::max<double>(stats.max_abs_error, fa);
-    stats.max_rel_error = std::max<double>(stats.max_rel_error, fr);
-    stats.bytes_in += 4 * n;
-    stats.bytes_out += 2 * n;
-}
-
 // u8 -> any type: there are only 256 inputs, so the kernel computes their
 // outputs once, with the same rounding and error accounting as the generic
 // loop (store()), and is then a table lookup over restrict pointers. The
@@ -419,6 +391,109 @@ void half_to_f32(DType from, const void* src, void* dst, std::uint64_t n, Conver
     stats.bytes_out += 4 * n;
 }
 
+// f32 -> f16 without a mapping, branch-free like f32_to_bf16 and with the
+// same bits as dstk::float_to_f16: normal numbers round on the integer bit
+// pattern; numbers below 2^-14 (f16 subnormals) are scaled by 2^24 and
+// rounded to an integer by adding 2^23 in float arithmetic (exact scaling,
+// one round-to-nearest-even); selects pick the case.
+__attribute__((target_clones("avx2", "default"))) void
+f32_to_f16_kernel(const float* __restrict in, std::uint16_t* __restrict out, std::uint32_t n, Bf16Tally& t) {
+    std::uint32_t inexact = 0, overflow = 0, nan = 0, max_abs = 0, max_rel = 0;
+    for (std::uint32_t i = 0; i < n; ++i) {
+        std::uint32_t b;
+        std::memcpy(&b, in + i, 4);
+        const std::uint32_t a = b & 0x7FFFFFFFu;
+        const std::uint32_t sign = (b >> 16) & 0x8000u;
+        const std::uint32_t rebased = a - 0x38000000u;
+        const std::uint32_t normal = (rebased + 0x0FFFu + ((rebased >> 13) & 1u)) >> 13;
+        float af;
+        std::memcpy(&af, &a, 4);
+        const float scaled = af * 0x1p24f + 0x1p23f;
+        std::uint32_t sb;
+        std::memcpy(&sb, &scaled, 4);
+        const std::uint32_t sub = sb - 0x4B000000u;
+        const std::uint32_t is_nan = a > 0x7F800000u ? 1u : 0u;
+        // Masks, not ?:, so that GCC if-converts the whole body and vectorises it.
+        const std::uint32_t m_sub = 0u - static_cast<std::uint32_t>(a < 0x38800000u);
+        const std::uint32_t m_big = 0u - static_cast<std::uint32_t>(a >= 0x477FF000u);
+        const std::uint32_t m_inf = 0u - static_cast<std::uint32_t>(a >= 0x7F800000u);
+        std::uint32_t h = (sub & m_sub) | (normal & ~m_sub);
+        h = (0x7C00u & m_big) | (h & ~m_big);
+        h = ((0x7C00u | (is_nan << 9)) & m_inf) | (h & ~m_inf);
+        h |= sign;
+        out[i] = static_cast<std::uint16_t>(h);
+        // The f16 read back as f32: rebias a normal, scale a subnormal exactly.
+        const std::uint32_t hm = h & 0x7FFFu;
+        const float sub_back = static_cast<float>(static_cast<std::int32_t>(hm)) * 0x1p-24f;
+        std::uint32_t sub_bits;
+        std::memcpy(&sub_bits, &sub_back, 4);
+        const std::uint32_t m_hsub = 0u - static_cast<std::uint32_t>(hm < 0x0400u);
+        const std::uint32_t m_hinf = 0u - static_cast<std::uint32_t>(hm >= 0x7C00u);
+        std::uint32_t back_bits = (sub_bits & m_hsub) | (((hm << 13) + 0x38000000u) & ~m_hsub);
+        back_bits = ((0x7F800000u & m_hinf) | (back_bits & ~m_hinf)) | (sign << 16);
+        const std::uint32_t ovf = ((h & 0x7FFFu) == 0x7C00u ? 1u : 0u) & (a < 0x7F800000u ? 1u : 0u);
+        const std::uint32_t inex = (back_bits != b ? 1u : 0u) & ~is_nan & ~ovf & 1u;
+        const std::uint32_t m = 0u - inex;
+        float back, f;
+        std::memcpy(&back, &back_bits, 4);
+        std::memcpy(&f, &b, 4);
+        const float d = back - f;
+        std::uint32_t db;
+        std::memcpy(&db, &d, 4);
+        const std::uint32_t eb = db & 0x7FFFFFFFu & m;
+        const std::uint32_t denb = (a & m) | (~m & 0x3F800000u);
+        float e, den;
+        std::memcpy(&e, &eb, 4);
+        std::memcpy(&den, &denb, 4);
+        const float rel = e / den;
+        std::uint32_t rb;
+        std::memcpy(&rb, &rel, 4);
+        max_abs = eb > max_abs ? eb : max_abs;
+        max_rel = rb > max_rel ? rb : max_rel;
+        inexact += inex;
+        overflow += ovf;
+        nan += is_nan;
+    }
+    t.inexact += inexact;
+    t.overflow += overflow;
+    t.nan += nan;
+    t.max_abs_bits = t.max_abs_bits > max_abs ? t.max_abs_bits : max_abs;
+    t.max_rel_bits = t.max_rel_bits > max_rel ? t.max_rel_bits : max_rel;
+}
+
+// f32 -> bf16 or f16 (to_f16) without a mapping.
+void f32_to_half(const void* src, void* dst, std::uint64_t n, bool to_f16, ConversionStats& stats) {
+    const auto* in = static_cast<const float*>(src);
+    auto* out = static_cast<std::uint16_t*>(dst);
+    constexpr std::uint64_t step = 1u << 24; // keeps the 32-bit tallies from overflowing
+    std::uint64_t inexact = 0, overflow = 0, nan = 0;
+    std::uint32_t max_abs = 0, max_rel = 0;
+    for (std::uint64_t at = 0; at < n; at += step) {
+        Bf16Tally t;
+        const auto len = static_cast<std::uint32_t>(std::min(step, n - at));
+        if (to_f16)
+            f32_to_f16_kernel(in + at, out + at, len, t);
+        else
+            f32_to_bf16_kernel(in + at, out + at, len, t);
+        inexact += t.inexact;
+        overflow += t.overflow;
+        nan += t.nan;
+        max_abs = std::max(max_abs, t.max_abs_bits);
+        max_rel = std::max(max_rel, t.max_rel_bits);
+    }
+    float fa, fr;
+    std::memcpy(&fa, &max_abs, 4);
+    std::memcpy(&fr, &max_rel, 4);
+    stats.elements += n;
+    stats.inexact += inexact;
+    stats.overflow_inf += overflow;
+    stats.nan += nan;
+    stats.max_abs_error = std::max<double>(stats.max_abs_error, fa);
+    stats.max_rel_error = std::max<double>(stats.max_rel_error, fr);
+    stats.bytes_in += 4 * n;
+    stats.bytes_out += 2 * n;
+}
+
 template <class F> void with_type(DType t, F&& f) {
     switch (t) {
     case DType::u8:
@@ -480,7 +555,8 @@ void convert_elements(DType from, DType to, const void* src, void* dst, std::uin
         stats.bytes_out += n * dtype_size(to);
         return;
     }
-    if (from == DType::f32 && to == DType::bf16 && map.identity()) return f32_to_bf16(src, dst, n, stats);
+    if (from == DType::f32 && (to == DType::bf16 || to == DType::f16) && map.identity())
+        return f32_to_half(src, dst, n, to == DType::f16, stats);
     if (from == DType::u8) return with_type(to, [&]<class Out>() { from_u8<Out>(src, dst, n, map, stats); });
     if ((from == DType::f16 || from == DType::bf16) && to == DType::f32 && map.identity())
         return half_to_f32(from, src, dst, n, stats);

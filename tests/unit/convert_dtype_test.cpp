@@ -313,3 +313,50 @@ TEST(ConvertDtype, HalfWideningCoversEveryValue) {
         EXPECT_EQ(s.bytes_out, 4u * all.size());
     }
 }
+
+// The branch-free f32 -> f16 kernel against dstk::float_to_f16 and a scalar
+// accounting (as the bf16 kernel's): awkward values, every f16 subnormal and
+// rounding boundary region, random bit patterns.
+TEST(ConvertDtype, F32ToF16KernelMatchesTheScalarReference) {
+    std::vector<float> in = awkward_floats();
+    for (std::uint32_t h = 0; h < 0x7C00; h += 7) { // around every 7th half value, and halfway points
+        const float f = f16_to_float(static_cast<std::uint16_t>(h));
+        const float g = f16_to_float(static_cast<std::uint16_t>(h + 1));
+        in.insert(in.end(), {f, -f, (f + g) / 2, std::nextafter((f + g) / 2, 0.0f), std::nextafter((f + g) / 2, 1e9f)});
+    }
+    std::uint64_t x = 99;
+    for (int i = 0; i < 20000; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const auto bits = static_cast<std::uint32_t>(x >> 32);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        in.push_back(f);
+    }
+    std::vector<std::uint16_t> out(in.size());
+    ConversionStats s;
+    convert_elements(DType::f32, DType::f16, in.data(), out.data(), in.size(), {}, s);
+    std::uint64_t inexact = 0, overflow = 0, nan = 0;
+    float max_abs = 0, max_rel = 0;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+        const float f = in[i];
+        ASSERT_EQ(out[i], float_to_f16(f)) << f << " at " << i;
+        if (std::isnan(f)) {
+            ++nan;
+            continue;
+        }
+        const float back = f16_to_float(out[i]);
+        if (std::isinf(back) && !std::isinf(f)) {
+            ++overflow;
+        } else if (back != f) {
+            ++inexact;
+            const float e = std::fabs(back - f);
+            max_abs = std::max(max_abs, e);
+            max_rel = std::max(max_rel, e / std::fabs(f));
+        }
+    }
+    EXPECT_EQ(s.inexact, inexact);
+    EXPECT_EQ(s.overflow_inf, overflow);
+    EXPECT_EQ(s.nan, nan);
+    EXPECT_EQ(s.max_abs_error, max_abs);
+    EXPECT_EQ(s.max_rel_error, max_rel);
+}
