@@ -96,6 +96,7 @@ void kernel_rows(std::vector<Row>& rows, ThreadPool& pool) {
     };
     const Case cases[] = {
         {"kernel f32 -> bf16", DType::f32, DType::bf16, reinterpret_cast<const std::uint8_t*>(f32.data()), {}},
+        {"kernel f32 -> f16", DType::f32, DType::f16, reinterpret_cast<const std::uint8_t*>(f32.data()), {}},
         {"kernel u8 -> f32 (scale 1/255)", DType::u8, DType::f32, u8.data(), {1.0 / 255, 0}},
         {"kernel u8 -> bf16 (scale 1/255)", DType::u8, DType::bf16, u8.data(), {1.0 / 255, 0}},
     };

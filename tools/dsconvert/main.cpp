@@ -22,10 +22,11 @@ int main(int argc, char** argv) {
     app.add_flag("--verify", o.verify_only,
                  "Re-read every file of the dataset INPUT, check sizes and checksums, "
                  "name the first bad chunk; writes nothing");
-    app.add_flag("--benchmark", o.benchmark,
-                 "Measure the conversion kernels (f32 -> bf16, u8 -> f32, u8 -> bf16) and, on INPUT's bytes, "
-                 "zstd-chunked compression and decompression at levels 1 and 3 (or --compress), on 1 and -T "
-                 "threads, in MB per wall and per CPU second; writes nothing");
+    app.add_flag(
+        "--benchmark", o.benchmark,
+        "Measure the conversion kernels (f32 -> bf16, f32 -> f16, u8 -> f32, u8 -> bf16) and, on INPUT's bytes, "
+        "zstd-chunked compression and decompression at levels 1 and 3 (or --compress), on 1 and -T "
+        "threads, in MB per wall and per CPU second; writes nothing");
     app.add_option("--from", from, "Input format: auto, dataset, npy, npz, raw, v28b, idx, cifar10")
         ->capture_default_str();
     app.add_option("--to", to,

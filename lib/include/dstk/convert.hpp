@@ -95,8 +95,9 @@ struct ConvertOptions {
 // stderr (or one JSON document on stdout with --json). Throws Error.
 void run_convert(const ConvertOptions& o);
 
-// dsconvert --benchmark [FILE]: prints the in-memory speed of the f32 -> bf16
-// and u8 -> f32 kernels on 1 and all threads and, with FILE (its first 256
+// dsconvert --benchmark [FILE]: prints the in-memory speed (per wall and per
+// CPU second) of the f32 -> bf16, f32 -> f16, u8 -> f32 and u8 -> bf16
+// kernels on 1 and all threads and, with FILE (its first 256
 // MiB), of zstd-chunked compression and decompression at levels 1 and 3 (or
 // the --compress level) through ChunkedWriter/ChunkedReader.
 void run_convert_benchmark(const ConvertOptions& o);
