@@ -42,11 +42,17 @@ void Progress::draw(bool force) {
     const std::uint64_t items = items_, bytes = bytes_;
     const double frac = total_items_ ? double(items) / double(total_items_)
                                      : (total_bytes_ ? double(bytes) / double(total_bytes_) : 0.0);
-    std::string eta = "--";
-    if (frac > 0.001 && secs > 0.5) eta = format_duration(secs * (1 - frac) / frac);
-    std::fprintf(stderr, "\r%s: %5.1f%%  %s/%s %s  %s  %s  ETA %s   ", label_.c_str(), 100 * frac,
-                 format_count(items).c_str(), format_count(total_items_).c_str(), item_name_.c_str(),
-                 format_bytes(bytes).c_str(), format_rate(secs > 0 ? bytes / secs : 0).c_str(), eta.c_str());
+    const std::string rate = format_rate(secs > 0 ? bytes / secs : 0);
+    if (!total_items_ && !total_bytes_) { // a stream of unknown length (stdin): what arrived, and how fast
+        std::fprintf(stderr, "\r%s: %s %s  %s  %s   ", label_.c_str(), format_count(items).c_str(), item_name_.c_str(),
+                     format_bytes(bytes).c_str(), rate.c_str());
+    } else {
+        std::string eta = "--";
+        if (frac > 0.001 && secs > 0.5) eta = format_duration(secs * (1 - frac) / frac);
+        std::fprintf(stderr, "\r%s: %5.1f%%  %s/%s %s  %s  %s  ETA %s   ", label_.c_str(), 100 * frac,
+                     format_count(items).c_str(), format_count(total_items_).c_str(), item_name_.c_str(),
+                     format_bytes(bytes).c_str(), rate.c_str(), eta.c_str());
+    }
     std::fflush(stderr);
     drawn_ = true;
 }

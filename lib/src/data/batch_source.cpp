@@ -96,7 +96,8 @@ class HostStreamSource final : public BatchSource {
     StageTimes take_times() override {
         StageTimes t = std::exchange(times_, {});
         t.read_wait = ring_.take_wait_seconds();
-        t.read = ring_.take_read_seconds();
+        t.decode = ring_.take_decode_seconds();
+        t.read = std::max(0.0, ring_.take_read_seconds() - t.decode);
         return t;
     }
     std::uint64_t device_bytes() const override { return ring_.host_bytes(); }
@@ -367,7 +368,8 @@ class DeviceStreamSource final : public BatchSource {
     StageTimes take_times() override {
         StageTimes t = std::exchange(times_, {});
         t.read_wait = ring_.take_wait_seconds();
-        t.read = ring_.take_read_seconds();
+        t.decode = ring_.take_decode_seconds();
+        t.read = std::max(0.0, ring_.take_read_seconds() - t.decode);
         return t;
     }
     std::uint64_t device_bytes() const override { return bytes(config_, sample_bytes_); }

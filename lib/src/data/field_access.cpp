@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <utility>
 #include <atomic>
 #include <condition_variable>
 #include <cerrno>
@@ -226,6 +228,11 @@ class ChunkedAccess final : public FieldAccess {
 
     void will_need(std::span<const std::uint64_t>, std::uint64_t) override {}
 
+    double take_decode_seconds() override {
+        std::lock_guard lock(mutex_);
+        return std::exchange(decode_seconds_, 0.0);
+    }
+
   private:
     using Buffer = std::shared_ptr<const std::vector<std::uint8_t>>;
     struct Entry {
@@ -248,6 +255,7 @@ class ChunkedAccess final : public FieldAccess {
         entries_[c] = Entry{nullptr, ++clock_};
         lock.unlock();
         auto buf = std::make_shared<std::vector<std::uint8_t>>(reader_.chunk_bytes(c));
+        const auto t0 = std::chrono::steady_clock::now();
         try {
             reader_.read_chunk(c, buf->data());
         } catch (const std::exception& e) {
@@ -258,6 +266,7 @@ class ChunkedAccess final : public FieldAccess {
             throw;
         }
         lock.lock();
+        decode_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         entries_[c].data = buf;
         evict();
         decoded_.notify_all();
@@ -281,6 +290,7 @@ class ChunkedAccess final : public FieldAccess {
     std::map<std::uint64_t, Entry> entries_;
     std::map<std::uint64_t, std::string> failed_;
     std::uint64_t clock_ = 0;
+    double decode_seconds_ = 0;
 };
 
 } // namespace

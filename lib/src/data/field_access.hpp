@@ -31,6 +31,9 @@ class FieldAccess {
     virtual std::uint64_t cache_bytes() const = 0;
     // Whether reads bypass the page cache (O_DIRECT).
     virtual bool direct() const { return false; }
+    // Seconds reader threads spent decoding chunks (reading a compressed
+    // frame and decompressing it) since the last call; 0 for .npy storage.
+    virtual double take_decode_seconds() { return 0.0; }
 
   protected:
     FieldAccess(std::uint64_t samples, std::uint64_t sample_bytes) : samples_(samples), sample_bytes_(sample_bytes) {}

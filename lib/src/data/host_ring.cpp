@@ -179,4 +179,8 @@ double HostRing::take_read_seconds() {
     return std::exchange(read_seconds_, 0.0);
 }
 
+double HostRing::take_decode_seconds() {
+    return x_.take_decode_seconds() + y_.take_decode_seconds();
+}
+
 } // namespace dstk::data

@@ -45,7 +45,8 @@ class HostRing {
     const RingSlot* acquire();
     void release();
     double take_wait_seconds();
-    double take_read_seconds();
+    double take_read_seconds();   // reader threads filling slots, decode included
+    double take_decode_seconds(); // of which decoding zstd chunks
     std::uint64_t host_bytes() const { return host_bytes_; }
 
   private:

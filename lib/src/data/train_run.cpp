@@ -233,11 +233,16 @@ void warm_up(train::Trainer& t, BatchSource& train_src, BatchSource* test_src, s
 
 std::string stage_text(const StageTimes& t) {
     return "read wait " + format_duration(t.read_wait) + ", read " + format_duration(t.read) +
+           (t.decode > 0 ? ", decode " + format_duration(t.decode) : std::string()) +
            (t.h2d > 0 ? ", h2d " + format_duration(t.h2d) : std::string()) + ", compute " + format_duration(t.compute);
 }
 
 nlohmann::json stage_json(const StageTimes& t) {
-    return {{"read_wait_s", t.read_wait}, {"read_s", t.read}, {"h2d_s", t.h2d}, {"compute_s", t.compute}};
+    return {{"read_wait_s", t.read_wait},
+            {"read_s", t.read},
+            {"decode_s", t.decode},
+            {"h2d_s", t.h2d},
+            {"compute_s", t.compute}};
 }
 
 } // namespace
