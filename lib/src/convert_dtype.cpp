@@ -146,22 +146,17 @@ struct Bf16Tally {
     std::uint32_t inexact = 0, overflow = 0, nan = 0, max_abs_bits = 0, max_rel_bits = 0;
 };
 
-// Everything but the subtraction and the division is integer arithmetic with
-// masks; inexact <=> the bits differ (NaN and overflow excluded).
-__attribute__((target_clones("avx2", "default"))) void f32_to_bf16_kernel(const float* in, std::uint16_t* out,
-                                                                          std::uint32_t n, Bf16Tally& t) {
+// The error accounting of the f32 -> bf16 / f16 kernels, one element at a
+// time: b the input's bits, a its magnitude's, back_bits the output read back
+// as f32. Integer arithmetic with masks but for one subtraction and one
+// division, so that the loops calling it stay branch-free and vectorise;
+// positive floats compare as their bits. Inexact <=> the bits differ (NaN and
+// overflow excluded).
+struct HalfTallyLanes {
     std::uint32_t inexact = 0, overflow = 0, nan = 0, max_abs = 0, max_rel = 0;
-    for (std::uint32_t i = 0; i < n; ++i) {
-        std::uint32_t b;
-        std::memcpy(&b, in + i, 4);
-        const std::uint32_t a = b & 0x7FFFFFFFu;
-        const std::uint32_t is_nan = a > 0x7F800000u ? 1u : 0u;
-        const std::uint32_t nan_m = 0u - is_nan;
-        const std::uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
-        const std::uint32_t h = (nan_m & ((b >> 16) | 0x40u)) | (~nan_m & rounded);
-        out[i] = static_cast<std::uint16_t>(h);
-        const std::uint32_t back_bits = h << 16;
-        const std::uint32_t ovf = ((h & 0x7FFFu) == 0x7F80u ? 1u : 0u) & (a < 0x7F800000u ? 1u : 0u);
+
+    [[gnu::always_inline]] inline void add(std::uint32_t b, std::uint32_t a, std::uint32_t back_bits, std::uint32_t ovf,
+                                           std::uint32_t is_nan) {
         const std::uint32_t inex = (back_bits != b ? 1u : 0u) & ~is_nan & ~ovf & 1u;
         const std::uint32_t m = 0u - inex;
         float back, f;
@@ -184,11 +179,33 @@ __attribute__((target_clones("avx2", "default"))) void f32_to_bf16_kernel(const 
         overflow += ovf;
         nan += is_nan;
     }
-    t.inexact += inexact;
-    t.overflow += overflow;
-    t.nan += nan;
-    t.max_abs_bits = t.max_abs_bits > max_abs ? t.max_abs_bits : max_abs;
-    t.max_rel_bits = t.max_rel_bits > max_rel ? t.max_rel_bits : max_rel;
+    void flush(Bf16Tally& t) const {
+        t.inexact += inexact;
+        t.overflow += overflow;
+        t.nan += nan;
+        t.max_abs_bits = t.max_abs_bits > max_abs ? t.max_abs_bits : max_abs;
+        t.max_rel_bits = t.max_rel_bits > max_rel ? t.max_rel_bits : max_rel;
+    }
+};
+
+// Round to nearest even on the bit pattern; NaN stays NaN (quieted).
+__attribute__((target_clones("avx2", "default"))) void f32_to_bf16_kernel(const float* in, std::uint16_t* out,
+                                                                          std::uint32_t n, Bf16Tally& t) {
+    HalfTallyLanes lanes;
+    for (std::uint32_t i = 0; i < n; ++i) {
+        std::uint32_t b;
+        std::memcpy(&b, in + i, 4);
+        const std::uint32_t a = b & 0x7FFFFFFFu;
+        const std::uint32_t is_nan = a > 0x7F800000u ? 1u : 0u;
+        const std::uint32_t nan_m = 0u - is_nan;
+        const std::uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+        const std::uint32_t h = (nan_m & ((b >> 16) | 0x40u)) | (~nan_m & rounded);
+        out[i] = static_cast<std::uint16_t>(h);
+        const std::uint32_t back_bits = h << 16;
+        const std::uint32_t ovf = ((h & 0x7FFFu) == 0x7F80u ? 1u : 0u) & (a < 0x7F800000u ? 1u : 0u);
+        lanes.add(b, a, back_bits, ovf, is_nan);
+    }
+    lanes.flush(t);
 }
 
 // u8 -> any type: there are only 256 inputs, so the kernel computes their
@@ -398,7 +415,7 @@ void half_to_f32(DType from, const void* src, void* dst, std::uint64_t n, Conver
 // one round-to-nearest-even); selects pick the case.
 __attribute__((target_clones("avx2", "default"))) void
 f32_to_f16_kernel(const float* __restrict in, std::uint16_t* __restrict out, std::uint32_t n, Bf16Tally& t) {
-    std::uint32_t inexact = 0, overflow = 0, nan = 0, max_abs = 0, max_rel = 0;
+    HalfTallyLanes lanes;
     for (std::uint32_t i = 0; i < n; ++i) {
         std::uint32_t b;
         std::memcpy(&b, in + i, 4);
@@ -432,33 +449,9 @@ f32_to_f16_kernel(const float* __restrict in, std::uint16_t* __restrict out, std
         std::uint32_t back_bits = (sub_bits & m_hsub) | (((hm << 13) + 0x38000000u) & ~m_hsub);
         back_bits = ((0x7F800000u & m_hinf) | (back_bits & ~m_hinf)) | (sign << 16);
         const std::uint32_t ovf = ((h & 0x7FFFu) == 0x7C00u ? 1u : 0u) & (a < 0x7F800000u ? 1u : 0u);
-        const std::uint32_t inex = (back_bits != b ? 1u : 0u) & ~is_nan & ~ovf & 1u;
-        const std::uint32_t m = 0u - inex;
-        float back, f;
-        std::memcpy(&back, &back_bits, 4);
-        std::memcpy(&f, &b, 4);
-        const float d = back - f;
-        std::uint32_t db;
-        std::memcpy(&db, &d, 4);
-        const std::uint32_t eb = db & 0x7FFFFFFFu & m;
-        const std::uint32_t denb = (a & m) | (~m & 0x3F800000u);
-        float e, den;
-        std::memcpy(&e, &eb, 4);
-        std::memcpy(&den, &denb, 4);
-        const float rel = e / den;
-        std::uint32_t rb;
-        std::memcpy(&rb, &rel, 4);
-        max_abs = eb > max_abs ? eb : max_abs;
-        max_rel = rb > max_rel ? rb : max_rel;
-        inexact += inex;
-        overflow += ovf;
-        nan += is_nan;
+        lanes.add(b, a, back_bits, ovf, is_nan);
     }
-    t.inexact += inexact;
-    t.overflow += overflow;
-    t.nan += nan;
-    t.max_abs_bits = t.max_abs_bits > max_abs ? t.max_abs_bits : max_abs;
-    t.max_rel_bits = t.max_rel_bits > max_rel ? t.max_rel_bits : max_rel;
+    lanes.flush(t);
 }
 
 // f32 -> bf16 or f16 (to_f16) without a mapping.
