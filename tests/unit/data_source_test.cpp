@@ -13,6 +13,7 @@
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
+#include "dstk/convert.hpp"
 #include "support/test_dataset.hpp"
 
 namespace fs = std::filesystem;
@@ -82,6 +83,30 @@ TEST(DataSource, StreamAndDeviceDeliverTheSameBatchesInEveryOrder) {
         for (std::uint64_t p = 0; p < a.size(); ++p) ASSERT_EQ(static_cast<std::uint64_t>(a[p]), order[p]);
     }
     fs::remove_all(dir);
+}
+
+TEST(DataSource, ZstdChunkedStorageDeliversTheSameBatchesAndTimesItsDecoding) {
+    const std::uint64_t n = 1000, sb = 48;
+    const fs::path plain = make_dataset("plain", n, sb), packed = test_support::temp_path("dstk_data", "zstd");
+    ConvertOptions c;
+    c.input = plain;
+    c.output = packed;
+    c.compress = "zstd:1";
+    c.chunk_samples = 100;
+    c.out.quiet = true;
+    run_convert(c);
+    const Dataset a = Dataset::open(plain), b = Dataset::open(packed);
+    ASSERT_EQ(b.manifest().splits[0].fields[0].storage, Storage::zstd_chunked);
+    // Sequential: the chunk order's windows follow the storage chunks, which differ.
+    auto npy = make_batch_source(a, "train", cpu_config(Placement::stream, Order::sequential, 32));
+    auto zst = make_batch_source(b, "train", cpu_config(Placement::stream, Order::sequential, 32));
+    EXPECT_EQ(run_epoch(*zst, 1, 0, sb), run_epoch(*npy, 1, 0, sb));
+    const StageTimes tz = zst->take_times(), tn = npy->take_times();
+    EXPECT_GT(tz.decode, 0.0) << "decoding zstd chunks is its own stage";
+    EXPECT_EQ(tn.decode, 0.0) << ".npy storage has nothing to decode";
+    EXPECT_EQ(tz.samples, n / 32 * 32);
+    fs::remove_all(plain);
+    fs::remove_all(packed);
 }
 
 TEST(DataSource, ResumesAtAnyBatch) {
