@@ -488,6 +488,11 @@ void ChunkedWriter::append(const void* data, std::uint64_t count) {
     }
 }
 
+void ChunkedWriter::limit_batch_samples(std::uint64_t samples) {
+    if (buffered_samples_ != 0) throw std::logic_error("ChunkedWriter::limit_batch_samples after append");
+    batch_chunks_ = std::clamp<std::uint64_t>(samples / chunk_samples_, 1, batch_chunks_);
+}
+
 void ChunkedWriter::flush() {
     launch(false);
     collect();

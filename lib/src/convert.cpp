@@ -43,7 +43,22 @@ class FieldSink {
     virtual ~FieldSink() = default;
     virtual void append(const void* data, std::uint64_t count) = 0;
     virtual FieldInfo finish() = 0;
+    // Samples a sink gathers before it writes (0: it writes as it goes).
+    virtual std::uint64_t batch_samples() const { return 0; }
+    virtual void limit_batch_samples(std::uint64_t) {}
 };
+
+// The fields of a split reach the disk together: a zstd-chunked label field
+// (4-byte samples) would otherwise gather millions of samples per write while
+// the images write every few thousand, and an interrupted run could resume
+// only from the last point every field had written.
+void align_batches(std::vector<std::unique_ptr<FieldSink>>& sinks) {
+    std::uint64_t least = 0;
+    for (const auto& s : sinks)
+        if (const std::uint64_t b = s->batch_samples(); b && (!least || b < least)) least = b;
+    if (least)
+        for (auto& s : sinks) s->limit_batch_samples(least);
+}
 
 class NpySink final : public FieldSink {
   public:
@@ -62,6 +77,8 @@ class ChunkedSink final : public FieldSink {
           w_(keep ? ChunkedWriter::resume(std::move(path), info_.sample_bytes(), info_.chunk_samples, level, pool, keep)
                   : ChunkedWriter(std::move(path), info_.sample_bytes(), info_.chunk_samples, level, pool)) {}
     void append(const void* data, std::uint64_t count) override { w_.append(data, count); }
+    std::uint64_t batch_samples() const override { return w_.batch_samples(); }
+    void limit_batch_samples(std::uint64_t samples) override { w_.limit_batch_samples(samples); }
     FieldInfo finish() override {
         info_.checksum = w_.finish();
         info_.bytes = w_.file_bytes();
@@ -846,6 +863,7 @@ void run_convert(const ConvertOptions& o) {
             if (current_found) keep = 0; // after the split in progress: start over
             if (keep < s.samples) current_found = true;
             for (const auto& fi : infos) s.sinks.push_back(resumable->sink(fi, s.samples, keep, level, pool));
+            align_batches(s.sinks);
             s.written = keep;
             resume_at += keep;
         }

@@ -132,4 +132,44 @@ expect_true "SIGINT exits 130 (got $rc)" [ "$rc" -eq 130 ]
 expect_no_file sig
 expect_true "no temporary output left" [ -z "$(find . -maxdepth 1 -name '.sig*')" ]
 
+
+# ---- --resume from stdin with --labels: killed hard while the pipe is silent,
+# the rerun (the same bytes piped again) skips what is on disk and gives the
+# same bytes. A chunk batch (16,750 samples of 1000 B here) reaches the disk
+# once the next one is under way, and the labels' batches follow the images'.
+{
+    printf '\x00\x00\x08\x01\x00\x00\xea\x60' # 60000 labels
+    printf '\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09%.0s' $(seq 6000)
+} >res_lab
+head -c 60000000 /dev/urandom >res.raw
+RES=(--shape 1000 --in-dtype u8 --compress zstd:15 --chunk-samples 250 --labels res_lab)
+expect_exit 0 "$D" res.raw res_ref --from raw "${RES[@]}"
+mkfifo res.pipe
+{
+    head -c 50000000 res.raw
+    for _ in $(seq 300); do # silent until told to stop (or 30 s)
+        [ -e res.stop ] && exit 0
+        sleep 0.1
+    done
+    tail -c +50000001 res.raw
+} >res.pipe 2>/dev/null &
+producer=$!
+"$D" - res_out "${RES[@]}" --resume -T 1 -q <res.pipe 2>/dev/null &
+pid=$!
+for _ in $(seq 300); do # until the first batch of labels is on disk too
+    [ "$(stat -c %s .res_out.partial/train_y.zst 2>/dev/null || echo 0)" -gt 1000 ] && break
+    sleep 0.05
+done
+kill -KILL $pid 2>/dev/null
+touch res.stop
+wait $pid $producer 2>/dev/null
+CHECKS=$((CHECKS + 1))
+[ -e res_out ] && fail "the stdin conversion finished while its pipe was silent"
+[ -f .res_out.partial/resume.json ] || fail "--resume from stdin left no partial directory"
+from_pipe 0 res.raw "$D" - res_out "${RES[@]}" --resume --json
+expect_stdout '"resumed_after_samples": 16750'
+expect_same res_out/train_x.zst res_ref/train_x.zst
+expect_same res_out/train_y.zst res_ref/train_y.zst
+expect_no_file .res_out.partial
+
 finish

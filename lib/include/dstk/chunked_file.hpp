@@ -139,6 +139,13 @@ class ChunkedWriter {
     // complete chunks.
     void flush();
     std::uint64_t written() const { return written_; }
+    // Samples buffered before a batch of chunks is compressed and written:
+    // about 16 MiB of input by default, so a field of small samples (labels)
+    // writes rarely. limit_batch_samples(n), before the first append, caps it
+    // at n rounded down to whole chunks (at least one), so that fields written
+    // side by side reach the disk, and a --resume point, together.
+    std::uint64_t batch_samples() const { return batch_chunks_ * chunk_samples_; }
+    void limit_batch_samples(std::uint64_t samples);
     std::uint64_t file_bytes() const { return file_bytes_; }
     // Writes the last chunk and the index, closes the file; returns the XXH64
     // of the whole file ("xxh64:<hex>") and sets file_bytes().
