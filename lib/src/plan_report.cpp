@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dstk/bench/results.hpp"
+#include "dstk/data/order.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
@@ -41,7 +42,7 @@ std::uint64_t model_footprint(const train::NetworkPlan& net, DType dtype, std::u
 
 using nlohmann::json;
 
-enum class Order { sequential, chunk, full };
+using data::Order;
 
 struct ModelInfo {
     std::string name;
@@ -70,17 +71,6 @@ std::uint64_t positive_size(const std::string& text, const char* what) {
     const std::uint64_t v = parse_size(text, what);
     if (v == 0) throw usage_error("invalid " + std::string(what) + " '" + text + "' (must be more than 0 bytes)");
     return v;
-}
-
-Order parse_order(const std::string& s) {
-    if (s == "sequential") return Order::sequential;
-    if (s == "chunk") return Order::chunk;
-    if (s == "full") return Order::full;
-    throw usage_error("invalid --order '" + s + "' (expected sequential, chunk or full)");
-}
-
-std::string_view order_name(Order o) {
-    return o == Order::sequential ? "sequential" : o == Order::chunk ? "chunk" : "full";
 }
 
 void detect_machine(const PlanOptions& o, const std::string& dir, Machine& m) {
@@ -211,7 +201,7 @@ Inputs gather(const PlanOptions& o) {
         throw usage_error("invalid --prefetch " + std::to_string(o.prefetch) + " (must be 1 to 1024)");
     in.job.batch = o.batch;
     in.job.prefetch = o.prefetch;
-    in.order = parse_order(o.order);
+    in.order = data::parse_order(o.order);
     if (!o.compute_rate.empty()) {
         const std::uint64_t r = parse_count(o.compute_rate, "--compute-rate");
         if (r == 0) throw usage_error("invalid --compute-rate 0 (samples per second must be positive)");
@@ -390,7 +380,7 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
     }
     if (e && v && v->placement != Placement::none) {
         std::printf("epoch (%s train samples, order %s)\n", format_count(d.train).c_str(),
-                    std::string(order_name(in.order)).c_str());
+                    std::string(data::order_name(in.order)).c_str());
         const std::string src = in.rates.source.empty() ? "no --bench" : in.rates.source;
         if (v->placement == Placement::disk)
             std::printf("  disk read   %s (%s at the %s read rate, %s)\n", seconds_text(e->read_seconds).c_str(),
@@ -482,7 +472,7 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
     doc["job"] = {{"batch", in.job.batch},
                   {"prefetch", in.job.prefetch},
                   {"ring_bytes", ring_bytes(d, in.job)},
-                  {"order", order_name(in.order)},
+                  {"order", data::order_name(in.order)},
                   {"model", in.model ? json(in.model->name) : json(nullptr)},
                   {"model_parameters", in.model ? json(in.model->parameters) : json(nullptr)},
                   {"model_footprint_included", in.job.model_bytes.has_value()},
