@@ -62,6 +62,18 @@ struct Local {
             if (r > max_rel) max_rel = r;
         }
     }
+    // Adds this tally of n elements, In -> Out bytes, to `stats`.
+    void add_to(ConversionStats& stats, std::uint64_t n, std::uint64_t in_bytes, std::uint64_t out_bytes) const {
+        stats.elements += n;
+        stats.inexact += inexact;
+        stats.clipped += clipped;
+        stats.overflow_inf += overflow;
+        stats.nan += nan;
+        stats.max_abs_error = std::max(stats.max_abs_error, max_abs);
+        stats.max_rel_error = std::max(stats.max_rel_error, max_rel);
+        stats.bytes_in += n * in_bytes;
+        stats.bytes_out += n * out_bytes;
+    }
 };
 
 template <class Out> inline Out store(double d, Local& s) {
@@ -125,15 +137,7 @@ void loop(const void* src, void* dst, std::uint64_t n, const ValueMapping& map, 
             std::memcpy(out + i, &y, sizeof y);
         }
     }
-    stats.elements += n;
-    stats.inexact += s.inexact;
-    stats.clipped += s.clipped;
-    stats.overflow_inf += s.overflow;
-    stats.nan += s.nan;
-    stats.max_abs_error = std::max(stats.max_abs_error, s.max_abs);
-    stats.max_rel_error = std::max(stats.max_rel_error, s.max_rel);
-    stats.bytes_in += n * sizeof(In);
-    stats.bytes_out += n * sizeof(Out);
+    s.add_to(stats, n, sizeof(In), sizeof(Out));
 }
 
 // f32 -> bf16 without a mapping (the >= 1 GB/s path). Branch-free so that
@@ -345,15 +349,7 @@ void from_u8(const void* src, void* dst, std::uint64_t n, const ValueMapping& ma
             s.max_rel = std::max(s.max_rel, per[v].max_rel);
         }
     }
-    stats.elements += n;
-    stats.inexact += s.inexact;
-    stats.clipped += s.clipped;
-    stats.overflow_inf += s.overflow;
-    stats.nan += s.nan;
-    stats.max_abs_error = std::max(stats.max_abs_error, s.max_abs);
-    stats.max_rel_error = std::max(stats.max_rel_error, s.max_rel);
-    stats.bytes_in += n;
-    stats.bytes_out += sizeof(Out) * n;
+    s.add_to(stats, n, 1, sizeof(Out));
 }
 
 // f16 / bf16 -> f32 widen exactly; only NaN inputs are counted, and they
