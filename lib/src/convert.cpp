@@ -406,6 +406,19 @@ struct FieldPlan {
     ConversionStats stats;
 };
 
+// The manifest entry of field `p` in output split `split`: zstd-chunked
+// storage with `chunk_samples` per chunk, else (0) .npy.
+FieldInfo output_field(const std::string& split, const FieldPlan& p, std::uint64_t chunk_samples) {
+    FieldInfo fi;
+    fi.name = p.name;
+    fi.dtype = p.out;
+    fi.shape = p.shape;
+    fi.storage = chunk_samples ? Storage::zstd_chunked : Storage::npy;
+    fi.file = split + "_" + p.name + (chunk_samples ? ".zst" : ".npy");
+    fi.chunk_samples = chunk_samples;
+    return fi;
+}
+
 struct OutSplit {
     std::string name;
     std::uint64_t samples = 0;
@@ -850,13 +863,7 @@ void run_convert(const ConvertOptions& o) {
             std::vector<FieldInfo> infos;
             std::uint64_t keep = s.samples;
             for (const auto& p : fields) {
-                FieldInfo fi;
-                fi.name = p.name;
-                fi.dtype = p.out;
-                fi.shape = p.shape;
-                fi.storage = zstd ? Storage::zstd_chunked : Storage::npy;
-                fi.file = s.name + "_" + p.name + (zstd ? ".zst" : ".npy");
-                fi.chunk_samples = zstd ? chunk_samples : 0;
+                const FieldInfo fi = output_field(s.name, p, zstd ? chunk_samples : 0);
                 keep = std::min(keep, resumable->done(fi, s.samples));
                 infos.push_back(fi);
             }
@@ -874,21 +881,10 @@ void run_convert(const ConvertOptions& o) {
         if (to == OutputFormat::dataset) {
             for (const auto& p : fields) {
                 if (zstd) {
-                    FieldInfo fi;
-                    fi.name = p.name;
-                    fi.dtype = p.out;
-                    fi.shape = p.shape;
-                    fi.storage = Storage::zstd_chunked;
-                    fi.file = s.name + "_" + p.name + ".zst";
-                    fi.chunk_samples = chunk_samples;
+                    const FieldInfo fi = output_field(s.name, p, chunk_samples);
                     s.sinks.push_back(std::make_unique<ChunkedSink>(writer->file(fi.file), fi, level, pool));
                 } else if (!count_known) {
-                    FieldInfo fi;
-                    fi.name = p.name;
-                    fi.dtype = p.out;
-                    fi.shape = p.shape;
-                    fi.storage = Storage::npy;
-                    fi.file = s.name + "_" + p.name + ".npy";
+                    const FieldInfo fi = output_field(s.name, p, 0);
                     s.sinks.push_back(std::make_unique<UnknownCountNpySink>(writer->file(fi.file), fi));
                 } else {
                     s.sinks.push_back(

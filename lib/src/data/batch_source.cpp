@@ -14,17 +14,13 @@
 #include "dstk/units.hpp"
 #include "field_access.hpp"
 #include "host_ring.hpp"
+#include "clock.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
 #endif
 
 namespace dstk::data {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 constexpr std::uint64_t load_piece_bytes = 64ull << 20;
 

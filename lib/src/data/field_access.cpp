@@ -1,11 +1,11 @@
 #include "field_access.hpp"
+#include "clock.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 #include <atomic>
 #include <condition_variable>
@@ -255,7 +255,7 @@ class ChunkedAccess final : public FieldAccess {
         entries_[c] = Entry{nullptr, ++clock_};
         lock.unlock();
         auto buf = std::make_shared<std::vector<std::uint8_t>>(reader_.chunk_bytes(c));
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = Clock::now();
         try {
             reader_.read_chunk(c, buf->data());
         } catch (const std::exception& e) {
@@ -266,7 +266,7 @@ class ChunkedAccess final : public FieldAccess {
             throw;
         }
         lock.lock();
-        decode_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        decode_seconds_ += seconds_since(t0);
         entries_[c].data = buf;
         evict();
         decoded_.notify_all();

@@ -1,4 +1,5 @@
 #include "host_ring.hpp"
+#include "clock.hpp"
 
 #include <chrono>
 #include <algorithm>
@@ -10,11 +11,6 @@
 
 namespace dstk::data {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
     return (v + to - 1) / to * to;

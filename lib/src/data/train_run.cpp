@@ -28,6 +28,7 @@
 #include "dstk/train/trainer.hpp"
 #include "dstk/units.hpp"
 #include "device_memory.hpp"
+#include "clock.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
 #endif
@@ -36,11 +37,6 @@ namespace fs = std::filesystem;
 
 namespace dstk::data {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 constexpr std::uint64_t default_chunk_bytes = 4ull << 20;
 constexpr std::uint64_t stats_samples = 4096;
