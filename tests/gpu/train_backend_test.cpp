@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <utility>
 
 #include "dstk/gpu_info.hpp"
 #include "dstk/rng.hpp"
@@ -153,6 +155,37 @@ const char* const layer_specs[] = {
 TEST(TrainGpu, EveryLayerMatchesCpuFp32) {
     REQUIRE_GPU();
     for (const char* spec : layer_specs) compare_layers(spec, {3, 8, 8}, 5, 6, Precision::fp32, 1e-4, 1e-4);
+}
+
+// First convolutions on 1 to 4 channels run the direct kernels (direct_conv.cu):
+// each channel count, strides 1 and 2, padding 0 to 2, odd sizes, 8 to 256
+// output channels (one lane per channel at 256), in every precision.
+TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
+    REQUIRE_GPU();
+    const std::pair<const char*, TensorShape> cases[] = {
+        {"conv3x3:16,bn,relu,flatten,fc:5", {1, 28, 28}}, {"conv3x3:8:s2:p2,flatten,fc:5", {2, 9, 7}},
+        {"conv3x3:32:bias,flatten,fc:5", {3, 32, 32}},    {"conv3x3:64:p0,flatten,fc:5", {4, 13, 11}},
+        {"conv3x3:256:s2,flatten,fc:5", {3, 16, 16}},
+    };
+    for (const auto& [spec, in] : cases) {
+        compare_layers(spec, in, 5, 4, Precision::fp32, 1e-4, 1e-4);
+        compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
+        compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
+    }
+}
+
+// In tf32 the weight gradient of 3x3 convolutions on multiples of 32 channels
+// runs tc_wgrad.cu: widths 8, 16 and 24 (partial last tile), 32 to 64 channels.
+TEST(TrainGpu, TensorCoreWeightGradientMatchesCpu) {
+    REQUIRE_GPU();
+    const std::pair<const char*, TensorShape> cases[] = {
+        {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 8, 8}},
+        {"conv3x3:32,bn,relu,conv3x3:64,bn,relu,conv3x3:64,flatten,fc:5", {3, 16, 16}},
+        {"conv3x3:32,conv3x3:32:bias,flatten,fc:5", {3, 24, 24}},
+    };
+    setenv("DSTK_CONV_KERNELS", "own", 1); // untimed: these small shapes might otherwise go to cuDNN
+    for (const auto& [spec, in] : cases) compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
+    unsetenv("DSTK_CONV_KERNELS");
 }
 
 TEST(TrainGpu, EveryLayerMatchesCpuTf32) {

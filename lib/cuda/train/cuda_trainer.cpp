@@ -1,5 +1,12 @@
 // The cuda backend: cuDNN for convolutions (algorithms chosen once per shape,
-// workspace bounded and counted); cuBLAS for linear layers; our kernels
+// workspace bounded and counted), with two exceptions where our kernels are
+// several times faster: a first 3x3 convolution on 1 to 4 input channels
+// (direct_conv.cu: cuDNN wastes most of its tensor-core tile on so few
+// channels) and, in tf32, the weight gradient of 3x3 stride-1 convolutions on
+// multiples of 32 channels (tc_wgrad.cu), per layer where it times faster
+// than cuDNN's pick. DSTK_CONV_KERNELS=cudnn in the
+// environment leaves every convolution to cuDNN; =own takes ours wherever they
+// apply, without timing. cuBLAS for linear layers; our kernels
 // (kernels.cu) for batch norm (with the following ReLU fused in training and
 // evaluation), ReLU, pooling, input conversion, bias, residual, dropout, the
 // loss and the optimiser.
@@ -40,10 +47,14 @@
 #include <map>
 #include <utility>
 
+#include <cuda_profiler_api.h>
+
 #include "cuda_check.hpp"
 #include "dstk/units.hpp"
 #include "train/backends.hpp"
+#include "train/direct_conv.hpp"
 #include "train/kernels.hpp"
+#include "train/tc_wgrad.hpp"
 
 namespace dstk::train {
 namespace {
@@ -88,6 +99,7 @@ struct LayerDev {
     void* wk = nullptr;     // conv: KRSC weights; linear in bf16 mode: bf16 weights (compute copies)
     void* gk = nullptr;     // conv: gradient of wk
     bool relu_next = false; // batchnorm followed by relu: fused where allowed
+    bool tc_wgrad = false;  // conv: weight gradient by tc_wgrad.cu (tf32)
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
     ConvAlgos algos; // for max_batch
@@ -228,8 +240,11 @@ class CudaTrainer final : public Trainer {
     void layout(Arena& a);
     void create_layer_descriptors();
     void find_algorithms();
+    double time_op(const std::function<void()>& op);
     BatchDescs& descs(std::uint32_t n);
     const void* input_of(std::size_t i) const { return i == 0 ? act0_ : dev_[i - 1].out; }
+    DirectConvShape direct_shape(std::uint32_t n) const;
+    TcWgradShape wgrad_shape(std::size_t i, std::uint32_t n) const;
     void convert(const Batch& b);
     void forward(std::uint32_t n, bool training, bool fuse);
     void backward(std::uint32_t n, bool want_input_grad, bool fuse);
@@ -253,7 +268,9 @@ class CudaTrainer final : public Trainer {
     TrainerConfig cfg_;
     ActType at_ = ActType::f32;
     bool nchw_ = false;
-    TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
+    bool direct_first_ = false; // layer 0 is a convolution run by direct_conv.cu
+    bool force_own_ = false;    // DSTK_CONV_KERNELS=own: our kernels wherever they apply, untimed
+    TensorShape input_;         // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
     cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
@@ -377,6 +394,9 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     measured_ = free_before > free_after ? free_before - free_after : 0;
     if (const char* e = std::getenv("DSTK_PROFILE_LAYERS"); e && std::atoi(e) > 0) profile_layers(std::atoi(e));
+    // Under a profiler started with --profile-from-start off (nsys, ncu), the
+    // range starts here: the algorithm search and warm-up stay outside it.
+    cudaProfilerStart();
 }
 
 void CudaTrainer::mark(std::size_t layer, const char* what) {
@@ -444,10 +464,14 @@ void CudaTrainer::profile_layers(int steps) {
     for (std::size_t k = 0; k < top.size() && k < 12; ++k)
         std::fprintf(stderr, "  %-48s %8.4f ms\n", top[k].first.c_str(), top[k].second / steps);
     for (std::size_t i = 0; i < layers().size(); ++i)
-        if (layers()[i].spec.kind == LayerKind::conv)
-            std::fprintf(stderr, "profile: L%zu conv algorithms fwd %d bwd-data %d bwd-filter %d, workspace %s\n", i,
+        if (i == 0 && direct_first_)
+            std::fprintf(stderr, "profile: L0 conv direct kernels (forward, weight gradient)\n");
+        else if (layers()[i].spec.kind == LayerKind::conv)
+            std::fprintf(stderr, "profile: L%zu conv algorithms fwd %d bwd-data %d bwd-filter %s, workspace %s\n", i,
                          static_cast<int>(dev_[i].algos.fwd), static_cast<int>(dev_[i].algos.bwd_data),
-                         static_cast<int>(dev_[i].algos.bwd_filter), format_bytes(workspace_bytes_).c_str());
+                         dev_[i].tc_wgrad ? "tc_wgrad"
+                                          : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
+                         format_bytes(workspace_bytes_).c_str());
     load_state(saved);
     CUDA_CHECK(cudaMemset(train_m_, 0, offsetof(DeviceMetrics, first_nonfinite)));
 }
@@ -639,7 +663,42 @@ void CudaTrainer::create_layer_descriptors() {
     }
     cudnnDestroyTensorDescriptor(probe.input);
     for (auto t : probe.out) cudnnDestroyTensorDescriptor(t);
+    const char* env = std::getenv("DSTK_CONV_KERNELS");
+    const bool own = !(env && std::string(env) == "cudnn");
+    force_own_ = env && std::string(env) == "own";
+    direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
+                    direct_conv_supported(direct_shape(cfg_.max_batch));
+    if (direct_first_) ws = std::max(ws, direct_conv_workspace(direct_shape(cfg_.max_batch)));
+    for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
+        const LayerSpec& sp = layers()[i].spec;
+        dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec == Precision::tf32 && !nchw_ && sp.kernel == 3 &&
+                           sp.stride == 1 && sp.padding == 1 && tc_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
+        if (dev_[i].tc_wgrad) ws = std::max(ws, tc_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
+    }
     workspace_bytes_ = ws;
+}
+
+TcWgradShape CudaTrainer::wgrad_shape(std::size_t i, std::uint32_t n) const {
+    const LayerPlan& l = layers()[i];
+    return {n, i == 0 ? input_.c : l.in.c, l.out.c, l.in.h, l.in.w};
+}
+
+DirectConvShape CudaTrainer::direct_shape(std::uint32_t n) const {
+    const LayerPlan& l = layers()[0];
+    DirectConvShape s;
+    s.n = n;
+    s.c = l.in.c;
+    s.cstride = input_.c;
+    s.h = l.in.h;
+    s.w = l.in.w;
+    s.k = l.out.c;
+    s.oh = l.out.h;
+    s.ow = l.out.w;
+    s.stride = l.spec.stride;
+    s.pad = l.spec.padding;
+    s.kernel = l.spec.kernel;
+    s.nchw = nchw_;
+    return s;
 }
 
 // Chooses each convolution's algorithms once, for max_batch, with the planned
@@ -701,7 +760,40 @@ void CudaTrainer::find_algorithms() {
         d.algos.bwd_filter = w->algo;
         CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_filter, w->mathType));
         bd.algos[i] = d.algos;
+        // tc_wgrad where it beats cuDNN's pick, timed the same way (with
+        // --deterministic: wherever it applies, so that runs agree).
+        if (d.tc_wgrad && !det && !force_own_) {
+            const float one = 1.0f, zero = 0.0f;
+            const void* xin = input_of(i);
+            const double ours = time_op([&] {
+                launch_tc_wgrad(static_cast<const float*>(xin), static_cast<const float*>(gbuf_[0]),
+                                wgrad_shape(i, cfg_.max_batch), workspace_, static_cast<float*>(d.gk), stream_);
+            });
+            const double theirs = time_op([&] {
+                CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, x, xin, y, gbuf_[0], d.conv_bwd_filter,
+                                                           d.algos.bwd_filter, workspace_, workspace_bytes_, &zero,
+                                                           d.filter, d.gk));
+            });
+            d.tc_wgrad = ours < theirs;
+        }
     }
+}
+
+// Mean GPU time of op on the stream (one warm-up run, then 5 timed).
+double CudaTrainer::time_op(const std::function<void()>& op) {
+    cudaEvent_t a = nullptr, b = nullptr;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    op();
+    CUDA_CHECK(cudaEventRecord(a, stream_));
+    for (int k = 0; k < 5; ++k) op();
+    CUDA_CHECK(cudaEventRecord(b, stream_));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms / 5.0;
 }
 
 // Descriptors for batch size n. The algorithms chosen for max_batch are kept
@@ -824,8 +916,11 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         const float* p = params_ + l.param_offset;
         switch (l.spec.kind) {
         case LayerKind::conv:
-            CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, d.wk, d.conv_fwd, bd.algos[i].fwd,
-                                                workspace_, workspace_bytes_, &zero, yd, d.out));
+            if (i == 0 && direct_first_)
+                launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
+            else
+                CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, d.wk, d.conv_fwd, bd.algos[i].fwd,
+                                                    workspace_, workspace_bytes_, &zero, yd, d.out));
             if (l.spec.bias) launch_add_bias(d.out, at_, p + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
             break;
         case LayerKind::batchnorm: {
@@ -897,9 +992,15 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
         const std::uint64_t hw_in = std::uint64_t{l.in.h} * l.in.w, hw_out = std::uint64_t{l.out.h} * l.out.w;
         switch (l.spec.kind) {
         case LayerKind::conv:
-            CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, xd, x, yd, dy, d.conv_bwd_filter,
-                                                       bd.algos[i].bwd_filter, workspace_, workspace_bytes_, &zero,
-                                                       d.filter, d.gk));
+            if (i == 0 && direct_first_) // fp32, straight into the gradient vector
+                launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), workspace_, g, stream_);
+            else if (d.tc_wgrad)
+                launch_tc_wgrad(static_cast<const float*>(x), static_cast<const float*>(dy), wgrad_shape(i, n),
+                                workspace_, static_cast<float*>(d.gk), stream_);
+            else
+                CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, xd, x, yd, dy, d.conv_bwd_filter,
+                                                           bd.algos[i].bwd_filter, workspace_, workspace_bytes_, &zero,
+                                                           d.filter, d.gk));
             if (l.spec.bias) launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
             mark(i, "bwd filter");
             if (need_dx)
@@ -967,7 +1068,12 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
         mark(i, l.spec.kind == LayerKind::conv ? "bwd data" : "bwd");
         dy = dx;
     }
-    launch_scatter_grads(gcopy_, at_, map_, grads_, conv_copies_, stream_);
+    // A direct first convolution wrote its gradient itself: its copies (the first) are skipped.
+    const std::uint64_t skip =
+        direct_first_ ? std::uint64_t{layers()[0].out.c} * layers()[0].spec.kernel * layers()[0].spec.kernel * input_.c
+                      : 0;
+    launch_scatter_grads(static_cast<char*>(gcopy_) + skip * act_bytes(at_), at_, map_ + skip, grads_,
+                         conv_copies_ - skip, stream_);
     mark(~std::size_t{0}, "weight-gradient scatter");
 }
 

@@ -7,12 +7,12 @@
 
 #include "cuda_check.hpp"
 #include "dstk/rng.hpp"
+#include "device_common.cuh"
 #include "kernels.hpp"
 
 namespace dstk::train::cuda {
 namespace {
 
-using bf16 = __nv_bfloat16;
 constexpr int threads = 256;
 
 unsigned blocks_for(std::uint64_t count, std::uint64_t per_thread = 1) {
@@ -33,68 +33,6 @@ template <class F> void dispatch(ActType t, F&& f) {
 }
 #define DSTK_T std::remove_pointer_t<decltype(tag)>
 
-__device__ __forceinline__ float ld(const float* p, std::uint64_t i) {
-    return p[i];
-}
-__device__ __forceinline__ float ld(const bf16* p, std::uint64_t i) {
-    return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ float ld(const std::uint8_t* p, std::uint64_t i) {
-    return p[i];
-}
-__device__ __forceinline__ float ld(const __half* p, std::uint64_t i) {
-    return __half2float(p[i]);
-}
-__device__ __forceinline__ void st(float* p, std::uint64_t i, float v) {
-    p[i] = v;
-}
-__device__ __forceinline__ void st(bf16* p, std::uint64_t i, float v) {
-    p[i] = __float2bfloat16(v);
-}
-
-// Division by a divisor fixed at launch, for dividends below 2^31: a multiply
-// and a shift instead of the long integer division (Granlund-Montgomery, as in
-// PyTorch's IntDivider). Kernels use it where every index of the tensor is
-// below 2^31 ("narrow") and plain 64-bit division otherwise.
-struct Div32 {
-    std::uint32_t d = 1, m = 1, s = 0;
-    Div32() = default;
-    explicit Div32(std::uint64_t divisor) : d(static_cast<std::uint32_t>(divisor)) {
-        if (divisor == 0 || divisor > 0x7fffffffu) return; // unused: the kernel runs wide
-        while ((std::uint64_t{1} << s) < d) ++s;
-        m = static_cast<std::uint32_t>(((std::uint64_t{1} << 32) * ((std::uint64_t{1} << s) - d)) / d + 1);
-    }
-    __device__ __forceinline__ std::uint32_t div(std::uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
-    __device__ __forceinline__ std::uint32_t mod(std::uint32_t n) const { return n - div(n) * d; }
-};
-constexpr std::uint64_t narrow_limit = 0x7fffffffu;
-
-// 16-byte loads and stores of V = 16 / sizeof(T) consecutive elements (float:
-// 4, bf16: 8), converted to and from float; V == 1 is a plain element.
-template <class T> constexpr int vec_of = 16 / static_cast<int>(sizeof(T));
-template <int V, class T> __device__ __forceinline__ void ldv(const T* p, std::uint64_t i, float (&v)[V]) {
-    if constexpr (V == 1) {
-        v[0] = ld(p, i);
-    } else {
-        static_assert(V * sizeof(T) == 16);
-        const uint4 q = *reinterpret_cast<const uint4*>(p + i);
-        const T* e = reinterpret_cast<const T*>(&q);
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[k] = ld(e, k);
-    }
-}
-template <int V, class T> __device__ __forceinline__ void stv(T* p, std::uint64_t i, const float (&v)[V]) {
-    if constexpr (V == 1) {
-        st(p, i, v[0]);
-    } else {
-        static_assert(V * sizeof(T) == 16);
-        uint4 q;
-        T* e = reinterpret_cast<T*>(&q);
-#pragma unroll
-        for (int k = 0; k < V; ++k) st(e, k, v[k]);
-        *reinterpret_cast<uint4*>(p + i) = q;
-    }
-}
 bool aligned16(const void* p) {
     return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
@@ -594,13 +532,15 @@ __global__ void bn_reduce_kernel(const T* x, const T* dy, BnRefs r, std::uint64_
 }
 
 // The same partials with 16-byte loads: each thread keeps to one group of V
-// channels (blockDim.x a multiple of channels / V), V pairs of float sums;
-// the block's sums per channel in a fixed order, one channel of each group
-// per round.
-template <class T, int V>
+// channels (blockDim.x a multiple of channels / V), V pairs of float sums,
+// four loads in flight per operand. The block's sums: lanes of a warp that
+// share a group first (shuffles, where the group count divides 32), then the
+// warps' or threads' sums per channel in a fixed order, in double.
+template <class T, int V, bool Bwd>
 __global__ void bn_reduce_vec_kernel(const T* x, const T* dy, BnRefs r, std::uint64_t rows, std::uint32_t channels,
                                      double* partials) {
-    extern __shared__ double sh[];
+    extern __shared__ float shf[]; // [rep][group][V][2]
+    constexpr int unroll = 4;
     const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x, groups = channels / V;
     const std::uint64_t r0 = rows * s / splits, r1 = rows * (s + 1) / splits;
     const std::uint32_t c0 = (t % groups) * V;
@@ -608,49 +548,73 @@ __global__ void bn_reduce_vec_kernel(const T* x, const T* dy, BnRefs r, std::uin
 #pragma unroll
     for (int k = 0; k < V; ++k) {
         const std::uint32_t c = c0 + k;
-        m[k] = dy ? r.mean[c] : ld(x, c);
-        is[k] = dy ? r.invstd[c] : 0.0f;
-        a[k] = dy ? r.gamma[c] * is[k] : 0.0f;
-        b[k] = dy ? r.beta[c] : 0.0f;
+        m[k] = Bwd ? r.mean[c] : ld(x, c);
+        is[k] = Bwd ? r.invstd[c] : 0.0f;
+        a[k] = Bwd ? r.gamma[c] * is[k] : 0.0f;
+        b[k] = Bwd ? r.beta[c] : 0.0f;
         sa[k] = sb[k] = 0.0f;
     }
-    for (std::uint64_t g = r0 * groups + t; g < r1 * groups; g += nt) {
-        float xv[V], gv[V];
-        ldv<V>(x, g * V, xv);
-        if (!dy) {
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                const float v = xv[k] - m[k];
-                sa[k] += v;
-                sb[k] += v * v;
-            }
-            continue;
-        }
-        ldv<V>(dy, g * V, gv);
+    auto add = [&](const float(&xv)[V], const float(&gv)[V]) {
 #pragma unroll
         for (int k = 0; k < V; ++k) {
             const float v = xv[k] - m[k];
-            const float gg = r.relu && !(__fmaf_rn(v, a[k], b[k]) > 0.0f) ? 0.0f : gv[k];
-            sa[k] += gg;
-            sb[k] += gg * v * is[k];
+            if constexpr (!Bwd) {
+                sa[k] += v;
+                sb[k] += v * v;
+            } else {
+                const float gg = r.relu && !(__fmaf_rn(v, a[k], b[k]) > 0.0f) ? 0.0f : gv[k];
+                sa[k] += gg;
+                sb[k] += gg * v * is[k];
+            }
+        }
+    };
+    const std::uint64_t end = r1 * groups;
+    std::uint64_t g = r0 * groups + t;
+    for (; g + (unroll - 1) * std::uint64_t{nt} < end; g += unroll * std::uint64_t{nt}) {
+        float xv[unroll][V], gv[unroll][V];
+#pragma unroll
+        for (int u = 0; u < unroll; ++u) {
+            ldv<V>(x, (g + u * nt) * V, xv[u]);
+            if constexpr (Bwd) ldv<V>(dy, (g + u * nt) * V, gv[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < unroll; ++u) add(xv[u], gv[u]);
+    }
+    for (; g < end; g += nt) {
+        float xv[V], gv[V];
+        ldv<V>(x, g * V, xv);
+        if constexpr (Bwd) ldv<V>(dy, g * V, gv);
+        add(xv, gv);
+    }
+    const bool shuffled = groups < 32 && 32 % groups == 0;
+    if (shuffled) {
+        for (std::uint32_t off = 16; off >= groups; off >>= 1)
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                sa[k] += __shfl_xor_sync(0xffffffffu, sa[k], off);
+                sb[k] += __shfl_xor_sync(0xffffffffu, sb[k], off);
+            }
+    }
+    const std::uint32_t lane = t % 32;
+    if (!shuffled || lane < groups) {
+        const std::uint32_t rep = shuffled ? t / 32 : t / groups, gi = t % groups;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            shf[((rep * groups + gi) * V + k) * 2] = sa[k];
+            shf[((rep * groups + gi) * V + k) * 2 + 1] = sb[k];
         }
     }
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-        sh[t] = sa[k];
-        sh[nt + t] = sb[k];
-        __syncthreads();
-        if (t < groups) {
-            double A = 0.0, B = 0.0;
-            for (std::uint32_t j = t; j < nt; j += groups) {
-                A += sh[j];
-                B += sh[nt + j];
-            }
-            const std::uint64_t c = std::uint64_t{t} * V + k;
-            partials[(c * splits + s) * 2] = A;
-            partials[(c * splits + s) * 2 + 1] = B;
+    __syncthreads();
+    const std::uint32_t reps = shuffled ? nt / 32 : nt / groups;
+    for (std::uint32_t c = t; c < channels; c += nt) {
+        const std::uint32_t gi = c / V, k = c % V;
+        double A = 0.0, B = 0.0;
+        for (std::uint32_t rep = 0; rep < reps; ++rep) {
+            A += shf[((rep * groups + gi) * V + k) * 2];
+            B += shf[((rep * groups + gi) * V + k) * 2 + 1];
         }
-        __syncthreads();
+        partials[(std::uint64_t{c} * splits + s) * 2] = A;
+        partials[(std::uint64_t{c} * splits + s) * 2 + 1] = B;
     }
 }
 
@@ -695,26 +659,24 @@ __global__ void bn_reduce_nchw_kernel(const T* x, const T* dy, BnRefs r, std::ui
 }
 
 // Block-wide (blockDim.x == 128) sums of a channel's split partials, in a
-// fixed order; every thread gets them.
+// fixed order (strided per thread, then warp shuffles, then the four warps);
+// every thread gets them.
 __device__ void channel_totals(const double* partials, std::uint32_t c, std::uint32_t splits, double& a, double& b) {
-    __shared__ double sa[128], sb[128];
+    __shared__ double sa[4], sb[4];
     double pa = 0.0, pb = 0.0;
+#pragma unroll 4
     for (std::uint32_t s = threadIdx.x; s < splits; s += blockDim.x) {
         pa += partials[(std::uint64_t{c} * splits + s) * 2];
         pb += partials[(std::uint64_t{c} * splits + s) * 2 + 1];
     }
-    sa[threadIdx.x] = pa;
-    sb[threadIdx.x] = pb;
-    __syncthreads();
-    for (unsigned w = 64; w > 0; w /= 2) {
-        if (threadIdx.x < w) {
-            sa[threadIdx.x] += sa[threadIdx.x + w];
-            sb[threadIdx.x] += sb[threadIdx.x + w];
-        }
-        __syncthreads();
+    for (unsigned off = 16; off > 0; off >>= 1) {
+        pa += __shfl_xor_sync(0xffffffffu, pa, off);
+        pb += __shfl_xor_sync(0xffffffffu, pb, off);
     }
-    a = sa[0];
-    b = sb[0];
+    if (threadIdx.x % 32 == 0) sa[threadIdx.x / 32] = pa, sb[threadIdx.x / 32] = pb;
+    __syncthreads();
+    a = (sa[0] + sa[1]) + (sa[2] + sa[3]);
+    b = (sb[0] + sb[1]) + (sb[2] + sb[3]);
 }
 
 // coef per channel: forward (scale, shift, -, mean): y = bn_value(x, mean, scale, shift).
@@ -1123,9 +1085,22 @@ unsigned bn_reduce(const T* x, const T* dy, const BnRefs& r, std::uint32_t n, st
     const std::uint64_t rows = std::uint64_t{n} * hw;
     const unsigned splits = bn_splits(rows);
     if (const unsigned nt = bn_vec_threads<T>(c, {x, dy})) {
-        bn_reduce_vec_kernel<T, vec_of<T>><<<splits, nt, 2 * nt * sizeof(double), s>>>(x, dy, r, rows, c, partials);
-        check_launch();
-        return splits;
+        // About 8 vectors per thread, at most one wave of resident blocks (a
+        // second wave would wait for the first one's tail).
+        const std::uint64_t units = rows * (c / vec_of<T>);
+        const std::uint64_t shared = std::uint64_t{nt} * vec_of<T> * 2 * sizeof(float);
+        auto launch = [&](auto kernel) {
+            int per_sm = 1;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(nt), shared));
+            const std::uint64_t wave = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
+            const auto splits_v = static_cast<unsigned>(std::clamp<std::uint64_t>(
+                (units + nt * 8 - 1) / (nt * 8), 1, std::min<std::uint64_t>(bn_max_splits, wave)));
+            kernel<<<splits_v, nt, shared, s>>>(x, dy, r, rows, c, partials);
+            check_launch();
+            return splits_v;
+        };
+        return dy ? launch(bn_reduce_vec_kernel<T, vec_of<T>, true>)
+                  : launch(bn_reduce_vec_kernel<T, vec_of<T>, false>);
     }
     const unsigned nt = channel_threads(c);
     bn_reduce_kernel<<<splits, nt, 2 * nt * sizeof(double), s>>>(x, dy, r, rows, c, partials);

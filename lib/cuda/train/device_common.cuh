@@ -1,0 +1,88 @@
+#pragma once
+// Helpers shared by the training kernels (kernels.cu, direct_conv.cu): loads
+// and stores of the activation types as float, 16-byte vector accesses,
+// division by a divisor fixed at launch, and the current GPU's SM count (for
+// grids sized to one wave).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda_check.hpp"
+
+namespace dstk::train::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float ld(const float* p, std::uint64_t i) {
+    return p[i];
+}
+__device__ __forceinline__ float ld(const bf16* p, std::uint64_t i) {
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ float ld(const std::uint8_t* p, std::uint64_t i) {
+    return p[i];
+}
+__device__ __forceinline__ float ld(const __half* p, std::uint64_t i) {
+    return __half2float(p[i]);
+}
+__device__ __forceinline__ void st(float* p, std::uint64_t i, float v) {
+    p[i] = v;
+}
+__device__ __forceinline__ void st(bf16* p, std::uint64_t i, float v) {
+    p[i] = __float2bfloat16(v);
+}
+
+// Division by a divisor fixed at launch, for dividends below 2^31: a multiply
+// and a shift instead of the long integer division (Granlund-Montgomery, as in
+// PyTorch's IntDivider). Kernels use it where every index of the tensor is
+// below 2^31 ("narrow") and plain 64-bit division otherwise.
+struct Div32 {
+    std::uint32_t d = 1, m = 1, s = 0;
+    Div32() = default;
+    explicit Div32(std::uint64_t divisor) : d(static_cast<std::uint32_t>(divisor)) {
+        if (divisor == 0 || divisor > 0x7fffffffu) return; // unused: the kernel runs wide
+        while ((std::uint64_t{1} << s) < d) ++s;
+        m = static_cast<std::uint32_t>(((std::uint64_t{1} << 32) * ((std::uint64_t{1} << s) - d)) / d + 1);
+    }
+    __device__ __forceinline__ std::uint32_t div(std::uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
+    __device__ __forceinline__ std::uint32_t mod(std::uint32_t n) const { return n - div(n) * d; }
+};
+constexpr std::uint64_t narrow_limit = 0x7fffffffu;
+
+// 16-byte loads and stores of V = 16 / sizeof(T) consecutive elements (float:
+// 4, bf16: 8), converted to and from float; V == 1 is a plain element.
+template <class T> constexpr int vec_of = 16 / static_cast<int>(sizeof(T));
+template <int V, class T> __device__ __forceinline__ void ldv(const T* p, std::uint64_t i, float (&v)[V]) {
+    if constexpr (V == 1) {
+        v[0] = ld(p, i);
+    } else {
+        static_assert(V * sizeof(T) == 16);
+        const uint4 q = *reinterpret_cast<const uint4*>(p + i);
+        const T* e = reinterpret_cast<const T*>(&q);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = ld(e, k);
+    }
+}
+template <int V, class T> __device__ __forceinline__ void stv(T* p, std::uint64_t i, const float (&v)[V]) {
+    if constexpr (V == 1) {
+        st(p, i, v[0]);
+    } else {
+        static_assert(V * sizeof(T) == 16);
+        uint4 q;
+        T* e = reinterpret_cast<T*>(&q);
+#pragma unroll
+        for (int k = 0; k < V; ++k) st(e, k, v[k]);
+        *reinterpret_cast<uint4*>(p + i) = q;
+    }
+}
+
+inline unsigned sm_count() {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return static_cast<unsigned>(std::max(1, sms));
+}
+
+} // namespace dstk::train::cuda
