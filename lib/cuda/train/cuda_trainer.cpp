@@ -8,8 +8,8 @@
 // environment leaves every convolution to cuDNN; =own takes ours wherever they
 // apply, without timing. cuBLAS for linear layers; our kernels
 // (kernels.cu) for batch norm (with the following ReLU fused in training and
-// evaluation), ReLU, pooling, input conversion, bias, residual, dropout, the
-// loss and the optimiser.
+// evaluation, and in NHWC a 2x2 max-pool after that ReLU too), ReLU, pooling,
+// input conversion, bias, residual, dropout, the loss and the optimiser.
 //
 // Activations and their gradients are NHWC (channels last) for tf32 and bf16:
 // cuDNN's tensor-core convolutions read that layout without transposes (NCHW
@@ -100,6 +100,7 @@ struct LayerDev {
     void* gk = nullptr;     // conv: gradient of wk
     bool relu_next = false; // batchnorm followed by relu: fused where allowed
     bool tc_wgrad = false;  // conv: weight gradient by tc_wgrad.cu (tf32)
+    bool pool_next = false; // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
     ConvAlgos algos; // for max_batch
@@ -342,6 +343,13 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     for (std::size_t i = 0; i + 1 < layers().size(); ++i)
         dev_[i].relu_next =
             layers()[i].spec.kind == LayerKind::batchnorm && layers()[i + 1].spec.kind == LayerKind::relu;
+    for (std::size_t i = 0; i + 2 < layers().size(); ++i) {
+        const LayerPlan& l = layers()[i];
+        const LayerSpec& pool = layers()[i + 2].spec;
+        dev_[i].pool_next = dev_[i].relu_next && !nchw_ && pool.kind == LayerKind::maxpool && pool.kernel == 2 &&
+                            pool.stride == 2 && pool.padding == 0 &&
+                            bn_pool_fusable(at_, l.in.c, l.in.h, l.in.w, cfg_.max_batch);
+    }
     plan_copies();
     create_layer_descriptors();
 
@@ -924,16 +932,17 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             if (l.spec.bias) launch_add_bias(d.out, at_, p + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
             break;
         case LayerKind::batchnorm: {
-            const bool fused = fuse && d.relu_next;
-            void* y = fused ? dev_[i + 1].out : d.out;
+            const bool fused = fuse && d.relu_next, pooled = fused && d.pool_next;
+            void* y = pooled ? dev_[i + 2].out : fused ? dev_[i + 1].out : d.out;
+            const std::uint32_t pool_w = pooled ? l.in.w : 0;
             float* rm = states_ + l.state_offset;
             if (training)
                 launch_bn_forward_train(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
                                         d.aux, d.aux + l.in.c, bn_partials_, static_cast<float>(bn_momentum),
-                                        static_cast<float>(bn_eps), stream_);
+                                        static_cast<float>(bn_eps), stream_, pool_w);
             else
                 launch_bn_forward_eval(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
-                                       static_cast<float>(bn_eps), bn_partials_, stream_);
+                                       static_cast<float>(bn_eps), bn_partials_, stream_, pool_w);
             break;
         }
         case LayerKind::relu:
@@ -941,7 +950,8 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             break;
         case LayerKind::maxpool:
         case LayerKind::avgpool:
-            launch_pool_forward(x, d.out, at_, pool_shape(l, n, nchw_), l.spec.kind == LayerKind::maxpool, stream_);
+            if (!(fuse && i >= 2 && dev_[i - 2].pool_next)) // else the batchnorm wrote the pooled output
+                launch_pool_forward(x, d.out, at_, pool_shape(l, n, nchw_), l.spec.kind == LayerKind::maxpool, stream_);
             break;
         case LayerKind::global_avgpool:
             launch_gap_forward(x, d.out, at_, n, l.in.c, hw_in, nchw_, stream_);
@@ -1009,9 +1019,9 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
                                                          dx));
             break;
         case LayerKind::batchnorm: {
-            const bool fused = fuse && d.relu_next;
+            const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
             launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,
-                               g + l.in.c, bn_partials_, stream_);
+                               g + l.in.c, bn_partials_, stream_, fused && d.pool_next ? l.in.w : 0);
             break;
         }
         case LayerKind::relu:
@@ -1022,7 +1032,11 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
             break;
         case LayerKind::maxpool:
         case LayerKind::avgpool:
-            launch_pool_backward(x, dy, dx, at_, pool_shape(l, n, nchw_), l.spec.kind == LayerKind::maxpool, stream_);
+            if (fuse && i >= 2 && dev_[i - 2].pool_next)
+                dx = const_cast<void*>(dy); // the batchnorm below takes the pooled gradient
+            else
+                launch_pool_backward(x, dy, dx, at_, pool_shape(l, n, nchw_), l.spec.kind == LayerKind::maxpool,
+                                     stream_);
             break;
         case LayerKind::global_avgpool:
             launch_gap_backward(dy, dx, at_, n, l.in.c, hw_in, nchw_, stream_);

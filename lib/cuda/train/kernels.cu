@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <stdexcept>
 #include <type_traits>
 
 #include "cuda_check.hpp"
@@ -531,6 +532,47 @@ __global__ void bn_reduce_kernel(const T* x, const T* dy, BnRefs r, std::uint64_
     }
 }
 
+// The block's partial sums of per-thread float pairs (sa[k], sb[k] for
+// channel (t % groups) * V + k) into partials[(c * gridDim.x + blockIdx.x) *
+// 2 + j]: lanes of a warp that share a group first (shuffles, where the group
+// count divides 32), then the warps' or threads' sums per channel in a fixed
+// order, in double. shf: blockDim.x * V * 2 floats of shared memory.
+template <int V>
+__device__ void block_partials(float (&sa)[V], float (&sb)[V], std::uint32_t groups, std::uint32_t channels, float* shf,
+                               double* partials) {
+    const std::uint32_t t = threadIdx.x, nt = blockDim.x, s = blockIdx.x, splits = gridDim.x;
+    const bool shuffled = groups < 32 && 32 % groups == 0;
+    if (shuffled) {
+        for (std::uint32_t off = 16; off >= groups; off >>= 1)
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                sa[k] += __shfl_xor_sync(0xffffffffu, sa[k], off);
+                sb[k] += __shfl_xor_sync(0xffffffffu, sb[k], off);
+            }
+    }
+    const std::uint32_t lane = t % 32;
+    if (!shuffled || lane < groups) {
+        const std::uint32_t rep = shuffled ? t / 32 : t / groups, gi = t % groups;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            shf[((rep * groups + gi) * V + k) * 2] = sa[k];
+            shf[((rep * groups + gi) * V + k) * 2 + 1] = sb[k];
+        }
+    }
+    __syncthreads();
+    const std::uint32_t reps = shuffled ? nt / 32 : nt / groups;
+    for (std::uint32_t c = t; c < channels; c += nt) {
+        const std::uint32_t gi = c / V, k = c % V;
+        double A = 0.0, B = 0.0;
+        for (std::uint32_t rep = 0; rep < reps; ++rep) {
+            A += shf[((rep * groups + gi) * V + k) * 2];
+            B += shf[((rep * groups + gi) * V + k) * 2 + 1];
+        }
+        partials[(std::uint64_t{c} * splits + s) * 2] = A;
+        partials[(std::uint64_t{c} * splits + s) * 2 + 1] = B;
+    }
+}
+
 // The same partials with 16-byte loads: each thread keeps to one group of V
 // channels (blockDim.x a multiple of channels / V), V pairs of float sums,
 // four loads in flight per operand. The block's sums: lanes of a warp that
@@ -586,36 +628,7 @@ __global__ void bn_reduce_vec_kernel(const T* x, const T* dy, BnRefs r, std::uin
         if constexpr (Bwd) ldv<V>(dy, g * V, gv);
         add(xv, gv);
     }
-    const bool shuffled = groups < 32 && 32 % groups == 0;
-    if (shuffled) {
-        for (std::uint32_t off = 16; off >= groups; off >>= 1)
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                sa[k] += __shfl_xor_sync(0xffffffffu, sa[k], off);
-                sb[k] += __shfl_xor_sync(0xffffffffu, sb[k], off);
-            }
-    }
-    const std::uint32_t lane = t % 32;
-    if (!shuffled || lane < groups) {
-        const std::uint32_t rep = shuffled ? t / 32 : t / groups, gi = t % groups;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-            shf[((rep * groups + gi) * V + k) * 2] = sa[k];
-            shf[((rep * groups + gi) * V + k) * 2 + 1] = sb[k];
-        }
-    }
-    __syncthreads();
-    const std::uint32_t reps = shuffled ? nt / 32 : nt / groups;
-    for (std::uint32_t c = t; c < channels; c += nt) {
-        const std::uint32_t gi = c / V, k = c % V;
-        double A = 0.0, B = 0.0;
-        for (std::uint32_t rep = 0; rep < reps; ++rep) {
-            A += shf[((rep * groups + gi) * V + k) * 2];
-            B += shf[((rep * groups + gi) * V + k) * 2 + 1];
-        }
-        partials[(std::uint64_t{c} * splits + s) * 2] = A;
-        partials[(std::uint64_t{c} * splits + s) * 2 + 1] = B;
-    }
+    block_partials<V>(sa, sb, groups, channels, shf, partials);
 }
 
 // The same partials for NCHW tensors: block (channel blockIdx.x, split
@@ -811,6 +824,158 @@ __global__ void bn_apply_backward_vec_kernel(const T* x, const T* dy, T* dx, std
             gv[k] = kk[k] * g1 + c1[k] * (xv[k] - m[k]) + c2[k];
         }
         stv<V>(dx, g * V, gv);
+    }
+}
+
+// ---- batch norm + ReLU + 2x2 max-pool (stride 2), fused ----
+
+// Output group o (one pixel, V channels) of the pooled [n][h/2][w/2][c]
+// tensor and its window in the [n][h][w][c] input: the first pixel at base(o),
+// the others at offset(1..3), row-major (the pooling layer's order).
+struct PoolWindows {
+    std::uint32_t count, groups, c, w, ow, oh; // count: output groups
+    Div32 dgroups, dow, doh;
+    __device__ __forceinline__ std::uint64_t base(std::uint32_t o, int v) const {
+        const std::uint32_t pix = dgroups.div(o), gi = o - pix * groups;
+        const std::uint32_t t = dow.div(pix), ox = pix - t * ow, nn = doh.div(t), oy = t - nn * oh;
+        return ((std::uint64_t{nn} * (2 * oh) + 2 * oy) * w + 2 * ox) * c + std::uint64_t{gi} * v;
+    }
+    __device__ __forceinline__ std::uint64_t offset(int j) const {
+        return (j >> 1) * std::uint64_t{w} * c + (j & 1) * std::uint64_t{c};
+    }
+};
+PoolWindows pool_windows(std::uint32_t n, std::uint64_t h, std::uint32_t w, std::uint32_t c, int v) {
+    PoolWindows p{};
+    p.groups = c / static_cast<std::uint32_t>(v);
+    p.c = c;
+    p.w = w;
+    p.ow = w / 2;
+    p.oh = static_cast<std::uint32_t>(h / 2);
+    p.count = n * p.oh * p.ow * p.groups;
+    p.dgroups = Div32(p.groups);
+    p.dow = Div32(p.ow);
+    p.doh = Div32(p.oh);
+    return p;
+}
+
+// A value as the unfused layers store it (rounded to the activation type).
+template <class T> __device__ __forceinline__ float stored(float v) {
+    if constexpr (std::is_same_v<T, float>)
+        return v;
+    else
+        return __bfloat162float(__float2bfloat16(v));
+}
+
+// The window's inputs, the maximum of relu(bn(x)) as stored, and the index of
+// its first maximum per channel (the pooling layer's rule).
+template <class T, int V>
+__device__ __forceinline__ void window_max(const T* x, std::uint64_t base, const PoolWindows& p, const float (&m)[V],
+                                           const float (&a)[V], const float (&b)[V], float (&xv)[4][V],
+                                           float (&best)[V], int (&arg)[V]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ldv<V>(x, base + p.offset(j), xv[j]);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        best[k] = stored<T>(fmaxf(bn_value(xv[0][k], m[k], a[k], b[k]), 0.0f));
+        arg[k] = 0;
+    }
+#pragma unroll
+    for (int j = 1; j < 4; ++j)
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float v = stored<T>(fmaxf(bn_value(xv[j][k], m[k], a[k], b[k]), 0.0f));
+            if (v > best[k]) best[k] = v, arg[k] = j;
+        }
+}
+
+// Forward: y (pooled) = max over each window of relu(bn(x)); the full-size
+// output is never written.
+template <class T, int V> __global__ void bn_apply_pool_kernel(const T* x, T* y, PoolWindows p, const float* coef) {
+    const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+    const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % p.groups) * V;
+    float a[V], b[V], m[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = coef[c0 + k], b[k] = coef[p.c + c0 + k], m[k] = coef[3 * p.c + c0 + k];
+    for (std::uint64_t o = g0; o < p.count; o += std::uint64_t{gridDim.x} * blockDim.x) {
+        float xv[4][V], best[V];
+        int arg[V];
+        window_max<T, V>(x, p.base(static_cast<std::uint32_t>(o), V), p, m, a, b, xv, best, arg);
+        stv<V>(y, o * V, best);
+    }
+}
+
+// The gradient reaching pixel j of a window: the pooled gradient at the
+// first maximum, masked where the ReLU was off.
+template <int V>
+__device__ __forceinline__ float pooled_grad(int j, int k, const int (&arg)[V], const float (&gp)[V],
+                                             const float (&xv)[4][V], const float (&m)[V], const float (&a)[V],
+                                             const float (&b)[V]) {
+    return arg[k] == j && bn_value(xv[j][k], m[k], a[k], b[k]) > 0.0f ? gp[k] : 0.0f;
+}
+
+// Backward reduction from the pooled gradient dp: split s covers a range of
+// pooled pixels; the sums are bn_reduce_vec_kernel's.
+template <class T, int V>
+__global__ void bn_reduce_pool_kernel(const T* x, const T* dp, BnRefs r, PoolWindows p, double* partials) {
+    extern __shared__ float shf[];
+    const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x;
+    const std::uint64_t pixels = p.count / p.groups;
+    const std::uint64_t o0 = pixels * s / splits * p.groups, o1 = pixels * (s + 1) / splits * p.groups;
+    const std::uint32_t c0 = (t % p.groups) * V;
+    float m[V], is[V], a[V], b[V], sa[V], sb[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const std::uint32_t c = c0 + k;
+        m[k] = r.mean[c];
+        is[k] = r.invstd[c];
+        a[k] = r.gamma[c] * is[k];
+        b[k] = r.beta[c];
+        sa[k] = sb[k] = 0.0f;
+    }
+    for (std::uint64_t o = o0 + t; o < o1; o += nt) {
+        float xv[4][V], best[V], gp[V];
+        int arg[V];
+        window_max<T, V>(x, p.base(static_cast<std::uint32_t>(o), V), p, m, a, b, xv, best, arg);
+        ldv<V>(dp, o * V, gp);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const float g = pooled_grad<V>(j, k, arg, gp, xv, m, a, b);
+                sa[k] += g;
+                sb[k] += g * (xv[j][k] - m[k]) * is[k];
+            }
+    }
+    block_partials<V>(sa, sb, p.groups, p.c, shf, partials);
+}
+
+// Backward element-wise pass from the pooled gradient: every pixel of every
+// window gets its dx.
+template <class T, int V>
+__global__ void bn_apply_backward_pool_kernel(const T* x, const T* dp, T* dx, PoolWindows p, const float* coef) {
+    const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+    const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % p.groups) * V, ch = p.c;
+    float kk[V], c1[V], c2[V], m[V], b[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const std::uint32_t c = c0 + k;
+        kk[k] = coef[c], c1[k] = coef[ch + c], c2[k] = coef[2 * ch + c], m[k] = coef[3 * ch + c],
+        b[k] = coef[4 * ch + c];
+    }
+    for (std::uint64_t o = g0; o < p.count; o += std::uint64_t{gridDim.x} * blockDim.x) {
+        const std::uint64_t base = p.base(static_cast<std::uint32_t>(o), V);
+        float xv[4][V], best[V], gp[V];
+        int arg[V];
+        window_max<T, V>(x, base, p, m, kk, b, xv, best, arg);
+        ldv<V>(dp, o * V, gp);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float out[V];
+#pragma unroll
+            for (int k = 0; k < V; ++k)
+                out[k] = kk[k] * pooled_grad<V>(j, k, arg, gp, xv, m, kk, b) + c1[k] * (xv[j][k] - m[k]) + c2[k];
+            stv<V>(dx, base + p.offset(j), out);
+        }
     }
 }
 
@@ -1044,6 +1209,14 @@ void launch_advance_step(unsigned long long* step, cudaStream_t s) {
     check_launch();
 }
 
+bool bn_pool_fusable(ActType t, std::uint32_t c, std::uint64_t h, std::uint64_t w, std::uint32_t n) {
+    const std::uint32_t v = t == ActType::bf16 ? 8 : 4, groups = c / v;
+    if (c % v != 0 || h % 2 != 0 || w % 2 != 0 || h == 0 || w == 0) return false;
+    if (!(threads % groups == 0 || (groups % 32 == 0 && groups <= 1024))) return false;
+    return std::uint64_t{n} * (h / 2) * (w / 2) * groups < narrow_limit &&
+           std::uint64_t{n} * h * w * c < (std::uint64_t{1} << 40);
+}
+
 std::uint64_t bn_partials(std::uint32_t channels) {
     return std::uint64_t{channels} * (bn_max_splits * 2 + 3);
 }
@@ -1113,12 +1286,41 @@ unsigned bn_blocks(std::uint64_t units, unsigned nt) {
     return std::max(1u, blocks_for(units, 4) * threads / nt);
 }
 
+// The fused BN + ReLU + 2x2 max-pool passes (bn_pool_fusable shapes).
+template <class T>
+void apply_pool(const T* x, T* y, std::uint32_t n, std::uint64_t hw, std::uint32_t c, std::uint32_t w,
+                const float* coef, cudaStream_t s) {
+    const unsigned nt = bn_vec_threads<T>(c, {x, y});
+    if (!nt) throw std::logic_error("fused batch norm + max-pool on an unaligned tensor");
+    const PoolWindows p = pool_windows(n, hw / w, w, c, vec_of<T>);
+    bn_apply_pool_kernel<T, vec_of<T>><<<bn_blocks(p.count, nt), nt, 0, s>>>(x, y, p, coef);
+    check_launch();
+}
+
+template <class T>
+unsigned reduce_pool(const T* x, const T* dp, const BnRefs& r, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
+                     std::uint32_t w, double* partials, cudaStream_t s) {
+    const unsigned nt = bn_vec_threads<T>(c, {x, dp});
+    if (!nt) throw std::logic_error("fused batch norm + max-pool on an unaligned tensor");
+    const PoolWindows p = pool_windows(n, hw / w, w, c, vec_of<T>);
+    const std::uint64_t shared = std::uint64_t{nt} * vec_of<T> * 2 * sizeof(float);
+    int per_sm = 1;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bn_reduce_pool_kernel<T, vec_of<T>>,
+                                                             static_cast<int>(nt), shared));
+    const std::uint64_t wave = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
+    const auto splits = static_cast<unsigned>(
+        std::clamp<std::uint64_t>((p.count + nt * 2 - 1) / (nt * 2), 1, std::min<std::uint64_t>(bn_max_splits, wave)));
+    bn_reduce_pool_kernel<T, vec_of<T>><<<splits, nt, shared, s>>>(x, dp, r, p, partials);
+    check_launch();
+    return splits;
+}
+
 } // namespace
 
 void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
-                             float eps, cudaStream_t s) {
+                             float eps, cudaStream_t s, std::uint32_t pool_w) {
     const std::uint64_t rows = std::uint64_t{n} * hw, count = rows * c;
     float* coef = bn_coef(partials, c);
     dispatch(t, [&](auto tag) {
@@ -1130,6 +1332,10 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
                                                      beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
                                                      momentum, eps);
         check_launch();
+        if (pool_w) {
+            apply_pool(xt, yt, n, hw, c, pool_w, coef, s);
+            return;
+        }
         if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
             const std::uint64_t groups = count / vec_of<T>;
             bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(xt, yt, groups, c, coef, relu);
@@ -1144,7 +1350,7 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
 
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
-                            const float* run_var, float eps, double* partials, cudaStream_t s) {
+                            const float* run_var, float eps, double* partials, cudaStream_t s, std::uint32_t pool_w) {
     const std::uint64_t count = std::uint64_t{n} * hw * c;
     float* coef = bn_coef(partials, c);
     bn_eval_coef_kernel<<<(c + 127) / 128, 128, 0, s>>>(c, gamma, beta, run_mean, run_var, eps, coef);
@@ -1153,6 +1359,10 @@ void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, 
         using T = DSTK_T;
         const T* xt = static_cast<const T*>(x);
         T* yt = static_cast<T*>(y);
+        if (pool_w) {
+            apply_pool(xt, yt, n, hw, c, pool_w, coef, s);
+            return;
+        }
         if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
             const std::uint64_t groups = count / vec_of<T>;
             bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(xt, yt, groups, c, coef, relu);
@@ -1168,18 +1378,25 @@ void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, 
 void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActType t, std::uint32_t n,
                         std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* beta,
                         const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, double* partials,
-                        cudaStream_t s) {
+                        cudaStream_t s, std::uint32_t pool_w) {
     const std::uint64_t rows = std::uint64_t{n} * hw, count = rows * c;
     float* coef = bn_coef(partials, c);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
         const T *xt = static_cast<const T*>(x), *dyt = static_cast<const T*>(dy);
         T* dxt = static_cast<T*>(dx);
-        const unsigned splits =
-            bn_reduce(xt, dyt, BnRefs{gamma, beta, save_mean, save_invstd, relu}, n, hw, c, nchw, partials, s);
+        const BnRefs refs{gamma, beta, save_mean, save_invstd, relu};
+        const unsigned splits = pool_w ? reduce_pool(xt, dyt, refs, n, hw, c, pool_w, partials, s)
+                                       : bn_reduce(xt, dyt, refs, n, hw, c, nchw, partials, s);
         bn_finalize_backward_kernel<<<c, 128, 0, s>>>(c, splits, static_cast<double>(rows), gamma, beta, save_mean,
                                                       save_invstd, dgamma, dbeta, partials, coef);
         check_launch();
+        if (pool_w) {
+            const unsigned nt = bn_vec_threads<T>(c, {x, dy, dx});
+            const PoolWindows pw = pool_windows(n, hw / pool_w, pool_w, c, vec_of<T>);
+            bn_apply_backward_pool_kernel<T, vec_of<T>><<<bn_blocks(pw.count, nt), nt, 0, s>>>(xt, dyt, dxt, pw, coef);
+            return;
+        }
         if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, dy, dx})) {
             const std::uint64_t groups = count / vec_of<T>;
             bn_apply_backward_vec_kernel<T, vec_of<T>>
