@@ -241,7 +241,7 @@ class CudaTrainer final : public Trainer {
     void layout(Arena& a);
     void create_layer_descriptors();
     void find_algorithms();
-    double time_op(const std::function<void()>& op);
+    double time_op(const std::function<void()>& op, int reps = 5);
     BatchDescs& descs(std::uint32_t n);
     const void* input_of(std::size_t i) const { return i == 0 ? act0_ : dev_[i - 1].out; }
     DirectConvShape direct_shape(std::uint32_t n) const;
@@ -445,18 +445,7 @@ void CudaTrainer::profile_layers(int steps) {
         }
         for (auto& m : marks) cudaEventDestroy(m.second);
     }
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    const int graph_steps = 50;
-    CUDA_CHECK(cudaEventRecord(a, stream_));
-    for (int k = 0; k < graph_steps; ++k) CUDA_CHECK(cudaGraphLaunch(train_graph_, stream_));
-    CUDA_CHECK(cudaEventRecord(b, stream_));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float graph_ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&graph_ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    const double step_ms = time_op([&] { CUDA_CHECK(cudaGraphLaunch(train_graph_, stream_)); }, 50);
     double sum = 0.0;
     for (auto& [k, v] : total) sum += v / steps;
     std::fprintf(stderr, "profile: %s, batch %u, %d steps outside the graph (ms per step, share)\n",
@@ -465,7 +454,7 @@ void CudaTrainer::profile_layers(int steps) {
         std::fprintf(stderr, "  %-48s %8.4f %5.1f%%\n", k.c_str(), total[k] / steps, 100.0 * total[k] / steps / sum);
     std::fprintf(stderr,
                  "profile: sum of operations %.4f ms; graph step %.4f ms (%.0f samples/s without input conversion)\n",
-                 sum, graph_ms / graph_steps, n * 1000.0 * graph_steps / graph_ms);
+                 sum, step_ms, n * 1000.0 / step_ms);
     std::vector<std::pair<std::string, double>> top(total.begin(), total.end());
     std::sort(top.begin(), top.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
     std::fprintf(stderr, "profile: top operations\n");
@@ -787,21 +776,21 @@ void CudaTrainer::find_algorithms() {
     }
 }
 
-// Mean GPU time of op on the stream (one warm-up run, then 5 timed).
-double CudaTrainer::time_op(const std::function<void()>& op) {
+// Mean GPU time of op on the stream in ms (one warm-up run, then reps timed).
+double CudaTrainer::time_op(const std::function<void()>& op, int reps) {
     cudaEvent_t a = nullptr, b = nullptr;
     CUDA_CHECK(cudaEventCreate(&a));
     CUDA_CHECK(cudaEventCreate(&b));
     op();
     CUDA_CHECK(cudaEventRecord(a, stream_));
-    for (int k = 0; k < 5; ++k) op();
+    for (int k = 0; k < reps; ++k) op();
     CUDA_CHECK(cudaEventRecord(b, stream_));
     CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    return ms / 5.0;
+    return ms / reps;
 }
 
 // Descriptors for batch size n. The algorithms chosen for max_batch are kept

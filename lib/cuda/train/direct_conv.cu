@@ -62,11 +62,9 @@ __device__ __forceinline__ std::uint64_t out_index(const Params& p, unsigned img
     return p.s.nchw ? ((std::uint64_t{img} * p.s.k + k) * p.s.oh + oy) * p.s.ow + ox
                     : ((std::uint64_t{img} * p.s.oh + oy) * p.s.ow + ox) * p.s.k + k;
 }
-template <int C> __device__ __forceinline__ float part(const float4& v) {
-    if constexpr (C == 0) return v.x;
-    if constexpr (C == 1) return v.y;
-    if constexpr (C == 2) return v.z;
-    return v.w;
+// Channel c of a tile pixel (c a constant in the unrolled loops).
+__device__ __forceinline__ float channel(const float4& v, int c) {
+    return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
 }
 
 // The input rows of the tile starting at output row oy0 of image img.
@@ -90,6 +88,10 @@ __device__ void load_tile(const T* x, const Params& p, unsigned img, unsigned oy
 
 // Input pixels a thread's px outputs read from one tile row.
 template <int ST> constexpr int span = (px - 1) * ST + 3;
+template <int ST> __device__ __forceinline__ void load_span(const float4* row, float4 (&v)[span<ST>]) {
+#pragma unroll
+    for (int j = 0; j < span<ST>; ++j) v[j] = row[j];
+}
 
 template <class T, int C, int ST>
 __global__ void __launch_bounds__(block_target)
@@ -113,10 +115,8 @@ __global__ void __launch_bounds__(block_target)
         float acc[px] = {};
 #pragma unroll
         for (int r = 0; r < 3; ++r) {
-            const float4* row = tile + (ty * ST + r) * p.cols_in + ox0 * ST;
             float4 v[span<ST>];
-#pragma unroll
-            for (int j = 0; j < span<ST>; ++j) v[j] = row[j];
+            load_span<ST>(tile + (ty * ST + r) * p.cols_in + ox0 * ST, v);
 #pragma unroll
             for (int o = 0; o < px; ++o)
 #pragma unroll
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(block_target)
 #pragma unroll
                     for (int c = 0; c < C; ++c) {
                         const float4& u = v[o * ST + s];
-                        const float in = c == 0 ? part<0>(u) : c == 1 ? part<1>(u) : c == 2 ? part<2>(u) : part<3>(u);
+                        const float in = channel(u, c);
                         acc[o] = fmaf(w[r][s][c], in, acc[o]);
                     }
         }
@@ -158,10 +158,8 @@ __global__ void __launch_bounds__(block_target)
                 g[o] = ox0 + o < p.s.ow ? ld(dy, out_index(p, img, k, oy0 + ty, ox0 + o)) : 0.0f;
 #pragma unroll
             for (int r = 0; r < 3; ++r) {
-                const float4* row = sh4 + (ty * ST + r) * p.cols_in + ox0 * ST;
                 float4 v[span<ST>];
-#pragma unroll
-                for (int j = 0; j < span<ST>; ++j) v[j] = row[j];
+                load_span<ST>(sh4 + (ty * ST + r) * p.cols_in + ox0 * ST, v);
 #pragma unroll
                 for (int o = 0; o < px; ++o)
 #pragma unroll
@@ -169,10 +167,7 @@ __global__ void __launch_bounds__(block_target)
 #pragma unroll
                         for (int c = 0; c < C; ++c) {
                             const float4& u = v[o * ST + s];
-                            const float in = c == 0   ? part<0>(u)
-                                             : c == 1 ? part<1>(u)
-                                             : c == 2 ? part<2>(u)
-                                                      : part<3>(u);
+                            const float in = channel(u, c);
                             acc[r][s][c] = fmaf(g[o], in, acc[r][s][c]);
                         }
             }

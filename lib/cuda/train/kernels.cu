@@ -1297,6 +1297,27 @@ void apply_pool(const T* x, T* y, std::uint32_t n, std::uint64_t hw, std::uint32
     check_launch();
 }
 
+// The forward's element-wise pass (train and eval): pooled, 16-byte groups,
+// or plain elements.
+template <class T>
+void bn_apply(const T* x, T* y, std::uint32_t n, std::uint64_t hw, std::uint32_t c, bool nchw, bool relu,
+              const float* coef, std::uint32_t pool_w, cudaStream_t s) {
+    const std::uint64_t count = std::uint64_t{n} * hw * c;
+    if (pool_w) {
+        apply_pool(x, y, n, hw, c, pool_w, coef, s);
+        return;
+    }
+    if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
+        const std::uint64_t groups = count / vec_of<T>;
+        bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(x, y, groups, c, coef, relu);
+        check_launch();
+        return;
+    }
+    const unsigned nt = channel_threads(c);
+    bn_apply_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(x, y, count, channels_of(c, hw, nchw, nt, count), coef, relu);
+    check_launch();
+}
+
 template <class T>
 unsigned reduce_pool(const T* x, const T* dp, const BnRefs& r, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                      std::uint32_t w, double* partials, cudaStream_t s) {
@@ -1321,7 +1342,7 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
                              float eps, cudaStream_t s, std::uint32_t pool_w) {
-    const std::uint64_t rows = std::uint64_t{n} * hw, count = rows * c;
+    const std::uint64_t rows = std::uint64_t{n} * hw;
     float* coef = bn_coef(partials, c);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
@@ -1332,26 +1353,13 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
                                                      beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
                                                      momentum, eps);
         check_launch();
-        if (pool_w) {
-            apply_pool(xt, yt, n, hw, c, pool_w, coef, s);
-            return;
-        }
-        if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
-            const std::uint64_t groups = count / vec_of<T>;
-            bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(xt, yt, groups, c, coef, relu);
-            return;
-        }
-        const unsigned nt = channel_threads(c);
-        bn_apply_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(xt, yt, count, channels_of(c, hw, nchw, nt, count), coef,
-                                                            relu);
+        bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, s);
     });
-    check_launch();
 }
 
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s, std::uint32_t pool_w) {
-    const std::uint64_t count = std::uint64_t{n} * hw * c;
     float* coef = bn_coef(partials, c);
     bn_eval_coef_kernel<<<(c + 127) / 128, 128, 0, s>>>(c, gamma, beta, run_mean, run_var, eps, coef);
     check_launch();
@@ -1359,20 +1367,8 @@ void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, 
         using T = DSTK_T;
         const T* xt = static_cast<const T*>(x);
         T* yt = static_cast<T*>(y);
-        if (pool_w) {
-            apply_pool(xt, yt, n, hw, c, pool_w, coef, s);
-            return;
-        }
-        if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
-            const std::uint64_t groups = count / vec_of<T>;
-            bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(xt, yt, groups, c, coef, relu);
-            return;
-        }
-        const unsigned nt = channel_threads(c);
-        bn_apply_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(xt, yt, count, channels_of(c, hw, nchw, nt, count), coef,
-                                                            relu);
+        bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, s);
     });
-    check_launch();
 }
 
 void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActType t, std::uint32_t n,
