@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(block_target)
 }
 
 // Partial weight gradients of the tiles blockIdx.x, blockIdx.x + gridDim.x,
-// ...: partials[block][j * K + k], j = (r * 3 + s) * C + c.
+// ...: partials[block][k][c][r][s] (dw's layout).
 template <class T, int C, int ST>
 __global__ void __launch_bounds__(block_target)
     direct_conv_wgrad_kernel(const T* x, const T* dy, Params p, float* partials) {
@@ -189,28 +189,9 @@ __global__ void __launch_bounds__(block_target)
         float sum = 0.0f;
         for (unsigned l = 0; l < p.lanes; ++l)
             sum += sh[j * blockDim.x + (p.s.nchw ? kk * p.lanes + l : l * p.s.k + kk)];
-        partials[std::uint64_t{blockIdx.x} * kw + e] = sum;
+        const unsigned rs = j / C, c = j - rs * C; // j = (r * 3 + s) * C + c; partials in dw's KCRS order
+        partials[std::uint64_t{blockIdx.x} * kw + (kk * C + c) * 9 + rs] = sum;
     }
-}
-
-// dw[k][c][r][s] = sum over blocks of partials[block][j * K + k]: 32 outputs
-// per block of 1024 threads, each output's blocks in 32 interleaved parts
-// summed in a fixed order.
-constexpr unsigned sum_parts = 32;
-__global__ void __launch_bounds__(1024)
-    direct_conv_wgrad_sum_kernel(const float* partials, unsigned blocks, unsigned k, unsigned c, float* dw) {
-    __shared__ double parts[sum_parts][32];
-    const unsigned kw = 9 * c * k, el = threadIdx.x % 32, pt = threadIdx.x / 32, e = blockIdx.x * 32 + el;
-    double sum = 0.0;
-    if (e < kw)
-#pragma unroll 4
-        for (unsigned b = pt; b < blocks; b += sum_parts) sum += partials[std::uint64_t{b} * kw + e];
-    parts[pt][el] = sum;
-    __syncthreads();
-    if (pt != 0 || e >= kw) return;
-    for (unsigned i = 1; i < sum_parts; ++i) sum += parts[i][el];
-    const unsigned j = e / k, kk = e - j * k, rs = j / c, cc = j - rs * c;
-    dw[(kk * c + cc) * 9 + rs] = static_cast<float>(sum);
 }
 
 // Calls f with a null T*, an integral constant C and an integral constant stride.
@@ -285,8 +266,7 @@ void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const Di
     });
     CUDA_CHECK(cudaGetLastError());
     const unsigned kw = 9 * s.c * s.k;
-    direct_conv_wgrad_sum_kernel<<<(kw + 31) / 32, 32 * sum_parts, 0, stream>>>(partials, blocks, s.k, s.c, dw);
-    CUDA_CHECK(cudaGetLastError());
+    launch_sum_partials(partials, blocks, kw, dw, stream);
 }
 
 } // namespace dstk::train::cuda

@@ -979,6 +979,27 @@ __global__ void bn_apply_backward_pool_kernel(const T* x, const T* dp, T* dx, Po
     }
 }
 
+// ---- partial sums ----
+
+// out[e] = sum over blocks of partials[block][e], in block order: 32 outputs
+// per block of 1024 threads, each output's blocks in 32 interleaved parts.
+constexpr unsigned sum_parts = 32;
+__global__ void __launch_bounds__(1024)
+    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, float* out) {
+    __shared__ double parts[sum_parts][32];
+    const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
+    const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
+    double sum = 0.0;
+    if (e < count)
+#pragma unroll 4
+        for (unsigned b = pt; b < blocks; b += sum_parts) sum += partials[std::uint64_t{b} * count + e];
+    parts[pt][el] = sum;
+    __syncthreads();
+    if (pt != 0 || e >= count) return;
+    for (unsigned i = 1; i < sum_parts; ++i) sum += parts[i][el];
+    out[e] = static_cast<float>(sum);
+}
+
 // ---- layouts and weight copies ----
 
 template <class T>
@@ -1201,6 +1222,12 @@ void launch_optimizer(const OptimizerConfig& o, const ScheduleConfig& sched, flo
         else
             adamw_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, slots + count, count, step, inv, c);
     });
+    check_launch();
+}
+
+void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, float* out, cudaStream_t s) {
+    sum_partials_kernel<<<static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s>>>(partials, blocks, count,
+                                                                                            out);
     check_launch();
 }
 

@@ -4,6 +4,7 @@
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
+#include "kernels.hpp"
 
 namespace dstk::train::cuda {
 namespace {
@@ -148,25 +149,6 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
             }
 }
 
-// out[e] = sum over blocks of partials[block][e], in block order: 32 outputs
-// per block of 1024 threads, each output's blocks in 32 interleaved parts.
-constexpr unsigned sum_parts = 32;
-__global__ void __launch_bounds__(1024)
-    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, float* out) {
-    __shared__ double parts[sum_parts][32];
-    const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
-    const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
-    double sum = 0.0;
-    if (e < count)
-#pragma unroll 4
-        for (unsigned b = pt; b < blocks; b += sum_parts) sum += partials[std::uint64_t{b} * count + e];
-    parts[pt][el] = sum;
-    __syncthreads();
-    if (pt != 0 || e >= count) return;
-    for (unsigned i = 1; i < sum_parts; ++i) sum += parts[i][el];
-    out[e] = static_cast<float>(sum);
-}
-
 } // namespace
 
 bool tc_wgrad_supported(const TcWgradShape& s) {
@@ -191,10 +173,7 @@ void launch_tc_wgrad(const float* x, const float* dy, const TcWgradShape& s, voi
     auto* partials = static_cast<float*>(workspace);
     tc_wgrad_kernel<<<dim3(g.grid_x, g.sub_c * (s.k / chan)), threads, g.shared, stream>>>(x, dy, g, partials);
     CUDA_CHECK(cudaGetLastError());
-    const std::uint64_t count = std::uint64_t{s.k} * taps * s.c;
-    sum_partials_kernel<<<static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, stream>>>(partials, g.grid_x,
-                                                                                                 count, dw);
-    CUDA_CHECK(cudaGetLastError());
+    launch_sum_partials(partials, g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, stream);
 }
 
 } // namespace dstk::train::cuda
