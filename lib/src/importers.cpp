@@ -1062,7 +1062,9 @@ std::vector<ZipMember> parse_zip_directory(std::span<const std::uint8_t> tail, s
     if ((entries == 0xFFFF || cd_size == 0xFFFFFFFF || cd_offset == 0xFFFFFFFF) && eocd >= 20 &&
         le32(e - 20) == 0x07064b50) {
         const std::uint64_t z64 = le64(e - 20 + 8);
-        if (z64 < tail_start || z64 + 56 > file_bytes) bad_input(source, "zip64 end record is out of range");
+        // (z64 + 56 can wrap around: compare what is left after z64 instead)
+        if (z64 < tail_start || z64 > file_bytes || file_bytes - z64 < 56)
+            bad_input(source, "zip64 end record is out of range");
         const std::uint8_t* z = tail.data() + (z64 - tail_start);
         if (le32(z) != 0x06064b50) bad_input(source, "zip64 end record has the wrong signature");
         entries = le64(z + 32);

@@ -175,6 +175,15 @@ TEST(ImportParsers, ZipDirectoryRejectsGarbage) {
     // An end record pointing outside the file.
     std::vector<std::uint8_t> eocd = {0x50, 0x4b, 5, 6, 0, 0, 0, 0, 1, 0, 1, 0, 46, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0};
     EXPECT_THROW(parse_zip_directory(eocd, eocd.size(), "z"), Error);
+    // A zip64 locator whose record offset is near 2^64: offset + 56 wraps
+    // around (found by fuzz_npz in CI); refused, not read out of bounds.
+    std::vector<std::uint8_t> z64(20, 0);
+    z64[0] = 0x50, z64[1] = 0x4b, z64[2] = 6, z64[3] = 7;
+    z64[8] = 0xc8; // offset 2^64 - 56
+    for (int k = 9; k < 16; ++k) z64[k] = 0xff;
+    const std::uint8_t end[] = {0x50, 0x4b, 5, 6, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    z64.insert(z64.end(), std::begin(end), std::end(end));
+    EXPECT_THROW(parse_zip_directory(z64, z64.size(), "z"), Error);
     EXPECT_EQ(cifar_record_count(3073 * 10, "c"), 10u);
     EXPECT_THROW(cifar_record_count(3073 * 10 - 1, "c"), Error);
 }
