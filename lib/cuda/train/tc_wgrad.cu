@@ -9,24 +9,37 @@
 namespace dstk::train::cuda {
 namespace {
 
-constexpr unsigned chan = 32;      // output and input channels per block (the GEMM's M and N)
-constexpr unsigned row_words = 40; // words per pixel in the shared tiles: 32 + 8 keeps fragment loads conflict-free
-constexpr unsigned taps = 9;       // warps per block, one per (r, s)
-constexpr unsigned threads = taps * 32;
+constexpr unsigned chan = 32;        // output and input channels per block (the GEMM's M and N)
+constexpr unsigned pixel_words = 32; // one pixel's 32 channels in shared memory: 8 chunks of 16 bytes, swizzled
+constexpr unsigned taps = 9;
+constexpr unsigned row_groups = 2; // warps per filter row, each on every other pixel row
+constexpr unsigned warps =
+    3 * row_groups; // warp w: filter row w % 3 (its three taps), pixel rows w / 3, w / 3 + 2, ...
+constexpr unsigned threads = warps * 32;
 constexpr unsigned tile_pixels = 128;
 constexpr unsigned blocks_per_sm = 2;
-constexpr unsigned max_shared = 112 * 1024; // two tile buffers
+constexpr unsigned max_shared = 112 * 1024;  // two tile buffers
+constexpr unsigned result_stride = chan + 1; // words per (k, tap) row of the block's result in shared memory
+constexpr unsigned reduce_words = 3 * 3 * 2 * 4 * 4 * 32 + chan * taps * result_stride;
 
 struct Geometry {
     TcWgradShape s;
+    unsigned log_w, log_run; // w and w / 4 (the columns of a row each lane quarter walks) are powers of two
     unsigned tile_rows, tiles_per_image, tiles, xrows, xcols, sub_c, grid_x;
     std::uint64_t shared;
-    Div32 dw, dxcols;
 };
+
+unsigned log2_of(unsigned v) {
+    unsigned l = 0;
+    while ((2u << l) <= v) ++l;
+    return l;
+}
 
 Geometry geometry_of(const TcWgradShape& s) {
     Geometry g{};
     g.s = s;
+    g.log_w = log2_of(std::max(1u, s.w));
+    g.log_run = g.log_w >= 2 ? g.log_w - 2 : 0;
     g.tile_rows = std::max(1u, std::min(tile_pixels / std::max(1u, s.w), s.h));
     g.tiles_per_image = (s.h + g.tile_rows - 1) / g.tile_rows;
     g.tiles = s.n * g.tiles_per_image;
@@ -35,18 +48,16 @@ Geometry geometry_of(const TcWgradShape& s) {
     g.sub_c = s.c / chan;
     const unsigned subs = std::max(1u, g.sub_c * (s.k / chan));
     g.grid_x = std::max(1u, std::min(g.tiles, sm_count() * blocks_per_sm / subs));
-    g.dw = Div32(s.w);
-    g.dxcols = Div32(g.xcols);
-    g.shared = 2 * (std::uint64_t{tile_pixels} + std::uint64_t{g.xrows} * g.xcols) * row_words * 4;
+    const std::uint64_t buffers = 2 * (std::uint64_t{tile_pixels} + std::uint64_t{g.xrows} * g.xcols) * pixel_words * 4;
+    g.shared = std::max<std::uint64_t>(buffers, std::uint64_t{reduce_words} * 4);
     return g;
 }
 
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                         std::uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// D += A B, m16n8k4 in TF32: a0, a1 rows gid and gid + 8 of k slot t4; b0 row t4 of column gid.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
 }
 
 __device__ __forceinline__ void cp_async16(std::uint32_t* dst, const float* src, bool valid) {
@@ -60,47 +71,92 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// Starts the copy of tile t's dy (npix pixels of k0..k0+31) and input rows
-// (xrows x xcols pixels of c0..c0+31, zero outside the image) into buf.
+// Shared-memory layout of a pixel at column col (of the dy tile, or of the
+// input tile counting its left halo): chunk q (channels 4q..4q+3) is stored at
+// chunk q ^ swizzle(col). The lanes of a 16-byte load read chunk gid of
+// columns t4 * run + d (the same d): the swizzle spreads the four t4 over
+// distinct bank groups, so a quarter-warp's loads are conflict-free.
+__device__ __forceinline__ unsigned swizzle(unsigned quarter) {
+    return (quarter & 3) << 1;
+}
+
+// Starts the copy of tile t's dy (tile_rows x w pixels of k0..k0+31) and
+// input rows (xrows x w pixels of c0..c0+31; rows outside the image are
+// zero-filled, the halo columns were zeroed once) into buf. Both are
+// contiguous runs of pixels in global memory; thread i copies chunk i % 8 of
+// every 24th pixel from i / 8.
 __device__ __forceinline__ void stage_tile(const float* x, const float* dy, const Geometry& g, unsigned t, unsigned k0,
                                            unsigned c0, std::uint32_t* buf) {
-    const unsigned H = g.s.h, W = g.s.w;
+    constexpr unsigned step = threads / 8;
+    const unsigned H = g.s.h, W = g.s.w, q = threadIdx.x % 8;
     const unsigned img = t / g.tiles_per_image, y0 = (t - img * g.tiles_per_image) * g.tile_rows;
-    const unsigned ndy = g.tile_rows * W * 8, total = ndy + g.xrows * g.xcols * 8;
-    for (unsigned e = threadIdx.x; e < total; e += threads) {
-        if (e < ndy) {
-            const unsigned p = e / 8, q = e % 8, py = g.dw.div(p), yy = y0 + py, xx = p - py * W;
-            const bool in = yy < H;
-            cp_async16(buf + p * row_words + q * 4,
-                       in ? dy + ((std::uint64_t{img} * H + yy) * W + xx) * g.s.k + k0 + q * 4 : dy, in);
-        } else {
-            const unsigned p = (e - ndy) / 8, q = (e - ndy) % 8, ry = g.dxcols.div(p), rx = p - ry * g.xcols;
-            const int iy = static_cast<int>(y0 + ry) - 1, ix = static_cast<int>(rx) - 1;
-            const bool in = iy >= 0 && iy < static_cast<int>(H) && ix >= 0 && ix < static_cast<int>(W);
-            cp_async16(buf + (tile_pixels + p) * row_words + q * 4,
-                       in ? x + ((std::uint64_t{img} * H + iy) * W + ix) * g.s.c + c0 + q * 4 : x, in);
-        }
+    const unsigned dy_valid = (min(g.tile_rows, H - y0)) << g.log_w;
+    const float* dyb = dy + (std::uint64_t{img} * H + y0) * W * g.s.k + k0 + q * 4;
+    for (unsigned p = threadIdx.x / 8; p < g.tile_rows << g.log_w; p += step) {
+        const bool in = p < dy_valid;
+        cp_async16(buf + p * pixel_words + (q ^ swizzle(p >> g.log_run)) * 4, in ? dyb + std::uint64_t{p} * g.s.k : dy,
+                   in);
     }
+    // Input row y0 - 1 + ry, column ix: padded pixel (ry, ix + 1).
+    const float* xb = x + (std::uint64_t{img} * H + y0) * W * g.s.c + c0 + q * 4;
+    std::uint32_t* xt = buf + tile_pixels * pixel_words;
+    for (unsigned m = threadIdx.x / 8; m < g.xrows << g.log_w; m += step) {
+        const unsigned ry = m >> g.log_w, ix = m & (W - 1), iy = y0 + ry - 1; // wraps below row 0
+        const bool in = iy < H;
+        cp_async16(xt + (ry * g.xcols + ix + 1) * pixel_words + (q ^ swizzle((ix + 1) >> g.log_run)) * 4,
+                   in ? xb + (static_cast<std::int64_t>(m) - W) * g.s.c : x, in);
+    }
+}
+
+// The 16-byte chunk `chunk` of the pixel at column col of a tile row.
+__device__ __forceinline__ uint4 chunk_at(const std::uint32_t* row, unsigned col, unsigned chunk, unsigned quarter) {
+    return *reinterpret_cast<const uint4*>(row + col * pixel_words + (chunk ^ swizzle(quarter)) * 4);
+}
+__device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 // Block (blockIdx.x, blockIdx.y = one 32 x 32 block of (k, c)): partials of
 // the tiles blockIdx.x, blockIdx.x + gridDim.x, ... into
-// partials[blockIdx.x][k][tap][c]. GEMM per tap: A = dy^T (k x pixels), B =
-// the shifted input (pixels x c), eight pixels along a row per step. Tiles
-// are double-buffered: the next one is copied (cp.async) while this one is
-// multiplied. The fragments are the fp32 values as stored: the tensor cores
-// read their TF32 part (the low 13 mantissa bits are dropped, not rounded),
-// which spares a conversion per element and keeps the loop to its loads and
-// MMAs.
+// partials[blockIdx.x][k][tap][c]. Per tap a GEMM over pixels: A = dy^T (k x
+// pixels), B = the shifted input (pixels x c), mma.sync m16n8k4 in TF32.
+//
+// Each warp owns one filter row r and its three taps, and walks pixel rows
+// of width W = 2^LogW. The MMA's four k slots are pixels, any order serving
+// a sum: lane quarter t4 walks the columns t4 * run .. t4 * run + run - 1, so
+// one 16-byte load gives a lane four channels of its pixel: both A fragments
+// (m-tiles 0 and 1) at once, and for the input pixel, the B fragments of all
+// four n-tiles. The input pixels of tap s + 1 are those of tap s one column
+// on: a window of three input pixels per lane serves the three taps, sliding
+// one column per step. The MMA rows and columns are channels in the matching
+// order (row gid + 8i of m-tile mi is output channel 4 gid + 2 mi + i, column
+// n of n-tile ni input channel 4 n + ni), so every fragment is a register pair
+// or a single register as loaded: no moves. A step (four pixels) is 2 shared
+// loads for 24 MMAs.
+//
+// Tiles are double-buffered: the next one is copied (cp.async) while this one
+// is multiplied. The fragments are the fp32 values as stored: the tensor
+// cores read their TF32 part (the low 13 mantissa bits are dropped, not
+// rounded). At the end the two warps of each filter row add their sums in
+// shared memory and the block writes its result in rows of 32 channels.
+template <unsigned LogW>
 __global__ void __launch_bounds__(threads, blocks_per_sm)
     tc_wgrad_kernel(const float* x, const float* dy, Geometry g, float* partials) {
+    constexpr unsigned W = 1u << LogW, run = W / 4;
     extern __shared__ std::uint32_t sm[];
-    const unsigned buf_words = (tile_pixels + g.xrows * g.xcols) * row_words;
-    const unsigned W = g.s.w, K = g.s.k, C = g.s.c;
+    const unsigned buf_words = (tile_pixels + g.xrows * g.xcols) * pixel_words;
+    const unsigned K = g.s.k, C = g.s.c;
     const unsigned k0 = blockIdx.y / g.sub_c * chan, c0 = blockIdx.y % g.sub_c * chan;
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
-    const unsigned tap_r = warp / 3, tap_s = warp % 3;
-    float acc[2][4][4] = {};
+    const unsigned r = warp % 3, rg = warp / 3;
+    float acc[3][2][4][4] = {};
+    // The halo columns (padded columns 0 and w + 1) of both buffers: zero for every tile.
+    for (unsigned e = threadIdx.x; e < 2 * g.xrows * 2 * 8; e += threads) {
+        const unsigned q = e % 8, side = e / 8 % 2, ry = e / 16 % g.xrows, b = e / (16 * g.xrows);
+        const unsigned col = side ? W + 1 : 0;
+        *reinterpret_cast<uint4*>(sm + b * buf_words + (tile_pixels + ry * g.xcols + col) * pixel_words +
+                                  (q ^ swizzle(col >> g.log_run)) * 4) = make_uint4(0, 0, 0, 0);
+    }
     if (blockIdx.x < g.tiles) stage_tile(x, dy, g, blockIdx.x, k0, c0, sm);
     cp_async_commit();
     unsigned cur = 0;
@@ -110,50 +166,72 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
         cp_async_wait<1>(); // this tile's copies are done
         __syncthreads();
         const std::uint32_t* dys = sm + cur * buf_words;
-        const std::uint32_t* xt = dys + tile_pixels * row_words;
+        const std::uint32_t* xt = dys + tile_pixels * pixel_words;
         const unsigned y0 = (t % g.tiles_per_image) * g.tile_rows, rows = min(g.tile_rows, g.s.h - y0);
-        for (unsigned ty = 0; ty < rows; ++ty) {
-            const std::uint32_t* arow = dys + (ty * W + t4) * row_words + gid;
-            const std::uint32_t* brow = xt + ((ty + tap_r) * g.xcols + tap_s + t4) * row_words + gid;
-#pragma unroll 2
-            for (unsigned x0 = 0; x0 < W; x0 += 8) {
-                const std::uint32_t* A = arow + x0 * row_words;
-                const std::uint32_t* B = brow + x0 * row_words;
-                std::uint32_t a[2][4];
+        for (unsigned ty = rg; ty < rows; ty += row_groups) {
+            const std::uint32_t* arow = dys + ty * W * pixel_words;
+            const std::uint32_t* brow = xt + (ty + r) * g.xcols * pixel_words;
+            const unsigned col = t4 * run;
+            // Window: input columns col + j + 0..2 (padded: the left halo is column 0).
+            uint4 u[3];
+            u[0] = chunk_at(brow, col, gid, t4);
+            u[1] = chunk_at(brow, col + 1, gid, t4 + (1 >= run));
 #pragma unroll
-                for (int mi = 0; mi < 2; ++mi) {
-                    a[mi][0] = A[mi * 16];
-                    a[mi][1] = A[mi * 16 + 8];
-                    a[mi][2] = A[4 * row_words + mi * 16];
-                    a[mi][3] = A[4 * row_words + mi * 16 + 8];
-                }
+            for (unsigned j = 0; j < run; ++j) {
+                u[(j + 2) % 3] = chunk_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
+                const uint4 v = chunk_at(arow, col + j, gid, t4);
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni) {
-                    const std::uint32_t b0 = B[ni * 8], b1 = B[4 * row_words + ni * 8];
+                for (unsigned s = 0; s < 3; ++s)
 #pragma unroll
-                    for (int mi = 0; mi < 2; ++mi) mma_tf32(acc[mi][ni], a[mi], b0, b1);
-                }
+                    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                        for (int mi = 0; mi < 2; ++mi)
+                            mma_tf32(acc[s][mi][ni], word(v, 2 * mi), word(v, 2 * mi + 1), word(u[(j + s) % 3], ni));
             }
         }
         __syncthreads(); // done with this buffer before it is refilled
     }
+    cp_async_wait<0>();
+    // The second row group's sums into shared memory, lane-major (conflict-free).
+    auto* red = reinterpret_cast<float*>(sm);
+    float* result = red + 3 * 3 * 2 * 4 * 4 * 32; // [k][tap][c], rows of result_stride words
+    auto slot = [&](int s, int mi, int ni, int q) { return ((((r * 3 + s) * 2 + mi) * 4 + ni) * 4 + q) * 32 + lane; };
+    if (rg == 1)
+#pragma unroll
+        for (int s = 0; s < 3; ++s)
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) red[slot(s, mi, ni, q)] = acc[s][mi][ni][q];
+    __syncthreads();
+    if (rg == 0)
+#pragma unroll
+        for (int s = 0; s < 3; ++s)
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const unsigned k = 4 * gid + 2 * mi + (q >> 1), c = 4 * (2 * t4 + (q & 1)) + ni;
+                        result[(k * taps + r * 3 + s) * result_stride + c] =
+                            acc[s][mi][ni][q] + red[slot(s, mi, ni, q)];
+                    }
+    __syncthreads();
     float* out = partials + std::uint64_t{blockIdx.x} * K * taps * C;
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned k = k0 + mi * 16 + gid + (q >> 1) * 8, c = c0 + ni * 8 + t4 * 2 + (q & 1);
-                out[(std::uint64_t{k} * taps + warp) * C + c] = acc[mi][ni][q];
-            }
+    for (unsigned e = threadIdx.x; e < chan * taps * chan; e += threads) {
+        const unsigned row = e / chan, c = e % chan, k = row / taps, tap = row % taps;
+        out[(std::uint64_t{k0 + k} * taps + tap) * C + c0 + c] = result[row * result_stride + c];
+    }
 }
 
 } // namespace
 
 bool tc_wgrad_supported(const TcWgradShape& s) {
     if (s.n < 1 || s.h < 1 || s.c == 0 || s.k == 0 || s.c % chan != 0 || s.k % chan != 0) return false;
-    if (s.w % 8 != 0 || s.w > tile_pixels || s.w < 8) return false;
+    if (s.w < 8 || s.w > tile_pixels / 2 || (s.w & (s.w - 1)) != 0) return false;
     if (std::uint64_t{s.n} * s.h * s.w * std::max(s.c, s.k) >= (std::uint64_t{1} << 40)) return false;
     const Geometry g = geometry_of(s);
     return g.shared <= max_shared && std::uint64_t{s.n} * g.tiles_per_image < 0x7fffffffu;
@@ -167,13 +245,29 @@ std::uint64_t tc_wgrad_workspace(const TcWgradShape& s) {
 void launch_tc_wgrad(const float* x, const float* dy, const TcWgradShape& s, void* workspace, float* dw,
                      cudaStream_t stream) {
     const Geometry g = geometry_of(s);
-    if (g.shared > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(tc_wgrad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(g.shared)));
-    auto* partials = static_cast<float*>(workspace);
-    tc_wgrad_kernel<<<dim3(g.grid_x, g.sub_c * (s.k / chan)), threads, g.shared, stream>>>(x, dy, g, partials);
-    CUDA_CHECK(cudaGetLastError());
-    launch_sum_partials(partials, g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, stream);
+    auto launch = [&](auto kernel) {
+        if (g.shared > 48 * 1024)
+            CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.shared)));
+        kernel<<<dim3(g.grid_x, g.sub_c * (s.k / chan)), threads, g.shared, stream>>>(x, dy, g,
+                                                                                      static_cast<float*>(workspace));
+        CUDA_CHECK(cudaGetLastError());
+    };
+    switch (g.log_w) {
+    case 3:
+        launch(tc_wgrad_kernel<3>);
+        break;
+    case 4:
+        launch(tc_wgrad_kernel<4>);
+        break;
+    case 5:
+        launch(tc_wgrad_kernel<5>);
+        break;
+    default:
+        launch(tc_wgrad_kernel<6>);
+        break;
+    }
+    launch_sum_partials(static_cast<const float*>(workspace), g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, stream);
 }
 
 } // namespace dstk::train::cuda

@@ -6,15 +6,15 @@
 // cuDNN's TF32 weight-gradient engines leave a layer like ref-cnn's second
 // convolution (32 -> 32 channels at 32x32, batch 256: a 32 x 288 result summed
 // over 262,144 pixels) at about 230 us on an H100 whatever the engine (all of
-// its heuristic list timed), against 71 us in bf16. Here each block of nine
-// warps (one per filter tap) copies a tile of 128 output pixels of dy and the
+// its heuristic list timed), against 71 us in bf16. Here each block of six
+// warps (two per filter row) copies a tile of 128 output pixels of dy and the
 // matching input rows into shared memory (cp.async, double-buffered: the next
 // tile arrives while this one is multiplied), and each warp accumulates its
-// tap's 32 x 32 block with mma.sync m16n8k8 (TF32 by truncation: the tensor
-// cores read the top 19 bits of each fp32 value); a fixed grid strides over
-// the tiles, and the blocks' partial
-// sums are added in a fixed order by a second kernel: no atomics, the same
-// result on every run.
+// filter row's three 32 x 32 blocks with mma.sync m16n8k8 (TF32 by
+// truncation: the tensor cores read the top 19 bits of each fp32 value),
+// reusing each input pixel it loads for all three taps; a fixed grid strides
+// over the tiles, and the blocks' partial sums are added in a fixed order by
+// a second kernel: no atomics, the same result on every run.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,8 +25,8 @@ struct TcWgradShape {
     std::uint32_t n = 0, c = 0, k = 0, h = 0, w = 0; // input c x h x w, output k x h x w
 };
 
-// Whether the kernel handles this shape: c and k multiples of 32, w a multiple
-// of 8 and at most 128.
+// Whether the kernel handles this shape: c and k multiples of 32, w a power of
+// two from 8 to 64.
 bool tc_wgrad_supported(const TcWgradShape& s);
 // Workspace bytes launch_tc_wgrad needs for this shape (or smaller batches).
 std::uint64_t tc_wgrad_workspace(const TcWgradShape& s);
