@@ -88,23 +88,27 @@ __device__ __forceinline__ unsigned swizzle(unsigned quarter) {
 __device__ __forceinline__ void stage_tile(const float* x, const float* dy, const Geometry& g, unsigned t, unsigned k0,
                                            unsigned c0, std::uint32_t* buf) {
     constexpr unsigned step = threads / 8;
-    const unsigned H = g.s.h, W = g.s.w, q = threadIdx.x % 8;
+    const unsigned H = g.s.h, W = g.s.w, q = threadIdx.x % 8, first = threadIdx.x / 8;
     const unsigned img = t / g.tiles_per_image, y0 = (t - img * g.tiles_per_image) * g.tile_rows;
-    const unsigned dy_valid = (min(g.tile_rows, H - y0)) << g.log_w;
-    const float* dyb = dy + (std::uint64_t{img} * H + y0) * W * g.s.k + k0 + q * 4;
-    for (unsigned p = threadIdx.x / 8; p < g.tile_rows << g.log_w; p += step) {
+    const unsigned npix = g.tile_rows << g.log_w, dy_valid = min(g.tile_rows, H - y0) << g.log_w;
+    // Pointers advance by `step` pixels; a copy outside the image reads nothing (size 0: zero fill).
+    const float* src = dy + ((std::uint64_t{img} * H + y0) * W + first) * g.s.k + k0 + q * 4;
+    const std::uint64_t dy_step = std::uint64_t{step} * g.s.k;
+#pragma unroll 2
+    for (unsigned p = first; p < npix; p += step, src += dy_step) {
         const bool in = p < dy_valid;
-        cp_async16(buf + p * pixel_words + (q ^ swizzle(p >> g.log_run)) * 4, in ? dyb + std::uint64_t{p} * g.s.k : dy,
-                   in);
+        cp_async16(buf + p * pixel_words + ((q ^ swizzle(p >> g.log_run)) << 2), in ? src : dy, in);
     }
-    // Input row y0 - 1 + ry, column ix: padded pixel (ry, ix + 1).
-    const float* xb = x + (std::uint64_t{img} * H + y0) * W * g.s.c + c0 + q * 4;
+    // Input row y0 - 1 + ry, column ix (m = ry * w + ix): padded pixel (ry, ix + 1) = m + 2 ry + 1.
+    const float* xsrc =
+        x + (static_cast<std::int64_t>((std::uint64_t{img} * H + y0) * W + first) - W) * g.s.c + c0 + q * 4;
+    const std::uint64_t x_step = std::uint64_t{step} * g.s.c;
     std::uint32_t* xt = buf + tile_pixels * pixel_words;
-    for (unsigned m = threadIdx.x / 8; m < g.xrows << g.log_w; m += step) {
-        const unsigned ry = m >> g.log_w, ix = m & (W - 1), iy = y0 + ry - 1; // wraps below row 0
-        const bool in = iy < H;
-        cp_async16(xt + (ry * g.xcols + ix + 1) * pixel_words + (q ^ swizzle((ix + 1) >> g.log_run)) * 4,
-                   in ? xb + (static_cast<std::int64_t>(m) - W) * g.s.c : x, in);
+#pragma unroll 2
+    for (unsigned m = first; m < g.xrows << g.log_w; m += step, xsrc += x_step) {
+        const unsigned ry = m >> g.log_w, col = (m & (W - 1)) + 1;
+        const bool in = y0 + ry - 1 < H; // wraps below row 0
+        cp_async16(xt + (m + 2 * ry + 1) * pixel_words + ((q ^ swizzle(col >> g.log_run)) << 2), in ? xsrc : x, in);
     }
 }
 
