@@ -174,8 +174,8 @@ TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
     }
 }
 
-// In tf32 and bf16 the weight gradient of 3x3 convolutions on multiples of 32
-// channels and power-of-two widths runs tc_wgrad.cu: widths 8, 16 (12 rows: a partial
+// In tf32 the weight gradient of 3x3 convolutions on multiples of 32 channels
+// and power-of-two widths runs tc_wgrad.cu: widths 8, 16 (12 rows: a partial
 // last tile of 8) and 64, 32 to 64 channels.
 TEST(TrainGpu, TensorCoreWeightGradientMatchesCpu) {
     REQUIRE_GPU();
@@ -186,10 +186,7 @@ TEST(TrainGpu, TensorCoreWeightGradientMatchesCpu) {
         {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 6, 64}},
     };
     setenv("DSTK_CONV_KERNELS", "own", 1); // untimed: these small shapes might otherwise go to cuDNN
-    for (const auto& [spec, in] : cases) {
-        compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
-        compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
-    }
+    for (const auto& [spec, in] : cases) compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
     unsetenv("DSTK_CONV_KERNELS");
 }
 

@@ -2,8 +2,8 @@
 // workspace bounded and counted), with two exceptions where our kernels are
 // several times faster: a first 3x3 convolution on 1 to 4 input channels
 // (direct_conv.cu: cuDNN wastes most of its tensor-core tile on so few
-// channels) and, in tf32 and bf16, the weight gradient of 3x3 stride-1
-// convolutions on multiples of 32 channels (tc_wgrad.cu), per layer where it times faster
+// channels) and, in tf32, the weight gradient of 3x3 stride-1 convolutions on
+// multiples of 32 channels (tc_wgrad.cu), per layer where it times faster
 // than cuDNN's pick. DSTK_CONV_KERNELS=cudnn in the
 // environment leaves every convolution to cuDNN; =own takes ours wherever they
 // apply, without timing. cuBLAS for linear layers; our kernels
@@ -99,7 +99,7 @@ struct LayerDev {
     void* wk = nullptr;     // conv: KRSC weights; linear in bf16 mode: bf16 weights (compute copies)
     void* gk = nullptr;     // conv: gradient of wk
     bool relu_next = false; // batchnorm followed by relu: fused where allowed
-    bool tc_wgrad = false;  // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
+    bool tc_wgrad = false;  // conv: weight gradient by tc_wgrad.cu (tf32)
     bool pool_next = false; // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
@@ -668,7 +668,7 @@ void CudaTrainer::create_layer_descriptors() {
     if (direct_first_) ws = std::max(ws, direct_conv_workspace(direct_shape(cfg_.max_batch)));
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
         const LayerSpec& sp = layers()[i].spec;
-        dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
+        dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec == Precision::tf32 && !nchw_ && sp.kernel == 3 &&
                            sp.stride == 1 && sp.padding == 1 && tc_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
         if (dev_[i].tc_wgrad) ws = std::max(ws, tc_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
     }
@@ -763,7 +763,8 @@ void CudaTrainer::find_algorithms() {
             const float one = 1.0f, zero = 0.0f;
             const void* xin = input_of(i);
             const double ours = time_op([&] {
-                launch_tc_wgrad(xin, gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch), workspace_, d.gk, stream_);
+                launch_tc_wgrad(static_cast<const float*>(xin), static_cast<const float*>(gbuf_[0]),
+                                wgrad_shape(i, cfg_.max_batch), workspace_, static_cast<float*>(d.gk), stream_);
             });
             const double theirs = time_op([&] {
                 CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, x, xin, y, gbuf_[0], d.conv_bwd_filter,
@@ -993,7 +994,8 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
             if (i == 0 && direct_first_) // fp32, straight into the gradient vector
                 launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), workspace_, g, stream_);
             else if (d.tc_wgrad)
-                launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), workspace_, d.gk, stream_);
+                launch_tc_wgrad(static_cast<const float*>(x), static_cast<const float*>(dy), wgrad_shape(i, n),
+                                workspace_, static_cast<float*>(d.gk), stream_);
             else
                 CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, xd, x, yd, dy, d.conv_bwd_filter,
                                                            bd.algos[i].bwd_filter, workspace_, workspace_bytes_, &zero,

@@ -139,7 +139,6 @@ void launch_advance_step(unsigned long long* step, cudaStream_t s);
 
 // out[e] = sum over blocks b of partials[b * count + e], in block order (the
 // second pass of the convolution weight gradients' fixed-order reductions).
-void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
-                         cudaStream_t s);
+void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, float* out, cudaStream_t s);
 
 } // namespace dstk::train::cuda
