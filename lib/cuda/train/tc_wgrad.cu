@@ -197,32 +197,21 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
     }
     cp_async_wait<0>();
     // The second row group's sums into shared memory, lane-major (conflict-free).
+    constexpr int per_warp = 3 * 2 * 4 * 4; // acc[s][mi][ni][q], flat
     auto* red = reinterpret_cast<float*>(sm);
-    float* result = red + 3 * 3 * 2 * 4 * 4 * 32; // [k][tap][c], rows of result_stride words
-    auto slot = [&](int s, int mi, int ni, int q) { return ((((r * 3 + s) * 2 + mi) * 4 + ni) * 4 + q) * 32 + lane; };
+    float* result = red + 3 * per_warp * 32; // [k][tap][c], rows of result_stride words
+    const float(&flat)[per_warp] = reinterpret_cast<const float(&)[per_warp]>(acc);
     if (rg == 1)
 #pragma unroll
-        for (int s = 0; s < 3; ++s)
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) red[slot(s, mi, ni, q)] = acc[s][mi][ni][q];
+        for (int i = 0; i < per_warp; ++i) red[(r * per_warp + i) * 32 + lane] = flat[i];
     __syncthreads();
     if (rg == 0)
 #pragma unroll
-        for (int s = 0; s < 3; ++s)
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const unsigned k = 4 * gid + 2 * mi + (q >> 1), c = 4 * (2 * t4 + (q & 1)) + ni;
-                        result[(k * taps + r * 3 + s) * result_stride + c] =
-                            acc[s][mi][ni][q] + red[slot(s, mi, ni, q)];
-                    }
+        for (int i = 0; i < per_warp; ++i) {
+            const int s = i / 32, mi = i / 16 % 2, ni = i / 4 % 4, q = i % 4;
+            const unsigned k = 4 * gid + 2 * mi + (q >> 1), c = 4 * (2 * t4 + (q & 1)) + ni;
+            result[(k * taps + r * 3 + s) * result_stride + c] = flat[i] + red[(r * per_warp + i) * 32 + lane];
+        }
     __syncthreads();
     float* out = partials + std::uint64_t{blockIdx.x} * K * taps * C;
     for (unsigned e = threadIdx.x; e < chan * taps * chan; e += threads) {
