@@ -4,6 +4,7 @@
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
+#include "elementwise.hpp"
 
 namespace dstk::train::cuda {
 namespace {

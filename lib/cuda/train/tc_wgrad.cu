@@ -4,7 +4,7 @@
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
-#include "kernels.hpp"
+#include "elementwise.hpp"
 
 namespace dstk::train::cuda {
 namespace {

@@ -3,10 +3,8 @@
 // in TF32, for NHWC float activations with channel counts that are multiples
 // of 32: dW[k][r][s][c] = sum over pixels p of dy[p][k] * x[p + (r-1, s-1)][c].
 //
-// cuDNN's TF32 weight-gradient engines leave a layer like ref-cnn's second
-// convolution (32 -> 32 channels at 32x32, batch 256: a 32 x 288 result summed
-// over 262,144 pixels) at about 230 us on an H100 whatever the engine (all of
-// its heuristic list timed), against 71 us in bf16. Here each block of six
+// cuDNN's TF32 weight-gradient engines are slow on such layers (a small
+// result summed over very many pixels) whatever the engine. Here each block of six
 // warps (two per filter row) copies a tile of 128 output pixels of dy and the
 // matching input rows into shared memory (cp.async, double-buffered: the next
 // tile arrives while this one is multiplied), and each warp accumulates its
