@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "dstk/error.hpp"
-#include "dstk/importers.hpp"
+#include "dstk/convert/importers.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size < 8) return 0;

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "dstk/error.hpp"
-#include "dstk/importers.hpp"
+#include "dstk/convert/importers.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     try {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dstk/checkpoint.hpp"
-#include "dstk/data/train_run.hpp"
+#include "dstk/run/train_run.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/rng.hpp"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
-#include "dstk/data/train_run.hpp"
+#include "dstk/run/train_run.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
 #if defined(DSTK_HAVE_CUDA)

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "dstk/checkpoint.hpp"
-#include "dstk/data/train_run.hpp"
+#include "dstk/run/train_run.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"

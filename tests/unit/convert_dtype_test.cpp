@@ -4,9 +4,9 @@
 #include <limits>
 #include <vector>
 
-#include "dstk/convert.hpp"
+#include "dstk/convert/convert.hpp"
 #include "dstk/error.hpp"
-#include "dstk/importers.hpp"
+#include "dstk/convert/importers.hpp"
 
 using namespace dstk;
 

@@ -6,7 +6,7 @@
 #include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
-#include "dstk/synth.hpp"
+#include "dstk/gen/synth.hpp"
 #include "dstk/thread_pool.hpp"
 
 using namespace dstk;

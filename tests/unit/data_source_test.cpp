@@ -13,7 +13,7 @@
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
-#include "dstk/convert.hpp"
+#include "dstk/convert/convert.hpp"
 #include "support/test_dataset.hpp"
 
 namespace fs = std::filesystem;

@@ -1,7 +1,7 @@
 // dstrain --bench: ring depth and reader count from dsbench's figures.
 #include <gtest/gtest.h>
 
-#include "dstk/data/tuning.hpp"
+#include "dstk/run/tuning.hpp"
 
 using namespace dstk;
 using namespace dstk::data;

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "dstk/error.hpp"
-#include "dstk/plan.hpp"
+#include "dstk/plan/plan.hpp"
 #include "dstk/units.hpp"
 
 using namespace dstk;

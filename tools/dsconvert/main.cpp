@@ -1,6 +1,6 @@
 // dsconvert: dtype, compression, layout and format conversion, out of core.
 #include "dstk/cli.hpp"
-#include "dstk/convert.hpp"
+#include "dstk/convert/convert.hpp"
 #include "dstk/error.hpp"
 #include "dstk/units.hpp"
 

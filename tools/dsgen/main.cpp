@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "dstk/cli.hpp"
-#include "dstk/generate.hpp"
+#include "dstk/gen/generate.hpp"
 #include "dstk/units.hpp"
 
 int main(int argc, char** argv) {

@@ -1,6 +1,6 @@
 // dsplan: size a dataset against a machine and say where it should live.
 #include "dstk/cli.hpp"
-#include "dstk/plan.hpp"
+#include "dstk/plan/plan.hpp"
 
 int main(int argc, char** argv) {
     using namespace dstk;

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "dstk/cli.hpp"
-#include "dstk/data/train_run.hpp"
+#include "dstk/run/train_run.hpp"
 #include "dstk/train/run.hpp"
 #include "dstk/units.hpp"
 

@@ -4,6 +4,7 @@
 #include <bit>
 #include <string>
 
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
 #include "dstk/units.hpp"
@@ -29,23 +30,15 @@ std::uint64_t mix64(std::uint64_t z) {
 
 } // namespace
 
+constexpr EnumNames<Order, 3> order_names{
+    {{{Order::sequential, "sequential"}, {Order::chunk, "chunk"}, {Order::full, "full"}}}};
+
 Order parse_order(std::string_view text) {
-    if (text == "sequential") return Order::sequential;
-    if (text == "chunk") return Order::chunk;
-    if (text == "full") return Order::full;
-    throw usage_error("invalid --order '" + std::string(text) + "' (expected sequential, chunk or full)");
+    return order_names.parse(text, "--order");
 }
 
 std::string_view order_name(Order o) {
-    switch (o) {
-    case Order::sequential:
-        return "sequential";
-    case Order::chunk:
-        return "chunk";
-    case Order::full:
-        return "full";
-    }
-    return "?";
+    return order_names.name(o);
 }
 
 Permutation::Permutation(std::uint64_t n, std::uint64_t key) : n_(n) {

@@ -1,4 +1,4 @@
-#include "dstk/generate.hpp"
+#include "dstk/gen/generate.hpp"
 
 #include <chrono>
 #include <cmath>

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dstk/dtype.hpp"
-#include "dstk/importers.hpp"
+#include "dstk/convert/importers.hpp"
 #include "dstk/output.hpp"
 
 namespace dstk {

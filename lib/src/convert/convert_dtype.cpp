@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "dstk/convert.hpp"
+#include "dstk/convert/convert.hpp"
 #include "dstk/error.hpp"
 
 namespace dstk {

@@ -1,4 +1,4 @@
-#include "dstk/data/train_run.hpp"
+#include "dstk/run/train_run.hpp"
 
 #include <algorithm>
 #include <array>
@@ -18,7 +18,7 @@
 #include "dstk/bench/results.hpp"
 #include "dstk/checkpoint.hpp"
 #include "dstk/data/batch_source.hpp"
-#include "dstk/data/tuning.hpp"
+#include "dstk/run/tuning.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
@@ -27,7 +27,7 @@
 #include "dstk/thread_pool.hpp"
 #include "dstk/train/trainer.hpp"
 #include "dstk/units.hpp"
-#include "device_memory.hpp"
+#include "data/device_memory.hpp"
 #include "clock.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"

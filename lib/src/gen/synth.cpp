@@ -1,4 +1,4 @@
-#include "dstk/synth.hpp"
+#include "dstk/gen/synth.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 // optional external shuffle -> router over output splits -> field sinks
 // (.npy, zstd-chunked, or one raw/.npy file). Every stage works on bounded
 // blocks of samples.
-#include "dstk/convert.hpp"
+#include "dstk/convert/convert.hpp"
 
 #include <algorithm>
 #include <chrono>

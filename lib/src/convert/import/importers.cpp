@@ -1,4 +1,4 @@
-#include "dstk/importers.hpp"
+#include "dstk/convert/importers.hpp"
 
 #include <algorithm>
 #include <cerrno>

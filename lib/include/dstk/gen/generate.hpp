@@ -6,7 +6,7 @@
 #include <string>
 
 #include "dstk/output.hpp"
-#include "dstk/synth.hpp"
+#include "dstk/gen/synth.hpp"
 
 namespace dstk {
 

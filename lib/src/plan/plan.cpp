@@ -1,6 +1,6 @@
 // The sizing model of dsplan: pure functions, exact integer arithmetic
 // (man/dsplan.1, FORMULAS).
-#include "dstk/plan.hpp"
+#include "dstk/plan/plan.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -11,7 +11,7 @@
 
 #include "dstk/atomic_output.hpp"
 #include "dstk/chunked_file.hpp"
-#include "dstk/convert.hpp"
+#include "dstk/convert/convert.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
 #include "dstk/signals.hpp"

@@ -1,4 +1,4 @@
-#include "dstk/data/tuning.hpp"
+#include "dstk/run/tuning.hpp"
 
 #include <algorithm>
 #include <cmath>

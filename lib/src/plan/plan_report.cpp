@@ -12,7 +12,7 @@
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/output.hpp"
-#include "dstk/plan.hpp"
+#include "dstk/plan/plan.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/train/model.hpp"
 #include "dstk/train/trainer.hpp"
