@@ -1,8 +1,7 @@
 #pragma once
-// The choice of each convolution's cuDNN algorithms (and whether dstk's own
-// weight-gradient kernel replaces cuDNN's), and the fallback for other batch
-// sizes. cuda_trainer.cpp owns the descriptors and buffers; this file only
-// decides.
+// The choice of each convolution's kernels (cuDNN's algorithms, dstk's own
+// weight-gradient kernel), and the fallback for other batch sizes.
+// cuda_trainer.cpp owns the descriptors and buffers; this file only decides.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -10,6 +9,10 @@
 #include <cstdint>
 #include <functional>
 
+#include <string>
+#include <vector>
+
+#include "dstk/train/choice_cache.hpp"
 #include "dstk/train/trainer.hpp"
 
 namespace dstk::train::cuda {
@@ -49,12 +52,42 @@ struct ConvCall {
 // up to `limit`.
 std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::uint64_t limit);
 
-// The algorithms for the planned batch, with each descriptor's math type set
-// to the chosen algorithm's. `own_wgrad`, when set, launches dstk's own
-// weight-gradient kernel for this layer: *use_own says whether it replaces
-// cuDNN's (with --deterministic or `force_own`: wherever it applies).
-ConvAlgos find_conv_algorithms(const ConvSearch& s, const ConvCall& c, std::size_t layer,
-                               const std::function<void()>& own_wgrad, bool force_own, bool* use_own);
+// What a layer may run besides cuDNN's algorithms: dstk's own weight-gradient
+// kernel (launches it on the search's stream with the call's buffers).
+struct OwnKernels {
+    std::function<void()> wgrad;
+    bool force = false; // DSTK_CONV_KERNELS=own: used wherever it applies, untimed
+};
+
+// Chooses each convolution's kernels for the planned batch by the
+// KernelMode's rules (dstk/train/trainer.hpp): from the choice cache, by
+// timing every allowed candidate (warm GPU; repetitions in interleaved rounds;
+// median, near-ties to the previous choice or the most wins: pick_fastest), or
+// cuDNN's ranked heuristic. Sets each descriptor's math type to its choice's.
+class ConvChooser {
+  public:
+    ConvChooser(const ConvSearch& s, KernelMode mode, ChoiceCache* cache, std::string identity);
+    ConvAlgos choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own, bool* use_own);
+    // A decision made outside (a fixed rule), reported with the others.
+    void report(std::size_t layer, const std::string& op, const std::string& kernel);
+    const std::vector<KernelReport>& reports() const { return reports_; }
+
+  private:
+    template <class Perf>
+    Perf decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
+                const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own);
+    void warm_up(const std::function<void()>& op);
+    ConvSearch s_;
+    KernelMode mode_;
+    ChoiceCache* cache_;
+    std::string device_identity_text_;
+    bool warm_ = false, own_force_ = false;
+    std::vector<KernelReport> reports_;
+};
+
+// The identity a choice cache is kept for: this GPU, driver, cuDNN, dstk
+// and its kernel set.
+DeviceIdentity device_identity(int device);
 
 // For another batch size: the chosen algorithms where their workspace still
 // fits; otherwise the first allowed algorithm of cuDNN's ranked list with the

@@ -13,12 +13,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <utility>
 
 #include <cuda_profiler_api.h>
 
+#include "dstk/train/choice_cache.hpp"
 #include "dstk/units.hpp"
 #include "train/backends.hpp"
 #include "train/batchnorm.hpp"
@@ -34,6 +36,8 @@
 
 namespace dstk::train {
 namespace {
+
+namespace fs = std::filesystem;
 
 using namespace dstk::train::cuda;
 
@@ -69,7 +73,7 @@ struct LayerDev {
     void* wk = nullptr;     // conv: KRSC weights; linear in bf16 mode: bf16 weights (compute copies)
     void* gk = nullptr;     // conv: gradient of wk
     bool relu_next = false; // batchnorm followed by relu: fused where allowed
-    bool tc_wgrad = false;  // conv: weight gradient by tc_wgrad.cu (tf32)
+    bool tc_wgrad = false;  // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
     bool pool_next = false; // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
@@ -147,6 +151,7 @@ class CudaTrainer final : public Trainer {
     std::uint64_t steps() const override { return step_; }
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
     void* compute_stream() const override { return stream_; }
+    std::vector<KernelReport> kernel_choices() const override { return reports_; }
 
     std::vector<std::uint8_t> save_state() override;
     void load_state(std::span<const std::uint8_t> blob) override;
@@ -181,6 +186,7 @@ class CudaTrainer final : public Trainer {
     void create_layer_descriptors();
     void find_algorithms();
     ConvSearch search() const;
+    ConvKey conv_key(std::size_t i) const;
     ConvCall conv_call(const BatchDescs& bd, std::size_t i) const;
     BatchDescs& descs(std::uint32_t n);
     const void* input_of(std::size_t i) const { return i == 0 ? act0_ : dev_[i - 1].out; }
@@ -242,6 +248,7 @@ class CudaTrainer final : public Trainer {
     DeviceMetrics *train_m_ = nullptr, *eval_m_ = nullptr, *scratch_m_ = nullptr;
     unsigned long long* step_dev_ = nullptr;
     std::vector<LayerDev> dev_;
+    std::vector<KernelReport> reports_;
     std::map<std::uint32_t, BatchDescs> descs_;
     cudaGraphExec_t train_graph_ = nullptr, eval_graph_ = nullptr;
     std::uint64_t step_ = 0, train_samples_ = 0, eval_samples_ = 0;
@@ -390,6 +397,16 @@ void CudaTrainer::profile_layers(int steps) {
     }
     const double step_ms = time_on_stream(
         stream_, [&] { CUDA_CHECK(cudaGraphLaunch(train_graph_, stream_)); }, 50);
+    // The input conversion runs outside the graph: timed apart, on a zero batch.
+    void* xin = nullptr;
+    const std::uint64_t in_bytes = std::uint64_t{n} * cfg_.plan.input.numel() * dtype_size(cfg_.input_dtype);
+    CUDA_CHECK(cudaMalloc(&xin, in_bytes + 4ull * n));
+    CUDA_CHECK(cudaMemset(xin, 0, in_bytes + 4ull * n));
+    const Batch zero_batch{xin, reinterpret_cast<const std::int32_t*>(static_cast<char*>(xin) + in_bytes), n};
+    const double convert_ms = time_on_stream(
+        stream_, [&] { convert(zero_batch); }, 50);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaFree(xin);
     double sum = 0.0;
     for (auto& [k, v] : total) sum += v / steps;
     std::fprintf(stderr, "profile: %s, batch %u, %d steps outside the graph (ms per step, share)\n",
@@ -399,6 +416,7 @@ void CudaTrainer::profile_layers(int steps) {
     std::fprintf(stderr,
                  "profile: sum of operations %.4f ms; graph step %.4f ms (%.0f samples/s without input conversion)\n",
                  sum, step_ms, n * 1000.0 / step_ms);
+    std::fprintf(stderr, "profile: input conversion (outside the graph) %.4f ms per batch\n", convert_ms);
     std::vector<std::pair<std::string, double>> top(total.begin(), total.end());
     std::sort(top.begin(), top.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
     std::fprintf(stderr, "profile: top operations\n");
@@ -592,7 +610,7 @@ void CudaTrainer::create_layer_descriptors() {
     if (direct_first_) ws = std::max(ws, direct_conv_workspace(direct_shape(cfg_.max_batch)));
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
         const LayerSpec& sp = layers()[i].spec;
-        dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec == Precision::tf32 && !nchw_ && sp.kernel == 3 &&
+        dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
                            sp.stride == 1 && sp.padding == 1 && tc_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
         if (dev_[i].tc_wgrad) ws = std::max(ws, tc_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
     }
@@ -622,22 +640,58 @@ DirectConvShape CudaTrainer::direct_shape(std::uint32_t n) const {
     return s;
 }
 
-// Chooses each convolution's algorithms once, for max_batch, with the planned
-// buffers and workspace.
+// Chooses each convolution's kernels once, for max_batch, with the planned
+// buffers and workspace, by cfg_.kernels' rules; stores what was timed.
 void CudaTrainer::find_algorithms() {
+    const DeviceIdentity id = device_identity(cfg_.device.index);
+    const bool use_cache = cfg_.kernels != KernelMode::heuristic;
+    ChoiceCache cache(use_cache ? (cfg_.choice_dir.empty() ? default_choice_dir() : fs::path(cfg_.choice_dir))
+                                : fs::path(),
+                      id, [](const std::string& n) { std::fprintf(stderr, "notice: %s\n", n.c_str()); });
+    ConvChooser chooser(search(), cfg_.kernels, &cache, id.text());
     BatchDescs& bd = descs(cfg_.max_batch);
     for (std::size_t i = 0; i < layers().size(); ++i) {
         if (layers()[i].spec.kind != LayerKind::conv) continue;
         LayerDev& d = dev_[i];
-        std::function<void()> own;
-        if (d.tc_wgrad)
-            own = [&, i] {
-                launch_tc_wgrad(static_cast<const float*>(input_of(i)), static_cast<const float*>(gbuf_[0]),
-                                wgrad_shape(i, cfg_.max_batch), workspace_, static_cast<float*>(d.gk), stream_);
-            };
-        d.algos = find_conv_algorithms(search(), conv_call(bd, i), i, own, force_own_, &d.tc_wgrad);
+        if (i == 0 && direct_first_) {
+            // Our direct kernels run this layer; cuDNN's heuristic pick serves
+            // only an input gradient that inspection asks for.
+            ConvChooser quiet(search(), KernelMode::heuristic, nullptr, id.text());
+            d.algos = quiet.choose(conv_call(bd, i), conv_key(i), i, {}, nullptr);
+            chooser.report(i, "fwd", "own:direct_conv");
+            chooser.report(i, "bwd_filter", "own:direct_conv");
+        } else {
+            OwnKernels own;
+            own.force = force_own_;
+            if (d.tc_wgrad)
+                own.wgrad = [&, i] {
+                    launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch), workspace_, d.gk,
+                                    stream_);
+                };
+            d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &d.tc_wgrad);
+        }
         bd.algos[i] = d.algos;
     }
+    if (cfg_.kernels == KernelMode::automatic || cfg_.kernels == KernelMode::retune) cache.store();
+    reports_ = chooser.reports();
+}
+
+ConvKey CudaTrainer::conv_key(std::size_t i) const {
+    const LayerPlan& l = layers()[i];
+    ConvKey k;
+    k.precision = cfg_.precision;
+    k.deterministic = cfg_.deterministic;
+    k.nchw = nchw_;
+    k.n = cfg_.max_batch;
+    k.c = i == 0 ? input_.c : l.in.c;
+    k.h = l.in.h;
+    k.w = l.in.w;
+    k.k = l.out.c;
+    k.kernel = l.spec.kernel;
+    k.stride = l.spec.stride;
+    k.pad = l.spec.padding;
+    k.workspace = workspace_bytes_;
+    return k;
 }
 
 ConvSearch CudaTrainer::search() const {
@@ -806,8 +860,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     if (i == 0 && direct_first_) // fp32, straight into the gradient vector
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), workspace_, g, stream_);
     else if (d.tc_wgrad)
-        launch_tc_wgrad(static_cast<const float*>(x), static_cast<const float*>(dy), wgrad_shape(i, n), workspace_,
-                        static_cast<float*>(d.gk), stream_);
+        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), workspace_, d.gk, stream_);
     else
         CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, xd, x, yd, dy, d.conv_bwd_filter,
                                                    bd.algos[i].bwd_filter, workspace_, workspace_bytes_, &zero,

@@ -267,7 +267,7 @@ void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const Di
     });
     CUDA_CHECK(cudaGetLastError());
     const unsigned kw = 9 * s.c * s.k;
-    launch_sum_partials(partials, blocks, kw, dw, stream);
+    launch_sum_partials(partials, blocks, kw, dw, ActType::f32, stream);
 }
 
 } // namespace dstk::train::cuda

@@ -69,7 +69,7 @@ __global__ void dropout_kernel(const T* x, T* y, float* mask, std::uint64_t coun
 // per block of 1024 threads, each output's blocks in 32 interleaved parts.
 constexpr unsigned sum_parts = 32;
 __global__ void __launch_bounds__(1024)
-    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, float* out) {
+    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out) {
     __shared__ double parts[sum_parts][32];
     const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
     const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
@@ -81,7 +81,10 @@ __global__ void __launch_bounds__(1024)
     __syncthreads();
     if (pt != 0 || e >= count) return;
     for (unsigned i = 1; i < sum_parts; ++i) sum += parts[i][el];
-    out[e] = static_cast<float>(sum);
+    if (bf16_out)
+        static_cast<bf16*>(out)[e] = __float2bfloat16(static_cast<float>(sum));
+    else
+        static_cast<float*>(out)[e] = static_cast<float>(sum);
 }
 
 } // namespace
@@ -157,9 +160,10 @@ void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, st
     check_launch();
 }
 
-void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, float* out, cudaStream_t s) {
-    sum_partials_kernel<<<static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s>>>(partials, blocks, count,
-                                                                                            out);
+void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
+                         cudaStream_t s) {
+    sum_partials_kernel<<<static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s>>>(
+        partials, blocks, count, out, out_t == ActType::bf16);
     check_launch();
 }
 

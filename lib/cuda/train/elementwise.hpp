@@ -31,7 +31,9 @@ void launch_relu_forward(const void* x, void* y, ActType t, std::uint64_t count,
 void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s);
 
 // out[e] = sum over blocks b of partials[b * count + e], in block order (the
-// second pass of the convolution weight gradients' fixed-order reductions).
-void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, float* out, cudaStream_t s);
+// second pass of the convolution weight gradients' fixed-order reductions),
+// stored as float or bf16.
+void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
+                         cudaStream_t s);
 
 } // namespace dstk::train::cuda

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -110,8 +111,10 @@ class ComputeTimer {
   public:
     explicit ComputeTimer(void* stream) : stream_(stream) {
 #if defined(DSTK_HAVE_CUDA)
-        if (stream_)
+        if (stream_) {
             for (auto& p : pairs_) p = {gpu::event_create(true), gpu::event_create(true), false};
+            span_ = {gpu::event_create(true), gpu::event_create(true), false};
+        }
 #endif
     }
     ~ComputeTimer() {
@@ -121,6 +124,10 @@ class ComputeTimer {
                 gpu::event_destroy(p.start);
                 gpu::event_destroy(p.end);
             }
+        if (stream_) {
+            gpu::event_destroy(span_.start);
+            gpu::event_destroy(span_.end);
+        }
 #endif
     }
     ComputeTimer(const ComputeTimer&) = delete;
@@ -137,15 +144,28 @@ class ComputeTimer {
         Pair& p = pairs_[turn_++ % pairs_.size()];
         collect(p);
         gpu::event_record(p.start, stream_);
+        if (!span_open_) gpu::event_record(span_.start, stream_);
+        span_open_ = true;
         step();
         gpu::event_record(p.end, stream_);
+        gpu::event_record(span_.end, stream_);
         p.pending = true;
 #endif
     }
-    double take() {
+    // The steps' GPU time since the last take(); `between`, where given, gets
+    // the GPU time from the first step's start to the last one's end that no
+    // step covers (the batch gather, and the GPU idle waiting for the host).
+    double take(double* between = nullptr) {
+        double span = 0.0;
 #if defined(DSTK_HAVE_CUDA)
         for (auto& p : pairs_) collect(p);
+        if (span_open_) {
+            gpu::event_synchronize(span_.end);
+            span = gpu::event_elapsed_ms(span_.start, span_.end) / 1000.0;
+            span_open_ = false;
+        }
 #endif
+        if (between) *between = std::max(0.0, span - seconds_);
         return std::exchange(seconds_, 0.0);
     }
 
@@ -165,9 +185,52 @@ class ComputeTimer {
 #endif
     void* stream_;
     std::array<Pair, 64> pairs_{};
+    Pair span_{};
+    [[maybe_unused]] bool span_open_ = false;
     [[maybe_unused]] std::size_t turn_ = 0; // unused in builds without CUDA
     double seconds_ = 0;
 };
+
+// Where a training step's time goes outside the GPU's own step (the bimodal
+// bf16 speed of issue 18 lost ~1.3 ms per step outside the captured graph):
+// host time in the source's next() (waiting for a batch or a free slot,
+// gathering), in train_step() (launching the conversion and the graph), and
+// in the rest of the loop (release, checks); the GPU time between steps comes
+// from ComputeTimer. Always measured (a clock read per stage); printed with
+// DSTK_STEP_TIMES=1 and always in --log-json.
+struct LoopTimes {
+    double next = 0, launch = 0, rest = 0, between = 0, worst_step = 0;
+    std::uint64_t steps = 0;
+    void add(Clock::time_point t0, Clock::time_point t1, Clock::time_point t2, Clock::time_point t3) {
+        next += std::chrono::duration<double>(t1 - t0).count();
+        launch += std::chrono::duration<double>(t2 - t1).count();
+        rest += std::chrono::duration<double>(t3 - t2).count();
+        worst_step = std::max(worst_step, std::chrono::duration<double>(t3 - t0).count());
+        ++steps;
+    }
+    std::string text() const {
+        const double n = static_cast<double>(std::max<std::uint64_t>(1, steps)) / 1000.0; // ms per step
+        char buf[200];
+        std::snprintf(buf, sizeof buf,
+                      "per step: host next %.3f ms, launch %.3f ms, rest %.3f ms (slowest step %.3f ms); GPU "
+                      "between steps %.3f ms",
+                      next / n, launch / n, rest / n, worst_step * 1000.0, between / n);
+        return buf;
+    }
+    nlohmann::json json() const {
+        return {{"steps", steps},
+                {"host_next_s", next},
+                {"host_launch_s", launch},
+                {"host_rest_s", rest},
+                {"host_slowest_step_s", worst_step},
+                {"gpu_between_steps_s", between}};
+    }
+};
+
+bool step_times_wanted() {
+    const char* e = std::getenv("DSTK_STEP_TIMES");
+    return e && *e && std::string(e) != "0";
+}
 
 Placement resolve_placement(Placement asked, const train::Device& dev, std::uint64_t data_bytes,
                             std::uint64_t trainer_bytes, std::string& why) {
@@ -337,6 +400,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
     tc.cpu_threads = e.threads;
     tc.workspace_limit = e.workspace;
     tc.deterministic = e.deterministic;
+    tc.kernels = e.kernels;
     channel_stats(ds, x, train_split.samples, tc.plan.input.c, tc.mean, tc.std);
 
     const bool on_gpu = device.backend == Backend::cuda;
@@ -408,6 +472,8 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                                                     std::to_string(d.window) + " chunks per window)"
                                               : std::string()) +
                   ", " + format_count(steps_per_epoch) + " steps per epoch");
+    for (const auto& line : train::kernel_choice_lines(trainer->kernel_choices(), tc.plan))
+        note(out, "dstrain: kernels (--kernels " + std::string(train::kernel_mode_name(e.kernels)) + ") " + line);
 
     // What a resume must repeat.
     const std::map<std::string, std::string> run{
@@ -533,8 +599,11 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
         train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
         train::Batch b;
-        while (train_src->next(b)) {
+        LoopTimes loop;
+        for (auto h0 = Clock::now(); train_src->next(b); h0 = Clock::now()) {
+            const auto h1 = Clock::now();
             compute.time([&] { trainer->train_step(b); });
+            const auto h2 = Clock::now();
             train_src->release();
             ++batch_index;
             ++steps;
@@ -561,6 +630,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                               fixed(100 * em.accuracy(), 2) + "%");
                 emit({{"event", "eval"}, {"step", steps}, {"test_loss", em.loss()}, {"test_accuracy", em.accuracy()}});
             }
+            loop.add(h0, h1, h2, Clock::now());
             if (d.max_steps && steps >= d.max_steps) {
                 stopped = true;
                 break;
@@ -574,7 +644,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                                 std::to_string(tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
                                 (d.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
         StageTimes st = train_src->take_times();
-        st.compute = compute.take();
+        st.compute = compute.take(&loop.between);
         if (epoch == pos.epoch) st.read += load_seconds;
         er.train = trainer->take_train_metrics();
         const auto t1 = Clock::now();
@@ -606,6 +676,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
             line << "  GPU mem " << format_bytes(peak) << " (ceiling " << format_bytes(ceiling)
                  << (managed ? " + managed pages" : "") << ")";
         line << "  [" << stage_text(st) << "]";
+        if (step_times_wanted()) line << "  [" << loop.text() << "]";
         if (out.json)
             note(out, line.str());
         else
@@ -624,6 +695,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                          {"placement", placement_name(train_src->placement())},
                          {"order", order_name(order_kind)},
                          {"stages", stage_json(st)},
+                         {"loop", loop.json()},
                          {"memory_ceiling", ceiling}};
         if (on_gpu) j["gpu_memory_peak"] = peak;
         emit(j);

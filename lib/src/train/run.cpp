@@ -228,6 +228,7 @@ RunReport run_training(const RunOptions& o, const OutputOptions& out) {
     c.cpu_threads = o.threads;
     c.workspace_limit = o.workspace;
     c.deterministic = o.deterministic;
+    c.kernels = o.kernels;
 
     RunReport r;
     r.model = c.plan.name;

@@ -33,22 +33,6 @@
 
 namespace dstk::train {
 
-// dstrain --kernels: where each layer's kernel choice comes from.
-//   automatic: the cache; what it lacks is timed and stored.
-//   cached:    the cache only; what it lacks gets the heuristic choice, untimed
-//              and not stored (runs that must not spend time timing).
-//   retune:    everything timed again, the cache's entries overwritten.
-//   heuristic: no timing and no cache: cuDNN's ranked heuristic and dstk's
-//              fixed rules.
-enum class KernelMode : std::uint8_t { automatic, cached, retune, heuristic };
-KernelMode
-parse_kernel_mode(std::string_view text); // "auto" | "cached" | "retune" | "heuristic"; usage error otherwise
-std::string_view kernel_mode_name(KernelMode m);
-
-// Where a layer's choice came from, as the run reports it.
-enum class ChoiceSource : std::uint8_t { cache, timed, heuristic, rule };
-std::string_view choice_source_name(ChoiceSource s);
-
 // What the choices depend on besides the layer: a file for one identity is
 // never used for another.
 struct DeviceIdentity {

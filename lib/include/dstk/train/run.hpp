@@ -33,8 +33,9 @@ struct RunOptions {
     std::uint64_t seed = 0;
     unsigned threads = 0;
     std::uint64_t workspace = std::uint64_t{256} << 20;
-    bool deterministic = false; // cuda: deterministic cuDNN algorithms and kernels only (TrainerConfig)
-    std::string log_json;       // JSON lines, one per epoch
+    bool deterministic = false;                 // cuda: deterministic cuDNN algorithms and kernels only (TrainerConfig)
+    KernelMode kernels = KernelMode::automatic; // cuda: --kernels (TrainerConfig::kernels)
+    std::string log_json;                       // JSON lines, one per epoch
     std::string command_line;
 };
 
