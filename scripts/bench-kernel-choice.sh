@@ -28,9 +28,18 @@ data="$work/u8"
 for r in $(seq 1 "$runs"); do
   for p in tf32 bf16; do
     name="$p-$r"
+    # The GPU's clocks, power and throttle reasons while the run trains (a
+    # power or clock cap would slow every kernel alike, inside the graph too).
+    smi=""
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+          --format=csv,noheader -lms 250 >"$log/$name.smi" 2>/dev/null &
+      smi=$!
+    fi
     "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" \
         --device cuda:0 --log-json "$log/$name.jsonl" >"$log/$name.out" 2>"$log/$name.err"
     rc=$?
+    [ -n "$smi" ] && kill "$smi" 2>/dev/null && wait "$smi" 2>/dev/null
     v=$(python3 -c '
 import json, sys, statistics as s
 e = [j["samples_per_second"] for j in map(json.loads, open(sys.argv[1])) if j.get("event") == "epoch"]
@@ -57,6 +66,16 @@ echo "== slowest bf16 process (run $slow) and fastest (run $fast)"
 for r in $slow $fast; do
   echo "-- run $r"
   grep -h "^epoch\|step:" "$log/bf16-$r.out" "$log/bf16-$r.err" 2>/dev/null | cut -c1-400
+  [ -s "$log/bf16-$r.smi" ] && python3 - "$log/bf16-$r.smi" <<'EOF'
+import sys
+rows = [l.split(", ") for l in open(sys.argv[1]) if l.count(",") >= 5]
+busy = [r for r in rows if r[3].split()[0].replace(".", "", 1).isdigit() and float(r[3].split()[0]) > 100]
+if busy:
+    sm = sorted(float(r[1].split()[0]) for r in busy)
+    pw = sorted(float(r[3].split()[0]) for r in busy)
+    print(f"   GPU while busy (>100 W, {len(busy)} samples): SM clock median {sm[len(sm) // 2]:.0f} MHz "
+          f"(min {sm[0]:.0f}), power median {pw[len(pw) // 2]:.0f} W, throttle reasons {sorted(set(r[5].strip() for r in busy))}")
+EOF
 done
 if python3 -c "import sys; sys.exit(0 if float('$spread') > 1.10 else 1)"; then
   echo "== bf16 speeds differ by ${spread}x: the layer profile of two more processes"
