@@ -149,6 +149,47 @@ void ConvChooser::warm_up(const std::function<void()>& op) {
     last_busy = std::chrono::steady_clock::now();
 }
 
+// A trial run of each candidate (one that fails is left out), a warm-up,
+// then rounds in which every candidate runs in turn, so that a drift of the
+// clocks touches all of them alike.
+std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::string>& names,
+                                                         const std::function<bool(std::size_t)>& launch) {
+    std::vector<CandidateTimes> times(names.size());
+    std::vector<bool> alive(names.size());
+    std::optional<std::size_t> first_alive;
+    for (std::size_t j = 0; j < names.size(); ++j) {
+        times[j].kernel = names[j];
+        alive[j] = launch(j);
+        if (alive[j] && !first_alive) first_alive = j;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s_.stream));
+    if (!first_alive) return times;
+    warm_up([&] { launch(*first_alive); });
+    std::vector<cudaEvent_t> ev(2 * timing_rounds * names.size(), nullptr);
+    for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+    for (int r = 0; r < timing_rounds; ++r)
+        for (std::size_t j = 0; j < names.size(); ++j) {
+            if (!alive[j]) continue;
+            const std::size_t at = 2 * (r * names.size() + j);
+            CUDA_CHECK(cudaEventRecord(ev[at], s_.stream));
+            for (int l = 0; l < launches_per_round; ++l) launch(j);
+            CUDA_CHECK(cudaEventRecord(ev[at + 1], s_.stream));
+        }
+    CUDA_CHECK(cudaStreamSynchronize(s_.stream));
+    for (int r = 0; r < timing_rounds; ++r)
+        for (std::size_t j = 0; j < names.size(); ++j) {
+            if (!alive[j]) continue;
+            const std::size_t at = 2 * (r * names.size() + j);
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, ev[at], ev[at + 1]));
+            times[j].ms.push_back(static_cast<double>(ms) / launches_per_round);
+        }
+    for (auto e : ev) cudaEventDestroy(e);
+    const std::lock_guard<std::mutex> lock(busy_mutex);
+    last_busy = std::chrono::steady_clock::now();
+    return times;
+}
+
 template <class Perf>
 Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
                          const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own) {
@@ -186,42 +227,8 @@ Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, con
             return finish(index_of(c->kernel), ChoiceSource::cache, c->median_ms);
         if (mode_ == KernelMode::cached) return finish(heuristic, ChoiceSource::heuristic, 0.0);
     }
-    // Timing: a trial run of each candidate (one that fails is left out),
-    // then rounds in which every candidate runs in turn, so that a drift of
-    // the clocks touches all of them alike.
-    auto launch = [&](std::size_t j) { return j == own_index ? ((*own)(), true) : run(cands[j]); };
-    warm_up([&] { launch(0); });
-    std::vector<CandidateTimes> times(names.size());
-    std::vector<bool> alive(names.size());
-    for (std::size_t j = 0; j < names.size(); ++j) {
-        times[j].kernel = names[j];
-        alive[j] = launch(j);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(s_.stream));
-    std::vector<cudaEvent_t> ev(2 * timing_rounds * names.size(), nullptr);
-    for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
-    for (int r = 0; r < timing_rounds; ++r)
-        for (std::size_t j = 0; j < names.size(); ++j) {
-            if (!alive[j]) continue;
-            const std::size_t at = 2 * (r * names.size() + j);
-            CUDA_CHECK(cudaEventRecord(ev[at], s_.stream));
-            for (int l = 0; l < launches_per_round; ++l) launch(j);
-            CUDA_CHECK(cudaEventRecord(ev[at + 1], s_.stream));
-        }
-    CUDA_CHECK(cudaStreamSynchronize(s_.stream));
-    for (int r = 0; r < timing_rounds; ++r)
-        for (std::size_t j = 0; j < names.size(); ++j) {
-            if (!alive[j]) continue;
-            const std::size_t at = 2 * (r * names.size() + j);
-            float ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, ev[at], ev[at + 1]));
-            times[j].ms.push_back(static_cast<double>(ms) / launches_per_round);
-        }
-    for (auto e : ev) cudaEventDestroy(e);
-    {
-        const std::lock_guard<std::mutex> lock(busy_mutex);
-        last_busy = std::chrono::steady_clock::now();
-    }
+    const auto times =
+        time_candidates(names, [&](std::size_t j) { return j == own_index ? ((*own)(), true) : run(cands[j]); });
     std::string previous;
     if (cache_)
         if (const auto c = cache_->find(k)) previous = c->kernel;

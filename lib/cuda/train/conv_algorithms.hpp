@@ -77,6 +77,8 @@ class ConvChooser {
     Perf decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
                 const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own);
     void warm_up(const std::function<void()>& op);
+    std::vector<CandidateTimes> time_candidates(const std::vector<std::string>& names,
+                                                const std::function<bool(std::size_t)>& launch);
     ConvSearch s_;
     KernelMode mode_;
     ChoiceCache* cache_;
