@@ -12,7 +12,7 @@
 # Usage: scripts/bench-kernel-choice.sh [BUILD_DIR] [LOG_DIR]
 #   RUNS (default 10), TRAIN (50000), EPOCHS (3), BATCH (256)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 log=${2:-${OUT:-$build/logs}}/kernel-choice
 runs=${RUNS:-10} train=${TRAIN:-50000} epochs=${EPOCHS:-3} batch=${BATCH:-256}
