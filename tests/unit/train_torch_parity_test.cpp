@@ -44,7 +44,8 @@ void expect_matches(const TorchReference& r) {
     c.label_smoothing = r.smoothing;
     auto t = make_trainer(c);
     std::vector<float> x(6 * 72);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 2 + 0.5);
+    for (std::size_t i = 0; i < x.size(); ++i)
+        x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 2 + 0.5);
     const std::vector<std::int32_t> y{0, 1, 2, 3, 1, 2};
     for (const double want : r.losses) {
         t->train_step({x.data(), y.data(), 6});
@@ -76,13 +77,25 @@ TEST(TrainTorchParity, InitialisationIsTheTwinsBitForBit) {
 }
 
 TEST(TrainTorchParity, ThreeSgdNesterovStepsEqualPyTorch) {
-    expect_matches({OptimizerKind::sgd, 0.1f, 0.0f, {1.46480048, 1.30492508, 1.02112567}, 10.8815671, 0.0633450821,
-                    0.0320412628, 2.96569568});
+    expect_matches({OptimizerKind::sgd,
+                    0.1f,
+                    0.0f,
+                    {1.46480048, 1.30492508, 1.02112567},
+                    10.8815671,
+                    0.0633450821,
+                    0.0320412628,
+                    2.96569568});
 }
 
 TEST(TrainTorchParity, ThreeAdamWStepsWithLabelSmoothingEqualPyTorch) {
-    expect_matches({OptimizerKind::adamw, 0.01f, 0.1f, {1.46480048, 1.29475534, 1.1890403}, 17.5759416, -0.120946832,
-                    0.0107775666, 2.46825077});
+    expect_matches({OptimizerKind::adamw,
+                    0.01f,
+                    0.1f,
+                    {1.46480048, 1.29475534, 1.1890403},
+                    17.5759416,
+                    -0.120946832,
+                    0.0107775666,
+                    2.46825077});
 }
 
 TEST(TrainTorchParity, FreshSmallCnnStartsNearLogClasses) {
