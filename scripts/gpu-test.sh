@@ -6,7 +6,8 @@
 #   scripts/gpu-test.sh [LOG_DIR]
 #   DSTK_CUDA_ARCHS   architectures to build (default: native)
 #   DSTK_GPU_BENCH    which benchmarks: all (default), none, or names among
-#                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert
+#                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert;
+#                     bench-larger-than-ram (root, cgroup v2, ~7 minutes) runs only when named
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,10 @@ if [ "$benches" != none ]; then
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
     rm -rf "$work"
+    # Not part of "all": it needs root and most of a call's 10 minutes.
+    [[ " $benches " == *" bench-larger-than-ram "* ]] && SUMMARY_RE='u8 .*chunk|f32 .*chunk' \
+        step bench-larger-than-ram 540 scripts/bench-larger-than-ram.sh build-gpu/bin "$log/ltr"
+    [ -f "$log/ltr/table.txt" ] && cat "$log/ltr/disk.txt" "$log/ltr/table.txt" 2>/dev/null
 fi
 
 echo
