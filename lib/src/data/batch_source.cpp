@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dstk/enum_names.hpp"
+#include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
 #include "dstk/signals.hpp"
@@ -119,6 +120,24 @@ struct StreamParts {
         (void)y->take_io();
     }
     std::uint64_t host_bytes() const { return plan.total(); }
+    std::uint64_t host_allocated() const { return ring->host_bytes() + (cache ? cache->allocated_bytes() : 0); }
+};
+
+// The running hash of the batches a cpu source delivered (hash_batches).
+struct BatchHash {
+    bool on = false;
+    std::optional<Xxh64> h;
+    void add(const train::Batch& b, std::uint64_t sample_bytes) {
+        if (!on) return;
+        if (!h) h.emplace();
+        h->update(b.x, std::uint64_t{b.size} * sample_bytes);
+        h->update(b.y, std::uint64_t{b.size} * sizeof(std::int32_t));
+    }
+    void take(StageTimes& t) {
+        if (!on) return;
+        t.batch_hash = h ? h->digest() : 0;
+        h.reset();
+    }
 };
 
 // ---- stream, cpu backend: the host slot is the batch --------------------------
@@ -126,7 +145,9 @@ struct StreamParts {
 class HostStreamSource final : public BatchSource {
   public:
     HostStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : parts_(ds, f, c, c.prefetch, plain_host_memory()) {}
+        : parts_(ds, f, c, c.prefetch, plain_host_memory()) {
+        hash_.on = c.hash_batches;
+    }
 
     Placement placement() const override { return Placement::stream; }
     std::uint64_t samples() const override { return parts_.x->samples(); }
@@ -138,6 +159,7 @@ class HostStreamSource final : public BatchSource {
         const RingSlot* s = parts_.ring->acquire();
         if (!s) return false;
         out = {s->x, s->y, s->size};
+        hash_.add(out, parts_.x->sample_bytes());
         times_.batches += 1;
         times_.samples += s->size;
         times_.bytes += s->size * (parts_.x->sample_bytes() + 4);
@@ -147,14 +169,17 @@ class HostStreamSource final : public BatchSource {
     StageTimes take_times() override {
         StageTimes t = std::exchange(times_, {});
         parts_.take_times(t);
+        hash_.take(t);
         return t;
     }
     std::uint64_t device_bytes() const override { return parts_.ring->host_bytes(); }
     std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
+    std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
 
   private:
     StreamParts parts_;
     StageTimes times_;
+    BatchHash hash_;
 };
 
 // ---- resident sources: the whole split in one memory, batches by position ----
@@ -201,6 +226,7 @@ class HostResidentSource final : public ResidentSource {
   public:
     HostResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
         : ResidentSource(c, f.split->samples, f.x->sample_bytes()) {
+        hash_.on = c.hash_batches;
         const auto t0 = Clock::now();
         x_.resize(checked_mul(samples_, sample_bytes_, "split bytes"));
         y_.resize(samples_);
@@ -228,7 +254,13 @@ class HostResidentSource final : public ResidentSource {
             }
             out = {slot_x_.data(), slot_y_.data(), count};
         }
+        hash_.add(out, sample_bytes_);
         return true;
+    }
+    StageTimes take_times() override {
+        StageTimes t = ResidentSource::take_times();
+        hash_.take(t);
+        return t;
     }
     std::uint64_t device_bytes() const override {
         return x_.size() + y_.size() * 4 + slot_x_.size() + slot_y_.size() * 4;
@@ -238,6 +270,7 @@ class HostResidentSource final : public ResidentSource {
   private:
     std::vector<std::uint8_t> x_, slot_x_;
     std::vector<std::int32_t> y_, slot_y_;
+    BatchHash hash_;
 };
 
 #if defined(DSTK_HAVE_CUDA)
@@ -417,6 +450,7 @@ class DeviceStreamSource final : public BatchSource {
     }
     std::uint64_t device_bytes() const override { return bytes(config_, sample_bytes_); }
     std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
+    std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
 
   private:
     struct Slot {
@@ -593,7 +627,12 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
         if (c.direct) p.other += std::uint64_t{c.readers} * ((4ull << 20) + 8192);
         if (storage_chunk) p.other += cache_chunks_for(c) * storage_chunk * sb;
     } else {
-        p.min_cache = min_window_cache_bytes(order, sb, c.direct && x.storage == Storage::npy);
+        // Two windows, or the whole split where it is smaller: every chunk read once and held.
+        const bool slack = c.direct && x.storage == Storage::npy;
+        const std::uint64_t cs = std::max<std::uint64_t>(order.chunk_samples, 1);
+        const std::uint64_t whole =
+            split.samples * (sb + 4) + (split.samples + cs - 1) / cs * (slack ? 3 * 4096 : 4096);
+        p.min_cache = std::min(min_window_cache_bytes(order, sb, slack), whole);
         if (storage_chunk) p.other += std::uint64_t{io_threads_for(c)} * storage_chunk * sb; // compressed frames
         const std::uint64_t fixed = p.ring + p.other;
         if (c.host_mem != 0) {
@@ -606,7 +645,7 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
             p.cache = c.host_mem - fixed;
         } else {
             const std::uint64_t share = available / 4 > fixed ? available / 4 - fixed : 0;
-            p.cache = std::max(p.min_cache, std::min(share, 2 * p.min_cache));
+            p.cache = std::min(std::max(p.min_cache, std::min(share, 2 * p.min_cache)), whole);
             if (fixed + p.cache > available)
                 throw no_fit_error("--data stream needs " + format_bytes(fixed + p.cache) + " of host memory (ring " +
                                    format_bytes(p.ring) + " + two windows of " + std::to_string(order.window_chunks) +

@@ -39,6 +39,12 @@ void WindowCache::BufferFree::operator()(std::uint8_t* p) const noexcept {
     std::free(p);
 }
 
+// Buffers are counted when allocated and never uncounted: freed ones (the
+// tail chunk's, an epoch's leftovers) may stay in the allocator's pools.
+std::uint64_t WindowCache::allocated_bytes() const {
+    return allocated_.load();
+}
+
 struct WindowCache::Chunk {
     enum class State : std::uint8_t { queued, loading, ready, failed };
     std::uint64_t index = 0, first = 0, count = 0, bytes = 0, x_bytes = 0;
@@ -249,7 +255,10 @@ void WindowCache::load(Chunk& c) {
             pool_.pop_back();
         }
     }
-    if (!c.x) c.x.reset(static_cast<std::uint8_t*>(std::aligned_alloc(buffer_align, buf_bytes)));
+    if (!c.x) {
+        c.x.reset(static_cast<std::uint8_t*>(std::aligned_alloc(buffer_align, buf_bytes)));
+        if (c.x) allocated_ += buf_bytes;
+    }
     if (!c.x)
         throw no_fit_error("cannot allocate " + format_bytes(buf_bytes) +
                            " of host memory for a chunk of the window cache; lower --host-mem or --window");

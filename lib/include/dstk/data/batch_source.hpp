@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -63,6 +64,10 @@ struct SourceConfig {
     // stream: host memory for ring + window cache + reader buffers (--host-mem);
     // 0: chosen from the memory available (plan_host_memory).
     std::uint64_t host_mem = 0;
+    // cpu: an XXH64 of every batch's bytes and labels, in order, per epoch
+    // (StageTimes::batch_hash): two placements deliver the same batches iff
+    // their hashes agree (dstrain --log-json).
+    bool hash_batches = false;
     std::function<void(const std::string&)> notice; // messages for the user (O_DIRECT refused at open)
     std::function<void(const std::string&)> warn;   // warnings (O_DIRECT refused mid-run); from reader threads
 };
@@ -77,6 +82,7 @@ struct StageTimes {
     std::uint64_t batches = 0, samples = 0, bytes = 0;
     IoCounters io;                // stream: reads of the input field (chunk reads through the window cache)
     std::uint64_t cache_peak = 0; // stream: most bytes the window cache held at once (since the source was built)
+    std::optional<std::uint64_t> batch_hash; // with SourceConfig::hash_batches: the batches since the last take
 };
 
 // Host memory of the stream placement, known before it is built: the host
@@ -114,6 +120,8 @@ class BatchSource {
     virtual StageTimes take_times() = 0;
     virtual std::uint64_t device_bytes() const = 0; // backend memory held: slots or the resident split
     virtual std::uint64_t host_bytes() const = 0;   // host memory held: ring, reader buffers, decoded chunks
+    // Of host_bytes(), what is allocated now (a window cache fills as it reads).
+    virtual std::uint64_t host_allocated() const { return host_bytes(); }
 };
 
 // Opens `split` of `dataset` (fields manifest().input_field / label_field).

@@ -15,6 +15,7 @@
 //
 // The order is the EpochOrder's: the cache changes which reads are issued,
 // never which sample is at which position.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -66,6 +67,7 @@ class WindowCache {
     void cancel();
     CacheStats take_stats();
     std::uint64_t held_bytes() const;
+    std::uint64_t allocated_bytes() const; // chunk buffers and labels allocated now, pooled ones included
 
   private:
     struct BufferFree {
@@ -100,6 +102,7 @@ class WindowCache {
     double io_seconds_ = 0;
     std::vector<Buffer> pool_; // free chunk buffers of pooled_bytes_
     std::uint64_t pooled_bytes_ = 0;
+    std::atomic<std::uint64_t> allocated_{0};
     std::vector<std::thread> threads_;
 };
 
