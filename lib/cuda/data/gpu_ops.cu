@@ -204,7 +204,7 @@ void consume_async(const void* p, std::uint64_t bytes, unsigned long long* sink,
     else
         consume_kernel<unsigned char>
             <<<blocks, 256, 0, as_stream(stream)>>>(static_cast<const unsigned char*>(p), words, sink);
-    DSTK_DATA_CUDA(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
 
 } // namespace dstk::data::gpu
