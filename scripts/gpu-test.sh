@@ -7,6 +7,8 @@
 #   DSTK_CUDA_ARCHS   architectures to build (default: native)
 #   DSTK_GPU_BENCH    which benchmarks: all (default), none, or names among
 #                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert
+#                     python-loader (builds the Python package offline: nanobind and
+#                     scikit-build-core wheels in .whl/ when not installed)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +67,19 @@ if [ "$benches" != none ]; then
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
+    if want python-loader; then
+        # The package into the system's python3 (PyTorch's), offline.
+        export PIP_BREAK_SYSTEM_PACKAGES=1
+        SUMMARY_RE='Successfully|error' step python-install 300 bash -c '
+            python3 -c "import nanobind, scikit_build_core" 2>/dev/null ||
+                python3 -m pip install --no-index --find-links .whl nanobind scikit-build-core || exit 1
+            python3 -c "import pytest" 2>/dev/null || python3 -m pip install --no-index --find-links .whl pytest || exit 1
+            python3 -m pip install -v --no-build-isolation --no-deps --no-index \
+                -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
+        SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
+        SUMMARY_RE='dstk / reference' step python-loader 330 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
+            ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"}
+    fi
     rm -rf "$work"
 fi
 
