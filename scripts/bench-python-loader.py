@@ -89,8 +89,8 @@ def worker(a):
         free0 = torch.cuda.mem_get_info()[0]
         info = {}
         if way == "reference":
-            x = torch.from_numpy(np.asarray(xf.numpy())).cuda().float().sub_(mean).div_(std)
-            y = torch.from_numpy(np.asarray(yf.numpy())).cuda().long()
+            x = torch.from_numpy(np.array(xf.numpy())).cuda().float().sub_(mean).div_(std)
+            y = torch.from_numpy(np.array(yf.numpy())).cuda().long()
             k = n // a.batch
             rate = timed(forever(lambda: ((x[i * a.batch:(i + 1) * a.batch], y[i * a.batch:(i + 1) * a.batch])
                                           for i in range(k))), 30)
