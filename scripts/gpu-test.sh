@@ -7,8 +7,9 @@
 #   DSTK_CUDA_ARCHS   architectures to build (default: native)
 #   DSTK_GPU_BENCH    which benchmarks: all (default), none, or names among
 #                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert
-#                     python-loader (builds the Python package offline: nanobind and
-#                     scikit-build-core wheels in .whl/ when not installed)
+#                     python-loader (only when named: builds the Python package offline
+#                     into python3, runs its tests and scripts/bench-python-loader.py;
+#                     DSTK_PY_CGROUP=4G adds its larger-than-RAM run)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,13 +68,14 @@ if [ "$benches" != none ]; then
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
-    if want python-loader; then
-        # The package into the system's python3 (PyTorch's), offline.
+    if [[ " $benches " == *" python-loader "* ]]; then
+        # The package into the python3 that holds PyTorch, offline (no build
+        # isolation); nanobind, scikit-build-core, pytest from .whl/ only where
+        # that python3 lacks them.
         export PIP_BREAK_SYSTEM_PACKAGES=1
-        SUMMARY_RE='Successfully|error' step python-install 300 bash -c '
-            python3 -c "import nanobind, scikit_build_core" 2>/dev/null ||
-                python3 -m pip install --no-index --find-links .whl nanobind scikit-build-core || exit 1
-            python3 -c "import pytest" 2>/dev/null || python3 -m pip install --no-index --find-links .whl pytest || exit 1
+        SUMMARY_RE='Successfully|rror' step python-install 300 bash -c '
+            python3 -c "import nanobind, scikit_build_core, pytest" 2>/dev/null ||
+                python3 -m pip install -q --no-index --find-links .whl nanobind scikit-build-core pytest || exit 1
             python3 -m pip install -v --no-build-isolation --no-deps --no-index \
                 -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
         SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
