@@ -81,8 +81,9 @@ Loader::Loader(const std::filesystem::path& dir, const LoaderConfig& config)
 #if defined(DSTK_HAVE_CUDA)
     if (on_gpu()) {
         data::gpu::set_device(config_.source.device.index);
-        slots_ = std::make_shared<DeviceSlots>(config_.keep + 1, std::uint64_t{config_.source.batch} * out_sample_bytes(),
-                                               config_.source.batch, mean_, inv_std_);
+        slots_ =
+            std::make_shared<DeviceSlots>(config_.keep + 1, std::uint64_t{config_.source.batch} * out_sample_bytes(),
+                                          config_.source.batch, mean_, inv_std_);
         config_.source.compute_stream = slots_->stream;
     }
 #endif
@@ -106,14 +107,16 @@ void Loader::resolve_stats(const Dataset& ds) {
         if (config_.mean.size() != channels_ || config_.std.size() != channels_)
             throw usage_error("mean and std have " + std::to_string(config_.mean.size()) + " and " +
                               std::to_string(config_.std.size()) + " values but '" + x_->name + "' (" +
-                              x_->shape.str() + ") has " + std::to_string(channels_) + " channels; give one per channel");
+                              x_->shape.str() + ") has " + std::to_string(channels_) +
+                              " channels; give one per channel");
         mean_ = config_.mean;
         std_ = config_.std;
     } else {
         const auto& stats = ds.manifest().stats;
         if (!stats || stats->mean.size() != channels_ || stats->std.size() != channels_)
             throw usage_error(ds.dir().string() + "/dataset.json has no per-channel mean and std for " +
-                              std::to_string(channels_) + " channels (the loader normalises with them); pass mean= "
+                              std::to_string(channels_) +
+                              " channels (the loader normalises with them); pass mean= "
                               "and std=, or normalize=False");
         for (std::uint32_t c = 0; c < channels_; ++c) {
             mean_.push_back(static_cast<float>(stats->mean[c]));

@@ -26,9 +26,9 @@ namespace dstk::py {
 
 struct LoaderConfig {
     std::string split = "train";
-    data::SourceConfig source; // placement resolved, device, order, batch, prefetch, readers, direct
-    bool convert = true;       // float32 (x - mean) / std; off: the stored dtype as is
-    bool normalize = true;     // off: plain float (mean 0, std 1)
+    data::SourceConfig source;    // placement resolved, device, order, batch, prefetch, readers, direct
+    bool convert = true;          // float32 (x - mean) / std; off: the stored dtype as is
+    bool normalize = true;        // off: plain float (mean 0, std 1)
     std::vector<float> mean, std; // per channel in stored units; empty: the manifest's stats
     unsigned keep = 2;            // cuda: batches a consumer may hold besides the newest
 };
@@ -86,9 +86,9 @@ class Loader {
     std::uint32_t channels_ = 1;
     std::uint64_t hw_ = 1;
     std::vector<float> mean_, std_, inv_std_;
-    std::shared_ptr<DeviceSlots> slots_;   // cuda
+    std::shared_ptr<DeviceSlots> slots_; // cuda
     std::unique_ptr<data::BatchSource> source_;
-    std::uint64_t taken_ = 0;      // batches taken since construction (cuda slot turns)
+    std::uint64_t taken_ = 0;     // batches taken since construction (cuda slot turns)
     std::uintptr_t consumer_ = 0; // cuda: the consumer's stream (0: the legacy default stream)
 };
 
