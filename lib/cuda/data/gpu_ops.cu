@@ -142,8 +142,8 @@ void copy_d2d_async(void* dst, const void* src, std::uint64_t bytes, void* strea
 }
 
 void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std::uint32_t n, std::uint32_t channels,
-                         std::uint64_t hw, const float* mean, const float* inv_std, float* x_out,
-                         std::int32_t* y_out, void* stream) {
+                         std::uint64_t hw, const float* mean, const float* inv_std, float* x_out, std::int32_t* y_out,
+                         void* stream) {
     train::cuda::launch_convert_input(x, dtype, y, n, channels, hw, mean, inv_std, x_out, train::cuda::ActType::f32,
                                       true, channels, y_out, as_stream(stream));
 }

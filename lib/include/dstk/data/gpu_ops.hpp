@@ -42,8 +42,8 @@ void copy_d2d_async(void* dst, const void* src, std::uint64_t bytes, void* strea
 // f16, f32) for consumers outside the trainer (the Python loader). mean and
 // inv_std: `channels` floats in device memory.
 void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std::uint32_t n, std::uint32_t channels,
-                         std::uint64_t hw, const float* mean, const float* inv_std, float* x_out,
-                         std::int32_t* y_out, void* stream);
+                         std::uint64_t hw, const float* mean, const float* inv_std, float* x_out, std::int32_t* y_out,
+                         void* stream);
 
 // dst row i = src row idx[i] (rows of row_bytes bytes), x and labels at once;
 // idx in device (or managed) memory.
