@@ -1,5 +1,4 @@
 """dstk.Loader on the cpu backend: orders, conversion, resume, errors, Ctrl-C."""
-import os
 import signal
 import subprocess
 import sys

@@ -1,7 +1,6 @@
 """The README tour's Python example runs (on the CPU without a GPU: NumPy batches)."""
 import re
 import types
-from pathlib import Path
 
 import numpy as np
 
