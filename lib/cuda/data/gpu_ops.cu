@@ -7,7 +7,7 @@
 
 #include "cuda_check.hpp"
 #include "dstk/error.hpp"
-#include "train/kernels.hpp"
+#include "train/input_layout.hpp"
 
 namespace dstk::data::gpu {
 namespace {
