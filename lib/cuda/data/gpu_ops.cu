@@ -138,7 +138,7 @@ void copy_d2h(void* dst, const void* src, std::uint64_t bytes) {
 }
 
 void copy_d2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream) {
-    DSTK_DATA_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
 }
 
 void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std::uint32_t n, std::uint32_t channels,
