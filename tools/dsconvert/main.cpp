@@ -82,22 +82,13 @@ int main(int argc, char** argv) {
         if (input.empty() && !o.benchmark) throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
         if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
         o.from = parse_input_format(from);
-        if (!to.empty()) {
-            if (to == "dataset")
-                o.to = OutputFormat::dataset;
-            else if (to == "npy")
-                o.to = OutputFormat::npy;
-            else if (to == "raw")
-                o.to = OutputFormat::raw;
-            else
-                throw usage_error("invalid --to '" + to + "' (expected dataset, npy or raw)");
-        }
+        if (!to.empty()) o.to = parse_output_format(to);
         if (!dtype.empty()) o.dtype = parse_dtype(dtype, "--dtype");
         if (!shape.empty()) o.raw.shape = parse_shape(shape, "--shape");
         if (!in_dtype.empty()) o.raw.dtype = parse_dtype(in_dtype, "--in-dtype");
         o.raw.label_dtype = parse_dtype(label_dtype, "--label-dtype");
-        o.raw.layout = parse_layout(layout);
-        o.out_layout = parse_layout(out_layout);
+        o.raw.layout = parse_layout(layout, "--layout");
+        o.out_layout = parse_layout(out_layout, "--out-layout");
         if (!chunk_samples.empty()) o.chunk_samples = parse_count(chunk_samples, "--chunk-samples");
         if (!chunk_size.empty()) o.chunk_bytes = parse_size(chunk_size, "--chunk-size");
         if (app.count("--chunk-samples") && o.chunk_samples == 0)

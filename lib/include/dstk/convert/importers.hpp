@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dstk/dtype.hpp"
+#include "dstk/layout.hpp"
 #include "dstk/manifest.hpp"
 #include "dstk/shape.hpp"
 
@@ -25,9 +26,6 @@ class ThreadPool;
 enum class InputFormat { automatic, dataset, npy, npz, raw, v28b, idx, cifar10 };
 std::string_view input_format_name(InputFormat f);
 InputFormat parse_input_format(std::string_view name); // usage error listing the names
-
-enum class Layout { sample_major, feature_major };
-Layout parse_layout(std::string_view name); // "sample-major" | "feature-major"
 
 // Sequential reader of one field: samples in order, whole samples only.
 class FieldStream {
