@@ -24,7 +24,9 @@ namespace {
 void open_input(Job& j) {
     const ConvertOptions& o = j.o;
     j.src = open_source(o.input, o.from, o.raw, j.pool);
+    for (const std::string& n : j.src.notices) note(o.out, n);
     j.x_name = j.src.manifest ? j.src.manifest->input_field : "x";
+    j.y_name = j.src.manifest ? j.src.manifest->label_field : "y";
     // Raw stdin without --labels: the count is what arrives before the pipe ends.
     for (const auto& sp : j.src.splits) j.count_known &= sp.count_known;
     if (!j.count_known) {
@@ -57,8 +59,15 @@ void plan_fields(Job& j) {
                                 j.src.splits.front().name +
                                 "' (a dataset's splits must share fields, dtypes and shapes)");
     }
-    for (std::size_t i = 0; i < j.fields.size(); ++i)
-        if (j.fields[i].name == j.x_name) j.x_index = i;
+    for (std::size_t i = 0; i < j.fields.size(); ++i) {
+        FieldPlan& p = j.fields[i];
+        if (p.name == j.x_name) j.x_index = i;
+        // Labels of any integer type become i32, the type dstrain reads.
+        if (p.name == j.y_name && !is_float(p.in) && p.shape.numel() == 1) {
+            p.label = true;
+            p.out = DType::i32;
+        }
+    }
     FieldPlan* xp = j.x();
     if ((o.dtype || o.scale || o.offset || !o.range.empty()) && !xp)
         throw usage_error("the input has no field '" + j.x_name + "' to convert");
@@ -213,10 +222,10 @@ void prepare_output(Job& j) {
     } else if (st.to == OutputFormat::dataset) {
         j.writer.emplace(o.output, o.force);
         j.out_dir = j.writer->tmp_dir();
-    } else {
+    } else if (o.output != "-") {
         check_overwrite(o.output, o.force);
     }
-    if (!st.zstd && !o.force) check_free_disk(j.out_dir, estimate);
+    if (!st.zstd && !o.force && o.output != "-") check_free_disk(j.out_dir, estimate);
 }
 
 // --resume: complete splits are kept, the split in progress continues after
@@ -291,6 +300,7 @@ Manifest output_manifest(Job& j, Manifest m) {
     } else {
         m.num_classes = j.src.num_classes;
     }
+    if (const auto classes = check_labels(j); classes && (o.num_classes || !m.num_classes)) m.num_classes = classes;
     bool has_label = false;
     for (const auto& p : j.fields) has_label |= p.name == m.label_field;
     if (!has_label) m.label_field.clear();

@@ -39,6 +39,7 @@ struct Job {
 
     Source src;
     std::string x_name;      // the input field (x), which --dtype and the mapping apply to
+    std::string y_name;      // the label field (y)
     bool count_known = true; // false: raw stdin without labels, counted when it ends
     std::vector<FieldPlan> fields;
     std::optional<std::size_t> x_index;
@@ -58,6 +59,8 @@ struct Job {
 };
 
 void stream_input(Job& job);
+// After the stream: labels in 0 .. 2^31-1 and below --num-classes; the class count.
+std::optional<std::uint32_t> check_labels(const Job& job);
 void report(Job& job, double seconds);
 void run_verify(const ConvertOptions& o);
 

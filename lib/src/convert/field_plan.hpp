@@ -24,6 +24,10 @@ struct FieldPlan {
     bool convert = false;
     std::uint64_t in_bytes = 0, out_bytes = 0; // per sample
     ConversionStats stats;
+    // Integer class labels: stored as i32; their range is checked and gives
+    // the class count.
+    bool label = false;
+    double label_lo = 0, label_hi = -1; // lo > hi: none seen yet
 };
 
 // The manifest entry of field `p` in output split `split`: zstd-chunked

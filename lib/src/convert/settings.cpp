@@ -85,6 +85,14 @@ Settings check_settings(const ConvertOptions& o) {
             throw usage_error("invalid " + std::string(name) + " " + std::to_string(*value) +
                               " (the mapping must be finite: a non-finite " + name +
                               " turns every value into NaN or Inf); give a finite number");
+    if (o.output == "-" && (!o.to || *o.to == OutputFormat::dataset))
+        throw usage_error("OUTPUT '-' is stdout, which holds one array: give --to npy or --to raw (a dataset is a "
+                          "directory)");
+    if (o.output == "-" && o.out.json)
+        throw usage_error("--json prints on stdout, which OUTPUT '-' already uses; drop one (--report-json FILE "
+                          "writes the report elsewhere)");
+    if (o.num_classes && *o.num_classes < 2)
+        throw usage_error("invalid --num-classes " + std::to_string(*o.num_classes) + " (at least 2)");
     Settings s;
     s.level = parse_compress(o.compress, s.zstd);
     s.to = o.to.value_or(OutputFormat::dataset);

@@ -151,6 +151,39 @@ class NullSink final : public FieldSink {
     FieldInfo finish() override { return {}; }
 };
 
+// OUTPUT '-': the file's bytes in order on stdout (sample-major only: a pipe
+// cannot seek).
+class StdoutSink final : public FieldSink {
+  public:
+    StdoutSink(DType dtype, const Shape& shape, std::optional<std::uint64_t> samples, bool npy, Layout layout)
+        : sample_bytes_(sample_bytes(shape, dtype)) {
+        if (layout == Layout::feature_major)
+            throw usage_error("--out-layout feature-major cannot be written to stdout (it needs to seek); give a file");
+        if (npy && !samples)
+            throw usage_error("a .npy on stdout needs the sample count in its header before the data, which raw "
+                              "stdin gives only at its end; write --to raw, or give --labels FILE");
+        if (npy) {
+            const std::string h = npy_header_for(dtype, shape, *samples);
+            write_all(STDOUT_FILENO, h.data(), h.size(), -1, "<stdout>");
+            header_ = h.size();
+        }
+        info_.dtype = dtype;
+        info_.shape = shape;
+    }
+    void append(const void* data, std::uint64_t count) override {
+        write_all(STDOUT_FILENO, data, count * sample_bytes_, -1, "<stdout>");
+        written_ += count;
+    }
+    FieldInfo finish() override {
+        info_.bytes = header_ + written_ * sample_bytes_;
+        return info_;
+    }
+
+  private:
+    std::uint64_t sample_bytes_, header_ = 0, written_ = 0;
+    FieldInfo info_;
+};
+
 } // namespace
 
 void align_batches(std::vector<std::unique_ptr<FieldSink>>& sinks) {
@@ -171,6 +204,7 @@ std::unique_ptr<FieldSink> make_unknown_count_npy_sink(fs::path path, FieldInfo 
 
 std::unique_ptr<FieldSink> make_file_sink(const fs::path& out, bool force, DType dtype, const Shape& shape,
                                           std::optional<std::uint64_t> samples, bool npy, Layout layout) {
+    if (out == "-") return std::make_unique<StdoutSink>(dtype, shape, samples, npy, layout);
     return std::make_unique<FileSink>(out, force, dtype, shape, samples, npy, layout);
 }
 

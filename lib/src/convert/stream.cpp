@@ -102,6 +102,7 @@ class Streamer {
                 p.stats.bytes_out += n * p.out_bytes;
             }
             ptrs[f] = p.convert ? out[f].data() : in[f].data();
+            if (p.label) finite_range(p.in, in[f].data(), n, p.label_lo, p.label_hi);
         }
         return ptrs;
     }
@@ -114,6 +115,26 @@ class Streamer {
 };
 
 } // namespace
+
+std::optional<std::uint32_t> check_labels(const Job& j) {
+    for (const FieldPlan& p : j.fields) {
+        if (!p.label || p.label_lo > p.label_hi) continue;
+        const std::string what =
+            j.o.input.string() + ": labels ('" + p.name + "', " + std::string(dtype_name(p.in)) + ")";
+        if (p.label_lo < 0)
+            throw runtime_error(what + " include " + std::to_string(static_cast<long long>(p.label_lo)) +
+                                " (class labels are indices 0 .. N-1); shift them with numpy before converting");
+        if (p.label_hi > 2147483646.0)
+            throw runtime_error(what + " reach " + std::to_string(static_cast<long long>(p.label_hi)) +
+                                ", beyond the i32 they are stored as (class labels are indices 0 .. N-1)");
+        const auto top = static_cast<std::uint32_t>(p.label_hi);
+        if (j.o.num_classes && top >= *j.o.num_classes)
+            throw usage_error("--num-classes " + std::to_string(*j.o.num_classes) + " is too small: " + what +
+                              " reach " + std::to_string(top) + "; give at least " + std::to_string(top + 1));
+        return j.o.num_classes.value_or(top + 1);
+    }
+    return j.o.num_classes;
+}
 
 void stream_input(Job& j) {
     Progress progress("converting", j.count_known ? j.total_samples : 0, 0, j.o.out);

@@ -127,18 +127,84 @@ Source open_idx_file(const fs::path& path) {
     return s;
 }
 
-// --labels FILE: field y of a single-split raw or IDX-file source. Images
-// from stdin take their split name from an IDX-style label file name
+// An IDX file (plain or gzip) by its first bytes: gzip's magic, or IDX's
+// two zero bytes and a known element type.
+bool looks_like_idx(const fs::path& path) {
+    const File f(path);
+    if (f.bytes < 4) return false;
+    const auto head = f.read_at(0, 4);
+    if (head[0] == 0x1f && head[1] == 0x8b) return true;
+    return head[0] == 0 && head[1] == 0 && (head[2] == 0x08 || head[2] == 0x09 || (head[2] >= 0x0B && head[2] <= 0x0E));
+}
+
+namespace {
+
+// Every sample of the single scalar field of a labels source, in memory.
+SourceField labels_in_memory(Source src, const fs::path& labels, std::uint64_t& count) {
+    std::size_t arrays = 0;
+    for (const auto& sp : src.splits) arrays += sp.fields.size();
+    if (arrays != 1)
+        bad_input(labels.string(), "holds " + std::to_string(arrays) +
+                                       " arrays; a --labels file holds one (the labels of the images, in order)");
+    SourceSplit& sp = src.splits.front();
+    SourceField& f = sp.fields.front();
+    if (f.shape.numel() != 1)
+        bad_input(labels.string(), "holds samples of shape " + f.shape.str() + "; labels are one value per sample");
+    count = sp.samples;
+    std::vector<std::uint8_t> data(checked_mul(count, dtype_size(f.dtype), "labels size"));
+    f.stream->read(count, data.data());
+    SourceField y;
+    y.name = "y";
+    y.dtype = f.dtype;
+    y.stream = std::make_unique<MemoryField>(std::move(data), dtype_size(f.dtype));
+    return y;
+}
+
+// A raw labels file: --label-dtype elements, one per sample.
+Source raw_labels(const fs::path& labels, DType dtype) {
+    auto f = std::make_shared<File>(labels);
+    Source s;
+    SourceSplit sp;
+    sp.name = "train";
+    sp.samples = whole_samples(*f, dtype_size(dtype), "labels");
+    sp.fields.push_back(raw_field(f, "y", dtype, Shape{}, Layout::sample_major, sp.samples));
+    s.splits.push_back(std::move(sp));
+    return s;
+}
+
+} // namespace
+
+// --labels FILE: field y of a single-split source: .npy, .npz (one array),
+// IDX (plain or gzip; stdin '-') or raw (--label-dtype). Images from stdin
+// take their split name from an IDX-style label file name
 // (t10k-labels-idx1-ubyte.gz: test).
-void attach_labels(Source& s, const fs::path& images, const fs::path& labels) {
+void attach_labels(Source& s, const fs::path& images, const RawInputOptions& raw) {
+    const fs::path& labels = raw.labels;
+    if (s.splits.size() != 1)
+        throw usage_error("--labels gives the labels of one set of images; '" + images.string() + "' has " +
+                          std::to_string(s.splits.size()) + " splits");
     SourceSplit& split = s.splits.front();
+    for (const auto& f : split.fields)
+        if (f.name == "y")
+            throw usage_error("--labels: '" + images.string() + "' already holds labels (field y); drop --labels");
     std::string prefix;
     bool is_images = false;
     if (images == "-" && idx_name(labels.filename().string(), prefix, is_images) && !is_images)
         split.name = split_for_prefix(prefix);
     std::uint64_t count = 0;
-    std::uint32_t classes = 0;
-    auto data = load_idx_labels(labels, count, classes);
+    SourceField y;
+    const std::string ext = lower(labels.extension().string());
+    if (labels != "-" && (ext == ".npy" || ext == ".npz")) {
+        y = labels_in_memory(ext == ".npy" ? open_npy(labels) : open_npz(labels, RawInputOptions{}), labels, count);
+    } else if (labels == "-" || looks_like_idx(labels)) {
+        std::uint32_t classes = 0;
+        y.name = "y";
+        y.dtype = DType::i32;
+        y.stream = std::make_unique<MemoryField>(load_idx_labels(labels, count, classes), 4);
+        if (classes) s.num_classes = classes;
+    } else {
+        y = labels_in_memory(raw_labels(labels, raw.label_dtype), labels, count);
+    }
     if (!split.count_known) {
         split.samples = count; // stdin images: the labels give the count
         split.count_known = true;
@@ -146,12 +212,7 @@ void attach_labels(Source& s, const fs::path& images, const fs::path& labels) {
         bad_input(labels.string(), "has " + std::to_string(count) + " labels but the images have " +
                                        std::to_string(split.samples) + " samples");
     }
-    SourceField y;
-    y.name = "y";
-    y.dtype = DType::i32;
-    y.stream = std::make_unique<MemoryField>(std::move(data), 4);
     split.fields.push_back(std::move(y));
-    if (classes) s.num_classes = classes;
 }
 
 } // namespace dstk::import

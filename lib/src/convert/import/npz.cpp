@@ -1,6 +1,8 @@
 // .npz archives: stored or deflated members, zip64; arrays found by name.
 #include "formats.hpp"
 
+#include <map>
+
 namespace dstk::import {
 
 // ---- .npz ---------------------------------------------------------------
@@ -19,7 +21,47 @@ std::pair<std::string, std::string> npz_split_field(std::string name) {
     return {"train", name};
 }
 
-Source open_npz(const fs::path& path) {
+// The arrays' fields named x and y: as --x-array/--y-array say, else by the
+// usual names (images/labels, data/target, X/y, features/targets); a lone
+// array (numpy's arr_0) is x.
+void name_npz_fields(std::vector<SourceSplit>& splits, std::map<std::string, std::string>& member_of,
+                     const RawInputOptions& raw, const std::string& where) {
+    std::size_t arrays = 0;
+    for (const auto& sp : splits) arrays += sp.fields.size();
+    for (auto& sp : splits) {
+        auto rename = [&](const std::string& from, const std::string& to) {
+            SourceField* hit = nullptr;
+            for (auto& f : sp.fields)
+                if (f.name == from || member_of[sp.name + "/" + f.name] == from) hit = &f;
+            if (!hit || hit->name == to) return hit != nullptr;
+            for (const auto& f : sp.fields)
+                if (f.name == to)
+                    bad_input(where, "array '" + from + "' would become field '" + to + "', which split '" + sp.name +
+                                         "' already has");
+            hit->name = to;
+            return true;
+        };
+        bool x_found = !raw.x_array.empty() && rename(raw.x_array, "x");
+        bool y_found = !raw.y_array.empty() && rename(raw.y_array, "y");
+        if (arrays == 1 && !x_found && !y_found) x_found = rename(sp.fields.front().name, "x");
+        static const std::pair<const char*, const char*> usual[] = {
+            {"images", "labels"}, {"data", "target"}, {"X", "Y"}, {"X", "y"}, {"features", "targets"}, {"inputs", "targets"}};
+        for (const auto& [xn, yn] : usual) {
+            if (!x_found) x_found = rename(xn, "x");
+            if (!y_found) y_found = rename(yn, "y");
+        }
+    }
+    for (const auto& [opt, name] : {std::pair{"--x-array", raw.x_array}, std::pair{"--y-array", raw.y_array}}) {
+        if (name.empty()) continue;
+        bool found = false;
+        for (const auto& [key, member] : member_of) found |= member == name || key.substr(key.find('/') + 1) == name;
+        for (const auto& sp : splits)
+            for (const auto& f : sp.fields) found |= f.name == (std::string(opt) == "--x-array" ? "x" : "y");
+        if (!found) throw usage_error(std::string(opt) + " " + name + ": " + where + " has no such array");
+    }
+}
+
+Source open_npz(const fs::path& path, const RawInputOptions& raw) {
     auto f = std::make_shared<File>(path);
     const std::string where = path.string();
     const std::uint64_t tail_bytes = std::min<std::uint64_t>(f->bytes, 1 << 20);
@@ -30,9 +72,11 @@ Source open_npz(const fs::path& path) {
     s.description = ".npz archive";
     std::map<std::string, SourceSplit> splits;
     std::vector<std::string> order;
+    std::map<std::string, std::string> member_of; // "split/field" -> member name without .npy
     auto add = [&](const std::string& member, SourceField sf, std::uint64_t samples) {
         auto [split, field] = npz_split_field(member);
         sf.name = field;
+        member_of[split + "/" + field] = member.substr(0, member.size() - 4);
         SourceSplit& sp = splits[split];
         if (sp.name.empty()) {
             order.push_back(split);
@@ -110,6 +154,7 @@ Source open_npz(const fs::path& path) {
     }
     if (order.empty()) bad_input(where, "holds no .npy arrays");
     for (const std::string& name : order) s.splits.push_back(std::move(splits[name]));
+    name_npz_fields(s.splits, member_of, raw, where);
     return s;
 }
 
