@@ -3,13 +3,12 @@
 
 #include "dstk/cli.hpp"
 #include "dstk/run/train_run.hpp"
-#include "dstk/train/run.hpp"
 #include "dstk/units.hpp"
 
 int main(int argc, char** argv) {
     using namespace dstk;
     using namespace dstk::train;
-    RunOptions o;
+    run::TrainOptions o;
     OutputOptions out;
     std::string dataset, optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB";
     float lr = 0.0f;
@@ -51,8 +50,8 @@ int main(int argc, char** argv) {
                  "is always deterministic)");
     app.add_option("--log-json", o.log_json,
                    "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
-    data::DataRunOptions d;
-    data::add_data_run_options(app, d);
+    run::DataOptions d;
+    run::add_data_options(app, d);
     add_output_options(app, out);
 
     return run_tool(app, argc, argv, [&] {
@@ -65,7 +64,7 @@ int main(int argc, char** argv) {
         if (!device.empty()) o.device = parse_device(device);
         o.workspace = parse_size(workspace, "--workspace");
         o.command_line = command_line(argc, argv);
-        const RunReport r = data::run_training(o, d, out);
-        if (out.json) std::fputs(run_report_json(r).c_str(), stdout);
+        const run::RunReport r = run::run_training(o, d, out);
+        if (out.json) std::fputs(run::run_report_json(r).c_str(), stdout);
     });
 }
