@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dstk/error.hpp"
+#include "dstk/manifest.hpp"
 #include "dstk/output.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/sysinfo.hpp"
@@ -142,10 +143,21 @@ void check_free_disk(const fs::path& dir, std::uint64_t bytes) {
                            "); free some space, write elsewhere, or use --force to skip this check");
 }
 
+void check_replaceable_dir(const fs::path& dir) {
+    std::error_code ec;
+    if (!fs::is_directory(fs::symlink_status(dir, ec)) || fs::is_empty(dir, ec) ||
+        fs::exists(dir / manifest_file_name, ec))
+        return;
+    throw usage_error("output '" + dir.string() + "' is a directory but not a dataset (no " +
+                      std::string(manifest_file_name) +
+                      "); --force replaces only what a dstk tool wrote: remove it yourself, or choose another name");
+}
+
 AtomicDir::AtomicDir(fs::path final_path, bool force) : final_(std::move(final_path)), force_(force) {
     while (final_.has_filename() == false && final_.has_parent_path() && final_ != final_.root_path())
         final_ = final_.parent_path(); // "out/" -> "out"
     check_overwrite(final_, force);
+    check_replaceable_dir(final_);
     remove_stale_staging(final_);
     tmp_ = temp_sibling(final_);
     register_temp_path(tmp_);

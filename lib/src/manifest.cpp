@@ -212,8 +212,8 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
         }
         m.splits.push_back(std::move(split));
     }
-    check_named_fields(m, [&](const std::string& key, const std::string& why) { r.fail(key, why); },
-                       doc.contains("label_field"));
+    check_named_fields(
+        m, [&](const std::string& key, const std::string& why) { r.fail(key, why); }, doc.contains("label_field"));
     if (doc.contains("stats")) {
         const json& st = doc["stats"];
         ChannelStats cs;

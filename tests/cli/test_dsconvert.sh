@@ -302,4 +302,10 @@ expect_stderr "not a regular file or directory"
 expect_true "the symlink is kept" test -L link.npy
 expect_true "its target is untouched" grep -q keep target.txt
 
+# --force replaces a dataset, not any directory.
+mkdir -p notds && echo mine >notds/keep
+expect_exit 2 "$D" x.npy notds --force
+expect_stderr "is a directory but not a dataset"
+expect_file notds/keep
+
 finish

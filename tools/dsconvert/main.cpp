@@ -59,7 +59,8 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
                    "split, field x)");
     app.add_option("--shape", t.shape, "Per-sample shape of raw and v28b inputs, e.g. 3x32x32");
     app.add_option("--in-dtype", t.in_dtype, "Element type of raw inputs (required) and v28b images (default f32)");
-    app.add_option("--label-dtype", t.label_dtype, "Element type of v28b labels_*.bin and of a raw --labels file")->capture_default_str();
+    app.add_option("--label-dtype", t.label_dtype, "Element type of v28b labels_*.bin and of a raw --labels file")
+        ->capture_default_str();
     app.add_option("--labels", o.raw.labels,
                    "Labels (field y) of an image array: .npy, .npz with one array, IDX (plain or .gz) or raw "
                    "(--label-dtype), one per sample; with raw stdin it also sets the sample count");

@@ -98,6 +98,7 @@ ResumableOutput::ResumableOutput(const fs::path& final_path, const std::string& 
     while (!final_.has_filename() && final_.has_parent_path() && final_ != final_.root_path())
         final_ = final_.parent_path();
     check_overwrite(final_, force);
+    check_replaceable_dir(final_);
     const fs::path parent = final_.parent_path().empty() ? fs::path(".") : final_.parent_path();
     dir_ = parent / ("." + final_.filename().string() + ".partial");
     const fs::path state = dir_ / "resume.json";

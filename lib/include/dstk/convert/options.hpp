@@ -32,8 +32,8 @@ struct ConvertOptions {
     InputFormat from = InputFormat::automatic;
     RawInputOptions raw; // --shape, --in-dtype, --layout, --label-dtype
 
-    std::optional<OutputFormat> to; // default: dataset, or npy/raw by the output's extension
-    std::optional<DType> dtype;     // of the input field (x); integer labels are stored as i32
+    std::optional<OutputFormat> to;           // default: dataset, or npy/raw by the output's extension
+    std::optional<DType> dtype;               // of the input field (x); integer labels are stored as i32
     std::optional<std::uint32_t> num_classes; // --num-classes; default: the input's, else max label + 1
     std::optional<double> scale, offset;
     std::string range;                        // "", "auto" or "LO:HI"

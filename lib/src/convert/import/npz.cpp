@@ -21,6 +21,42 @@ std::pair<std::string, std::string> npz_split_field(std::string name) {
     return {"train", name};
 }
 
+// A deflated member: its .npy header read through the inflater, then samples
+// streamed from it.
+SourceField deflated_npy_field(const std::shared_ptr<File>& f, const ZipMember& m, const std::string& source,
+                               std::uint64_t& samples) {
+    auto in = std::make_unique<InflateStream>(f, m);
+    std::vector<std::uint8_t> head(10);
+    if (m.uncompressed_bytes < 10) bad_input(source, "member too short for a .npy header");
+    in->read(head.data(), 10);
+    const std::uint64_t hlen = head[6] == 1 ? le16(head.data() + 8) : 0;
+    std::uint64_t total = 10 + hlen;
+    if (head[6] >= 2) {
+        head.resize(12);
+        in->read(head.data() + 10, 2);
+        total = 12 + le32(head.data() + 8);
+    }
+    if (total > m.uncompressed_bytes) bad_input(source, ".npy header longer than the member");
+    const std::size_t have = head.size();
+    head.resize(total);
+    in->read(head.data() + have, total - have);
+    const NpyHeader h = parse_npy_header(head, source);
+    if (h.shape.empty()) bad_input(source, "a 0-d array has no samples");
+    if (h.data_offset + h.data_bytes() != m.uncompressed_bytes)
+        bad_input(source,
+                  "array header (" + std::to_string(h.data_bytes()) + " data bytes) disagrees with the member size");
+    if (h.fortran_order && h.shape.size() > 1 && h.count() > h.shape[0])
+        bad_input(source, "Fortran-order arrays inside a compressed .npz cannot be streamed; save it with "
+                          "np.savez (stored) or as .npy");
+    SourceField sf;
+    sf.dtype = h.dtype;
+    sf.shape = sample_shape(h.shape, source);
+    const std::size_t swap = h.big_endian == is_little_endian() ? dtype_size(h.dtype) : 0;
+    sf.stream = std::make_unique<BytesField>(std::move(in), sample_bytes(sf.shape, sf.dtype), swap);
+    samples = h.shape[0];
+    return sf;
+}
+
 // The arrays' fields named x and y: as --x-array/--y-array say, else by the
 // usual names (images/labels, data/target, X/y, features/targets); a lone
 // array (numpy's arr_0) is x.
@@ -45,7 +81,8 @@ void name_npz_fields(std::vector<SourceSplit>& splits, std::map<std::string, std
         bool y_found = !raw.y_array.empty() && rename(raw.y_array, "y");
         if (arrays == 1 && !x_found && !y_found) x_found = rename(sp.fields.front().name, "x");
         static const std::pair<const char*, const char*> usual[] = {
-            {"images", "labels"}, {"data", "target"}, {"X", "Y"}, {"X", "y"}, {"features", "targets"}, {"inputs", "targets"}};
+            {"images", "labels"}, {"data", "target"},      {"X", "Y"},
+            {"X", "y"},           {"features", "targets"}, {"inputs", "targets"}};
         for (const auto& [xn, yn] : usual) {
             if (!x_found) x_found = rename(xn, "x");
             if (!y_found) y_found = rename(yn, "y");
@@ -122,35 +159,9 @@ Source open_npz(const fs::path& path, const RawInputOptions& raw) {
         if (m.method != 8)
             bad_input(source, "compression method " + std::to_string(m.method) +
                                   " is not supported (numpy writes stored or deflated members)");
-        auto in = std::make_unique<InflateStream>(f, m);
-        std::vector<std::uint8_t> head(10);
-        if (m.uncompressed_bytes < 10) bad_input(source, "member too short for a .npy header");
-        in->read(head.data(), 10);
-        const std::uint64_t hlen = head[6] == 1 ? le16(head.data() + 8) : 0;
-        std::uint64_t total = 10 + hlen;
-        if (head[6] >= 2) {
-            head.resize(12);
-            in->read(head.data() + 10, 2);
-            total = 12 + le32(head.data() + 8);
-        }
-        if (total > m.uncompressed_bytes) bad_input(source, ".npy header longer than the member");
-        const std::size_t have = head.size();
-        head.resize(total);
-        in->read(head.data() + have, total - have);
-        h = parse_npy_header(head, source);
-        if (h.shape.empty()) bad_input(source, "a 0-d array has no samples");
-        if (h.data_offset + h.data_bytes() != m.uncompressed_bytes)
-            bad_input(source, "array header (" + std::to_string(h.data_bytes()) +
-                                  " data bytes) disagrees with the member size");
-        if (h.fortran_order && h.shape.size() > 1 && h.count() > h.shape[0])
-            bad_input(source, "Fortran-order arrays inside a compressed .npz cannot be streamed; save it with "
-                              "np.savez (stored) or as .npy");
-        SourceField sf;
-        sf.dtype = h.dtype;
-        sf.shape = sample_shape(h.shape, source);
-        const std::size_t swap = h.big_endian == is_little_endian() ? dtype_size(h.dtype) : 0;
-        sf.stream = std::make_unique<BytesField>(std::move(in), sample_bytes(sf.shape, sf.dtype), swap);
-        add(m.name, std::move(sf), h.shape[0]);
+        std::uint64_t samples = 0;
+        SourceField sf = deflated_npy_field(f, m, source, samples);
+        add(m.name, std::move(sf), samples);
     }
     if (order.empty()) bad_input(where, "holds no .npy arrays");
     for (const std::string& name : order) s.splits.push_back(std::move(splits[name]));

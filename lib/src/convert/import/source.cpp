@@ -9,8 +9,7 @@
 namespace dstk {
 namespace {
 
-Source open_format(const std::filesystem::path& path, InputFormat format, const RawInputOptions& raw,
-                   ThreadPool& pool);
+Source open_format(const std::filesystem::path& path, InputFormat format, const RawInputOptions& raw, ThreadPool& pool);
 
 using namespace import;
 
@@ -110,7 +109,8 @@ void apply_in_layout(Source& s, InputFormat format, InLayout layout) {
             const bool hwc = d.size() == 3 && channel_count(d[2]) && !channel_count(d[0]) && !channel_count(d[1]);
             if (layout == InLayout::nhwc && d.size() != 3)
                 throw usage_error("--in-layout nhwc needs samples of 3 dimensions (height x width x channels); x "
-                                  "has shape " + f.shape.str());
+                                  "has shape " +
+                                  f.shape.str());
             if (layout == InLayout::automatic && !hwc) continue;
             const Shape chw{{d[2], d[0], d[1]}};
             if (layout == InLayout::automatic && &sp == &s.splits.front())
@@ -183,8 +183,7 @@ Source open_format(const fs::path& path, InputFormat format, const RawInputOptio
                           std::string(input_format_name(format)));
     if (!raw.labels.empty()) {
         const bool idx_dir = format == InputFormat::idx && path != "-" && fs::is_directory(path);
-        if (format == InputFormat::dataset || format == InputFormat::v28b || format == InputFormat::cifar10 ||
-            idx_dir)
+        if (format == InputFormat::dataset || format == InputFormat::v28b || format == InputFormat::cifar10 || idx_dir)
             throw usage_error("--labels gives the labels of an image array (npy, npz, raw or IDX file); '" +
                               path.string() + "' is " + std::string(input_format_name(format)) +
                               ", which carries its own labels");
