@@ -26,8 +26,10 @@ std::atomic<int> g_tmp_counter{0};
 fs::path temp_sibling(const fs::path& final_path) {
     fs::path parent = final_path.parent_path();
     if (parent.empty()) parent = ".";
-    return parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                     std::to_string(g_tmp_counter++));
+    std::string name = ".";
+    name += final_path.filename().string();
+    name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(g_tmp_counter++);
+    return parent / name;
 }
 
 fs::path parent_or_dot(const fs::path& p) {
@@ -42,7 +44,9 @@ void remove_quietly(const fs::path& p) {
 
 // The PID in a staging name ".NAME.tmp-PID-N" of `final_path`, 0 when `name` is not one.
 pid_t staging_pid(const std::string& name, const fs::path& final_path) {
-    const std::string prefix = "." + final_path.filename().string() + ".tmp-";
+    std::string prefix = ".";
+    prefix += final_path.filename().string();
+    prefix += ".tmp-";
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return 0;
     const std::string rest = name.substr(prefix.size());
     const auto dash = rest.find('-');
@@ -126,9 +130,9 @@ void check_overwrite(const fs::path& final_path, bool force) {
     // --force replaces an earlier output, never a link, device or pipe
     // (dsconvert ... /dev/stdout --force as root once replaced the symlink).
     if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st))
-        throw usage_error("output '" + final_path.string() + "' exists and is not a regular file or directory " +
-                          "(a link, device or pipe is never replaced, --force or not); choose another name" +
-                          (final_path == "/dev/stdout" ? ", or - for stdout" : ""));
+        throw usage_error("output '" + final_path.string() +
+                          "' exists and is not a regular file or directory (a link, device or pipe is never "
+                          "replaced, --force or not); choose another name, or - for stdout where the tool takes it");
     if (fs::exists(st) && !force)
         throw usage_error("output '" + final_path.string() +
                           "' already exists (refusing to overwrite it); use --force to replace it, or choose "
