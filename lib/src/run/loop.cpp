@@ -24,8 +24,10 @@ class ComputeTimer {
   public:
     explicit ComputeTimer(void* stream) : stream_(stream) {
 #if defined(DSTK_HAVE_CUDA)
-        if (stream_)
+        if (stream_) {
             for (auto& p : pairs_) p = {data::gpu::event_create(true), data::gpu::event_create(true), false};
+            span_ = {data::gpu::event_create(true), data::gpu::event_create(true), false};
+        }
 #endif
     }
     ~ComputeTimer() {
@@ -35,6 +37,10 @@ class ComputeTimer {
                 data::gpu::event_destroy(p.start);
                 data::gpu::event_destroy(p.end);
             }
+        if (stream_) {
+            data::gpu::event_destroy(span_.start);
+            data::gpu::event_destroy(span_.end);
+        }
 #endif
     }
     ComputeTimer(const ComputeTimer&) = delete;
@@ -51,15 +57,28 @@ class ComputeTimer {
         Pair& p = pairs_[turn_++ % pairs_.size()];
         collect(p);
         data::gpu::event_record(p.start, stream_);
+        if (!span_open_) data::gpu::event_record(span_.start, stream_);
+        span_open_ = true;
         step();
         data::gpu::event_record(p.end, stream_);
+        data::gpu::event_record(span_.end, stream_);
         p.pending = true;
 #endif
     }
-    double take() {
+    // The steps' GPU time since the last take(); `between`, where given, gets
+    // the GPU time from the first step's start to the last one's end that no
+    // step covers (the batch gather, and the GPU idle waiting for the host).
+    double take(double* between = nullptr) {
+        double span = 0.0;
 #if defined(DSTK_HAVE_CUDA)
         for (auto& p : pairs_) collect(p);
+        if (span_open_) {
+            data::gpu::event_synchronize(span_.end);
+            span = data::gpu::event_elapsed_ms(span_.start, span_.end) / 1000.0;
+            span_open_ = false;
+        }
 #endif
+        if (between) *between = std::max(0.0, span - seconds_);
         return std::exchange(seconds_, 0.0);
     }
 
@@ -79,9 +98,19 @@ class ComputeTimer {
 #endif
     void* stream_;
     std::array<Pair, 64> pairs_{};
-    [[maybe_unused]] std::size_t turn_ = 0; // unused in builds without CUDA
+    Pair span_{};
+    [[maybe_unused]] bool span_open_ = false; // unused in builds without CUDA
+    [[maybe_unused]] std::size_t turn_ = 0;   // unused in builds without CUDA
     double seconds_ = 0;
 };
+
+void add_step(LoopTimes& t, Clock::time_point t0, Clock::time_point t1, Clock::time_point t2, Clock::time_point t3) {
+    t.next += std::chrono::duration<double>(t1 - t0).count();
+    t.launch += std::chrono::duration<double>(t2 - t1).count();
+    t.rest += std::chrono::duration<double>(t3 - t2).count();
+    t.slowest_step = std::max(t.slowest_step, std::chrono::duration<double>(t3 - t0).count());
+    ++t.steps;
+}
 
 class Loop {
   public:
@@ -108,12 +137,16 @@ class Loop {
         s_.train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
         train::Batch b;
-        while (s_.train_src->next(b)) {
+        for (auto h0 = Clock::now(); s_.train_src->next(b); h0 = Clock::now()) {
+            const auto h1 = Clock::now();
             compute_.time([&] { s_.trainer->train_step(b); });
+            const auto h2 = Clock::now();
             s_.train_src->release();
             ++batch_index;
             ++steps_;
-            if (after_step({epoch, batch_index, steps_})) break;
+            const bool stop = after_step({epoch, batch_index, steps_});
+            add_step(o.loop, h0, h1, h2, Clock::now());
+            if (stop) break;
         }
         s_.trainer->synchronize();
         if (const auto bad = s_.trainer->first_nonfinite_step())
@@ -123,7 +156,7 @@ class Loop {
                                 std::to_string(s_.tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
                                 (d_.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
         o.stages = s_.train_src->take_times();
-        o.stages.compute = compute_.take();
+        o.stages.compute = compute_.take(&o.loop.between);
         if (epoch == pos_.epoch) o.stages.read += c_.load_seconds;
         o.report.train = s_.trainer->take_train_metrics();
         const auto t1 = Clock::now();
