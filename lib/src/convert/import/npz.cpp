@@ -77,8 +77,13 @@ void name_npz_fields(std::vector<SourceSplit>& splits, std::map<std::string, std
             hit->name = to;
             return true;
         };
-        bool x_found = !raw.x_array.empty() && rename(raw.x_array, "x");
-        bool y_found = !raw.y_array.empty() && rename(raw.y_array, "y");
+        auto has = [&](const char* name) {
+            for (const auto& f : sp.fields)
+                if (f.name == name) return true;
+            return false;
+        };
+        bool x_found = !raw.x_array.empty() ? rename(raw.x_array, "x") : has("x");
+        bool y_found = !raw.y_array.empty() ? rename(raw.y_array, "y") : has("y");
         if (arrays == 1 && !x_found && !y_found) x_found = rename(sp.fields.front().name, "x");
         static const std::pair<const char*, const char*> usual[] = {
             {"images", "labels"}, {"data", "target"},      {"X", "Y"},
@@ -92,9 +97,9 @@ void name_npz_fields(std::vector<SourceSplit>& splits, std::map<std::string, std
         if (name.empty()) continue;
         bool found = false;
         for (const auto& [key, member] : member_of) found |= member == name || key.substr(key.find('/') + 1) == name;
-        for (const auto& sp : splits)
-            for (const auto& f : sp.fields) found |= f.name == (std::string(opt) == "--x-array" ? "x" : "y");
-        if (!found) throw usage_error(std::string(opt) + " " + name + ": " + where + " has no such array");
+        if (!found)
+            throw usage_error(std::string(opt) + " " + name + ": " + where +
+                              " has no such array (numpy's np.load(FILE).files lists them)");
     }
 }
 
