@@ -1,0 +1,46 @@
+#pragma once
+// What a training run does with model files: --init-from reads one before
+// the first step, --save writes one at the end (saved_model.hpp).
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "dstk/model/saved_model.hpp"
+#include "dstk/output.hpp"
+#include "dstk/train/trainer.hpp"
+
+namespace dstk::model {
+
+struct ModelRunOptions {
+    std::filesystem::path save;      // empty: the default path (default_save_path)
+    std::filesystem::path init_from; // empty: initialise from the seed
+    bool force = false;              // replace an existing --save file
+};
+
+// Adds --save, --init-from and --force to `app`.
+void add_model_run_options(CLI::App& app, ModelRunOptions& o);
+
+// --save, or model.safetensors in the checkpoint directory, else beside the
+// --log-json file, else in the current directory.
+std::filesystem::path default_save_path(const ModelRunOptions& o, const std::filesystem::path& checkpoint_dir,
+                                        const std::filesystem::path& log_json);
+
+// Before training: refuses (usage error) a --save path that exists without
+// --force, unless `replace_own` (a resumed run replaces the file it wrote).
+void check_save_path(const std::filesystem::path& path, const ModelRunOptions& o, bool replace_own);
+
+// --init-from: checks that the file holds the network `tc.plan` describes
+// and takes its normalisation (the weights were trained with it). Returns
+// the model, whose weights go into the trainer with load_weights.
+SavedModel prepare_init_from(const ModelRunOptions& o, train::TrainerConfig& tc, const OutputOptions& out);
+// Parameters and BN statistics from `m`; optimiser state and step count start at zero.
+void load_weights(train::Trainer& t, const SavedModel& m);
+
+// The trainer's current weights as a saved model of `spec`, trained on the
+// split whose input field has `dataset_checksum`.
+SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
+                              const std::string& dataset_checksum);
+
+} // namespace dstk::model
