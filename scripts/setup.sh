@@ -8,7 +8,7 @@ packages=(build-essential cmake pkg-config libcli11-dev libzstd-dev libhwloc-dev
 if [ "${1:-}" = "--test" ]; then
     # Tests: GoogleTest, numpy for interop checks, clang for the fuzzers, xxhsum
     # to cross-check checksums, jq for the CLI tests that read JSON.
-    packages+=(libgtest-dev python3 python3-numpy clang libclang-rt-dev xxhash jq)
+    packages+=(libgtest-dev python3 python3-numpy python3-venv clang libclang-rt-dev xxhash jq)
 fi
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -32,6 +32,7 @@ provided() {
         nlohmann-json3-dev) header nlohmann/json.hpp ;;
         libgtest-dev) header gtest/gtest.h ;;
         python3-numpy) python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 ;;
+        python3-venv) python3 -c 'import venv, ensurepip' >/dev/null 2>&1 ;;
         *) return 1 ;;
     esac
 }
@@ -46,15 +47,35 @@ if [ ${#missing[@]} -gt 0 ] && ! command -v apt-get >/dev/null 2>&1; then
 fi
 if [ ${#missing[@]} -eq 0 ]; then
     echo "setup: all packages present"
-    exit 0
+else
+    echo "setup: installing ${missing[*]}"
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
-    sudo="sudo"
+# The Python tests (tests/python): pytest, numpy, safetensors and onnxruntime
+# from PyPI, only those python3 lacks, into a virtual environment (.venv-test,
+# beside the system's packages: Debian's python3 refuses pip installs of its
+# own); scripts/test.sh runs pytest with it when it exists.
+if [ "${1:-}" = "--test" ]; then
+    py_missing=()
+    for m in pytest numpy safetensors onnxruntime; do
+        python3 -c "import $m" >/dev/null 2>&1 || py_missing+=("$m")
+    done
+    if [ ${#py_missing[@]} -gt 0 ]; then
+        venv=.venv-test
+        [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+        still=()
+        for m in "${py_missing[@]}"; do "$venv/bin/python" -c "import $m" >/dev/null 2>&1 || still+=("$m"); done
+        if [ ${#still[@]} -gt 0 ]; then
+            echo "setup: pip installing ${still[*]} into $venv"
+            "$venv/bin/python" -m pip install -q "${still[@]}"
+        fi
+    fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

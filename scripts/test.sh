@@ -20,6 +20,17 @@ cmake --build build -j"$jobs"
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 
+echo "== python tests"
+py=python3
+[ -x .venv-test/bin/python ] && py=.venv-test/bin/python
+py_dirs=(tests/python)
+[ -d python/tests ] && py_dirs+=(python/tests)
+rc=0
+DSTK_BIN=$PWD/build/bin "$py" -m pytest -q "${py_dirs[@]}" || rc=$?
+# pytest exits 5 when it collected nothing: a broken test tree, never a pass.
+[ "$rc" -eq 5 ] && echo "pytest collected no tests in ${py_dirs[*]} (import errors? files renamed?)" >&2
+[ "$rc" -eq 0 ] || exit 1
+
 seconds=${DSTK_FUZZ_SECONDS:-20}
 if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
     echo "== fuzzers (${seconds} s each)"

@@ -2,6 +2,8 @@
 #include <cstdio>
 
 #include "dstk/cli.hpp"
+#include "dstk/error.hpp"
+#include "dstk/model/commands.hpp"
 #include "dstk/run/train_run.hpp"
 #include "dstk/train/run.hpp"
 #include "dstk/units.hpp"
@@ -18,7 +20,8 @@ int main(int argc, char** argv) {
     CLI::App app{"Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
                  "streamed from the files (--data), and report loss, accuracy, speed and memory per epoch.",
                  "dstrain"};
-    app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits")->required();
+    // Not ->required(): `dstrain eval|predict ...` has no DATASET of its own (checked below).
+    app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits");
     app.add_option("-m,--model", o.model,
                    "Preset (ref-cnn, small-cnn, resnet9, mlp, mlp:W1,W2,...) or a layer spec "
                    "such as conv3x3:32,bn,relu,maxpool2,flatten,fc:10 (man dstrain)")
@@ -53,9 +56,14 @@ int main(int argc, char** argv) {
                    "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
     data::DataRunOptions d;
     data::add_data_run_options(app, d);
+    model::add_model_run_options(app, d.model);
     add_output_options(app, out);
+    model::CommandOptions commands;
+    model::add_model_commands(app, commands);
 
     return run_tool(app, argc, argv, [&] {
+        if (model::run_model_command(commands)) return;
+        if (dataset.empty()) throw usage_error("no DATASET (train: dstrain DATASET [options]; or dstrain eval|predict)");
         o.dataset = dataset;
         if (app.count("--lr")) o.lr = lr;
         o.optimizer = parse_optimizer(optimizer);

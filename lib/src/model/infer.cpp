@@ -115,7 +115,7 @@ class NpyInput final : public SampleInput {
             fd_ = STDIN_FILENO;
             source = "<stdin>";
         } else {
-            owned_ = UniqueFd::open(path, O_RDONLY, "open input");
+            owned_ = UniqueFd::open(path, O_RDONLY, "cannot open input");
             fd_ = owned_.get();
             source = path.string();
         }

@@ -11,31 +11,34 @@ namespace dstk::model {
 void add_model_run_options(CLI::App& app, ModelRunOptions& o) {
     app.add_option("--save", o.save,
                    "Write the trained model here at the end of the run: FILE.safetensors (PyTorch names and layouts, "
-                   "with metadata) or FILE.onnx (default: model.safetensors in --checkpoint DIR, else beside "
-                   "--log-json, else in the current directory)");
+                   "with metadata) or FILE.onnx; may be given more than once (default: model.safetensors in "
+                   "--checkpoint DIR, else beside --log-json, else in the current directory)");
     app.add_option("--init-from", o.init_from,
                    "Start from the weights of a saved model (model.safetensors) instead of a random initialisation; "
                    "its network must be the one --model gives on this data");
     app.add_flag("--force", o.force, "Replace an existing --save file");
 }
 
-fs::path default_save_path(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json) {
-    if (!o.save.empty()) return o.save;
-    if (!checkpoint_dir.empty()) return checkpoint_dir / default_model_file;
-    if (!log_json.empty()) return log_json.parent_path() / default_model_file;
-    return default_model_file;
-}
-
-void check_save_path(const fs::path& path, const ModelRunOptions& o, bool replace_own) {
-    const std::string ext = path.extension().string();
-    if (ext != ".safetensors" && ext != ".onnx")
-        throw usage_error("--save '" + path.string() + "' (unknown extension '" + ext +
-                          "'); name the file *.safetensors or *.onnx");
-    std::error_code ec;
-    if (fs::exists(fs::symlink_status(path, ec)) && !o.force && !replace_own)
-        throw usage_error("'" + path.string() +
-                          "' exists (the model of an earlier run?); add --force to replace it, or --save elsewhere");
-    check_replaceable(path);
+std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json,
+                                 bool replace_own) {
+    std::vector<fs::path> paths = o.save;
+    if (paths.empty())
+        paths.push_back(!checkpoint_dir.empty() ? checkpoint_dir / default_model_file
+                        : !log_json.empty()     ? log_json.parent_path() / default_model_file
+                                                : fs::path(default_model_file));
+    for (const auto& path : paths) {
+        const std::string ext = path.extension().string();
+        if (ext != ".safetensors" && ext != ".onnx")
+            throw usage_error("--save '" + path.string() + "' (unknown extension '" + ext +
+                              "'); name the file *.safetensors or *.onnx");
+        std::error_code ec;
+        if (fs::exists(fs::symlink_status(path, ec)) && !o.force && !replace_own)
+            throw usage_error("'" + path.string() +
+                              "' exists (the model of an earlier run?); add --force to replace it, or --save "
+                              "elsewhere");
+        check_replaceable(path);
+    }
+    return paths;
 }
 
 SavedModel prepare_init_from(const ModelRunOptions& o, train::TrainerConfig& tc, const OutputOptions& out) {

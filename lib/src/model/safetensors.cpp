@@ -166,7 +166,7 @@ TensorFile decode_safetensors(std::span<const std::uint8_t> bytes, const std::st
 }
 
 TensorFile read_safetensors(const fs::path& path) {
-    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "open model");
+    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "cannot open model");
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw_errno("cannot stat model", path.string());
     if (!S_ISREG(st.st_mode)) throw usage_error("'" + path.string() + "' is not a regular file (give a model file)");

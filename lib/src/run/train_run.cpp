@@ -338,10 +338,16 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
     tc.workspace_limit = e.workspace;
     tc.deterministic = e.deterministic;
     channel_stats(ds, x, train_split.samples, tc.plan.input.c, tc.mean, tc.std);
+    if (d.resume && !d.model.init_from.empty())
+        throw usage_error("--init-from with --resume (the checkpoint holds the weights); drop --init-from");
+    std::optional<model::SavedModel> init;
+    if (!d.model.init_from.empty()) init = model::prepare_init_from(d.model, tc, out);
+    const auto save_to = model::save_paths(d.model, d.checkpoint, e.log_json, d.resume);
 
     const bool on_gpu = device.backend == Backend::cuda;
     if (on_gpu) meter->attach(device.index);
     auto trainer = train::make_trainer(tc);
+    if (init) model::load_weights(*trainer, *init);
 
     // The sources.
     SourceConfig sc;
@@ -635,6 +641,11 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                     (r.memory_method.find("device-wide") != std::string::npos ? ", or by another process" : "") +
                     "); the run goes on");
         }
+    }
+    const model::SavedModel trained = model::model_from_trainer(*trainer, spec, ds.dir().string(), x.checksum);
+    for (const auto& path : save_to) {
+        model::save_model(path, trained, true);
+        note(out, "dstrain: model saved to " + path.string());
     }
     return r;
 }

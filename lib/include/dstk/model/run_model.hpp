@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -14,7 +15,7 @@
 namespace dstk::model {
 
 struct ModelRunOptions {
-    std::filesystem::path save;      // empty: the default path (default_save_path)
+    std::vector<std::filesystem::path> save; // empty: the default path (save_paths)
     std::filesystem::path init_from; // empty: initialise from the seed
     bool force = false;              // replace an existing --save file
 };
@@ -22,14 +23,12 @@ struct ModelRunOptions {
 // Adds --save, --init-from and --force to `app`.
 void add_model_run_options(CLI::App& app, ModelRunOptions& o);
 
-// --save, or model.safetensors in the checkpoint directory, else beside the
-// --log-json file, else in the current directory.
-std::filesystem::path default_save_path(const ModelRunOptions& o, const std::filesystem::path& checkpoint_dir,
-                                        const std::filesystem::path& log_json);
-
-// Before training: refuses (usage error) a --save path that exists without
-// --force, unless `replace_own` (a resumed run replaces the file it wrote).
-void check_save_path(const std::filesystem::path& path, const ModelRunOptions& o, bool replace_own);
+// The --save files, or model.safetensors in the checkpoint directory, else
+// beside the --log-json file, else in the current directory. Checked before
+// training: usage error for an unknown extension, or a file that exists
+// without --force unless `replace_own` (a resumed run replaces what it wrote).
+std::vector<std::filesystem::path> save_paths(const ModelRunOptions& o, const std::filesystem::path& checkpoint_dir,
+                                              const std::filesystem::path& log_json, bool replace_own);
 
 // --init-from: checks that the file holds the network `tc.plan` describes
 // and takes its normalisation (the weights were trained with it). Returns

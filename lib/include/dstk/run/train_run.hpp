@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dstk/model/run_model.hpp"
 #include "dstk/output.hpp"
 #include "dstk/train/run.hpp"
 
@@ -33,6 +34,7 @@ struct DataRunOptions {
     std::uint64_t checkpoint_every = 0; // steps; 0: at the end of each epoch only
     bool resume = false;
     std::uint64_t max_steps = 0; // stop after this many steps in total, with a checkpoint; 0: no limit
+    model::ModelRunOptions model; // --save, --init-from, --force
 };
 
 // Adds --data --order --window --chunk-samples --prefetch --readers --bench
