@@ -94,4 +94,20 @@ expect_exit 2 "$DSTRAIN" "$WORK/ds" --model mlp:16 "${CPU[@]}" --init-from "$WOR
     --save "$WORK/x.safetensors"
 expect_stderr "holds another network \(model conv3x3:16"
 expect_no_file "$WORK/x.safetensors"
+
+# The man page's EXAMPLES, as written (here on the CPU where there is no GPU).
+mkdir "$WORK/ex"
+ln -s "$WORK/ds" "$WORK/ex/data"
+cp "$WORK/ds/test_x.npy" "$WORK/ex/samples.npy"
+CHECKS=$((CHECKS + 1))
+(
+    cd "$WORK/ex" && set -e
+    "$DSTRAIN" data/ --checkpoint ck/ --save ck/model.onnx --save ck/model.safetensors --epochs 1 -q >/dev/null
+    "$DSTRAIN" eval data/ --weights ck/model.safetensors >/dev/null
+    "$DSTRAIN" predict samples.npy --weights ck/model.safetensors -o probs.npy -q
+    "$DSTRAIN" data/ --init-from ck/model.safetensors --epochs 2 --lr 0.01 --save tuned.safetensors -q >/dev/null
+) 2>"$ERR" || fail "a man page example failed"
+expect_file "$WORK/ex/ck/model.onnx"
+expect_file "$WORK/ex/probs.npy"
+expect_file "$WORK/ex/tuned.safetensors"
 finish
