@@ -6,7 +6,7 @@
 #   scripts/gpu-test.sh [LOG_DIR]
 #   DSTK_CUDA_ARCHS   architectures to build (default: native)
 #   DSTK_GPU_BENCH    which benchmarks: all (default), none, or names among
-#                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert
+#                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert model-check
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +65,7 @@ if [ "$benches" != none ]; then
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
+    want model-check && SUMMARY_RE='model-check' step model-check 150 scripts/model-check.sh "$DSTK_BIN" "$work/model" "$log"
     rm -rf "$work"
 fi
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# On the GPU machine: train ref-cnn a few epochs on dsgen data shaped like
+# MNIST, `dstrain eval` the saved model, then PyTorch loads the same file into
+# its twin (scripts/torch_baseline.py) and must reach the same test accuracy
+# within 0.1 point (scripts/model_check.py). Under 2 minutes on an H100.
+#   scripts/model-check.sh BIN_DIR WORK_DIR [LOG_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$1 work=$2 log=${3:-$2}
+mkdir -p "$work" "$log"
+"$bin/dsgen" "$work/data" --train 30K --test 5K --shape 1x28x28 --classes 10 --seed 1 --force -q
+"$bin/dstrain" "$work/data" --model ref-cnn --epochs 3 --save "$work/model.safetensors" --force \
+    --log-json "$log/model-check-train.jsonl"
+"$bin/dstrain" eval "$work/data" --weights "$work/model.safetensors" --json >"$log/model-check-eval.json"
+"$bin/dstrain" eval "$work/data" --weights "$work/model.safetensors" | head -3
+python3 scripts/model_check.py "$work/data" "$work/model.safetensors" "$log/model-check-eval.json"
