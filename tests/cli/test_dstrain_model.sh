@@ -95,7 +95,7 @@ expect_exit 2 "$DSTRAIN" "$WORK/ds" --model mlp:16 "${CPU[@]}" --init-from "$WOR
 expect_stderr "holds another network \(model conv3x3:16"
 expect_no_file "$WORK/x.safetensors"
 
-# The man page's EXAMPLES, as written (here on the CPU where there is no GPU).
+# The man page's EXAMPLES and the README's lines, as written (on the CPU where there is no GPU).
 mkdir "$WORK/ex"
 ln -s "$WORK/ds" "$WORK/ex/data"
 cp "$WORK/ds/test_x.npy" "$WORK/ex/samples.npy"
@@ -106,7 +106,10 @@ CHECKS=$((CHECKS + 1))
     "$DSTRAIN" eval data/ --weights ck/model.safetensors >/dev/null
     "$DSTRAIN" predict samples.npy --weights ck/model.safetensors -o probs.npy -q
     "$DSTRAIN" data/ --init-from ck/model.safetensors --epochs 2 --lr 0.01 --save tuned.safetensors -q >/dev/null
-) 2>"$ERR" || fail "a man page example failed"
+    "$DSTRAIN" --checkpoint ck/ --resume -q
+    "$DSTRAIN" data/ --save model.safetensors --save model.onnx -q >/dev/null
+) 2>"$ERR" || fail "a man page or README example failed"
+expect_file "$WORK/ex/model.onnx"
 expect_file "$WORK/ex/ck/model.onnx"
 expect_file "$WORK/ex/probs.npy"
 expect_file "$WORK/ex/tuned.safetensors"

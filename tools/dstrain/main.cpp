@@ -1,6 +1,7 @@
 // dstrain: train a CNN or MLP on a dataset directory, on the GPU (cuDNN) or the CPU.
 #include <cstdio>
 
+#include "dstk/checkpoint.hpp"
 #include "dstk/cli.hpp"
 #include "dstk/error.hpp"
 #include "dstk/model/commands.hpp"
@@ -63,7 +64,12 @@ int main(int argc, char** argv) {
 
     return run_tool(app, argc, argv, [&] {
         if (model::run_model_command(commands)) return;
-        if (dataset.empty()) throw usage_error("no DATASET (train: dstrain DATASET [options]; or dstrain eval|predict)");
+        d.recorded_options = resume_options(app, d.checkpoint, d.resume, out.quiet);
+        if (dataset.empty())
+            throw usage_error(d.resume ? "no DATASET, and no checkpoint in '" + d.checkpoint.string() +
+                                             "' to take it from; give the --checkpoint DIR of the run to resume"
+                                       : std::string("no DATASET (dstrain DATASET [options] trains; see also dstrain "
+                                                     "eval and dstrain predict)"));
         o.dataset = dataset;
         if (app.count("--lr")) o.lr = lr;
         o.optimizer = parse_optimizer(optimizer);

@@ -19,13 +19,16 @@ void add_model_run_options(CLI::App& app, ModelRunOptions& o) {
     app.add_flag("--force", o.force, "Replace an existing --save file");
 }
 
-std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json,
-                                 bool replace_own) {
+std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json) {
     std::vector<fs::path> paths = o.save;
     if (paths.empty())
         paths.push_back(!checkpoint_dir.empty() ? checkpoint_dir / default_model_file
                         : !log_json.empty()     ? log_json.parent_path() / default_model_file
                                                 : fs::path(default_model_file));
+    return paths;
+}
+
+void check_save_paths(const std::vector<fs::path>& paths, const ModelRunOptions& o, bool replace_own) {
     for (const auto& path : paths) {
         const std::string ext = path.extension().string();
         if (ext != ".safetensors" && ext != ".onnx")
@@ -38,7 +41,6 @@ std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& check
                               "elsewhere");
         check_replaceable(path);
     }
-    return paths;
 }
 
 SavedModel prepare_init_from(const ModelRunOptions& o, train::TrainerConfig& tc, const OutputOptions& out) {

@@ -342,7 +342,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
         throw usage_error("--init-from with --resume (the checkpoint holds the weights); drop --init-from");
     std::optional<model::SavedModel> init;
     if (!d.model.init_from.empty()) init = model::prepare_init_from(d.model, tc, out);
-    const auto save_to = model::save_paths(d.model, d.checkpoint, e.log_json, d.resume);
+    const auto save_to = model::save_paths(d.model, d.checkpoint, e.log_json);
 
     const bool on_gpu = device.backend == Backend::cuda;
     if (on_gpu) meter->attach(device.index);
@@ -437,6 +437,16 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
         check_resume_compatible(c, run, d.checkpoint);
         trainer->load_state(c.trainer_state);
         pos = c.position;
+        if (pos.epoch >= e.epochs) {
+            note(out, "dstrain: the run in " + d.checkpoint.string() + " is finished (" + c.run.at("epochs") +
+                          " epochs, " + std::to_string(pos.steps) + " steps); nothing to do: its model is " +
+                          save_to.front().string() + ", give --epochs N above " + c.run.at("epochs") +
+                          " to train further");
+            return r;
+        }
+        if (c.run.at("epochs") != run.at("epochs"))
+            note(out, "dstrain: --epochs " + run.at("epochs") + " (was " + c.run.at("epochs") +
+                          "): the learning-rate schedule now spans the longer run");
         note(out, "dstrain: resumed from " + checkpoint_path(d.checkpoint).string() + " at epoch " +
                       std::to_string(pos.epoch + 1) + ", batch " + std::to_string(pos.next_batch) + " (step " +
                       std::to_string(pos.steps) + ")");
@@ -444,12 +454,14 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
         throw usage_error("'" + d.checkpoint.string() +
                           "' already holds a checkpoint; add --resume to continue it, or remove it");
     }
+    model::check_save_paths(save_to, d.model, d.resume);
     auto write_checkpoint = [&](const CheckpointPosition& p) {
         if (d.checkpoint.empty()) return;
         Checkpoint c;
         c.position = p;
         c.seed = e.seed;
         c.run = run;
+        c.options = d.recorded_options;
         c.created = now_iso8601();
         c.command_line = e.command_line;
         c.trainer_state = trainer->save_state();
@@ -642,6 +654,7 @@ train::RunReport run_training(const train::RunOptions& e, const DataRunOptions& 
                     "); the run goes on");
         }
     }
+    if (stopped) note(out, "dstrain: stopped at --max-steps " + std::to_string(d.max_steps));
     const model::SavedModel trained = model::model_from_trainer(*trainer, spec, ds.dir().string(), x.checksum);
     for (const auto& path : save_to) {
         model::save_model(path, trained, true);

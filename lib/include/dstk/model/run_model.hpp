@@ -24,11 +24,13 @@ struct ModelRunOptions {
 void add_model_run_options(CLI::App& app, ModelRunOptions& o);
 
 // The --save files, or model.safetensors in the checkpoint directory, else
-// beside the --log-json file, else in the current directory. Checked before
-// training: usage error for an unknown extension, or a file that exists
-// without --force unless `replace_own` (a resumed run replaces what it wrote).
+// beside the --log-json file, else in the current directory.
 std::vector<std::filesystem::path> save_paths(const ModelRunOptions& o, const std::filesystem::path& checkpoint_dir,
-                                              const std::filesystem::path& log_json, bool replace_own);
+                                              const std::filesystem::path& log_json);
+// Before training: usage error for an unknown extension, or a file that
+// exists without --force unless `replace_own` (a resumed run replaces what
+// it wrote), or anything but a regular file.
+void check_save_paths(const std::vector<std::filesystem::path>& paths, const ModelRunOptions& o, bool replace_own);
 
 // --init-from: checks that the file holds the network `tc.plan` describes
 // and takes its normalisation (the weights were trained with it). Returns

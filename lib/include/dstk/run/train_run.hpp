@@ -6,7 +6,9 @@
 // train::RunOptions (dstk/train/run.hpp); the data path adds DataRunOptions.
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -35,6 +37,7 @@ struct DataRunOptions {
     bool resume = false;
     std::uint64_t max_steps = 0; // stop after this many steps in total, with a checkpoint; 0: no limit
     model::ModelRunOptions model; // --save, --init-from, --force
+    std::map<std::string, std::vector<std::string>> recorded_options; // what checkpoints record (resume_options)
 };
 
 // Adds --data --order --window --chunk-samples --prefetch --readers --bench
