@@ -17,7 +17,7 @@ data="$work/bench-u8"
 declare -A ds torch_eager torch_compile
 for p in $precisions; do
   "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
-      --json > "$work/dstrain-$p.json"
+      --save "$work/model-$p.safetensors" --force --json > "$work/dstrain-$p.json"
   ds[$p]=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(max(e["samples_per_second"] for e in d["epochs"][1:] or d["epochs"])))' "$work/dstrain-$p.json")
   # PyTorch loads its own cuDNN: keep the system one out of the way.
   env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 2 --precision "$p" --json \
@@ -34,7 +34,7 @@ for p in $precisions; do
 done
 if [ "${MEMMAP:-1}" != 0 ]; then
   "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision tf32 --device cuda:0 \
-      --data stream --order full --json > "$work/dstrain-stream.json"
+      --data stream --order full --save "$work/model-stream.safetensors" --force --json > "$work/dstrain-stream.json"
   stream=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(max(e["samples_per_second"] for e in d["epochs"][1:] or d["epochs"])))' "$work/dstrain-stream.json")
   env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 1 --precision tf32 \
       --modes memmap --json > "$work/torch-memmap.json"
