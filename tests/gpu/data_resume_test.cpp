@@ -56,8 +56,8 @@ fs::path make_dataset(const fs::path& dir) {
 }
 
 struct Options {
-    train::RunOptions e;
-    data::DataRunOptions d;
+    run::TrainOptions e;
+    run::DataOptions d;
     OutputOptions out;
 };
 
@@ -121,10 +121,10 @@ TEST(GpuResume, DeterministicInterruptedRunsEndWithTheSameWeights) {
         SCOPED_TRACE(placement + " " + order);
         const fs::path whole = temp("whole"), again = temp("again"), parts = temp("parts");
         const Options first = options(ds, whole, placement, order);
-        data::run_training(first.e, first.d, first.out);
+        run::run_training(first.e, first.d, first.out);
         const State reference = state_of(whole);
         const Options twice = options(ds, again, placement, order);
-        data::run_training(twice.e, twice.d, twice.out);
+        run::run_training(twice.e, twice.d, twice.out);
         EXPECT_LE(difference(reference, state_of(again)), tolerance)
             << "two uninterrupted --deterministic runs differ: the engine is not deterministic";
 
@@ -132,17 +132,17 @@ TEST(GpuResume, DeterministicInterruptedRunsEndWithTheSameWeights) {
         // epoch 2 (step 62), then finish.
         Options o = options(ds, parts, placement, order);
         o.d.max_steps = 40;
-        data::run_training(o.e, o.d, o.out);
+        run::run_training(o.e, o.d, o.out);
         const Checkpoint mid = load_checkpoint(parts);
         EXPECT_EQ(mid.position.epoch, 1u);
         EXPECT_EQ(mid.position.next_batch, 9u);
         EXPECT_GT(difference(reference, state_of(parts)), tolerance) << "the test could not fail";
         o.d.resume = true;
         o.d.max_steps = 62;
-        data::run_training(o.e, o.d, o.out);
+        run::run_training(o.e, o.d, o.out);
         EXPECT_EQ(load_checkpoint(parts).position.epoch, 2u);
         o.d.max_steps = 0;
-        data::run_training(o.e, o.d, o.out);
+        run::run_training(o.e, o.d, o.out);
         const double d = difference(reference, state_of(parts));
         EXPECT_LE(d, tolerance) << "resumed run's weights differ from the uninterrupted run's";
         std::printf("[ %s %s ] largest relative difference, resumed vs uninterrupted: %.3g\n", placement.c_str(),

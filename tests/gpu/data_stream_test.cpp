@@ -152,20 +152,21 @@ TEST(GpuDataPath, TrainingPeakStaysUnderTheCeilingPrintedBeforeTheFirstStep) {
         const std::string label = std::string(c.placement) + " " + std::to_string(c.samples);
         SCOPED_TRACE(label);
         const fs::path dir = make_dataset("ceiling" + std::to_string(c.samples), c.samples, true, 1'000);
-        train::RunOptions e;
+        run::TrainOptions e;
         e.dataset = dir;
         e.model = "ref-cnn";
         e.epochs = 2;
         e.batch = 256;
         e.device = train::Device{train::Backend::cuda, 0};
-        data::DataRunOptions d;
+        e.files.save = {dir / "model.safetensors"}; // every run saves its model: into the dataset, removed below
+        run::DataOptions d;
         d.data = c.placement;
         d.order = "chunk";
         d.max_steps = 120;
         OutputOptions out;
         out.quiet = true;
         out.json = true; // epoch lines to stderr, silenced
-        const train::RunReport r = data::run_training(e, d, out);
+        const run::RunReport r = run::run_training(e, d, out);
         fs::remove_all(dir);
         ASSERT_GT(r.memory_ceiling, 0u);
         EXPECT_EQ(r.memory_ceiling, r.runtime_overhead + r.planned.total() + r.data_device_bytes);

@@ -37,8 +37,8 @@ fs::path make_dataset(const fs::path& dir) {
 }
 
 struct Options {
-    train::RunOptions e;
-    data::DataRunOptions d;
+    run::TrainOptions e;
+    run::DataOptions d;
     OutputOptions out;
 };
 
@@ -64,8 +64,8 @@ Options options(const fs::path& ds, const fs::path& ck, const std::string& place
     return o;
 }
 
-void run(const Options& o) {
-    data::run_training(o.e, o.d, o.out);
+void train_run(const Options& o) {
+    run::run_training(o.e, o.d, o.out);
 }
 
 std::vector<std::uint8_t> final_state(const fs::path& ck) {
@@ -82,7 +82,7 @@ TEST(CheckpointResume, InterruptedRunsEndBitwiseEqual) {
                                            {"device", "chunk"}}) {
         SCOPED_TRACE(placement + " " + order);
         const fs::path whole = temp("whole"), parts = temp("parts");
-        run(options(ds, whole, placement, order));
+        train_run(options(ds, whole, placement, order));
         const auto reference = final_state(whole);
         EXPECT_EQ(load_checkpoint(whole).position.epoch, 3u);
 
@@ -90,7 +90,7 @@ TEST(CheckpointResume, InterruptedRunsEndBitwiseEqual) {
         // an epoch boundary, then finish.
         auto o = options(ds, parts, placement, order);
         o.d.max_steps = 13;
-        run(o);
+        train_run(o);
         const Checkpoint mid = load_checkpoint(parts);
         EXPECT_EQ(mid.position.epoch, 1u);
         EXPECT_EQ(mid.position.next_batch, 4u);
@@ -98,10 +98,10 @@ TEST(CheckpointResume, InterruptedRunsEndBitwiseEqual) {
         EXPECT_NE(mid.trainer_state, reference);
         o.d.resume = true;
         o.d.max_steps = 18;
-        run(o);
+        train_run(o);
         EXPECT_EQ(load_checkpoint(parts).position.epoch, 2u);
         o.d.max_steps = 0;
-        run(o);
+        train_run(o);
         EXPECT_EQ(final_state(parts), reference);
         fs::remove_all(whole);
         fs::remove_all(parts);
@@ -113,10 +113,10 @@ TEST(CheckpointResume, RefusesDifferentOptionsAndExistingCheckpoint) {
     const fs::path ds = make_dataset(temp("ds2")), ck = temp("ck2");
     auto o = options(ds, ck, "stream", "chunk");
     o.d.max_steps = 2;
-    run(o);
+    train_run(o);
     auto again = o;
     try {
-        run(again); // no --resume: refuses to overwrite
+        train_run(again); // no --resume: refuses to overwrite
         FAIL();
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::usage) << e.what();
@@ -124,7 +124,7 @@ TEST(CheckpointResume, RefusesDifferentOptionsAndExistingCheckpoint) {
     again.d.resume = true;
     again.d.order = "full";
     try {
-        run(again);
+        train_run(again);
         FAIL();
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::usage);

@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "dstk/dataset_writer.hpp"
-#include "dstk/train/run.hpp"
+#include "dstk/run/train_run.hpp"
 
 using namespace dstk;
 namespace fs = std::filesystem;
@@ -51,8 +51,10 @@ void write_mnist_dataset(const fs::path& images, const fs::path& labels, const f
         s.samples = count;
         auto x = w.npy_field(name, "x", DType::u8, shape, count);
         x->append(img.data() + 16 + std::size_t{first} * rows * cols, count);
-        auto y = w.npy_field(name, "y", DType::u8, Shape{}, count);
-        y->append(lab.data() + 8 + first, count);
+        // dstrain's data path reads one i32 label per sample (dsconvert writes them so).
+        std::vector<std::int32_t> labels32(lab.begin() + 8 + first, lab.begin() + 8 + first + count);
+        auto y = w.npy_field(name, "y", DType::i32, Shape{}, count);
+        y->append(labels32.data(), count);
         s.fields = {x->finish(), y->finish()};
         m.splits.push_back(s);
     }
@@ -70,17 +72,18 @@ TEST(TrainRealData, SmallCnnOnMnistCpu) {
     write_mnist_dataset(images, labels, dir);
     if (HasFatalFailure()) return;
 
-    train::RunOptions o;
+    run::TrainOptions o;
     o.dataset = dir;
     o.model = "small-cnn";
     o.epochs = 5;
     o.batch = 64;
     o.device = train::Device{train::Backend::cpu, 0};
     o.threads = 2;
+    o.files.save = {dir / "model.safetensors"}; // every run saves its model: into the dataset, removed below
     OutputOptions out;
     out.quiet = true;
     const auto t0 = std::chrono::steady_clock::now();
-    const train::RunReport r = train::run_training(o, out);
+    const run::RunReport r = run::run_training(o, run::DataOptions{}, out);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fs::remove_all(dir);
     ASSERT_EQ(r.epochs.size(), 5u);

@@ -6,13 +6,12 @@
 #include "dstk/error.hpp"
 #include "dstk/model/commands.hpp"
 #include "dstk/run/train_run.hpp"
-#include "dstk/train/run.hpp"
 #include "dstk/units.hpp"
 
 int main(int argc, char** argv) {
     using namespace dstk;
     using namespace dstk::train;
-    RunOptions o;
+    run::TrainOptions o;
     OutputOptions out;
     std::string dataset, optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB";
     float lr = 0.0f;
@@ -21,7 +20,7 @@ int main(int argc, char** argv) {
     CLI::App app{"Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
                  "streamed from the files (--data), and report loss, accuracy, speed and memory per epoch.",
                  "dstrain"};
-    // Not ->required(): `dstrain eval|predict ...` has no DATASET of its own (checked below).
+    // Not ->required(): eval and predict have their own, and --resume takes it from the checkpoint.
     app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits");
     app.add_option("-m,--model", o.model,
                    "Preset (ref-cnn, small-cnn, resnet9, mlp, mlp:W1,W2,...) or a layer spec "
@@ -55,16 +54,16 @@ int main(int argc, char** argv) {
                  "is always deterministic)");
     app.add_option("--log-json", o.log_json,
                    "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
-    data::DataRunOptions d;
-    data::add_data_run_options(app, d);
-    model::add_model_run_options(app, d.model);
+    run::DataOptions d;
+    run::add_data_options(app, d);
+    model::add_model_run_options(app, o.files);
     add_output_options(app, out);
     model::CommandOptions commands;
     model::add_model_commands(app, commands);
 
     return run_tool(app, argc, argv, [&] {
         if (model::run_model_command(commands)) return;
-        d.recorded_options = resume_options(app, d.checkpoint, d.resume, out.quiet);
+        o.given_options = resume_options(app, d.checkpoint, d.resume, out.quiet);
         if (dataset.empty())
             throw usage_error(d.resume ? "no DATASET, and no checkpoint in '" + d.checkpoint.string() +
                                              "' to take it from; give the --checkpoint DIR of the run to resume"
@@ -79,7 +78,7 @@ int main(int argc, char** argv) {
         if (!device.empty()) o.device = parse_device(device);
         o.workspace = parse_size(workspace, "--workspace");
         o.command_line = command_line(argc, argv);
-        const RunReport r = data::run_training(o, d, out);
-        if (out.json) std::fputs(run_report_json(r).c_str(), stdout);
+        const run::RunReport r = run::run_training(o, d, out);
+        if (out.json) std::fputs(run::run_report_json(r).c_str(), stdout);
     });
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
 #include "dstk/signals.hpp"
@@ -490,45 +491,27 @@ class ManagedSource final : public ResidentSource {
 
 } // namespace
 
+constexpr EnumNames<Placement, 4> placement_names{{{{Placement::automatic, "auto"},
+                                                    {Placement::device, "device"},
+                                                    {Placement::stream, "stream"},
+                                                    {Placement::managed, "managed"}}}};
+constexpr EnumNames<ManagedPolicy, 3> managed_policy_names{
+    {{{ManagedPolicy::prefetch, "prefetch"}, {ManagedPolicy::advise, "advise"}, {ManagedPolicy::fault, "fault"}}}};
+
 Placement parse_placement(std::string_view text) {
-    if (text == "auto") return Placement::automatic;
-    if (text == "device") return Placement::device;
-    if (text == "stream") return Placement::stream;
-    if (text == "managed") return Placement::managed;
-    throw usage_error("invalid --data '" + std::string(text) + "' (expected auto, device, stream or managed)");
+    return placement_names.parse(text, "--data");
 }
 
 std::string_view placement_name(Placement p) {
-    switch (p) {
-    case Placement::automatic:
-        return "auto";
-    case Placement::device:
-        return "device";
-    case Placement::stream:
-        return "stream";
-    case Placement::managed:
-        return "managed";
-    }
-    return "?";
+    return placement_names.name(p);
 }
 
 ManagedPolicy parse_managed_policy(std::string_view text) {
-    if (text == "prefetch") return ManagedPolicy::prefetch;
-    if (text == "advise") return ManagedPolicy::advise;
-    if (text == "fault") return ManagedPolicy::fault;
-    throw usage_error("invalid --managed-policy '" + std::string(text) + "' (expected prefetch, advise or fault)");
+    return managed_policy_names.parse(text, "--managed-policy");
 }
 
 std::string_view managed_policy_name(ManagedPolicy p) {
-    switch (p) {
-    case ManagedPolicy::prefetch:
-        return "prefetch";
-    case ManagedPolicy::advise:
-        return "advise";
-    case ManagedPolicy::fault:
-        return "fault";
-    }
-    return "?";
+    return managed_policy_names.name(p);
 }
 
 std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c) {

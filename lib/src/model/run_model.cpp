@@ -79,4 +79,13 @@ SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, c
     return m;
 }
 
+void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
+                  const std::string& dataset_checksum, const std::vector<fs::path>& paths, const OutputOptions& out) {
+    const SavedModel m = model_from_trainer(t, spec, dataset, dataset_checksum);
+    for (const auto& path : paths) {
+        save_model(path, m, true);
+        note(out, "dstrain: model saved to " + path.string());
+    }
+}
+
 } // namespace dstk::model

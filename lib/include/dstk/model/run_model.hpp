@@ -43,5 +43,10 @@ void load_weights(train::Trainer& t, const SavedModel& m);
 // split whose input field has `dataset_checksum`.
 SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
                               const std::string& dataset_checksum);
+// The end of a run: the trainer's model into each of `paths` (checked before
+// training by check_save_paths), with a note each.
+void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
+                  const std::string& dataset_checksum, const std::vector<std::filesystem::path>& paths,
+                  const OutputOptions& out);
 
 } // namespace dstk::model

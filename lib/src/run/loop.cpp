@@ -1,0 +1,270 @@
+// dstrain's loop: epochs of steps, evaluation, checkpoints, SIGINT/SIGTERM.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <utility>
+
+#include "clock.hpp"
+#include "dstk/error.hpp"
+#include "dstk/signals.hpp"
+#include "run/stages.hpp"
+#if defined(DSTK_HAVE_CUDA)
+#include "dstk/data/gpu_ops.hpp"
+#endif
+
+namespace dstk::run {
+namespace {
+
+using data::Clock;
+using data::seconds_since;
+
+// Training-mode compute time: wall time of train_step on the cpu; on cuda
+// events around each step on the compute stream, read back lazily.
+class ComputeTimer {
+  public:
+    explicit ComputeTimer(void* stream) : stream_(stream) {
+#if defined(DSTK_HAVE_CUDA)
+        if (stream_)
+            for (auto& p : pairs_) p = {data::gpu::event_create(true), data::gpu::event_create(true), false};
+#endif
+    }
+    ~ComputeTimer() {
+#if defined(DSTK_HAVE_CUDA)
+        if (stream_)
+            for (auto& p : pairs_) {
+                data::gpu::event_destroy(p.start);
+                data::gpu::event_destroy(p.end);
+            }
+#endif
+    }
+    ComputeTimer(const ComputeTimer&) = delete;
+    ComputeTimer& operator=(const ComputeTimer&) = delete;
+
+    template <class F> void time(F&& step) {
+        if (!stream_) {
+            const auto t0 = Clock::now();
+            step();
+            seconds_ += seconds_since(t0);
+            return;
+        }
+#if defined(DSTK_HAVE_CUDA)
+        Pair& p = pairs_[turn_++ % pairs_.size()];
+        collect(p);
+        data::gpu::event_record(p.start, stream_);
+        step();
+        data::gpu::event_record(p.end, stream_);
+        p.pending = true;
+#endif
+    }
+    double take() {
+#if defined(DSTK_HAVE_CUDA)
+        for (auto& p : pairs_) collect(p);
+#endif
+        return std::exchange(seconds_, 0.0);
+    }
+
+  private:
+    struct Pair {
+        void* start = nullptr;
+        void* end = nullptr;
+        bool pending = false;
+    };
+#if defined(DSTK_HAVE_CUDA)
+    void collect(Pair& p) {
+        if (!p.pending) return;
+        data::gpu::event_synchronize(p.end);
+        seconds_ += data::gpu::event_elapsed_ms(p.start, p.end) / 1000.0;
+        p.pending = false;
+    }
+#endif
+    void* stream_;
+    std::array<Pair, 64> pairs_{};
+    [[maybe_unused]] std::size_t turn_ = 0; // unused in builds without CUDA
+    double seconds_ = 0;
+};
+
+class Loop {
+  public:
+    Loop(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out, const Checkpointer& ck,
+         CheckpointPosition pos, const Ceiling& c, JsonLog& log, RunReport& r)
+        : s_(s), e_(e), d_(d), out_(out), ck_(ck), pos_(pos), c_(c), log_(log), r_(r),
+          compute_(s.trainer->compute_stream()), steps_(pos.steps) {}
+
+    void run() {
+        if (s_.on_gpu()) s_.meter->reset_peak();
+        sampled_ = Clock::now();
+        for (std::uint64_t epoch = pos_.epoch; epoch < e_.epochs && !stopped_; ++epoch) epoch_of(epoch);
+    }
+
+  private:
+    void epoch_of(std::uint64_t epoch) {
+        const auto t0 = Clock::now();
+        EpochOutcome o;
+        o.report.epoch = static_cast<std::uint32_t>(epoch + 1);
+        o.report.lr = train::learning_rate(s_.tc.optimizer, s_.tc.schedule, steps_);
+        const std::uint64_t first = epoch == pos_.epoch ? pos_.next_batch : 0;
+        // first_nonfinite_step counts steps since the trainer was built or loaded.
+        const std::uint64_t epoch_start = steps_ - pos_.steps;
+        s_.train_src->start_epoch(epoch, first);
+        std::uint64_t batch_index = first;
+        train::Batch b;
+        while (s_.train_src->next(b)) {
+            compute_.time([&] { s_.trainer->train_step(b); });
+            s_.train_src->release();
+            ++batch_index;
+            ++steps_;
+            if (after_step({epoch, batch_index, steps_})) break;
+        }
+        s_.trainer->synchronize();
+        if (const auto bad = s_.trainer->first_nonfinite_step())
+            throw runtime_error("non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
+                                std::to_string(*bad - epoch_start + first + 1) + " of " +
+                                std::to_string(s_.steps_per_epoch) + " (training diverged) lower --lr (now " +
+                                std::to_string(s_.tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
+                                (d_.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
+        o.stages = s_.train_src->take_times();
+        o.stages.compute = compute_.take();
+        if (epoch == pos_.epoch) o.stages.read += c_.load_seconds;
+        o.report.train = s_.trainer->take_train_metrics();
+        const auto t1 = Clock::now();
+        if (d_.eval_every == 0 || stopped_) o.report.test = evaluate();
+        o.report.train_seconds = std::chrono::duration<double>(t1 - t0).count();
+        o.report.seconds = seconds_since(t0);
+        o.report.samples_per_second =
+            static_cast<double>(o.report.train.samples) / std::max(1e-9, o.report.train_seconds);
+        const bool epoch_done = batch_index >= s_.steps_per_epoch;
+        ck_.write(*s_.trainer, epoch_done ? CheckpointPosition{epoch + 1, 0, steps_}
+                                          : CheckpointPosition{epoch, batch_index, steps_});
+        r_.epochs.push_back(o.report);
+        o.steps = steps_;
+        o.whole = epoch_done && first == 0;
+        o.peak = epoch_peak();
+        report_epoch(s_, e_, o, c_, log_, out_);
+        if (s_.on_gpu() && !c_.managed && !warned_ceiling_ && o.peak > c_.bytes) {
+            warned_ceiling_ = true;
+            warn_over_ceiling(o.peak, c_, r_);
+        }
+    }
+
+    // Sampling, signals, checkpoints, evaluation and --max-steps after a step;
+    // true when the run stops here.
+    bool after_step(const CheckpointPosition& here) {
+        if (s_.on_gpu() && seconds_since(sampled_) >= 0.25) {
+            s_.meter->sample();
+            sampled_ = Clock::now();
+        }
+        if (interrupted()) {
+            s_.trainer->synchronize();
+            ck_.write(*s_.trainer, here);
+            throw Error(
+                ExitCode::interrupted,
+                "interrupted at epoch " + std::to_string(here.epoch + 1) + ", step " + std::to_string(here.steps) +
+                    (d_.checkpoint.empty() ? std::string(" (no --checkpoint: progress is lost)")
+                                           : "; checkpoint written to " + checkpoint_path(d_.checkpoint).string() +
+                                                 ", continue with --resume"));
+        }
+        if (d_.checkpoint_every && here.steps % d_.checkpoint_every == 0 && here.next_batch < s_.steps_per_epoch)
+            ck_.write(*s_.trainer, here);
+        if (d_.eval_every && here.steps % d_.eval_every == 0 && s_.test_src)
+            report_eval(here.steps, evaluate(), log_, out_);
+        if (d_.max_steps && here.steps >= d_.max_steps) stopped_ = true;
+        return stopped_;
+    }
+
+    train::Metrics evaluate() {
+        if (!s_.test_src) return {};
+        s_.test_src->start_epoch(0, 0);
+        train::Batch b;
+        while (s_.test_src->next(b)) {
+            s_.trainer->evaluate(b);
+            s_.test_src->release();
+        }
+        (void)s_.test_src->take_times();
+        return s_.trainer->take_eval_metrics();
+    }
+
+    // The epoch's peak: samples every 0.25 s of training and one after evaluation and checkpoint.
+    std::uint64_t epoch_peak() {
+        if (!s_.on_gpu()) return 0;
+        s_.meter->sample();
+        const std::uint64_t peak = s_.meter->peak();
+        s_.meter->reset_peak();
+        sampled_ = Clock::now();
+        r_.peak_device_bytes = std::max(r_.peak_device_bytes, peak);
+        return peak;
+    }
+
+    Session& s_;
+    const TrainOptions& e_;
+    const DataOptions& d_;
+    const OutputOptions& out_;
+    const Checkpointer& ck_;
+    const CheckpointPosition pos_;
+    const Ceiling& c_;
+    JsonLog& log_;
+    RunReport& r_;
+    ComputeTimer compute_;
+    std::uint64_t steps_;
+    Clock::time_point sampled_;
+    bool stopped_ = false, warned_ceiling_ = false;
+};
+
+} // namespace
+
+Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d)
+    : d_(d), seed_(e.seed),
+      command_line_(e.command_line), given_options_(e.given_options), run_{
+                                         {"dataset_samples", std::to_string(s.train_split->samples)},
+                                         {"dataset_checksum", s.x->checksum},
+                                         {"model", train::to_spec_string(s.spec)},
+                                         {"batch", std::to_string(e.batch)},
+                                         {"epochs", std::to_string(e.epochs)},
+                                         {"optimizer", std::string(train::optimizer_name(e.optimizer))},
+                                         {"lr", fixed(s.tc.optimizer.lr, 6)},
+                                         {"schedule", std::string(train::schedule_name(e.schedule))},
+                                         {"order", d.order},
+                                         {"window", std::to_string(d.window)},
+                                         {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
+                                         {"seed", std::to_string(e.seed)},
+                                         {"precision", std::string(train::precision_name(s.precision))},
+                                     } {}
+
+CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& out) const {
+    if (!d_.resume) {
+        if (!d_.checkpoint.empty() && checkpoint_exists(d_.checkpoint))
+            throw usage_error("'" + d_.checkpoint.string() +
+                              "' already holds a checkpoint; add --resume to continue it, or remove it");
+        return {};
+    }
+    const Checkpoint c = load_checkpoint(d_.checkpoint);
+    check_resume_compatible(c, run_, d_.checkpoint);
+    t.load_state(c.trainer_state);
+    const CheckpointPosition pos = c.position;
+    if (c.run.at("epochs") != run_.at("epochs"))
+        note(out, "dstrain: --epochs " + run_.at("epochs") + " (was " + c.run.at("epochs") +
+                      "): the learning-rate schedule now spans the longer run");
+    note(out, "dstrain: resumed from " + checkpoint_path(d_.checkpoint).string() + " at epoch " +
+                  std::to_string(pos.epoch + 1) + ", batch " + std::to_string(pos.next_batch) + " (step " +
+                  std::to_string(pos.steps) + ")");
+    return pos;
+}
+
+void Checkpointer::write(train::Trainer& t, const CheckpointPosition& p) const {
+    if (d_.checkpoint.empty()) return;
+    Checkpoint c;
+    c.position = p;
+    c.seed = seed_;
+    c.run = run_;
+    c.created = now_iso8601();
+    c.command_line = command_line_;
+    c.options = given_options_;
+    c.trainer_state = t.save_state();
+    save_checkpoint(d_.checkpoint, c);
+}
+
+void train_epochs(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out,
+                  const Checkpointer& ck, CheckpointPosition pos, const Ceiling& c, JsonLog& log, RunReport& r) {
+    Loop(s, e, d, out, ck, pos, c, log, r).run();
+}
+
+} // namespace dstk::run

@@ -1,0 +1,194 @@
+// What a dstrain run tells the user: the setup notes, the memory ceiling, one
+// line per epoch on stdout (stderr with --json), --log-json lines and the
+// --json document.
+#include <cstdio>
+#include <sstream>
+
+#include "dstk/error.hpp"
+#include "dstk/units.hpp"
+#include "run/stages.hpp"
+
+namespace dstk::run {
+namespace {
+
+std::string stage_text(const data::StageTimes& t) {
+    return "read wait " + format_duration(t.read_wait) + ", read " + format_duration(t.read) +
+           (t.decode > 0 ? ", decode " + format_duration(t.decode) : std::string()) +
+           (t.h2d > 0 ? ", h2d " + format_duration(t.h2d) : std::string()) + ", compute " + format_duration(t.compute);
+}
+
+nlohmann::json stage_json(const data::StageTimes& t) {
+    return {{"read_wait_s", t.read_wait},
+            {"read_s", t.read},
+            {"decode_s", t.decode},
+            {"h2d_s", t.h2d},
+            {"compute_s", t.compute}};
+}
+
+// The per-epoch fields of --json's document.
+nlohmann::json epoch_json(const EpochReport& e, const RunReport& r) {
+    return {{"epoch", e.epoch},
+            {"train_loss", e.train.loss()},
+            {"train_accuracy", e.train.accuracy()},
+            {"test_loss", e.test.loss()},
+            {"test_accuracy", e.test.accuracy()},
+            {"seconds", e.seconds},
+            {"train_seconds", e.train_seconds},
+            {"samples_per_second", e.samples_per_second},
+            {"lr", e.lr},
+            {"gpu_memory_planned", r.device == "cpu" ? 0 : r.planned.total()},
+            {"gpu_memory_measured", r.measured_device_bytes}};
+}
+
+std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c) {
+    const EpochReport& er = o.report;
+    std::ostringstream line;
+    line << "epoch " << er.epoch << "/" << e.epochs << (o.whole ? "" : " (part)") << "  loss "
+         << fixed(er.train.loss(), 4) << "  train acc " << fixed(100 * er.train.accuracy(), 2) << "%  test acc "
+         << (s.test_src ? fixed(100 * er.test.accuracy(), 2) + "%" : std::string("-")) << "  time "
+         << format_duration(er.seconds) << "  " << format_count(static_cast<std::uint64_t>(er.samples_per_second))
+         << " samples/s";
+    if (s.on_gpu())
+        line << "  GPU mem " << format_bytes(o.peak) << " (ceiling " << format_bytes(c.bytes)
+             << (c.managed ? " + managed pages" : "") << ")";
+    line << "  [" << stage_text(o.stages) << "]";
+    return line.str();
+}
+
+} // namespace
+
+std::string fixed(double v, int digits) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return buf;
+}
+
+JsonLog::JsonLog(const std::string& path, bool append) : path_(path) {
+    if (path.empty()) return;
+    file_.open(path, append ? std::ios::app : std::ios::trunc);
+    if (!file_) throw_errno("cannot open --log-json", path);
+}
+
+void JsonLog::emit(const nlohmann::json& j) {
+    if (!file_.is_open()) return;
+    file_ << j.dump() << "\n" << std::flush;
+    if (!file_) throw runtime_error("cannot write --log-json " + path_ + " (disk full?)");
+}
+
+RunReport first_report(const Session& s) {
+    RunReport r;
+    r.model = s.tc.plan.name;
+    r.device = train::device_name(s.device);
+    r.precision = train::precision_name(s.precision);
+    r.parameters = s.tc.plan.params;
+    r.planned = s.trainer->memory_plan();
+    r.measured_device_bytes = s.trainer->measured_device_bytes();
+    return r;
+}
+
+void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out) {
+    note(out, "dstrain: model " + s.tc.plan.name + " (" + train::to_spec_string(s.spec) + ")");
+    note(out, "dstrain: " + format_count(s.tc.plan.params) + " parameters, input " + s.tc.plan.input.str() + " " +
+                  std::string(dtype_name(s.x->dtype)) + ", " + std::to_string(s.classes) + " classes, " +
+                  format_count(s.train_split->samples) + " train / " +
+                  format_count(s.test_split ? s.test_split->samples : 0) + " test samples, device " + r.device + ", " +
+                  r.precision);
+    note(out, "dstrain: data " + std::string(data::placement_name(s.train_src->placement())) + " (" + s.placement_why +
+                  "), order " + std::string(data::order_name(s.order)) +
+                  (s.order == data::Order::chunk ? " (" + format_count(s.sc.order.chunk_samples) + " samples x " +
+                                                       std::to_string(d.window) + " chunks per window)"
+                                                 : std::string()) +
+                  ", " + format_count(s.steps_per_epoch) + " steps per epoch");
+}
+
+void report_ceiling(const Session& s, const Ceiling& c, const RunReport& r, JsonLog& log, const OutputOptions& out) {
+    const bool on_gpu = s.on_gpu();
+    const std::string slots =
+        s.train_src->placement() == data::Placement::stream
+            ? " (" + std::to_string(std::max(s.sc.prefetch, on_gpu ? 2u : 1u)) +
+                  " batch slots per split, whatever the dataset size)"
+            : std::string(c.managed ? " (managed: the split's pages the GPU holds are not in the ceiling)" : "");
+    const std::string buffers = "parameters " + format_bytes(r.planned.parameters) + " + activations " +
+                                format_bytes(r.planned.activations) + " + workspace " +
+                                format_bytes(r.planned.workspace) + " + data " + format_bytes(c.data_device) + slots;
+    if (on_gpu)
+        note(out, "dstrain: GPU memory ceiling " + format_bytes(c.bytes) + " = runtime overhead " +
+                      format_bytes(c.overhead) +
+                      " (measured after a warm-up: CUDA context, cuDNN/cuBLAS, loaded kernels) + planned " +
+                      format_bytes(c.planned) + " (" + buffers + "); peaks measured with " + r.memory_method);
+    else
+        note(out, "dstrain: memory ceiling " + format_bytes(c.bytes) + " = " + buffers);
+    log.emit({{"event", "memory"},
+              {"memory_ceiling", c.bytes},
+              {"runtime_overhead", c.overhead},
+              {"planned_parameters", r.planned.parameters},
+              {"planned_activations", r.planned.activations},
+              {"planned_workspace", r.planned.workspace},
+              {"planned_data", c.data_device},
+              {"method", on_gpu ? r.memory_method : std::string("planned host memory (not measured)")}});
+}
+
+void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c, JsonLog& log,
+                  const OutputOptions& out) {
+    const std::string line = epoch_line(s, e, o, c);
+    if (out.json)
+        note(out, line);
+    else
+        std::printf("%s\n", line.c_str()), std::fflush(stdout);
+    const EpochReport& er = o.report;
+    nlohmann::json j{{"event", "epoch"},
+                     {"epoch", er.epoch},
+                     {"steps", o.steps},
+                     {"train_loss", er.train.loss()},
+                     {"train_accuracy", er.train.accuracy()},
+                     {"test_loss", er.test.loss()},
+                     {"test_accuracy", er.test.accuracy()},
+                     {"seconds", er.seconds},
+                     {"train_seconds", er.train_seconds},
+                     {"samples_per_second", er.samples_per_second},
+                     {"lr", er.lr},
+                     {"placement", data::placement_name(s.train_src->placement())},
+                     {"order", data::order_name(s.order)},
+                     {"stages", stage_json(o.stages)},
+                     {"memory_ceiling", c.bytes}};
+    if (s.on_gpu()) j["gpu_memory_peak"] = o.peak;
+    log.emit(j);
+}
+
+void report_eval(std::uint64_t steps, const train::Metrics& m, JsonLog& log, const OutputOptions& out) {
+    note(out, "step " + std::to_string(steps) + "  test loss " + fixed(m.loss(), 4) + "  test acc " +
+                  fixed(100 * m.accuracy(), 2) + "%");
+    log.emit({{"event", "eval"}, {"step", steps}, {"test_loss", m.loss()}, {"test_accuracy", m.accuracy()}});
+}
+
+void warn_over_ceiling(std::uint64_t peak, const Ceiling& c, const RunReport& r) {
+    warning("measured GPU memory " + format_bytes(peak) + " (" + r.memory_method + ") exceeds the ceiling " +
+            format_bytes(c.bytes) + " by " + format_bytes(peak - c.bytes) + " (memory allocated after the warm-up" +
+            (r.memory_method.find("device-wide") != std::string::npos ? ", or by another process" : "") +
+            "); the run goes on");
+}
+
+std::string run_report_json(const RunReport& r) {
+    nlohmann::json j = {{"schema_version", 1},
+                        {"tool", "dstrain"},
+                        {"model", r.model},
+                        {"device", r.device},
+                        {"precision", r.precision},
+                        {"parameters", r.parameters},
+                        {"gpu_memory",
+                         {{"planned", r.device == "cpu" ? 0 : r.planned.total()},
+                          {"planned_parameters", r.planned.parameters},
+                          {"planned_activations", r.planned.activations},
+                          {"planned_workspace", r.planned.workspace},
+                          {"measured", r.measured_device_bytes},
+                          {"ceiling", r.memory_ceiling},
+                          {"runtime_overhead", r.runtime_overhead},
+                          {"planned_data", r.data_device_bytes},
+                          {"peak", r.peak_device_bytes},
+                          {"method", r.memory_method}}},
+                        {"epochs", nlohmann::json::array()}};
+    for (const auto& e : r.epochs) j["epochs"].push_back(epoch_json(e, r));
+    return j.dump(2) + "\n";
+}
+
+} // namespace dstk::run

@@ -1,0 +1,296 @@
+// dstrain's setup: dataset, device, trainer, sources, and the memory ceiling.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "clock.hpp"
+#include "dstk/bench/results.hpp"
+#include "dstk/error.hpp"
+#include "dstk/gpu_info.hpp"
+#include "dstk/run/tuning.hpp"
+#include "dstk/sysinfo.hpp"
+#include "dstk/thread_pool.hpp"
+#include "dstk/units.hpp"
+#include "run/stages.hpp"
+
+namespace dstk::run {
+namespace {
+
+using data::Placement;
+using train::Backend;
+
+constexpr std::uint64_t default_chunk_bytes = 4ull << 20;
+constexpr std::uint64_t stats_samples = 4096;
+
+train::Device choose_device(const TrainOptions& e, const OutputOptions& out) {
+    if (e.device) return *e.device;
+    std::string why;
+    if (!detect_gpus(&why).empty()) return {Backend::cuda, 0};
+    note(out, "dstrain: no GPU (" + why + "): training on the CPU");
+    return {Backend::cpu, 0};
+}
+
+// Sample `e` of a stored input, as a double.
+double stored_value(const std::uint8_t* buf, DType t, std::uint64_t e) {
+    switch (t) {
+    case DType::u8:
+        return buf[e];
+    case DType::bf16:
+        return bf16_to_float(reinterpret_cast<const std::uint16_t*>(buf)[e]);
+    case DType::f16:
+        return f16_to_float(reinterpret_cast<const std::uint16_t*>(buf)[e]);
+    case DType::f32:
+        return reinterpret_cast<const float*>(buf)[e];
+    default:
+        return 0; // refused by the trainer's config check
+    }
+}
+
+// Per-channel mean and std in stored units: from the manifest, or computed
+// once from up to 4096 samples spread evenly over the training split.
+void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples, std::uint32_t channels,
+                   std::vector<float>& mean, std::vector<float>& stdev) {
+    const Manifest& m = ds.manifest();
+    if (m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
+        for (std::uint32_t c = 0; c < channels; ++c) {
+            mean.push_back(static_cast<float>(m.stats->mean[c]));
+            stdev.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
+        }
+        return;
+    }
+    const FieldReader& r = ds.reader(m.split("train").name, x.name);
+    const std::uint64_t take = std::min(samples, stats_samples);
+    const std::uint64_t sb = x.sample_bytes(), per_channel = x.shape.numel() / channels;
+    std::vector<std::uint8_t> buf(sb);
+    std::vector<double> sum(channels, 0.0), sq(channels, 0.0);
+    for (std::uint64_t k = 0; k < take; ++k) {
+        r.read(k * samples / take, 1, buf.data());
+        for (std::uint64_t e = 0; e < x.shape.numel(); ++e) {
+            const double v = stored_value(buf.data(), x.dtype, e);
+            sum[e / per_channel] += v;
+            sq[e / per_channel] += v * v;
+        }
+    }
+    const double n = static_cast<double>(take * per_channel);
+    for (std::uint32_t c = 0; c < channels; ++c) {
+        const double mu = sum[c] / n;
+        mean.push_back(static_cast<float>(mu));
+        stdev.push_back(static_cast<float>(std::sqrt(std::max(sq[c] / n - mu * mu, 1e-12))));
+    }
+}
+
+void open_dataset(Session& s, const TrainOptions& e) {
+    s.ds.emplace(Dataset::open(e.dataset));
+    const Manifest& m = s.ds->manifest();
+    s.train_split = &m.split("train");
+    s.test_split = m.find("test");
+    if (s.test_split && s.test_split->samples == 0) s.test_split = nullptr;
+    s.x = &s.train_split->field(m.input_field);
+    if (!m.num_classes)
+        throw runtime_error(s.ds->dir().string() + ": " + manifest_file_name +
+                            " has no num_classes (labels unknown); re-create the dataset with dsgen or dsconvert");
+    if (s.train_split->samples == 0)
+        throw usage_error("split 'train' of " + s.ds->dir().string() + " is empty (nothing to train on)");
+    if (e.batch > s.train_split->samples)
+        throw usage_error("the train split has " + format_count(s.train_split->samples) +
+                          " samples, fewer than --batch " + std::to_string(e.batch) + " (use a smaller --batch)");
+    s.classes = *m.num_classes;
+}
+
+train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
+    train::TrainerConfig tc;
+    tc.plan = train::plan_network(s.spec, train::tensor_shape_from(s.x->shape), s.classes);
+    tc.input_dtype = s.x->dtype;
+    tc.max_batch = e.batch;
+    tc.precision = s.precision;
+    tc.optimizer.kind = e.optimizer;
+    tc.optimizer.lr =
+        e.lr.value_or(e.optimizer == train::OptimizerKind::sgd ? 0.05f * static_cast<float>(e.batch) / 256.0f : 0.002f);
+    tc.optimizer.momentum = e.momentum;
+    tc.optimizer.nesterov = e.nesterov;
+    tc.optimizer.weight_decay = e.weight_decay;
+    tc.schedule.kind = e.schedule;
+    tc.schedule.total_steps = s.steps_per_epoch * e.epochs;
+    tc.schedule.warmup_steps =
+        static_cast<std::uint64_t>(std::llround(e.warmup_epochs * static_cast<double>(s.steps_per_epoch)));
+    tc.schedule.step_every = std::uint64_t{e.step_epochs} * s.steps_per_epoch;
+    tc.schedule.gamma = e.gamma;
+    if (e.schedule == train::ScheduleKind::step && e.step_epochs == 0)
+        throw usage_error("--schedule step needs --step-epochs N (decay every N epochs)");
+    tc.label_smoothing = e.label_smoothing;
+    tc.seed = e.seed;
+    tc.device = s.device;
+    tc.cpu_threads = e.threads;
+    tc.workspace_limit = e.workspace;
+    tc.deterministic = e.deterministic;
+    channel_stats(*s.ds, *s.x, s.train_split->samples, tc.plan.input.c, tc.mean, tc.std);
+    return tc;
+}
+
+Placement resolve_placement(Placement asked, const train::Device& dev, std::uint64_t data_bytes,
+                            std::uint64_t trainer_bytes, std::string& why) {
+    if (asked != Placement::automatic) {
+        why = "--data " + std::string(data::placement_name(asked));
+        return asked;
+    }
+    std::uint64_t room = 0;
+    std::string where;
+    if (dev.backend == Backend::cuda) {
+        const auto gpus = detect_gpus();
+        for (const auto& g : gpus)
+            if (g.index == dev.index) room = g.free_memory;
+        room = room / 10 * 9 > trainer_bytes ? room / 10 * 9 - trainer_bytes : 0;
+        where = "90% of free GPU memory less the model";
+    } else {
+        room = detect_system().memory.available / 2;
+        where = "half of available RAM";
+    }
+    if (data_bytes <= room) {
+        why = "the splits (" + format_bytes(data_bytes) + ") fit in " + where + " (" + format_bytes(room) + ")";
+        return Placement::device;
+    }
+    why = "the splits (" + format_bytes(data_bytes) + ") exceed " + where + " (" + format_bytes(room) +
+          "): streaming them";
+    return Placement::stream;
+}
+
+// The source configuration from the options, --bench's figures and the placement.
+data::SourceConfig source_config(Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
+    const FieldInfo& x = *s.x;
+    data::SourceConfig sc;
+    sc.device = s.device;
+    sc.order.kind = s.order;
+    sc.order.seed = s.tc.seed;
+    sc.order.window_chunks = d.window;
+    sc.order.chunk_samples =
+        d.chunk_samples ? d.chunk_samples : std::max<std::uint64_t>(1, default_chunk_bytes / x.sample_bytes());
+    if (x.storage == Storage::zstd_chunked && x.chunk_samples) sc.order.chunk_samples = x.chunk_samples;
+    sc.batch = s.tc.max_batch;
+    sc.prefetch = d.prefetch;
+    sc.readers = d.readers;
+    if (!d.bench.empty()) {
+        const bench::Results br = bench::load_results(d.bench);
+        const data::LoaderTuning t = data::tune_loader(
+            br, s.order, x.sample_bytes(), sc.batch, hardware_threads(),
+            d.prefetch_given ? std::optional<unsigned>(d.prefetch) : std::nullopt,
+            d.readers_given ? std::optional<unsigned>(d.readers) : std::nullopt, d.prefetch, d.readers);
+        sc.prefetch = t.prefetch;
+        sc.readers = t.readers;
+        for (const auto& line : t.why) note(out, "dstrain: --bench " + d.bench.string() + ": " + line);
+    }
+    sc.direct = d.direct;
+    sc.notice = [&out](const std::string& line) { note(out, "dstrain: " + line); };
+    sc.warn = [](const std::string& line) { warning(line); };
+    sc.managed_policy = data::parse_managed_policy(d.managed_policy);
+    sc.oversubscribe = d.oversubscribe;
+    sc.compute_stream = s.trainer->compute_stream();
+    const std::uint64_t split_bytes = checked_mul(s.train_split->samples, x.sample_bytes() + 4, "split bytes") +
+                                      (s.test_split ? s.test_split->samples * (x.sample_bytes() + 4) : 0);
+    sc.placement = resolve_placement(asked, s.device, split_bytes, s.trainer->memory_plan().total(), s.placement_why);
+    if (d.direct && sc.placement != Placement::stream)
+        note(out, "dstrain: --direct applies to --data stream only; the " +
+                      std::string(data::placement_name(sc.placement)) + " placement loads the split once");
+    if (s.order == data::Order::full && sc.placement == Placement::stream)
+        warning("--order full with --data stream reads samples at random from the files: unless they are in the "
+                "page cache this is I/O-bound; --order chunk keeps reads sequential");
+    return sc;
+}
+
+void open_sources(Session& s) {
+    data::SourceConfig test_sc = s.sc;
+    test_sc.order.kind = data::Order::sequential;
+    test_sc.drop_last = false;
+    s.train_src = data::make_batch_source(*s.ds, "train", s.sc);
+    if (s.test_split) s.test_src = data::make_batch_source(*s.ds, "test", test_sc);
+    if (s.train_src->batches_per_epoch() != s.steps_per_epoch) throw std::logic_error("batches per epoch disagree");
+}
+
+// Runs once every kernel and graph the run will use, so that what the CUDA
+// runtime loads or allocates lazily (kernel modules under the default
+// CUDA_MODULE_LOADING=LAZY, cuDNN and cuBLAS internals, a graph's first
+// upload) is on the device before the ceiling is measured: an evaluation and
+// a training step on the first training batch, whose effect is undone (the
+// trainer state saved before, loaded after), and an evaluation of the last
+// test batch (a partial one runs outside the captured graph).
+void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource* test_src, std::uint64_t epoch) {
+    const std::vector<std::uint8_t> state = t.save_state();
+    train::Batch b;
+    train_src.start_epoch(epoch, 0);
+    if (train_src.next(b)) {
+        t.evaluate(b);
+        t.train_step(b);
+        train_src.release();
+    }
+    if (test_src) {
+        test_src->start_epoch(0, test_src->batches_per_epoch() - 1);
+        if (test_src->next(b)) {
+            t.evaluate(b);
+            test_src->release();
+        }
+        (void)test_src->take_times();
+    }
+    t.synchronize();
+    t.load_state(state);
+    (void)t.take_train_metrics();
+    (void)t.take_eval_metrics();
+    (void)train_src.take_times();
+}
+
+} // namespace
+
+void check_options(const TrainOptions& e, const DataOptions& d) {
+    if (e.epochs == 0) throw usage_error("invalid --epochs 0 (must be positive)");
+    if (e.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
+    if (d.resume && d.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR (where to resume from)");
+    if (d.resume && !e.files.init_from.empty())
+        throw usage_error("--init-from with --resume (the checkpoint holds the weights); drop --init-from");
+}
+
+void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out) {
+    // First, while this process has no CUDA context: the device's memory before it.
+    if (!e.device || e.device->backend == Backend::cuda) s.meter.emplace();
+    const Placement asked = data::parse_placement(d.data);
+    s.order = data::parse_order(d.order);
+    (void)data::parse_managed_policy(d.managed_policy); // a usage error before the dataset is opened
+    s.device = choose_device(e, out);
+    s.precision = e.precision.value_or(s.on_gpu() ? train::Precision::tf32 : train::Precision::fp32);
+
+    open_dataset(s, e);
+    s.spec = train::resolve_model(e.model, s.classes);
+    s.steps_per_epoch = s.train_split->samples / e.batch;
+    s.tc = trainer_config(s, e);
+    std::optional<model::SavedModel> init;
+    if (!e.files.init_from.empty()) init = model::prepare_init_from(e.files, s.tc, out);
+    if (s.on_gpu()) s.meter->attach(s.device.index);
+    s.trainer = train::make_trainer(s.tc);
+    if (init) model::load_weights(*s.trainer, *init);
+
+    s.sc = source_config(s, d, asked, out);
+    open_sources(s);
+}
+
+Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {
+    // On the GPU: what the CUDA runtime itself holds (context, library
+    // handles, loaded kernels), measured once everything is built and warmed
+    // up, plus the planned buffers.
+    Ceiling c;
+    c.data_device = s.train_src->device_bytes() + (s.test_src ? s.test_src->device_bytes() : 0);
+    c.planned = r.planned.total() + c.data_device;
+    c.managed = s.train_src->placement() == Placement::managed;
+    // A resident split's load time belongs to the first epoch's read time; the warm-up's does not.
+    c.load_seconds = s.train_src->take_times().read;
+    if (s.on_gpu()) {
+        warm_up(*s.trainer, *s.train_src, s.test_src.get(), epoch);
+        const std::uint64_t held = s.meter->sample();
+        c.overhead = held > c.planned ? held - c.planned : 0;
+        r.memory_method = s.meter->method();
+    }
+    c.bytes = c.overhead + c.planned;
+    r.memory_ceiling = c.bytes;
+    r.runtime_overhead = c.overhead;
+    r.data_device_bytes = c.data_device;
+    return c;
+}
+
+} // namespace dstk::run

@@ -1,0 +1,118 @@
+#pragma once
+// The stages of a dstrain run (run_training in train_run.cpp calls them in
+// this order): setup.cpp builds the Session and measures the memory ceiling,
+// loop.cpp trains epoch by epoch, report.cpp writes what the user reads.
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/device_memory.hpp"
+#include "dstk/checkpoint.hpp"
+#include "dstk/data/batch_source.hpp"
+#include "dstk/dataset.hpp"
+#include "dstk/output.hpp"
+#include "dstk/run/options.hpp"
+#include "dstk/run/report.hpp"
+#include "dstk/train/trainer.hpp"
+
+namespace dstk::run {
+
+// Everything a run builds before its first step. Built in place and never
+// moved: the sources refer to the dataset.
+struct Session {
+    std::optional<data::DeviceMemoryMeter> meter; // cuda (or device not chosen yet)
+    train::Device device;
+    train::Precision precision = train::Precision::fp32;
+    std::optional<Dataset> ds;
+    const SplitInfo* train_split = nullptr;
+    const SplitInfo* test_split = nullptr; // null when absent or empty
+    const FieldInfo* x = nullptr;          // the input field
+    std::uint32_t classes = 0;
+    train::ModelSpec spec;
+    train::TrainerConfig tc;
+    std::uint64_t steps_per_epoch = 0; // a partial last batch is skipped
+    std::unique_ptr<train::Trainer> trainer;
+    data::Order order = data::Order::chunk;
+    data::SourceConfig sc;
+    std::string placement_why; // why this placement, for the user
+    std::unique_ptr<data::BatchSource> train_src, test_src;
+
+    bool on_gpu() const { return device.backend == train::Backend::cuda; }
+};
+
+// The GPU (or host) memory the run may hold, known before the first step.
+struct Ceiling {
+    std::uint64_t bytes = 0;       // overhead + planned
+    std::uint64_t overhead = 0;    // cuda: what the runtime holds after the warm-up
+    std::uint64_t planned = 0;     // the trainer's plan + data
+    std::uint64_t data_device = 0; // the sources' backend memory
+    bool managed = false;          // managed pages are not in the ceiling
+    double load_seconds = 0;       // a resident split's load time, for the first epoch's read time
+};
+
+// --- setup.cpp ---
+// Usage errors found from the options alone, before anything is opened.
+void check_options(const TrainOptions& e, const DataOptions& d);
+// Meter, device, dataset, trainer, sources, in that order (the meter reads
+// the device before this process has a CUDA context).
+void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out);
+// Warms up every kernel (cuda) and measures the ceiling from the start position's epoch.
+Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r);
+
+// --- report.cpp ---
+// --log-json: JSON lines, flushed one by one.
+class JsonLog {
+  public:
+    JsonLog(const std::string& path, bool append);
+    void emit(const nlohmann::json& j);
+
+  private:
+    std::string path_;
+    std::ofstream file_;
+};
+RunReport first_report(const Session& s);
+void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out);
+void report_ceiling(const Session& s, const Ceiling& c, const RunReport& r, JsonLog& log, const OutputOptions& out);
+struct EpochOutcome {
+    EpochReport report;
+    data::StageTimes stages;
+    std::uint64_t steps = 0; // in total, after the epoch
+    std::uint64_t peak = 0;  // cuda: measured over the epoch
+    bool whole = true;       // the epoch ran from its first batch to its last
+};
+void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c, JsonLog& log,
+                  const OutputOptions& out);
+void report_eval(std::uint64_t steps, const train::Metrics& m, JsonLog& log, const OutputOptions& out);
+void warn_over_ceiling(std::uint64_t peak, const Ceiling& c, const RunReport& r);
+
+// --- loop.cpp ---
+// What a resume must repeat, and the checkpoint writes.
+class Checkpointer {
+  public:
+    Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d);
+    // The position to start from: a loaded checkpoint's (with --resume), else the start.
+    CheckpointPosition start(train::Trainer& t, const OutputOptions& out) const;
+    void write(train::Trainer& t, const CheckpointPosition& p) const; // nothing without --checkpoint
+
+  private:
+    const DataOptions& d_;
+    std::uint64_t seed_;
+    std::string command_line_;
+    std::map<std::string, std::vector<std::string>> given_options_;
+    std::map<std::string, std::string> run_;
+};
+// Epochs from `pos` to the last (or --max-steps), with evaluation,
+// checkpoints and the reaction to SIGINT/SIGTERM; fills r.epochs.
+void train_epochs(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out,
+                  const Checkpointer& ck, CheckpointPosition pos, const Ceiling& c, JsonLog& log, RunReport& r);
+
+// Two digits after the point, etc.: for run's own lines.
+std::string fixed(double v, int digits);
+
+} // namespace dstk::run
