@@ -95,6 +95,13 @@ expect_exit 2 "$DSTRAIN" "$WORK/ds" --model mlp:16 "${CPU[@]}" --init-from "$WOR
 expect_stderr "holds another network \(model conv3x3:16"
 expect_no_file "$WORK/x.safetensors"
 
+# Progress inside an epoch: with --progress (stderr is no terminal here), never without.
+expect_exit 0 "$DSTRAIN" "$WORK/ds" "${CPU[@]}" --model small-cnn --epochs 1 --batch 8 --save "$WORK/p.safetensors" --progress
+expect_stderr "epoch 1/1: +[0-9.]+%  [0-9]+/96 steps  ETA [^ ]+( [a-z]+)?  [0-9,]+ samples/s  read wait [0-9.]+%"
+expect_exit 0 "$DSTRAIN" "$WORK/ds" "${CPU[@]}" --model small-cnn --epochs 1 --batch 8 --save "$WORK/p.safetensors" --force
+CHECKS=$((CHECKS + 1))
+! grep -q "steps  ETA" "$ERR" || fail "a progress line although stderr is not a terminal"
+
 # The man page's EXAMPLES and the README's lines, as written (on the CPU where there is no GPU).
 mkdir "$WORK/ex"
 ln -s "$WORK/ds" "$WORK/ex/data"

@@ -6,7 +6,9 @@
 
 #include "clock.hpp"
 #include "dstk/error.hpp"
+#include "dstk/output.hpp"
 #include "dstk/signals.hpp"
+#include "dstk/units.hpp"
 #include "run/stages.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
@@ -83,6 +85,39 @@ class ComputeTimer {
     double seconds_ = 0;
 };
 
+// The line inside an epoch on a terminal (or with --progress): steps,
+// samples/s, ETA and the share of the time spent waiting for batches.
+class EpochProgress {
+  public:
+    EpochProgress(const std::string& label, std::uint64_t steps, std::uint32_t batch, const OutputOptions& out)
+        : progress_(label, steps, 0, out, "steps"), batch_(batch) {}
+    bool next(data::BatchSource& src, train::Batch& b) {
+        if (!progress_.enabled()) return src.next(b);
+        const auto t0 = Clock::now();
+        const bool more = src.next(b);
+        waited_ += seconds_since(t0);
+        return more;
+    }
+    void step() {
+        if (!progress_.enabled()) return;
+        ++steps_;
+        if (steps_ == 1 || seconds_since(shown_) >= 0.15) {
+            const double secs = std::max(1e-9, seconds_since(start_));
+            progress_.set_detail(format_count(static_cast<std::uint64_t>(static_cast<double>(steps_ * batch_) / secs)) +
+                                 " samples/s  read wait " + fixed(100 * waited_ / secs, 1) + "%");
+            shown_ = Clock::now();
+        }
+        progress_.add(1, 0);
+    }
+    void finish() { progress_.finish(); }
+
+  private:
+    Progress progress_;
+    std::uint64_t batch_, steps_ = 0;
+    double waited_ = 0;
+    Clock::time_point start_ = Clock::now(), shown_ = start_;
+};
+
 class Loop {
   public:
     Loop(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out, const Checkpointer& ck,
@@ -108,13 +143,17 @@ class Loop {
         s_.train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
         train::Batch b;
-        while (s_.train_src->next(b)) {
+        EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
+                               s_.steps_per_epoch - first, e_.batch, out_);
+        while (progress.next(*s_.train_src, b)) {
             compute_.time([&] { s_.trainer->train_step(b); });
             s_.train_src->release();
             ++batch_index;
             ++steps_;
+            progress.step();
             if (after_step({epoch, batch_index, steps_})) break;
         }
+        progress.finish();
         s_.trainer->synchronize();
         if (const auto bad = s_.trainer->first_nonfinite_step())
             throw runtime_error("non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
