@@ -13,4 +13,5 @@ mkdir -p "$work" "$log"
     --log-json "$log/model-check-train.jsonl"
 "$bin/dstrain" eval "$work/data" --weights "$work/model.safetensors" --json >"$log/model-check-eval.json"
 "$bin/dstrain" eval "$work/data" --weights "$work/model.safetensors" | head -3
-python3 scripts/model_check.py "$work/data" "$work/model.safetensors" "$log/model-check-eval.json"
+# PyTorch loads its own cuDNN: keep the system one out of the way.
+env -u LD_LIBRARY_PATH python3 scripts/model_check.py "$work/data" "$work/model.safetensors" "$log/model-check-eval.json"

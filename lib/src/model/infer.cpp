@@ -385,6 +385,8 @@ std::string eval_report_json(const EvalReport& r) {
 std::uint64_t predict(const SavedModel& m, const PredictOptions& po, const InferenceOptions& o,
                       const OutputOptions& out) {
     const auto in = open_input(po);
+    // NumPy has no bfloat16: bf16 samples travel as u2 (dstk-format(5)).
+    if (in->dtype == DType::u16 && m.input_dtype == DType::bf16) in->dtype = DType::bf16;
     check_input_shape(in->shape, m, in->source);
     check_input_dtype(in->dtype, m, in->source, out);
     Predictor p(m, in->dtype, o, out);

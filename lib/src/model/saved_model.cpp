@@ -194,17 +194,23 @@ SavedModel from_tensor_file(const TensorFile& f, const std::string& source) {
     } catch (const Error& e) {
         throw runtime_error(source + ": the saved model does not plan (" + e.what() + ")");
     }
-    m.params.resize(plan.params);
-    m.states.resize(plan.states);
+    // Every tensor is checked before anything is allocated: the sizes the
+    // metadata implies are then bounded by the file's.
     std::vector<std::string> counters;
     std::set<std::string> expected;
-    for (const auto& s : slots_of(plan, &counters)) {
+    const auto slots = slots_of(plan, &counters);
+    for (const auto& s : slots) {
         expected.insert(s.name);
         const Tensor* t = f.find(s.name);
         if (!t) throw runtime_error(source + ": tensor '" + s.name + "' is missing (the file is incomplete)");
         if (t->dtype != DType::f32 || t->shape != s.shape)
             throw runtime_error(source + ": tensor '" + s.name + "' is " + std::string(dtype_name(t->dtype)) + " " +
                                 nlohmann::json(t->shape).dump() + ", expected f32 " + nlohmann::json(s.shape).dump());
+    }
+    m.params.resize(plan.params);
+    m.states.resize(plan.states);
+    for (const auto& s : slots) {
+        const Tensor* t = f.find(s.name);
         std::memcpy((s.state ? m.states : m.params).data() + s.offset, t->data.data(), t->data.size());
     }
     for (const auto& c : counters) {
