@@ -1,45 +1,110 @@
 #!/usr/bin/env bash
 # dstrain against PyTorch on the same data, same model (ref-cnn), same batch,
-# data already in GPU memory. Usage: scripts/bench-train.sh BUILD_DIR [WORK_DIR]
-# Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 bf16 fp32");
-# bf16 is compared with PyTorch's bf16 autocast + channels_last.
-# MEMMAP=1 (default) also runs the end-to-end comparison with the seeds' recipe:
-# dstrain --data stream (tf32) against PyTorch fed by an np.memmap Dataset +
-# DataLoader(shuffle, 4 workers, pin_memory), both reading the dataset files.
+# data already in GPU memory, each configuration in RUNS fresh processes
+# (dstrain and PyTorch alternating), reported as min / median / max.
+# Usage: scripts/bench-train.sh BUILD_DIR [WORK_DIR]
+# Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 bf16 fp32"),
+#      RUNS (fresh processes per configuration, default 5, at least 5 for the check),
+#      TORCH (1: also PyTorch eager and compile; 0: dstrain only), TORCH_RUNS (default RUNS),
+#      CHECK (1: exit 1 when a dstrain configuration's slowest run is below 95% of its median).
+# A dstrain run's figure is the median of its epochs after the first; a PyTorch
+# run's is torch_baseline.py's figure per mode. bf16 is compared with PyTorch's
+# bf16 autocast + channels_last.
+# MEMMAP=1 (default) also runs the end-to-end comparison with the seeds' recipe
+# once: dstrain --data stream (tf32) against PyTorch fed by an np.memmap Dataset
+# + DataLoader(shuffle, 4 workers, pin_memory), both reading the dataset files.
 set -euo pipefail
 build=${1:?usage: bench-train.sh BUILD_DIR [WORK_DIR]}
 work=${2:-$(mktemp -d)}
 mkdir -p "$work"
 here=$(cd "$(dirname "$0")" && pwd)
 train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 bf16 fp32"}
+runs=${RUNS:-5} torch=${TORCH:-1} torch_runs=${TORCH_RUNS:-${RUNS:-5}}
 data="$work/bench-u8"
 [[ -f "$data/dataset.json" ]] || "$build/bin/dsgen" "$data" --train "$train" --test 10000 --shape 3x32x32 --dtype u8 --classes 10 --quiet
-declare -A ds torch_eager torch_compile
-for p in $precisions; do
-  "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
-      --save "$work/model-$p.safetensors" --force --json > "$work/dstrain-$p.json"
-  ds[$p]=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(max(e["samples_per_second"] for e in d["epochs"][1:] or d["epochs"])))' "$work/dstrain-$p.json")
-  # PyTorch loads its own cuDNN: keep the system one out of the way.
-  env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 2 --precision "$p" --json \
-      > "$work/torch-$p.json"
-  torch_eager[$p]=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["eager"]))' "$work/torch-$p.json")
-  torch_compile[$p]=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/torch-$p.json")
+export DSTK_STEP_TIMES=${DSTK_STEP_TIMES:-1} # the per-step breakdown in each run's log
+results="$work/runs.tsv" # configuration <tab> samples/s, one line per process
+: >"$results"
+
+# The median of a dstrain run's epochs after the first (all epochs when there is one).
+epoch_median() {
+  python3 -c 'import json,sys,statistics as s; e=[x["samples_per_second"] for x in json.load(open(sys.argv[1]))["epochs"]]; print(int(s.median(e[1:] or e)))' "$1"
+}
+
+for r in $(seq 1 "$runs"); do
+  for p in $precisions; do
+    "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
+        --save "$work/model-$p-$r.safetensors" --force --json >"$work/dstrain-$p-$r.json" 2>"$work/dstrain-$p-$r.err"
+    printf 'dstrain %s\t%s\n' "$p" "$(epoch_median "$work/dstrain-$p-$r.json")" >>"$results"
+    if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
+      # PyTorch loads its own cuDNN: keep the system one out of the way.
+      env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 2 --precision "$p" \
+          --json >"$work/torch-$p-$r.json" 2>"$work/torch-$p-$r.err"
+      for mode in eager compile; do
+        printf 'torch-%s %s\t%s\n' "$mode" "$p" \
+            "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"][sys.argv[2]]))' "$work/torch-$p-$r.json" "$mode")" \
+            >>"$results"
+      done
+    fi
+  done
 done
-printf '\nref-cnn, batch %s, %s samples 3x32x32 u8 in GPU memory (samples/s, best epoch)\n' "$batch" "$train"
-printf '%-10s %14s %14s %16s %10s\n' precision dstrain torch-eager torch-compile "vs best"
-for p in $precisions; do
-  best=$(( torch_eager[$p] > torch_compile[$p] ? torch_eager[$p] : torch_compile[$p] ))
-  printf '%-10s %14s %14s %16s %9sx\n' "$p" "${ds[$p]}" "${torch_eager[$p]}" "${torch_compile[$p]}" \
-      "$(python3 -c "print(f'{${ds[$p]}/$best:.2f}')")"
-done
-if [ "${MEMMAP:-1}" != 0 ]; then
+
+printf '\nref-cnn, batch %s, %s samples 3x32x32 u8 in GPU memory, %s fresh processes each (samples/s)\n' \
+    "$batch" "$train" "$runs"
+python3 - "$results" "$precisions" <<'EOF'
+import sys, statistics as st
+rows = {}
+for line in open(sys.argv[1]):
+    conf, v = line.rstrip("\n").split("\t")
+    rows.setdefault(conf, []).append(float(v))
+print(f"{'configuration':22s} {'runs':>4s} {'min':>10s} {'median':>10s} {'max':>10s} {'min/median':>10s}")
+for conf, v in rows.items():
+    m = st.median(v)
+    print(f"{conf:22s} {len(v):4d} {min(v):10.0f} {m:10.0f} {max(v):10.0f} {100 * min(v) / m:9.1f}%")
+print()
+for p in sys.argv[2].split():
+    d = rows.get(f"dstrain {p}")
+    best = max([st.median(rows[k]) for k in (f"torch-eager {p}", f"torch-compile {p}") if k in rows], default=0)
+    if d and best:
+        print(f"dstrain {p} median / PyTorch's best median: {st.median(d) / best:.2f}x")
+t, b = rows.get("dstrain tf32"), rows.get("dstrain bf16")
+if t and b:
+    print(f"dstrain bf16 median / tf32 median: {st.median(b) / st.median(t):.2f}x")
+EOF
+
+if [ "${MEMMAP:-1}" != 0 ] && [ "$torch" != 0 ]; then
   "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision tf32 --device cuda:0 \
       --data stream --order full --save "$work/model-stream.safetensors" --force --json > "$work/dstrain-stream.json"
-  stream=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(max(e["samples_per_second"] for e in d["epochs"][1:] or d["epochs"])))' "$work/dstrain-stream.json")
+  stream=$(epoch_median "$work/dstrain-stream.json")
   env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 1 --precision tf32 \
       --modes memmap --json > "$work/torch-memmap.json"
   memmap=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["memmap"]))' "$work/torch-memmap.json")
-  printf '\nend to end from the dataset files, tf32, shuffled (samples/s)\n'
+  printf '\nend to end from the dataset files, tf32, shuffled (samples/s, one process each)\n'
   printf '%-34s %10s\n' "dstrain --data stream --order full" "$stream" "torch np.memmap + DataLoader(4)" "$memmap"
   printf '%-34s %9sx\n' "ratio" "$(python3 -c "print(f'{$stream/$memmap:.2f}')")"
+fi
+
+# The regression check of issue 18: every fresh dstrain process within 5% of
+# the median of its configuration.
+if [ "${CHECK:-1}" != 0 ]; then
+  python3 - "$results" <<'EOF'
+import sys, statistics as st
+rows = {}
+for line in open(sys.argv[1]):
+    conf, v = line.rstrip("\n").split("\t")
+    rows.setdefault(conf, []).append(float(v))
+bad = []
+for conf, v in rows.items():
+    if conf.startswith("dstrain ") and min(v) < 0.95 * st.median(v):
+        bad.append(f"{conf}: slowest run {min(v):.0f} samples/s is {100 * min(v) / st.median(v):.1f}% of the median "
+                   f"{st.median(v):.0f} (runs: {', '.join(f'{x:.0f}' for x in v)})")
+if bad:
+    print("\nbench-train: FAILED the reproducibility check (slowest run >= 95% of the median):", file=sys.stderr)
+    for b in bad:
+        print("  " + b, file=sys.stderr)
+    print("  the runs' logs (dstrain-*.err, with DSTK_STEP_TIMES=1 the per-step breakdown) are in the work directory",
+          file=sys.stderr)
+    sys.exit(1)
+print("\nbench-train: every dstrain run within 5% of its configuration's median")
+EOF
 fi

@@ -7,6 +7,8 @@
 #   DSTK_CUDA_ARCHS   architectures to build (default: native)
 #   DSTK_GPU_BENCH    which benchmarks: all (default), none, or names among
 #                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert model-check
+#                     kernel-choice (issue 18: 10 fresh processes per precision from
+#                     an empty kernel choice cache; not in "all", ~4 minutes)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +52,7 @@ fi
 
 benches=${DSTK_GPU_BENCH:-all}
 want() { [ "$benches" = all ] || [[ " $benches " == *" $1 "* ]]; }
+named() { [[ " $benches " == *" $1 "* ]]; }
 
 if [ "$benches" != none ]; then
     export DSTK_BIN=$PWD/build-gpu/bin
@@ -60,8 +63,9 @@ if [ "$benches" != none ]; then
         "$DSTK_BIN/dsgen" '"$work"'/gen16 --train 4M --test 0 --force; rm -rf '"$work"'/gen1 '"$work"'/gen16'
     want dsbench-gpu && SUMMARY_RE='h2d.pinned .*256' step dsbench-gpu 150 "$DSTK_BIN/dsbench" all --cases h2d,decode.convert \
         --json "$log/bench-gpu.json" --force
-    want bench-train && SUMMARY_RE='tf32|bf16' step bench-train 300 env TRAIN=50000 EPOCHS=3 PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}" \
-        scripts/bench-train.sh build-gpu "$work/train"
+    want bench-train && SUMMARY_RE='tf32|bf16|FAILED' step bench-train 420 env TRAIN=50000 EPOCHS=3 RUNS=5 TORCH_RUNS=1 \
+        PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}" scripts/bench-train.sh build-gpu "$work/train"
+    named kernel-choice && SUMMARY_RE='bf16/tf32|FAIL' step kernel-choice 420 scripts/bench-kernel-choice.sh build-gpu "$log"
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"

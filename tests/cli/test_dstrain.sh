@@ -44,6 +44,8 @@ expect_stderr '10 classes'
 expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --optimizer adam
 expect_stderr 'expected sgd or adamw'
 expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --precision fp16
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --kernels fast
+expect_stderr "invalid --kernels .fast. \\(expected auto, cached, retune or heuristic\\)"
 expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --device gpu
 expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --batch 5000
 expect_stderr 'fewer than --batch'

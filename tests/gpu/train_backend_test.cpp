@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "dstk/gpu_info.hpp"
@@ -174,8 +176,8 @@ TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
     }
 }
 
-// In tf32 the weight gradient of 3x3 convolutions on multiples of 32 channels
-// and power-of-two widths runs tc_wgrad.cu: widths 8, 16 (12 rows: a partial
+// In tf32 and bf16 the weight gradient of 3x3 convolutions on multiples of 32
+// channels and power-of-two widths runs tc_wgrad.cu: widths 8, 16 (12 rows: a partial
 // last tile of 8) and 64, 32 to 64 channels.
 TEST(TrainGpu, TensorCoreWeightGradientMatchesCpu) {
     REQUIRE_GPU();
@@ -186,7 +188,10 @@ TEST(TrainGpu, TensorCoreWeightGradientMatchesCpu) {
         {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 6, 64}},
     };
     setenv("DSTK_CONV_KERNELS", "own", 1); // untimed: these small shapes might otherwise go to cuDNN
-    for (const auto& [spec, in] : cases) compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
+    for (const auto& [spec, in] : cases) {
+        compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
+        compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
+    }
     unsetenv("DSTK_CONV_KERNELS");
 }
 
@@ -413,4 +418,48 @@ TEST(TrainGpu, PlannedMemoryMatchesMeasured) {
                     std::string(precision_name(p)).c_str(), planned / 1048576, measured / 1048576);
         EXPECT_NEAR(measured, planned, 0.01 * planned + 4.0 * 1048576) << precision_name(p);
     }
+}
+
+// The kernel choice cache: a first trainer times its convolutions' candidates
+// and stores the choices; a second one with the same configuration takes every
+// choice from the cache, and with --deterministic both train to bit-equal
+// weights. --kernels heuristic neither reads nor writes the cache.
+TEST(TrainGpu, SecondRunReusesCachedKernelChoicesBitEqual) {
+    REQUIRE_GPU();
+    char tmpl[] = "/tmp/dstk-gpu-choices-XXXXXX";
+    const std::string dir = ::mkdtemp(tmpl);
+    const TensorShape in{3, 16, 16};
+    const std::string spec = "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,flatten,fc:10";
+    for (const Precision p : {Precision::tf32, Precision::bf16}) {
+        SCOPED_TRACE(std::string(precision_name(p)));
+        TrainerConfig c = config(spec, in, 10, 32, Backend::cuda, p);
+        c.deterministic = true;
+        c.choice_dir = dir;
+        const Data d = make_random_data(in, 10, 32, 5);
+        const DeviceData dd(d);
+        auto run = [&](KernelMode mode, std::vector<KernelReport>& reports) {
+            c.kernels = mode;
+            auto t = make_trainer(c);
+            reports = t->kernel_choices();
+            for (int s = 0; s < 4; ++s) t->train_step(dd.batch(32));
+            return t->read_parameters();
+        };
+        std::vector<KernelReport> first, second, heuristic;
+        const auto p1 = run(KernelMode::automatic, first);
+        const auto p2 = run(KernelMode::automatic, second);
+        ASSERT_EQ(first.size(), second.size());
+        ASSERT_FALSE(first.empty());
+        for (std::size_t i = 0; i < first.size(); ++i) {
+            SCOPED_TRACE("layer " + std::to_string(first[i].layer) + " " + first[i].op);
+            EXPECT_NE(first[i].source, ChoiceSource::cache);
+            EXPECT_EQ(first[i].kernel, second[i].kernel);
+            EXPECT_EQ(second[i].source, first[i].source == ChoiceSource::timed ? ChoiceSource::cache : first[i].source);
+        }
+        ASSERT_EQ(p1.size(), p2.size());
+        EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float))) << "weights differ";
+        run(KernelMode::heuristic, heuristic);
+        for (const auto& r : heuristic)
+            EXPECT_TRUE(r.source == ChoiceSource::heuristic || r.source == ChoiceSource::rule);
+    }
+    std::filesystem::remove_all(dir);
 }

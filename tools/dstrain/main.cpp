@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
     using namespace dstk::train;
     run::TrainOptions o;
     OutputOptions out;
-    std::string dataset, optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB";
+    std::string dataset, optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB",
+                         kernels = "auto";
     float lr = 0.0f;
     bool no_nesterov = false;
 
@@ -52,6 +53,11 @@ int main(int argc, char** argv) {
     app.add_flag("--deterministic", o.deterministic,
                  "GPU: cuDNN algorithms restricted to deterministic ones; same seed, same weights; slower (the CPU "
                  "is always deterministic)");
+    app.add_option("--kernels", kernels,
+                   "GPU convolution kernel choice: auto (the choice cache, timing what it lacks), cached (the cache "
+                   "only, untimed heuristic for the rest), retune (time everything again) or heuristic (no timing, "
+                   "no cache)")
+        ->capture_default_str();
     app.add_option("--log-json", o.log_json,
                    "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
     run::DataOptions d;
@@ -77,6 +83,7 @@ int main(int argc, char** argv) {
         if (!precision.empty()) o.precision = parse_precision(precision);
         if (!device.empty()) o.device = parse_device(device);
         o.workspace = parse_size(workspace, "--workspace");
+        o.kernels = parse_kernel_mode(kernels);
         o.command_line = command_line(argc, argv);
         const run::RunReport r = run::run_training(o, d, out);
         if (out.json) std::fputs(run::run_report_json(r).c_str(), stdout);

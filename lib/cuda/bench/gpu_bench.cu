@@ -1,26 +1,18 @@
 // dsbench's GPU side: host-to-device transfers and dtype conversion kernels,
 // timed with CUDA events on one stream.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "cuda_check.hpp"
 #include "dstk/bench/gpu.hpp"
 #include "dstk/error.hpp"
+#include "train/input_layout.hpp"
 
 namespace dstk::bench {
 namespace {
-
-void check(cudaError_t err, const char* what) {
-    if (err == cudaSuccess) return;
-    cudaGetLastError();
-    const ExitCode code = err == cudaErrorMemoryAllocation ? ExitCode::no_fit : ExitCode::failure;
-    throw Error(code, std::string(what) + " failed (" + cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")");
-}
-#define DSTK_CUDA_CHECK(expr) check((expr), #expr)
 
 // Small transfers are repeated so that a timed run moves at least this much.
 constexpr std::uint64_t bytes_per_run = 256ull << 20;
@@ -38,24 +30,6 @@ __global__ void read_kernel(const uint4* __restrict__ src, std::uint64_t words, 
     if (acc == 0x9E3779B9u) *sink = acc;
 }
 
-__global__ void convert_u8(const std::uint8_t* __restrict__ in, float* __restrict__ out, std::uint64_t n) {
-    for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
-         i += std::uint64_t(gridDim.x) * blockDim.x)
-        out[i] = float(in[i]);
-}
-
-__global__ void convert_bf16(const __nv_bfloat16* __restrict__ in, float* __restrict__ out, std::uint64_t n) {
-    for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
-         i += std::uint64_t(gridDim.x) * blockDim.x)
-        out[i] = __bfloat162float(in[i]);
-}
-
-__global__ void convert_f16(const __half* __restrict__ in, float* __restrict__ out, std::uint64_t n) {
-    for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
-         i += std::uint64_t(gridDim.x) * blockDim.x)
-        out[i] = __half2float(in[i]);
-}
-
 int grid_for(std::uint64_t items, int block) {
     int device = 0, sms = 1;
     cudaGetDevice(&device);
@@ -68,9 +42,9 @@ struct Timing {
     cudaStream_t stream = nullptr;
     cudaEvent_t start = nullptr, stop = nullptr;
     Timing() {
-        DSTK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        DSTK_CUDA_CHECK(cudaEventCreate(&start));
-        DSTK_CUDA_CHECK(cudaEventCreate(&stop));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreate(&start));
+        CUDA_CHECK(cudaEventCreate(&stop));
     }
     ~Timing() {
         if (stop) cudaEventDestroy(stop);
@@ -78,9 +52,9 @@ struct Timing {
         if (stream) cudaStreamDestroy(stream);
     }
     double seconds() {
-        DSTK_CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
         float ms = 0;
-        DSTK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         return ms / 1e3;
     }
 };
@@ -136,7 +110,7 @@ struct TransferBench::Impl {
         const std::uint64_t words = bytes / 16;
         const int block = 256;
         read_kernel<<<grid_for(words, block), block, 0, timing.stream>>>(static_cast<const uint4*>(src), words, sink);
-        DSTK_CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaGetLastError());
     }
 };
 
@@ -147,43 +121,43 @@ TransferBench::TransferBench(Transfer kind, std::uint64_t bytes) : impl_(std::ma
     // Managed and mapped cases go through one kernel or prefetch per run; copies are repeated.
     const bool copy = kind == Transfer::pageable || kind == Transfer::pinned;
     b.ops = copy ? std::clamp<std::uint64_t>(bytes_per_run / b.bytes, 1, max_ops_per_run) : 1;
-    DSTK_CUDA_CHECK(cudaGetDevice(&b.device));
+    CUDA_CHECK(cudaGetDevice(&b.device));
     std::size_t free_b = 0, total_b = 0;
-    DSTK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (transfer_is_managed(kind) && b.bytes > free_b / 4)
         throw no_fit_error("managed allocation of " + std::to_string(b.bytes) +
                            " bytes would exceed a quarter of the GPU's free memory (" + std::to_string(free_b) +
                            " bytes)");
-    DSTK_CUDA_CHECK(cudaMalloc(&b.sink, sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&b.sink, sizeof(unsigned)));
     switch (kind) {
     case Transfer::pageable:
         b.host = std::malloc(b.bytes);
         if (!b.host) throw std::bad_alloc();
         std::memset(b.host, 1, b.bytes);
-        DSTK_CUDA_CHECK(cudaMalloc(&b.device_buf, b.bytes));
+        CUDA_CHECK(cudaMalloc(&b.device_buf, b.bytes));
         break;
     case Transfer::pinned:
-        DSTK_CUDA_CHECK(cudaHostAlloc(&b.host, b.bytes, cudaHostAllocDefault));
+        CUDA_CHECK(cudaHostAlloc(&b.host, b.bytes, cudaHostAllocDefault));
         std::memset(b.host, 1, b.bytes);
-        DSTK_CUDA_CHECK(cudaMalloc(&b.device_buf, b.bytes));
+        CUDA_CHECK(cudaMalloc(&b.device_buf, b.bytes));
         break;
     case Transfer::zero_copy:
-        DSTK_CUDA_CHECK(cudaHostAlloc(&b.host, b.bytes, cudaHostAllocMapped));
+        CUDA_CHECK(cudaHostAlloc(&b.host, b.bytes, cudaHostAllocMapped));
         std::memset(b.host, 1, b.bytes);
         break;
     case Transfer::managed_fault:
     case Transfer::managed_prefetch:
     case Transfer::managed_accessed_by: {
         int managed_ok = 0;
-        DSTK_CUDA_CHECK(cudaDeviceGetAttribute(&managed_ok, cudaDevAttrConcurrentManagedAccess, b.device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&managed_ok, cudaDevAttrConcurrentManagedAccess, b.device));
         if (!managed_ok)
             throw no_fit_error("this GPU or driver has no concurrent managed access (needed to time managed "
                                "memory page by page)");
-        DSTK_CUDA_CHECK(cudaMallocManaged(&b.managed, b.bytes));
+        CUDA_CHECK(cudaMallocManaged(&b.managed, b.bytes));
         std::memset(b.managed, 1, b.bytes); // first touch on the host: the pages start there
         if (kind == Transfer::managed_accessed_by) {
-            DSTK_CUDA_CHECK(cudaMemAdvise(b.managed, b.bytes, cudaMemAdviseSetPreferredLocation, host_location()));
-            DSTK_CUDA_CHECK(cudaMemAdvise(b.managed, b.bytes, cudaMemAdviseSetAccessedBy, device_location(b.device)));
+            CUDA_CHECK(cudaMemAdvise(b.managed, b.bytes, cudaMemAdviseSetPreferredLocation, host_location()));
+            CUDA_CHECK(cudaMemAdvise(b.managed, b.bytes, cudaMemAdviseSetAccessedBy, device_location(b.device)));
         }
         break;
     }
@@ -200,24 +174,24 @@ void TransferBench::prepare() {
     Impl& b = *impl_;
     if (b.kind == Transfer::managed_fault || b.kind == Transfer::managed_prefetch) {
         // Put every page back on the host, so the timed run migrates all of them.
-        DSTK_CUDA_CHECK(cudaMemPrefetchAsync(b.managed, b.bytes, host_location(), 0, b.timing.stream));
-        DSTK_CUDA_CHECK(cudaStreamSynchronize(b.timing.stream));
+        CUDA_CHECK(cudaMemPrefetchAsync(b.managed, b.bytes, host_location(), 0, b.timing.stream));
+        CUDA_CHECK(cudaStreamSynchronize(b.timing.stream));
     }
 }
 
 double TransferBench::run() {
     Impl& b = *impl_;
     Timing& t = b.timing;
-    DSTK_CUDA_CHECK(cudaEventRecord(t.start, t.stream));
+    CUDA_CHECK(cudaEventRecord(t.start, t.stream));
     switch (b.kind) {
     case Transfer::pageable:
     case Transfer::pinned:
         for (std::uint64_t i = 0; i < b.ops; ++i)
-            DSTK_CUDA_CHECK(cudaMemcpyAsync(b.device_buf, b.host, b.bytes, cudaMemcpyHostToDevice, t.stream));
+            CUDA_CHECK(cudaMemcpyAsync(b.device_buf, b.host, b.bytes, cudaMemcpyHostToDevice, t.stream));
         break;
     case Transfer::zero_copy: {
         void* dev = nullptr;
-        DSTK_CUDA_CHECK(cudaHostGetDevicePointer(&dev, b.host, 0));
+        CUDA_CHECK(cudaHostGetDevicePointer(&dev, b.host, 0));
         b.read_on_gpu(dev);
         break;
     }
@@ -226,12 +200,17 @@ double TransferBench::run() {
         b.read_on_gpu(b.managed);
         break;
     case Transfer::managed_prefetch:
-        DSTK_CUDA_CHECK(cudaMemPrefetchAsync(b.managed, b.bytes, device_location(b.device), 0, t.stream));
+        CUDA_CHECK(cudaMemPrefetchAsync(b.managed, b.bytes, device_location(b.device), 0, t.stream));
         break;
     }
-    DSTK_CUDA_CHECK(cudaEventRecord(t.stop, t.stream));
+    CUDA_CHECK(cudaEventRecord(t.stop, t.stream));
     return t.seconds();
 }
+
+// dstrain's input conversion (train/input_layout.cu) as dstrain's fp32 runs
+// call it (NCHW float output), on rows of a CIFAR-sized sample of one channel,
+// with mean 0 and std 1 so that the output is the plain conversion.
+constexpr std::uint64_t convert_row = 3072;
 
 struct GpuConvertBench::Impl {
     DType from;
@@ -239,10 +218,15 @@ struct GpuConvertBench::Impl {
     Timing timing;
     void* in = nullptr;
     float* out = nullptr;
+    float* mean_std = nullptr;      // {0, 1}
+    std::int32_t* labels = nullptr; // labels in, then out, one per row
     ~Impl() {
         if (in) cudaFree(in);
         if (out) cudaFree(out);
+        if (mean_std) cudaFree(mean_std);
+        if (labels) cudaFree(labels);
     }
+    std::uint64_t rows() const { return (elements + convert_row - 1) / convert_row; }
 };
 
 GpuConvertBench::GpuConvertBench(DType from, std::uint64_t elements) : impl_(std::make_unique<Impl>()) {
@@ -252,38 +236,44 @@ GpuConvertBench::GpuConvertBench(DType from, std::uint64_t elements) : impl_(std
     Impl& b = *impl_;
     b.from = from;
     b.elements = elements;
-    DSTK_CUDA_CHECK(cudaMalloc(&b.in, elements * dtype_size(from)));
-    DSTK_CUDA_CHECK(cudaMalloc(&b.out, elements * sizeof(float)));
-    DSTK_CUDA_CHECK(cudaMemset(b.in, 0, elements * dtype_size(from)));
+    CUDA_CHECK(cudaMalloc(&b.in, elements * dtype_size(from)));
+    CUDA_CHECK(cudaMalloc(&b.out, elements * sizeof(float)));
+    CUDA_CHECK(cudaMemset(b.in, 0, elements * dtype_size(from)));
+    const float mean_std[2] = {0.0f, 1.0f};
+    CUDA_CHECK(cudaMalloc(&b.mean_std, sizeof mean_std));
+    CUDA_CHECK(cudaMemcpy(b.mean_std, mean_std, sizeof mean_std, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&b.labels, 2 * b.rows() * sizeof(std::int32_t)));
+    CUDA_CHECK(cudaMemset(b.labels, 0, 2 * b.rows() * sizeof(std::int32_t)));
 }
 
 GpuConvertBench::~GpuConvertBench() = default;
 
 void GpuConvertBench::upload(const void* src, std::uint64_t elements) {
     Impl& b = *impl_;
-    DSTK_CUDA_CHECK(cudaMemcpy(b.in, src, std::min(elements, b.elements) * dtype_size(b.from), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.in, src, std::min(elements, b.elements) * dtype_size(b.from), cudaMemcpyHostToDevice));
 }
 
 double GpuConvertBench::run() {
     Impl& b = *impl_;
     Timing& t = b.timing;
-    const int block = 256, grid = grid_for(b.elements, block);
-    DSTK_CUDA_CHECK(cudaEventRecord(t.start, t.stream));
-    if (b.from == DType::u8)
-        convert_u8<<<grid, block, 0, t.stream>>>(static_cast<const std::uint8_t*>(b.in), b.out, b.elements);
-    else if (b.from == DType::bf16)
-        convert_bf16<<<grid, block, 0, t.stream>>>(static_cast<const __nv_bfloat16*>(b.in), b.out, b.elements);
-    else
-        convert_f16<<<grid, block, 0, t.stream>>>(static_cast<const __half*>(b.in), b.out, b.elements);
-    DSTK_CUDA_CHECK(cudaGetLastError());
-    DSTK_CUDA_CHECK(cudaEventRecord(t.stop, t.stream));
+    const std::uint64_t rows = b.elements / convert_row, rest = b.elements % convert_row;
+    CUDA_CHECK(cudaEventRecord(t.start, t.stream));
+    auto convert = [&](std::uint64_t first_row, std::uint64_t n, std::uint64_t hw) {
+        const std::uint64_t at = first_row * convert_row;
+        train::cuda::launch_convert_input(static_cast<const char*>(b.in) + at * dtype_size(b.from), b.from, b.labels,
+                                          static_cast<std::uint32_t>(n), 1, hw, b.mean_std, b.mean_std + 1, b.out + at,
+                                          train::cuda::ActType::f32, true, 1, b.labels + b.rows(), t.stream);
+    };
+    if (rows > 0) convert(0, rows, convert_row);
+    if (rest > 0) convert(rows, 1, rest);
+    CUDA_CHECK(cudaEventRecord(t.stop, t.stream));
     return t.seconds();
 }
 
 std::vector<float> GpuConvertBench::results(std::uint64_t n) const {
     n = std::min(n, impl_->elements);
     std::vector<float> v(n);
-    DSTK_CUDA_CHECK(cudaMemcpy(v.data(), impl_->out, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(v.data(), impl_->out, n * sizeof(float), cudaMemcpyDeviceToHost));
     return v;
 }
 

@@ -5,17 +5,11 @@
 
 #include <string>
 
+#include "cuda_check.hpp"
 #include "dstk/error.hpp"
 
 namespace dstk::data::gpu {
 namespace {
-
-void check(cudaError_t e, const char* call, const char* file, int line) {
-    if (e == cudaSuccess) return;
-    throw runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + " (" +
-                        cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")");
-}
-#define DSTK_DATA_CUDA(expr) check((expr), #expr, __FILE__, __LINE__)
 
 cudaStream_t as_stream(void* s) {
     return static_cast<cudaStream_t>(s);
@@ -41,20 +35,20 @@ __global__ void gather_kernel(Word* __restrict__ dst, const Word* __restrict__ s
 } // namespace
 
 void set_device(int device) {
-    DSTK_DATA_CUDA(cudaSetDevice(device));
+    CUDA_CHECK(cudaSetDevice(device));
 }
 
 void mem_info(int device, std::uint64_t& free_bytes, std::uint64_t& total_bytes) {
-    DSTK_DATA_CUDA(cudaSetDevice(device));
+    CUDA_CHECK(cudaSetDevice(device));
     std::size_t f = 0, t = 0;
-    DSTK_DATA_CUDA(cudaMemGetInfo(&f, &t));
+    CUDA_CHECK(cudaMemGetInfo(&f, &t));
     free_bytes = f;
     total_bytes = t;
 }
 
 std::string pci_bus_id(int device) {
     char id[32] = {};
-    DSTK_DATA_CUDA(cudaDeviceGetPCIBusId(id, sizeof id, device));
+    CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, device));
     return id;
 }
 
@@ -65,7 +59,7 @@ void* device_alloc(std::uint64_t bytes) {
         throw no_fit_error(
             "cannot allocate " + std::to_string(bytes) +
             " bytes of GPU memory for the data path (use --data stream or a smaller --prefetch/--batch)");
-    DSTK_DATA_CUDA(e);
+    CUDA_CHECK(e);
     return p;
 }
 void device_free(void* p) {
@@ -74,7 +68,7 @@ void device_free(void* p) {
 
 void* pinned_alloc(std::uint64_t bytes) {
     void* p = nullptr;
-    DSTK_DATA_CUDA(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable));
+    CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable));
     return p;
 }
 void pinned_free(void* p) {
@@ -83,7 +77,7 @@ void pinned_free(void* p) {
 
 void* managed_alloc(std::uint64_t bytes) {
     void* p = nullptr;
-    DSTK_DATA_CUDA(cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal));
+    CUDA_CHECK(cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal));
     return p;
 }
 void managed_free(void* p) {
@@ -92,54 +86,54 @@ void managed_free(void* p) {
 
 void* stream_create() {
     cudaStream_t s = nullptr;
-    DSTK_DATA_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return s;
 }
 void stream_destroy(void* stream) {
     cudaStreamDestroy(as_stream(stream));
 }
 void stream_synchronize(void* stream) {
-    DSTK_DATA_CUDA(cudaStreamSynchronize(as_stream(stream)));
+    CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
 }
 
 void* event_create(bool timing) {
     cudaEvent_t e = nullptr;
-    DSTK_DATA_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
     return e;
 }
 void event_destroy(void* event) {
     cudaEventDestroy(as_event(event));
 }
 void event_record(void* event, void* stream) {
-    DSTK_DATA_CUDA(cudaEventRecord(as_event(event), as_stream(stream)));
+    CUDA_CHECK(cudaEventRecord(as_event(event), as_stream(stream)));
 }
 void event_synchronize(void* event) {
-    DSTK_DATA_CUDA(cudaEventSynchronize(as_event(event)));
+    CUDA_CHECK(cudaEventSynchronize(as_event(event)));
 }
 bool event_done(void* event) {
     const cudaError_t e = cudaEventQuery(as_event(event));
     if (e == cudaErrorNotReady) return false;
-    DSTK_DATA_CUDA(e);
+    CUDA_CHECK(e);
     return true;
 }
 float event_elapsed_ms(void* start, void* end) {
     float ms = 0;
-    DSTK_DATA_CUDA(cudaEventElapsedTime(&ms, as_event(start), as_event(end)));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, as_event(start), as_event(end)));
     return ms;
 }
 void stream_wait_event(void* stream, void* event) {
-    DSTK_DATA_CUDA(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
+    CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
 }
 
 void copy_h2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream) {
-    DSTK_DATA_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)));
 }
 void copy_h2d(void* dst, const void* src, std::uint64_t bytes) {
-    DSTK_DATA_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
 void copy_d2h(void* dst, const void* src, std::uint64_t bytes) {
-    DSTK_DATA_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
 void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,
@@ -154,7 +148,7 @@ void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, 
         gather_kernel<unsigned char><<<count, 128, 0, as_stream(stream)>>>(static_cast<unsigned char*>(dst_x),
                                                                            static_cast<const unsigned char*>(src_x),
                                                                            row_bytes, dst_y, src_y, idx, count);
-    DSTK_DATA_CUDA(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
 
 void advise_host_preferred(const void* p, std::uint64_t bytes, int device) {
@@ -164,15 +158,15 @@ void advise_host_preferred(const void* p, std::uint64_t bytes, int device) {
     cudaMemLocation gpu{};
     gpu.type = cudaMemLocationTypeDevice;
     gpu.id = device;
-    DSTK_DATA_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, host));
-    DSTK_DATA_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, gpu));
+    CUDA_CHECK(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, host));
+    CUDA_CHECK(cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, gpu));
 }
 
 void prefetch_to_device(const void* p, std::uint64_t bytes, int device, void* stream) {
     cudaMemLocation gpu{};
     gpu.type = cudaMemLocationTypeDevice;
     gpu.id = device;
-    DSTK_DATA_CUDA(cudaMemPrefetchAsync(p, bytes, gpu, 0, as_stream(stream)));
+    CUDA_CHECK(cudaMemPrefetchAsync(p, bytes, gpu, 0, as_stream(stream)));
 }
 
 } // namespace dstk::data::gpu

@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the training kernels (kernels.cu, direct_conv.cu): loads
+// Helpers shared by the training kernels (launch_common.cuh, direct_conv.cu): loads
 // and stores of the activation types as float, 16-byte vector accesses,
 // division by a divisor fixed at launch, and the current GPU's SM count (for
 // grids sized to one wave).

@@ -4,6 +4,7 @@
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
+#include "elementwise.hpp"
 
 namespace dstk::train::cuda {
 namespace {
@@ -266,7 +267,7 @@ void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const Di
     });
     CUDA_CHECK(cudaGetLastError());
     const unsigned kw = 9 * s.c * s.k;
-    launch_sum_partials(partials, blocks, kw, dw, stream);
+    launch_sum_partials(partials, blocks, kw, dw, ActType::f32, stream);
 }
 
 } // namespace dstk::train::cuda

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "kernels.hpp"
+#include "act_type.hpp"
 
 namespace dstk::train::cuda {
 

@@ -1,10 +1,11 @@
 #include "tc_wgrad.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
-#include "kernels.hpp"
+#include "elementwise.hpp"
 
 namespace dstk::train::cuda {
 namespace {
@@ -60,7 +61,15 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], std::uint32_t a0, std::u
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
-__device__ __forceinline__ void cp_async16(std::uint32_t* dst, const float* src, bool valid) {
+// D += A B, m16n8k8 in bf16: a0, a1 rows gid and gid + 8 of k slots 2 t4, 2 t4 + 1 (low half first); b0 rows
+// 2 t4, 2 t4 + 1 of column gid.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+__device__ __forceinline__ void cp_async16(std::uint32_t* dst, const void* src, bool valid) {
     const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
 }
@@ -83,16 +92,18 @@ __device__ __forceinline__ unsigned swizzle(unsigned quarter) {
 // Starts the copy of tile t's dy (tile_rows x w pixels of k0..k0+31) and
 // input rows (xrows x w pixels of c0..c0+31; rows outside the image are
 // zero-filled, the halo columns were zeroed once) into buf. Both are
-// contiguous runs of pixels in global memory; thread i copies chunk i % 8 of
-// every 24th pixel from i / 8.
-__device__ __forceinline__ void stage_tile(const float* x, const float* dy, const Geometry& g, unsigned t, unsigned k0,
+// contiguous runs of pixels in global memory; a pixel's 32 channels are
+// `chunks` 16-byte chunks (8 in float, 4 in bf16) and thread i copies chunk
+// i % chunks of every (threads / chunks)-th pixel from i / chunks.
+template <class T>
+__device__ __forceinline__ void stage_tile(const T* x, const T* dy, const Geometry& g, unsigned t, unsigned k0,
                                            unsigned c0, std::uint32_t* buf) {
-    constexpr unsigned step = threads / 8;
-    const unsigned H = g.s.h, W = g.s.w, q = threadIdx.x % 8, first = threadIdx.x / 8;
+    constexpr unsigned chunks = chan * sizeof(T) / 16, per_chunk = 16 / sizeof(T), step = threads / chunks;
+    const unsigned H = g.s.h, W = g.s.w, q = threadIdx.x % chunks, first = threadIdx.x / chunks;
     const unsigned img = t / g.tiles_per_image, y0 = (t - img * g.tiles_per_image) * g.tile_rows;
     const unsigned npix = g.tile_rows << g.log_w, dy_valid = min(g.tile_rows, H - y0) << g.log_w;
     // Pointers advance by `step` pixels; a copy outside the image reads nothing (size 0: zero fill).
-    const float* src = dy + ((std::uint64_t{img} * H + y0) * W + first) * g.s.k + k0 + q * 4;
+    const T* src = dy + ((std::uint64_t{img} * H + y0) * W + first) * g.s.k + k0 + q * per_chunk;
     const std::uint64_t dy_step = std::uint64_t{step} * g.s.k;
 #pragma unroll 2
     for (unsigned p = first; p < npix; p += step, src += dy_step) {
@@ -100,8 +111,8 @@ __device__ __forceinline__ void stage_tile(const float* x, const float* dy, cons
         cp_async16(buf + p * pixel_words + ((q ^ swizzle(p >> g.log_run)) << 2), in ? src : dy, in);
     }
     // Input row y0 - 1 + ry, column ix (m = ry * w + ix): padded pixel (ry, ix + 1) = m + 2 ry + 1.
-    const float* xsrc =
-        x + (static_cast<std::int64_t>((std::uint64_t{img} * H + y0) * W + first) - W) * g.s.c + c0 + q * 4;
+    const T* xsrc =
+        x + (static_cast<std::int64_t>((std::uint64_t{img} * H + y0) * W + first) - W) * g.s.c + c0 + q * per_chunk;
     const std::uint64_t x_step = std::uint64_t{step} * g.s.c;
     std::uint32_t* xt = buf + tile_pixels * pixel_words;
 #pragma unroll 2
@@ -116,6 +127,15 @@ __device__ __forceinline__ void stage_tile(const float* x, const float* dy, cons
 __device__ __forceinline__ uint4 chunk_at(const std::uint32_t* row, unsigned col, unsigned chunk, unsigned quarter) {
     return *reinterpret_cast<const uint4*>(row + col * pixel_words + (chunk ^ swizzle(quarter)) * 4);
 }
+// The 8-byte unit `unit` (bf16 channels 4 unit .. 4 unit + 3) of the pixel at column col.
+__device__ __forceinline__ uint2 unit_at(const std::uint32_t* row, unsigned col, unsigned unit, unsigned quarter) {
+    return *reinterpret_cast<const uint2*>(row + col * pixel_words + ((unit >> 1) ^ swizzle(quarter)) * 4 +
+                                           (unit & 1) * 2);
+}
+// Two bf16 of two pixels as one MMA register: the low (hi = false) or high halves of a and b, a's in the low half.
+__device__ __forceinline__ std::uint32_t pair(std::uint32_t a, std::uint32_t b, bool hi) {
+    return __byte_perm(a, b, hi ? 0x7632 : 0x5410);
+}
 __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -123,7 +143,8 @@ __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
 // Block (blockIdx.x, blockIdx.y = one 32 x 32 block of (k, c)): partials of
 // the tiles blockIdx.x, blockIdx.x + gridDim.x, ... into
 // partials[blockIdx.x][k][tap][c]. Per tap a GEMM over pixels: A = dy^T (k x
-// pixels), B = the shifted input (pixels x c), mma.sync m16n8k4 in TF32.
+// pixels), B = the shifted input (pixels x c), mma.sync m16n8k4 in TF32 (float
+// activations) or m16n8k8 in bf16.
 //
 // Each warp owns one filter row r and its three taps, and walks pixel rows
 // of width W = 2^LogW. The MMA's four k slots are pixels, any order serving
@@ -143,9 +164,9 @@ __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
 // cores read their TF32 part (the low 13 mantissa bits are dropped, not
 // rounded). At the end the two warps of each filter row add their sums in
 // shared memory and the block writes its result in rows of 32 channels.
-template <unsigned LogW>
+template <class T, unsigned LogW>
 __global__ void __launch_bounds__(threads, blocks_per_sm)
-    tc_wgrad_kernel(const float* x, const float* dy, Geometry g, float* partials) {
+    tc_wgrad_kernel(const T* x, const T* dy, Geometry g, float* partials) {
     constexpr unsigned W = 1u << LogW, run = W / 4;
     extern __shared__ std::uint32_t sm[];
     const unsigned buf_words = (tile_pixels + g.xrows * g.xcols) * pixel_words;
@@ -176,21 +197,51 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
             const std::uint32_t* arow = dys + ty * W * pixel_words;
             const std::uint32_t* brow = xt + (ty + r) * g.xcols * pixel_words;
             const unsigned col = t4 * run;
-            // Window: input columns col + j + 0..2 (padded: the left halo is column 0).
-            uint4 u[3];
-            u[0] = chunk_at(brow, col, gid, t4);
-            u[1] = chunk_at(brow, col + 1, gid, t4 + (1 >= run));
+            if constexpr (std::is_same_v<T, float>) {
+                // Window: input columns col + j + 0..2 (padded: the left halo is column 0).
+                uint4 u[3];
+                u[0] = chunk_at(brow, col, gid, t4);
+                u[1] = chunk_at(brow, col + 1, gid, t4 + (1 >= run));
 #pragma unroll
-            for (unsigned j = 0; j < run; ++j) {
-                u[(j + 2) % 3] = chunk_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
-                const uint4 v = chunk_at(arow, col + j, gid, t4);
+                for (unsigned j = 0; j < run; ++j) {
+                    u[(j + 2) % 3] = chunk_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
+                    const uint4 v = chunk_at(arow, col + j, gid, t4);
 #pragma unroll
-                for (unsigned s = 0; s < 3; ++s)
+                    for (unsigned s = 0; s < 3; ++s)
 #pragma unroll
-                    for (int ni = 0; ni < 4; ++ni)
+                        for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-                        for (int mi = 0; mi < 2; ++mi)
-                            mma_tf32(acc[s][mi][ni], word(v, 2 * mi), word(v, 2 * mi + 1), word(u[(j + s) % 3], ni));
+                            for (int mi = 0; mi < 2; ++mi)
+                                mma_tf32(acc[s][mi][ni], word(v, 2 * mi), word(v, 2 * mi + 1),
+                                         word(u[(j + s) % 3], ni));
+                }
+            } else {
+                // bf16, m16n8k8: lane quarter t4's k slots are columns col + 2j and col + 2j + 1, packed in
+                // pairs per channel; window: input columns col + 2j + 0..3.
+                uint2 u[4];
+                u[0] = unit_at(brow, col, gid, t4);
+                u[1] = unit_at(brow, col + 1, gid, t4 + (1 >= run));
+#pragma unroll
+                for (unsigned j = 0; j < run; j += 2) {
+                    u[(j + 2) % 4] = unit_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
+                    u[(j + 3) % 4] = unit_at(brow, col + j + 3, gid, t4 + (j + 3 >= run));
+                    const uint2 va = unit_at(arow, col + j, gid, t4), vb = unit_at(arow, col + j + 1, gid, t4);
+                    std::uint32_t a[2][2];
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) a[mi][i] = pair(mi ? va.y : va.x, mi ? vb.y : vb.x, i != 0);
+#pragma unroll
+                    for (unsigned s = 0; s < 3; ++s) {
+                        const uint2 pa = u[(j + s) % 4], pb = u[(j + s + 1) % 4];
+#pragma unroll
+                        for (int ni = 0; ni < 4; ++ni) {
+                            const std::uint32_t b = pair(ni < 2 ? pa.x : pa.y, ni < 2 ? pb.x : pb.y, (ni & 1) != 0);
+#pragma unroll
+                            for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[s][mi][ni], a[mi][0], a[mi][1], b);
+                        }
+                    }
+                }
             }
         }
         __syncthreads(); // done with this buffer before it is refilled
@@ -235,32 +286,40 @@ std::uint64_t tc_wgrad_workspace(const TcWgradShape& s) {
     return std::uint64_t{g.grid_x} * s.k * taps * s.c * sizeof(float);
 }
 
-void launch_tc_wgrad(const float* x, const float* dy, const TcWgradShape& s, void* workspace, float* dw,
+void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShape& s, void* workspace, void* dw,
                      cudaStream_t stream) {
     const Geometry g = geometry_of(s);
-    auto launch = [&](auto kernel) {
+    auto launch = [&](auto kernel, auto tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
         if (g.shared > 48 * 1024)
             CUDA_CHECK(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.shared)));
-        kernel<<<dim3(g.grid_x, g.sub_c * (s.k / chan)), threads, g.shared, stream>>>(x, dy, g,
-                                                                                      static_cast<float*>(workspace));
+        kernel<<<dim3(g.grid_x, g.sub_c * (s.k / chan)), threads, g.shared, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dy), g, static_cast<float*>(workspace));
         CUDA_CHECK(cudaGetLastError());
     };
-    switch (g.log_w) {
-    case 3:
-        launch(tc_wgrad_kernel<3>);
-        break;
-    case 4:
-        launch(tc_wgrad_kernel<4>);
-        break;
-    case 5:
-        launch(tc_wgrad_kernel<5>);
-        break;
-    default:
-        launch(tc_wgrad_kernel<6>);
-        break;
-    }
-    launch_sum_partials(static_cast<const float*>(workspace), g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, stream);
+    auto by_width = [&](auto tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        switch (g.log_w) {
+        case 3:
+            launch(tc_wgrad_kernel<T, 3>, tag);
+            break;
+        case 4:
+            launch(tc_wgrad_kernel<T, 4>, tag);
+            break;
+        case 5:
+            launch(tc_wgrad_kernel<T, 5>, tag);
+            break;
+        default:
+            launch(tc_wgrad_kernel<T, 6>, tag);
+            break;
+        }
+    };
+    if (t == ActType::bf16)
+        by_width(static_cast<bf16*>(nullptr));
+    else
+        by_width(static_cast<float*>(nullptr));
+    launch_sum_partials(static_cast<const float*>(workspace), g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, t, stream);
 }
 
 } // namespace dstk::train::cuda

@@ -1,23 +1,25 @@
 #pragma once
 // Weight gradient of a 3x3, stride 1, padding 1 convolution on tensor cores
-// in TF32, for NHWC float activations with channel counts that are multiples
-// of 32: dW[k][r][s][c] = sum over pixels p of dy[p][k] * x[p + (r-1, s-1)][c].
+// in TF32 (float activations) or bf16, NHWC, with channel counts that are
+// multiples of 32: dW[k][r][s][c] = sum over pixels p of dy[p][k] * x[p +
+// (r-1, s-1)][c].
 //
-// cuDNN's TF32 weight-gradient engines leave a layer like ref-cnn's second
-// convolution (32 -> 32 channels at 32x32, batch 256: a 32 x 288 result summed
-// over 262,144 pixels) at about 230 us on an H100 whatever the engine (all of
-// its heuristic list timed), against 71 us in bf16. Here each block of six
+// cuDNN's TF32 weight-gradient engines are slow on such layers (a small
+// result summed over very many pixels) whatever the engine. Here each block of six
 // warps (two per filter row) copies a tile of 128 output pixels of dy and the
 // matching input rows into shared memory (cp.async, double-buffered: the next
 // tile arrives while this one is multiplied), and each warp accumulates its
-// filter row's three 32 x 32 blocks with mma.sync m16n8k8 (TF32 by
-// truncation: the tensor cores read the top 19 bits of each fp32 value),
-// reusing each input pixel it loads for all three taps; a fixed grid strides
-// over the tiles, and the blocks' partial sums are added in a fixed order by
-// a second kernel: no atomics, the same result on every run.
+// filter row's three 32 x 32 blocks with mma.sync (m16n8k4 TF32, by
+// truncation: the tensor cores read the top 19 bits of each fp32 value; or
+// m16n8k8 bf16), reusing each input pixel it loads for all three taps; a
+// fixed grid strides over the tiles, and the blocks' partial sums are added
+// in a fixed order by a second kernel: no atomics, the same result on every
+// run.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "act_type.hpp"
 
 namespace dstk::train::cuda {
 
@@ -30,8 +32,9 @@ struct TcWgradShape {
 bool tc_wgrad_supported(const TcWgradShape& s);
 // Workspace bytes launch_tc_wgrad needs for this shape (or smaller batches).
 std::uint64_t tc_wgrad_workspace(const TcWgradShape& s);
-// dw (float, [k][3][3][c]) from x ([n][h][w][c]) and dy ([n][h][w][k]).
-void launch_tc_wgrad(const float* x, const float* dy, const TcWgradShape& s, void* workspace, float* dw,
+// dw ([k][3][3][c], in the activation type t: float or bf16, fp32 sums) from
+// x ([n][h][w][c]) and dy ([n][h][w][k]).
+void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShape& s, void* workspace, void* dw,
                      cudaStream_t stream);
 
 } // namespace dstk::train::cuda

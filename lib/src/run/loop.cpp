@@ -26,8 +26,10 @@ class ComputeTimer {
   public:
     explicit ComputeTimer(void* stream) : stream_(stream) {
 #if defined(DSTK_HAVE_CUDA)
-        if (stream_)
+        if (stream_) {
             for (auto& p : pairs_) p = {data::gpu::event_create(true), data::gpu::event_create(true), false};
+            span_ = {data::gpu::event_create(true), data::gpu::event_create(true), false};
+        }
 #endif
     }
     ~ComputeTimer() {
@@ -37,6 +39,10 @@ class ComputeTimer {
                 data::gpu::event_destroy(p.start);
                 data::gpu::event_destroy(p.end);
             }
+        if (stream_) {
+            data::gpu::event_destroy(span_.start);
+            data::gpu::event_destroy(span_.end);
+        }
 #endif
     }
     ComputeTimer(const ComputeTimer&) = delete;
@@ -53,15 +59,28 @@ class ComputeTimer {
         Pair& p = pairs_[turn_++ % pairs_.size()];
         collect(p);
         data::gpu::event_record(p.start, stream_);
+        if (!span_open_) data::gpu::event_record(span_.start, stream_);
+        span_open_ = true;
         step();
         data::gpu::event_record(p.end, stream_);
+        data::gpu::event_record(span_.end, stream_);
         p.pending = true;
 #endif
     }
-    double take() {
+    // The steps' GPU time since the last take(); `between`, where given, gets
+    // the GPU time from the first step's start to the last one's end that no
+    // step covers (the batch gather, and the GPU idle waiting for the host).
+    double take(double* between = nullptr) {
+        double span = 0.0;
 #if defined(DSTK_HAVE_CUDA)
         for (auto& p : pairs_) collect(p);
+        if (span_open_) {
+            data::gpu::event_synchronize(span_.end);
+            span = data::gpu::event_elapsed_ms(span_.start, span_.end) / 1000.0;
+            span_open_ = false;
+        }
 #endif
+        if (between) *between = std::max(0.0, span - seconds_);
         return std::exchange(seconds_, 0.0);
     }
 
@@ -81,9 +100,19 @@ class ComputeTimer {
 #endif
     void* stream_;
     std::array<Pair, 64> pairs_{};
-    [[maybe_unused]] std::size_t turn_ = 0; // unused in builds without CUDA
+    Pair span_{};
+    [[maybe_unused]] bool span_open_ = false; // unused in builds without CUDA
+    [[maybe_unused]] std::size_t turn_ = 0;   // unused in builds without CUDA
     double seconds_ = 0;
 };
+
+void add_step(LoopTimes& t, Clock::time_point t0, Clock::time_point t1, Clock::time_point t2, Clock::time_point t3) {
+    t.next += std::chrono::duration<double>(t1 - t0).count();
+    t.launch += std::chrono::duration<double>(t2 - t1).count();
+    t.rest += std::chrono::duration<double>(t3 - t2).count();
+    t.slowest_step = std::max(t.slowest_step, std::chrono::duration<double>(t3 - t0).count());
+    ++t.steps;
+}
 
 // The line inside an epoch on a terminal (or with --progress): steps,
 // samples/s, ETA and the share of the time spent waiting for batches.
@@ -91,20 +120,14 @@ class EpochProgress {
   public:
     EpochProgress(const std::string& label, std::uint64_t steps, std::uint32_t batch, const OutputOptions& out)
         : progress_(label, steps, 0, out, "steps"), batch_(batch) {}
-    bool next(data::BatchSource& src, train::Batch& b) {
-        if (!progress_.enabled()) return src.next(b);
-        const auto t0 = Clock::now();
-        const bool more = src.next(b);
-        waited_ += seconds_since(t0);
-        return more;
-    }
-    void step() {
+    // After each step, with the seconds waited for batches so far.
+    void step(double waited) {
         if (!progress_.enabled()) return;
         ++steps_;
         if (steps_ == 1 || seconds_since(shown_) >= 0.15) {
             const double secs = std::max(1e-9, seconds_since(start_));
             progress_.set_detail(format_count(static_cast<std::uint64_t>(static_cast<double>(steps_ * batch_) / secs)) +
-                                 " samples/s  read wait " + fixed(100 * waited_ / secs, 1) + "%");
+                                 " samples/s  read wait " + fixed(100 * waited / secs, 1) + "%");
             shown_ = Clock::now();
         }
         progress_.add(1, 0);
@@ -114,7 +137,6 @@ class EpochProgress {
   private:
     Progress progress_;
     std::uint64_t batch_, steps_ = 0;
-    double waited_ = 0;
     Clock::time_point start_ = Clock::now(), shown_ = start_;
 };
 
@@ -145,13 +167,17 @@ class Loop {
         train::Batch b;
         EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
                                s_.steps_per_epoch - first, e_.batch, out_);
-        while (progress.next(*s_.train_src, b)) {
+        for (auto h0 = Clock::now(); s_.train_src->next(b); h0 = Clock::now()) {
+            const auto h1 = Clock::now();
             compute_.time([&] { s_.trainer->train_step(b); });
+            const auto h2 = Clock::now();
             s_.train_src->release();
             ++batch_index;
             ++steps_;
-            progress.step();
-            if (after_step({epoch, batch_index, steps_})) break;
+            const bool stop = after_step({epoch, batch_index, steps_});
+            add_step(o.loop, h0, h1, h2, Clock::now());
+            progress.step(o.loop.next);
+            if (stop) break;
         }
         progress.finish();
         s_.trainer->synchronize();
@@ -162,7 +188,7 @@ class Loop {
                                 std::to_string(s_.tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
                                 (d_.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
         o.stages = s_.train_src->take_times();
-        o.stages.compute = compute_.take();
+        o.stages.compute = compute_.take(&o.loop.between);
         if (epoch == pos_.epoch) o.stages.read += c_.load_seconds;
         o.report.train = s_.trainer->take_train_metrics();
         const auto t1 = Clock::now();

@@ -1,7 +1,9 @@
 // What a dstrain run tells the user: the setup notes, the memory ceiling, one
 // line per epoch on stdout (stderr with --json), --log-json lines and the
 // --json document.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "dstk/error.hpp"
@@ -40,6 +42,30 @@ nlohmann::json epoch_json(const EpochReport& e, const RunReport& r) {
             {"gpu_memory_measured", r.measured_device_bytes}};
 }
 
+std::string loop_text(const LoopTimes& t) {
+    const double ms = 1000.0 / static_cast<double>(std::max<std::uint64_t>(1, t.steps));
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "per step: host next %.3f ms, launch %.3f ms, rest %.3f ms (slowest step %.3f ms); GPU between "
+                  "steps %.3f ms",
+                  t.next * ms, t.launch * ms, t.rest * ms, t.slowest_step * 1000.0, t.between * ms);
+    return buf;
+}
+
+nlohmann::json loop_json(const LoopTimes& t) {
+    return {{"steps", t.steps},
+            {"host_next_s", t.next},
+            {"host_launch_s", t.launch},
+            {"host_rest_s", t.rest},
+            {"host_slowest_step_s", t.slowest_step},
+            {"gpu_between_steps_s", t.between}};
+}
+
+bool step_times_wanted() {
+    const char* e = std::getenv("DSTK_STEP_TIMES");
+    return e && *e && std::string(e) != "0";
+}
+
 std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c) {
     const EpochReport& er = o.report;
     std::ostringstream line;
@@ -52,6 +78,7 @@ std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutco
         line << "  GPU mem " << format_bytes(o.peak) << " (ceiling " << format_bytes(c.bytes)
              << (c.managed ? " + managed pages" : "") << ")";
     line << "  [" << stage_text(o.stages) << "]";
+    if (step_times_wanted()) line << "  [" << loop_text(o.loop) << "]";
     return line.str();
 }
 
@@ -99,6 +126,8 @@ void describe_session(const Session& s, const DataOptions& d, const RunReport& r
                                                        std::to_string(d.window) + " chunks per window)"
                                                  : std::string()) +
                   ", " + format_count(s.steps_per_epoch) + " steps per epoch");
+    for (const auto& line : train::kernel_choice_lines(s.trainer->kernel_choices(), s.tc.plan))
+        note(out, "dstrain: kernels (--kernels " + std::string(train::kernel_mode_name(s.tc.kernels)) + ") " + line);
 }
 
 void report_ceiling(const Session& s, const Ceiling& c, const RunReport& r, JsonLog& log, const OutputOptions& out) {
@@ -150,6 +179,7 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
                      {"placement", data::placement_name(s.train_src->placement())},
                      {"order", data::order_name(s.order)},
                      {"stages", stage_json(o.stages)},
+                     {"loop", loop_json(o.loop)},
                      {"memory_ceiling", c.bytes}};
     if (s.on_gpu()) j["gpu_memory_peak"] = o.peak;
     log.emit(j);

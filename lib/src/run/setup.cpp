@@ -124,6 +124,7 @@ train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     tc.cpu_threads = e.threads;
     tc.workspace_limit = e.workspace;
     tc.deterministic = e.deterministic;
+    tc.kernels = e.kernels;
     channel_stats(*s.ds, *s.x, s.train_split->samples, tc.plan.input.c, tc.mean, tc.std);
     return tc;
 }

@@ -79,9 +79,21 @@ class JsonLog {
 RunReport first_report(const Session& s);
 void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out);
 void report_ceiling(const Session& s, const Ceiling& c, const RunReport& r, JsonLog& log, const OutputOptions& out);
+// Where a training step's time goes outside the GPU's own step (the bimodal
+// bf16 speed of issue 18 lost ~1.3 ms per step outside the captured graph):
+// host time in the source's next() (waiting for a batch or a free slot,
+// gathering), in train_step() (launching the conversion and the graph), and
+// in the rest of the loop (release, checks); and the GPU time between steps
+// (loop.cpp's ComputeTimer). Always measured (a clock read per stage);
+// printed with DSTK_STEP_TIMES=1, always in --log-json.
+struct LoopTimes {
+    double next = 0, launch = 0, rest = 0, between = 0, slowest_step = 0; // seconds
+    std::uint64_t steps = 0;
+};
 struct EpochOutcome {
     EpochReport report;
     data::StageTimes stages;
+    LoopTimes loop;
     std::uint64_t steps = 0; // in total, after the epoch
     std::uint64_t peak = 0;  // cuda: measured over the epoch
     bool whole = true;       // the epoch ran from its first batch to its last

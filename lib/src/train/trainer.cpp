@@ -1,5 +1,6 @@
 #include "dstk/train/trainer.hpp"
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -136,6 +137,26 @@ std::unique_ptr<BackendBuffer> make_backend_buffer(const Device& device, std::ui
 #else
     throw no_fit_error("--device " + device_name(device) + " (built without CUDA support) use --device cpu");
 #endif
+}
+
+std::vector<std::string> kernel_choice_lines(const std::vector<KernelReport>& reports, const NetworkPlan& plan) {
+    std::vector<std::string> lines;
+    std::size_t layer = ~std::size_t{0};
+    for (const auto& r : reports) {
+        if (r.layer != layer) {
+            layer = r.layer;
+            const LayerPlan& l = plan.layers.at(layer);
+            lines.push_back("L" + std::to_string(layer) + " " + std::string(layer_kind_name(l.spec.kind)) + " " +
+                            std::to_string(l.in.c) + "->" + std::to_string(l.out.c) + " at " + std::to_string(l.in.h) +
+                            "x" + std::to_string(l.in.w) + ":");
+        } else {
+            lines.back() += ",";
+        }
+        char ms[32] = "";
+        if (r.median_ms > 0.0) std::snprintf(ms, sizeof ms, " %.4f ms", r.median_ms);
+        lines.back() += " " + r.op + " " + r.kernel + " (" + std::string(choice_source_name(r.source)) + ms + ")";
+    }
+    return lines;
 }
 
 std::unique_ptr<Trainer> make_trainer(const TrainerConfig& config) {

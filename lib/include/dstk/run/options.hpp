@@ -37,8 +37,9 @@ struct TrainOptions {
     unsigned threads = 0;
     std::uint64_t workspace = std::uint64_t{256} << 20;
     bool deterministic = false; // cuda: deterministic cuDNN algorithms and kernels only (TrainerConfig)
-    std::string log_json;       // JSON lines: the memory ceiling, then one per epoch (and per --eval-every)
-    std::string command_line;   // recorded in checkpoints
+    train::KernelMode kernels = train::KernelMode::automatic; // cuda: --kernels (TrainerConfig::kernels)
+    std::string log_json;     // JSON lines: the memory ceiling, then one per epoch (and per --eval-every)
+    std::string command_line; // recorded in checkpoints
     // The options given on the command line, recorded in checkpoints for
     // --resume (dstk/checkpoint.hpp, resume_options).
     std::map<std::string, std::vector<std::string>> given_options;

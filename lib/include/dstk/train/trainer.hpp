@@ -46,6 +46,33 @@ enum class Backend : std::uint8_t { cpu, cuda };
 // fp32 whatever is asked.
 enum class Precision : std::uint8_t { fp32, tf32, bf16 };
 
+// dstrain --kernels: where each convolution's kernel choice comes from
+// (choice_cache.hpp keeps the decisions).
+//   automatic: the choice cache; what it lacks is timed and stored.
+//   cached:    the choice cache only; what it lacks gets the heuristic choice,
+//              untimed and not stored.
+//   retune:    every choice timed again, the cache's entries overwritten.
+//   heuristic: no timing and no cache: cuDNN's ranked heuristic and dstk's
+//              fixed rules (own kernels wherever they apply).
+enum class KernelMode : std::uint8_t { automatic, cached, retune, heuristic };
+KernelMode parse_kernel_mode(std::string_view text); // auto | cached | retune | heuristic; usage error otherwise
+std::string_view kernel_mode_name(KernelMode m);
+
+// Where a choice came from, as the run reports it: the cache, timing in this
+// run, cuDNN's heuristic, or a fixed rule (DSTK_CONV_KERNELS, a kernel that is
+// always used where it applies).
+enum class ChoiceSource : std::uint8_t { cache, timed, heuristic, rule };
+std::string_view choice_source_name(ChoiceSource s);
+
+// The kernel one operation of one layer runs.
+struct KernelReport {
+    std::size_t layer = 0;
+    std::string op;     // "fwd", "bwd_data", "bwd_filter"
+    std::string kernel; // e.g. "cudnn:1:tensor", "own:tc_wgrad", "own:direct_conv"
+    ChoiceSource source = ChoiceSource::rule;
+    double median_ms = 0.0; // timed or cached: the median time; else 0
+};
+
 struct Device {
     Backend backend = Backend::cpu;
     int index = 0;
@@ -69,12 +96,17 @@ struct TrainerConfig {
     unsigned cpu_threads = 0;                                 // cpu backend: 0 = one per hardware thread
     std::uint64_t workspace_limit = std::uint64_t{256} << 20; // cuda: cuDNN workspace bound
     // cuda: only algorithms and kernels whose results do not depend on
-    // scheduling, so that two runs (or a run and its resume) give the same
-    // weights: cuDNN algorithms reported deterministic, chosen from cuDNN's
-    // ranked heuristics instead of timing (the same choice every run). Our
-    // kernels never add floats with atomics. The cpu backend is deterministic
-    // always.
+    // scheduling: cuDNN algorithms reported deterministic (our kernels never
+    // add floats with atomics). Two runs (or a run and its resume) give the
+    // same weights when they run the same kernels: the choice cache (or
+    // KernelMode::heuristic) makes their choices the same. The cpu backend is
+    // deterministic always.
     bool deterministic = false;
+    // cuda: how convolution kernels are chosen, and the choice cache's
+    // directory (empty: default_choice_dir(), $XDG_CACHE_HOME/dstk or
+    // ~/.cache/dstk).
+    KernelMode kernels = KernelMode::automatic;
+    std::string choice_dir;
 };
 
 struct Batch {
@@ -117,6 +149,9 @@ class Trainer {
     virtual std::uint64_t steps() const = 0; // optimiser steps taken
     virtual void synchronize() = 0;
     virtual void* compute_stream() const = 0; // cudaStream_t on cuda, nullptr on cpu
+    // The kernel each convolution operation runs and where the choice came
+    // from (empty on the cpu backend).
+    virtual std::vector<KernelReport> kernel_choices() const { return {}; }
 
     virtual std::vector<std::uint8_t> save_state() = 0;
     virtual void load_state(std::span<const std::uint8_t> blob) = 0; // runtime error on a mismatched blob
@@ -143,6 +178,11 @@ class BackendBuffer {
     virtual void upload(std::uint64_t offset, const void* src, std::uint64_t bytes) = 0;
 };
 std::unique_ptr<BackendBuffer> make_backend_buffer(const Device& device, std::uint64_t bytes);
+
+// One line per convolution layer: each operation's kernel and where its
+// choice came from, e.g. "L3 conv 32->64 at 16x16: fwd cudnn:1:tensor (cache
+// 0.0520 ms), bwd_data ..., bwd_filter own:tc_wgrad (timed 0.0380 ms)".
+std::vector<std::string> kernel_choice_lines(const std::vector<KernelReport>& reports, const NetworkPlan& plan);
 
 // Throws Error(no_fit) "built without CUDA support" / "no CUDA GPU" for cuda
 // when unavailable.

@@ -1,0 +1,360 @@
+#include "conv_algorithms.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "cudnn_check.hpp"
+#include "dstk/units.hpp"
+
+namespace dstk::train::cuda {
+namespace {
+
+// The convolution algorithms a precision and the determinism setting allow.
+// fp32 keeps to FMA math (Find also reports TF32 results under FMA math) and
+// leaves out the FFT and non-fused Winograd algorithms, whose rounding error
+// (1e-4 and more relative) is not "float math".
+bool imprecise(cudnnConvolutionFwdAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool imprecise(cudnnConvolutionBwdDataAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool imprecise(cudnnConvolutionBwdFilterAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+template <class Perf> bool usable(const Perf& p, std::uint64_t workspace, Precision prec, bool deterministic) {
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > workspace) return false;
+    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
+    if (prec == Precision::fp32 && (p.mathType != CUDNN_FMA_MATH || imprecise(p.algo))) return false;
+    return true;
+}
+// First usable entry of a ranked list (fastest first), optionally of one math type.
+template <class Perf>
+const Perf* first_usable(const Perf* list, int got, const ConvSearch& s, const cudnnMathType_t* math = nullptr) {
+    for (int j = 0; j < got; ++j)
+        if (usable(list[j], s.workspace_bytes, s.precision, s.deterministic) && (!math || list[j].mathType == *math))
+            return &list[j];
+    return nullptr;
+}
+
+// cuDNN's ranked lists (heuristic: not run) of the three operations.
+struct Ranked {
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int fwd_count = 0, data_count = 0, filter_count = 0;
+};
+Ranked heuristic_lists(const ConvSearch& s, const ConvCall& c) {
+    Ranked r;
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(s.cudnn, c.x, c.w, c.fwd, c.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                       &r.fwd_count, r.fwd));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        s.cudnn, c.w, c.y, c.bwd_data, c.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &r.data_count, r.data));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        s.cudnn, c.x, c.y, c.bwd_filter, c.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &r.filter_count, r.filter));
+    return r;
+}
+Error no_algorithm(const ConvSearch& s, std::size_t layer, const char* which) {
+    return runtime_error(std::string("no ") + which + " convolution algorithm for layer " + std::to_string(layer) +
+                         " fits the precision" + (s.deterministic ? ", determinism" : "") + " and workspace bound (" +
+                         format_bytes(s.workspace_bytes) + ") use a larger workspace or another --precision");
+}
+
+} // namespace
+
+std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::uint64_t limit) {
+    const Ranked r = heuristic_lists(s, c);
+    std::uint64_t ws = 0;
+    auto take = [&](const auto* list, int got) {
+        for (int j = 0; j < got; ++j)
+            if (usable(list[j], limit, s.precision, s.deterministic)) ws = std::max<std::uint64_t>(ws, list[j].memory);
+    };
+    take(r.fwd, r.fwd_count);
+    take(r.data, r.data_count);
+    take(r.filter, r.filter_count);
+    return ws;
+}
+
+namespace {
+
+constexpr int timing_rounds = 7, launches_per_round = 3;
+constexpr double warm_up_ms = 200.0;
+// Bumped when dstk's own convolution kernels change, so that cached choices
+// between them and cuDNN's are made again.
+constexpr const char* own_kernel_set = "2";
+
+std::string math_name(cudnnMathType_t m) {
+    switch (m) {
+    case CUDNN_DEFAULT_MATH:
+        return "default";
+    case CUDNN_TENSOR_OP_MATH:
+        return "tensor";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+        return "convert";
+    case CUDNN_FMA_MATH:
+        return "fma";
+    }
+    return std::to_string(static_cast<int>(m));
+}
+template <class Perf> std::string candidate_name(const Perf& p) {
+    return "cudnn:" + std::to_string(static_cast<int>(p.algo)) + ":" + math_name(p.mathType);
+}
+
+// Choices made in this process, by identity and key: a second trainer of the
+// same process runs what the first ran even where the cache file cannot be
+// written.
+std::mutex memo_mutex;
+std::map<std::string, Choice>& memo() {
+    static std::map<std::string, Choice> m;
+    return m;
+}
+
+// When this process last had the GPU busy timing (for warm_up).
+std::mutex busy_mutex;
+std::chrono::steady_clock::time_point last_busy{};
+
+double wall_ms(std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
+} // namespace
+
+ConvChooser::ConvChooser(const ConvSearch& s, KernelMode mode, ChoiceCache* cache, std::string identity)
+    : s_(s), mode_(mode), cache_(cache), device_identity_text_(std::move(identity)) {}
+
+void ConvChooser::report(std::size_t layer, const std::string& op, const std::string& kernel) {
+    reports_.push_back({layer, op, kernel, ChoiceSource::rule, 0.0});
+}
+
+// Clocks up before the first timing: an idle GPU's first milliseconds of work
+// run slower, and would favour whichever candidate runs last. Skipped where
+// this process kept the GPU busy timing within the last second.
+void ConvChooser::warm_up(const std::function<void()>& op) {
+    const std::lock_guard<std::mutex> lock(busy_mutex);
+    if (warm_) return;
+    warm_ = true;
+    const auto start = std::chrono::steady_clock::now();
+    if (last_busy != std::chrono::steady_clock::time_point{} && start - last_busy < std::chrono::seconds(1)) return;
+    while (wall_ms(start) < warm_up_ms) {
+        for (int k = 0; k < 50; ++k) op();
+        CUDA_CHECK(cudaStreamSynchronize(s_.stream));
+    }
+    last_busy = std::chrono::steady_clock::now();
+}
+
+// A trial run of each candidate (one that fails is left out), a warm-up,
+// then rounds in which every candidate runs in turn, so that a drift of the
+// clocks touches all of them alike.
+std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::string>& names,
+                                                         const std::function<bool(std::size_t)>& launch) {
+    std::vector<CandidateTimes> times(names.size());
+    std::vector<bool> alive(names.size());
+    std::optional<std::size_t> first_alive;
+    for (std::size_t j = 0; j < names.size(); ++j) {
+        times[j].kernel = names[j];
+        alive[j] = launch(j);
+        if (alive[j] && !first_alive) first_alive = j;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s_.stream));
+    if (!first_alive) return times;
+    warm_up([&] { launch(*first_alive); });
+    std::vector<cudaEvent_t> ev(2 * timing_rounds * names.size(), nullptr);
+    for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+    for (int r = 0; r < timing_rounds; ++r)
+        for (std::size_t j = 0; j < names.size(); ++j) {
+            if (!alive[j]) continue;
+            const std::size_t at = 2 * (r * names.size() + j);
+            CUDA_CHECK(cudaEventRecord(ev[at], s_.stream));
+            for (int l = 0; l < launches_per_round; ++l) launch(j);
+            CUDA_CHECK(cudaEventRecord(ev[at + 1], s_.stream));
+        }
+    CUDA_CHECK(cudaStreamSynchronize(s_.stream));
+    for (int r = 0; r < timing_rounds; ++r)
+        for (std::size_t j = 0; j < names.size(); ++j) {
+            if (!alive[j]) continue;
+            const std::size_t at = 2 * (r * names.size() + j);
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, ev[at], ev[at + 1]));
+            times[j].ms.push_back(static_cast<double>(ms) / launches_per_round);
+        }
+    for (auto e : ev) cudaEventDestroy(e);
+    const std::lock_guard<std::mutex> lock(busy_mutex);
+    last_busy = std::chrono::steady_clock::now();
+    return times;
+}
+
+template <class Perf>
+Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
+                         const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own) {
+    std::vector<Perf> cands;
+    for (int j = 0; j < count; ++j)
+        if (usable(list[j], s_.workspace_bytes, s_.precision, s_.deterministic) &&
+            std::none_of(cands.begin(), cands.end(),
+                         [&](const Perf& p) { return p.algo == list[j].algo && p.mathType == list[j].mathType; }))
+            cands.push_back(list[j]);
+    if (cands.empty()) throw no_algorithm(s_, layer, op.c_str());
+    std::vector<std::string> names;
+    for (const auto& p : cands) names.push_back(candidate_name(p));
+    const std::size_t own_index = own ? names.size() : ~std::size_t{0};
+    if (own) names.push_back("own:tc_wgrad");
+    const std::string k = key.text(), memo_key = device_identity_text_ + " " + k;
+    std::vector<double> median_of(names.size(), 0.0);
+    auto finish = [&](std::size_t idx, ChoiceSource src, double ms) {
+        reports_.push_back({layer, op, names[idx], src, ms});
+        if (use_own) *use_own = idx == own_index;
+        return idx == own_index ? cands.front() : cands[idx];
+    };
+    auto index_of = [&](const std::string& name) {
+        return static_cast<std::size_t>(std::find(names.begin(), names.end(), name) - names.begin());
+    };
+    if (own && own_force_) return finish(own_index, ChoiceSource::rule, 0.0);
+    const std::size_t heuristic = own ? own_index : 0;
+    if (mode_ == KernelMode::heuristic) return finish(heuristic, ChoiceSource::heuristic, 0.0);
+    if (mode_ == KernelMode::automatic || mode_ == KernelMode::cached) {
+        std::optional<Choice> c = cache_ ? cache_->find(k) : std::nullopt;
+        if (!c) {
+            const std::lock_guard<std::mutex> lock(memo_mutex);
+            if (auto it = memo().find(memo_key); it != memo().end()) c = it->second;
+        }
+        if (c && index_of(c->kernel) < names.size())
+            return finish(index_of(c->kernel), ChoiceSource::cache, c->median_ms);
+        if (mode_ == KernelMode::cached) return finish(heuristic, ChoiceSource::heuristic, 0.0);
+    }
+    const auto times =
+        time_candidates(names, [&](std::size_t j) { return j == own_index ? ((*own)(), true) : run(cands[j]); });
+    std::string previous;
+    if (cache_)
+        if (const auto c = cache_->find(k)) previous = c->kernel;
+    const auto pick = pick_fastest(times, previous);
+    if (!pick) throw no_algorithm(s_, layer, op.c_str());
+    if (cache_ && mode_ != KernelMode::cached) cache_->put(k, pick->choice);
+    {
+        const std::lock_guard<std::mutex> lock(memo_mutex);
+        memo()[memo_key] = pick->choice;
+    }
+    return finish(pick->index, ChoiceSource::timed, pick->choice.median_ms);
+}
+
+ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own,
+                              bool* use_own) {
+    const float one = 1.0f, zero = 0.0f;
+    const Ranked r = heuristic_lists(s_, c);
+    own_force_ = own.force;
+    ConvKey k = key;
+    ConvAlgos a;
+    k.op = "fwd";
+    const auto f = decide<cudnnConvolutionFwdAlgoPerf_t>(
+        r.fwd, r.fwd_count, k.op, k, layer,
+        [&](const cudnnConvolutionFwdAlgoPerf_t& p) {
+            CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, p.mathType));
+            return cudnnConvolutionForward(s_.cudnn, &one, c.x, c.x_data, c.w, c.w_data, c.fwd, p.algo, s_.workspace,
+                                           s_.workspace_bytes, &zero, c.y, c.y_data) == CUDNN_STATUS_SUCCESS;
+        },
+        nullptr, nullptr);
+    a.fwd = f.algo;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, f.mathType));
+    k.op = "bwd_data";
+    const auto g = decide<cudnnConvolutionBwdDataAlgoPerf_t>(
+        r.data, r.data_count, k.op, k, layer,
+        [&](const cudnnConvolutionBwdDataAlgoPerf_t& p) {
+            CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_data, p.mathType));
+            return cudnnConvolutionBackwardData(s_.cudnn, &one, c.w, c.w_data, c.y, c.dy_data, c.bwd_data, p.algo,
+                                                s_.workspace, s_.workspace_bytes, &zero, c.x,
+                                                c.dx_data) == CUDNN_STATUS_SUCCESS;
+        },
+        nullptr, nullptr);
+    a.bwd_data = g.algo;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_data, g.mathType));
+    k.op = "bwd_filter";
+    const auto w = decide<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        r.filter, r.filter_count, k.op, k, layer,
+        [&](const cudnnConvolutionBwdFilterAlgoPerf_t& p) {
+            CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_filter, p.mathType));
+            return cudnnConvolutionBackwardFilter(s_.cudnn, &one, c.x, c.x_data, c.y, c.dy_data, c.bwd_filter, p.algo,
+                                                  s_.workspace, s_.workspace_bytes, &zero, c.w,
+                                                  c.dw_data) == CUDNN_STATUS_SUCCESS;
+        },
+        own.wgrad ? &own.wgrad : nullptr, use_own);
+    a.bwd_filter = w.algo;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_filter, w.mathType));
+    return a;
+}
+
+DeviceIdentity device_identity(int device) {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    int driver = 0;
+    CUDA_CHECK(cudaDriverGetVersion(&driver));
+    DeviceIdentity id;
+    id.gpu = prop.name;
+    id.compute = std::to_string(prop.major) + "." + std::to_string(prop.minor);
+    id.driver = std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10);
+    id.cudnn = std::to_string(cudnnGetVersion());
+    id.dstk = DSTK_VERSION;
+    id.kernel_set = own_kernel_set;
+    return id;
+}
+
+ConvAlgos fit_conv_algorithms(const ConvSearch& s, const ConvCall& c, ConvAlgos a, std::size_t layer,
+                              std::uint32_t batch) {
+    auto none = [&](const char* which) {
+        return runtime_error(std::string("no ") + which + " convolution algorithm for layer " + std::to_string(layer) +
+                             " at batch " + std::to_string(batch) + " fits the workspace bound");
+    };
+    std::size_t need = 0;
+    cudnnMathType_t math;
+    std::optional<Ranked> r;
+    auto ranked = [&]() -> const Ranked& {
+        if (!r) r = heuristic_lists(s, c);
+        return *r;
+    };
+    if (cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, c.x, c.w, c.fwd, c.y, a.fwd, &need) != CUDNN_STATUS_SUCCESS ||
+        need > s.workspace_bytes) {
+        CUDNN_CHECK(cudnnGetConvolutionMathType(c.fwd, &math));
+        const auto* f = first_usable(ranked().fwd, ranked().fwd_count, s, &math);
+        if (!f) throw none("forward");
+        a.fwd = f->algo;
+    }
+    if (cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn, c.w, c.y, c.bwd_data, c.x, a.bwd_data, &need) !=
+            CUDNN_STATUS_SUCCESS ||
+        need > s.workspace_bytes) {
+        CUDNN_CHECK(cudnnGetConvolutionMathType(c.bwd_data, &math));
+        const auto* g = first_usable(ranked().data, ranked().data_count, s, &math);
+        if (!g) throw none("backward-data");
+        a.bwd_data = g->algo;
+    }
+    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn, c.x, c.y, c.bwd_filter, c.w, a.bwd_filter, &need) !=
+            CUDNN_STATUS_SUCCESS ||
+        need > s.workspace_bytes) {
+        CUDNN_CHECK(cudnnGetConvolutionMathType(c.bwd_filter, &math));
+        const auto* w = first_usable(ranked().filter, ranked().filter_count, s, &math);
+        if (!w) throw none("weight-gradient");
+        a.bwd_filter = w->algo;
+    }
+    return a;
+}
+
+double time_on_stream(cudaStream_t stream, const std::function<void()>& op, int reps) {
+    cudaEvent_t a = nullptr, b = nullptr;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    op();
+    CUDA_CHECK(cudaEventRecord(a, stream));
+    for (int k = 0; k < reps; ++k) op();
+    CUDA_CHECK(cudaEventRecord(b, stream));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms / reps;
+}
+
+} // namespace dstk::train::cuda

@@ -1,0 +1,103 @@
+#pragma once
+// The choice of each convolution's kernels (cuDNN's algorithms, dstk's own
+// weight-gradient kernel), and the fallback for other batch sizes.
+// cuda_trainer.cpp owns the descriptors and buffers; this file only decides.
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include <string>
+#include <vector>
+
+#include "dstk/train/choice_cache.hpp"
+#include "dstk/train/trainer.hpp"
+
+namespace dstk::train::cuda {
+
+struct ConvAlgos {
+    cudnnConvolutionFwdAlgo_t fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    cudnnConvolutionBwdDataAlgo_t bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+};
+
+// Where and under which rules the algorithms are chosen.
+struct ConvSearch {
+    cudnnHandle_t cudnn = nullptr;
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;
+    std::uint64_t workspace_bytes = 0;
+    Precision precision = Precision::fp32;
+    bool deterministic = false;
+};
+
+// One convolution at one batch size: descriptors, and buffers of the right
+// sizes that timing may overwrite (x, y: input and output; w, dw: the
+// weights' compute copy and its gradient; dy, dx: gradient buffers).
+struct ConvCall {
+    cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+    cudnnFilterDescriptor_t w = nullptr;
+    cudnnConvolutionDescriptor_t fwd = nullptr, bwd_data = nullptr, bwd_filter = nullptr;
+    const void* x_data = nullptr;
+    void* y_data = nullptr;
+    const void* w_data = nullptr;
+    void* dw_data = nullptr;
+    const void* dy_data = nullptr;
+    void* dx_data = nullptr;
+};
+
+// The largest workspace any allowed algorithm of cuDNN's ranked lists needs,
+// up to `limit`.
+std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::uint64_t limit);
+
+// What a layer may run besides cuDNN's algorithms: dstk's own weight-gradient
+// kernel (launches it on the search's stream with the call's buffers).
+struct OwnKernels {
+    std::function<void()> wgrad;
+    bool force = false; // DSTK_CONV_KERNELS=own: used wherever it applies, untimed
+};
+
+// Chooses each convolution's kernels for the planned batch by the
+// KernelMode's rules (dstk/train/trainer.hpp): from the choice cache, by
+// timing every allowed candidate (warm GPU; repetitions in interleaved rounds;
+// median, near-ties to the previous choice or the most wins: pick_fastest), or
+// cuDNN's ranked heuristic. Sets each descriptor's math type to its choice's.
+class ConvChooser {
+  public:
+    ConvChooser(const ConvSearch& s, KernelMode mode, ChoiceCache* cache, std::string identity);
+    ConvAlgos choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own, bool* use_own);
+    // A decision made outside (a fixed rule), reported with the others.
+    void report(std::size_t layer, const std::string& op, const std::string& kernel);
+    const std::vector<KernelReport>& reports() const { return reports_; }
+
+  private:
+    template <class Perf>
+    Perf decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
+                const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own);
+    void warm_up(const std::function<void()>& op);
+    std::vector<CandidateTimes> time_candidates(const std::vector<std::string>& names,
+                                                const std::function<bool(std::size_t)>& launch);
+    ConvSearch s_;
+    KernelMode mode_;
+    ChoiceCache* cache_;
+    std::string device_identity_text_;
+    bool warm_ = false, own_force_ = false;
+    std::vector<KernelReport> reports_;
+};
+
+// The identity a choice cache is kept for: this GPU, driver, cuDNN, dstk
+// and its kernel set.
+DeviceIdentity device_identity(int device);
+
+// For another batch size: the chosen algorithms where their workspace still
+// fits; otherwise the first allowed algorithm of cuDNN's ranked list with the
+// same math type (the descriptors are shared between batch sizes).
+ConvAlgos fit_conv_algorithms(const ConvSearch& s, const ConvCall& c, ConvAlgos chosen, std::size_t layer,
+                              std::uint32_t batch);
+
+// Mean GPU time of op on the stream in ms (one warm-up run, then reps timed).
+double time_on_stream(cudaStream_t stream, const std::function<void()>& op, int reps = 5);
+
+} // namespace dstk::train::cuda

@@ -1,0 +1,170 @@
+// Bias, residual, copy, dropout and ReLU passes, and the fixed-order sum of
+// per-block partials.
+#include "elementwise.hpp"
+
+#include "dstk/rng.hpp"
+
+#include "launch_common.cuh"
+
+namespace dstk::train::cuda {
+namespace {
+
+template <class T> __global__ void add_bias_kernel(T* y, const float* bias, std::uint64_t total, Channels ch) {
+    const std::uint32_t c0 = first_channel(ch.c);
+    GRID_LOOP(i, total) st(y, i, ld(y, i) + bias[ch(i, c0)]);
+}
+
+template <class T>
+__global__ void bias_grad_kernel(const T* dy, float* db, std::uint64_t rows, std::uint32_t c, std::uint64_t hw,
+                                 bool nchw) {
+    __shared__ double part[threads];
+    const std::uint32_t ch = blockIdx.x;
+    float acc = 0.0f;
+    for (std::uint64_t r = threadIdx.x; r < rows; r += blockDim.x)
+        acc += ld(dy, nchw ? ((r / hw) * c + ch) * hw + r % hw : r * c + ch);
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = threads / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) db[ch] = static_cast<float>(part[0]);
+}
+
+template <class T> __global__ void add_kernel(const T* a, const T* b, T* out, std::uint64_t count) {
+    GRID_LOOP(i, count) st(out, i, ld(a, i) + ld(b, i));
+}
+
+template <class T> __global__ void mul_mask_kernel(const T* dy, const float* mask, T* dx, std::uint64_t count) {
+    GRID_LOOP(i, count) st(dx, i, ld(dy, i) * mask[i]);
+}
+
+template <class T> __global__ void relu_kernel(const T* x, T* y, std::uint64_t count) {
+    GRID_LOOP(i, count) st(y, i, fmaxf(ld(x, i), 0.0f));
+}
+
+template <class T> __global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, std::uint64_t count) {
+    GRID_LOOP(i, count) st(dx, i, ld(y, i) > 0.0f ? ld(dy, i) : 0.0f);
+}
+
+template <class T>
+__global__ void dropout_kernel(const T* x, T* y, float* mask, std::uint64_t count, std::uint32_t channels,
+                               std::uint64_t hw, bool nchw, float p, std::uint64_t seed, std::uint64_t layer,
+                               const unsigned long long* step) {
+    const std::uint64_t stream = (layer << 40) ^ static_cast<std::uint64_t>(*step);
+    const auto threshold = static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0);
+    const float scale = 1.0f / (1.0f - p);
+    GRID_LOOP(i, count) {
+        const std::uint64_t c = i % channels, pix = i / channels;
+        const std::uint64_t j = nchw ? i : ((pix / hw) * channels + c) * hw + pix % hw; // the cpu backend's index
+        const float m = philox(seed, stream, j)[0] >= threshold ? scale : 0.0f;
+        mask[i] = m;
+        st(y, i, ld(x, i) * m);
+    }
+}
+
+// ---- partial sums ----
+
+// out[e] = sum over blocks of partials[block][e], in block order: 32 outputs
+// per block of 1024 threads, each output's blocks in 32 interleaved parts.
+constexpr unsigned sum_parts = 32;
+__global__ void __launch_bounds__(1024)
+    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out) {
+    __shared__ double parts[sum_parts][32];
+    const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
+    const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
+    double sum = 0.0;
+    if (e < count)
+#pragma unroll 4
+        for (unsigned b = pt; b < blocks; b += sum_parts) sum += partials[std::uint64_t{b} * count + e];
+    parts[pt][el] = sum;
+    __syncthreads();
+    if (pt != 0 || e >= count) return;
+    for (unsigned i = 1; i < sum_parts; ++i) sum += parts[i][el];
+    if (bf16_out)
+        static_cast<bf16*>(out)[e] = __float2bfloat16(static_cast<float>(sum));
+    else
+        static_cast<float*>(out)[e] = static_cast<float>(sum);
+}
+
+} // namespace
+
+void launch_add_bias(void* y, ActType t, const float* bias, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                     bool nchw, cudaStream_t s) {
+    const std::uint64_t total = n * c * hw;
+    const unsigned nt = channel_threads(c);
+    const unsigned b = std::max(1u, blocks_for(total, 4) * threads / nt);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        add_bias_kernel<<<b, nt, 0, s>>>(static_cast<T*>(y), bias, total, channels_of(c, hw, nchw, nt, total));
+    });
+    check_launch();
+}
+
+void launch_bias_grad(const void* dy, ActType t, float* db, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                      bool nchw, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        bias_grad_kernel<<<c, threads, 0, s>>>(static_cast<const T*>(dy), db, n * hw, c, hw, nchw);
+    });
+    check_launch();
+}
+
+void launch_add(const void* a, const void* b, void* out, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        add_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                            static_cast<T*>(out), count);
+    });
+    check_launch();
+}
+
+void launch_copy(const void* a, void* out, ActType t, std::uint64_t count, cudaStream_t s) {
+    CUDA_CHECK(cudaMemcpyAsync(out, a, count * act_bytes(t), cudaMemcpyDeviceToDevice, s));
+}
+
+void launch_dropout_forward(const void* x, void* y, float* mask, ActType t, std::uint64_t count, std::uint32_t channels,
+                            std::uint64_t hw, bool nchw, float p, std::uint64_t seed, std::uint64_t layer,
+                            const unsigned long long* step, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        dropout_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), mask,
+                                                                count, channels, hw, nchw, p, seed, layer, step);
+    });
+    check_launch();
+}
+
+void launch_mul_mask(const void* dy, const float* mask, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        mul_mask_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(dy), mask, static_cast<T*>(dx),
+                                                                 count);
+    });
+    check_launch();
+}
+
+void launch_relu_forward(const void* x, void* y, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        relu_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), count);
+    });
+    check_launch();
+}
+
+void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        relu_backward_kernel<<<blocks_for(count, 4), threads, 0, s>>>(
+            static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), count);
+    });
+    check_launch();
+}
+
+void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
+                         cudaStream_t s) {
+    sum_partials_kernel<<<static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s>>>(
+        partials, blocks, count, out, out_t == ActType::bf16);
+    check_launch();
+}
+
+} // namespace dstk::train::cuda

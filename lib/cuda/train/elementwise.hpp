@@ -1,0 +1,39 @@
+#pragma once
+// Launchers of the element-wise passes (elementwise.cu). Activations and their gradients are NHWC (channels last) or,
+// where `nchw` says so, NCHW; stored as float or bf16 (ActType); arithmetic is float. Everything runs on the given
+// stream and is safe to capture in a graph. No kernel here adds floats with atomics: reductions go through per-block
+// partials summed in a fixed order, so results do not depend on scheduling.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "act_type.hpp"
+
+namespace dstk::train::cuda {
+
+// y[n][hw][c] += bias[c] (feature rows: hw = 1)
+void launch_add_bias(void* y, ActType t, const float* bias, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                     bool nchw, cudaStream_t s);
+// db[c] = sum over n, hw of dy
+void launch_bias_grad(const void* dy, ActType t, float* db, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                      bool nchw, cudaStream_t s);
+void launch_add(const void* a, const void* b, void* out, ActType t, std::uint64_t count, cudaStream_t s);
+void launch_copy(const void* a, void* out, ActType t, std::uint64_t count, cudaStream_t s);
+// Dropout with the same Philox mask as the cpu backend, indexed by the NCHW
+// element: keep where philox(seed, stream(layer, step), i)[0] >= p * 2^32,
+// scaled by 1/(1-p). The float mask is kept for the backward pass.
+void launch_dropout_forward(const void* x, void* y, float* mask, ActType t, std::uint64_t count, std::uint32_t channels,
+                            std::uint64_t hw, bool nchw, float p, std::uint64_t seed, std::uint64_t layer,
+                            const unsigned long long* step, cudaStream_t s);
+void launch_mul_mask(const void* dy, const float* mask, void* dx, ActType t, std::uint64_t count, cudaStream_t s);
+void launch_relu_forward(const void* x, void* y, ActType t, std::uint64_t count, cudaStream_t s);
+// dx = y > 0 ? dy : 0 (y: the ReLU's output)
+void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s);
+
+// out[e] = sum over blocks b of partials[b * count + e], in block order (the
+// second pass of the convolution weight gradients' fixed-order reductions),
+// stored as float or bf16.
+void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
+                         cudaStream_t s);
+
+} // namespace dstk::train::cuda

@@ -1,0 +1,139 @@
+// The input conversion (stored samples to normalised activations), layout
+// changes and the weights' compute copies.
+#include "input_layout.hpp"
+
+#include "launch_common.cuh"
+
+namespace dstk::train::cuda {
+namespace {
+
+template <class In, class T>
+__global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
+                               Channels ch, const float* mean, const float* inv_std, T* out, std::int32_t* labels_out,
+                               std::uint32_t out_channels) {
+    const std::uint64_t hw = ch.hw;
+    if (ch.nchw) {
+        GRID_LOOP(i, std::uint64_t{n} * channels * hw) {
+            if (i < n) labels_out[i] = labels[i];
+            const std::uint32_t c = ch(i, 0);
+            st(out, i, (ld(x, i) - mean[c]) * inv_std[c]);
+        }
+        return;
+    }
+    // One thread per pixel of the NHWC output (channels zero-padded to
+    // out_channels); the stored sample is CHW.
+    GRID_LOOP(pix, std::uint64_t{n} * hw) {
+        if (pix < n) labels_out[pix] = labels[pix];
+        const std::uint64_t s = ch.narrow ? ch.dhw.div(static_cast<std::uint32_t>(pix)) : pix / hw, j = pix - s * hw;
+        for (std::uint32_t c = 0; c < out_channels; ++c)
+            st(out, pix * out_channels + c,
+               c < channels ? (ld(x, (s * channels + c) * hw + j) - mean[c]) * inv_std[c] : 0.0f);
+    }
+}
+
+// ---- layouts and weight copies ----
+
+template <class T>
+__global__ void nhwc_to_nchw_kernel(const T* in, T* out, std::uint64_t count, std::uint32_t channels,
+                                    std::uint64_t hw) {
+    GRID_LOOP(i, count) {
+        const std::uint64_t j = i % hw, c = (i / hw) % channels, n = i / (hw * channels);
+        out[i] = in[(n * hw + j) * channels + c];
+    }
+}
+
+template <class T>
+__global__ void nchw_to_nhwc_kernel(const T* in, T* out, std::uint64_t count, std::uint32_t channels,
+                                    std::uint64_t hw) {
+    GRID_LOOP(i, count) {
+        const std::uint64_t c = i % channels, j = (i / channels) % hw, n = i / (hw * channels);
+        out[i] = in[(n * channels + c) * hw + j];
+    }
+}
+
+template <class T>
+__global__ void gather_kernel(const float* params, const std::uint32_t* map, T* copy, std::uint64_t count) {
+    GRID_LOOP(i, count) st(copy, i, map[i] == ~0u ? 0.0f : params[map[i]]);
+}
+
+template <class T>
+__global__ void scatter_kernel(const T* gcopy, const std::uint32_t* map, float* grads, std::uint64_t count) {
+    GRID_LOOP(i, count) if (map[i] != ~0u) grads[map[i]] = ld(gcopy, i);
+}
+
+} // namespace
+
+void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels, std::uint32_t n,
+                          std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, void* out,
+                          ActType t, bool nchw, std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s) {
+    const unsigned b = blocks_for(std::uint64_t{n} * (nchw ? out_channels : 1) * hw, 4);
+    // NCHW: the channel of each element; NHWC: the sample of each pixel.
+    const Channels ch = channels_of(channels, hw, nchw, 0, std::uint64_t{n} * out_channels * hw);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        T* o = static_cast<T*>(out);
+        switch (dtype) {
+        case DType::u8:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::uint8_t*>(x), labels, n, channels, ch, mean,
+                                                 inv_std, o, labels_out, out_channels);
+            break;
+        case DType::bf16:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const bf16*>(x), labels, n, channels, ch, mean, inv_std, o,
+                                                 labels_out, out_channels);
+            break;
+        case DType::f16:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const __half*>(x), labels, n, channels, ch, mean, inv_std,
+                                                 o, labels_out, out_channels);
+            break;
+        default:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const float*>(x), labels, n, channels, ch, mean, inv_std,
+                                                 o, labels_out, out_channels);
+            break;
+        }
+    });
+    check_launch();
+}
+
+void launch_nhwc_to_nchw(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                         cudaStream_t s) {
+    const std::uint64_t count = n * c * hw;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        nhwc_to_nchw_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
+                                                                     count, c, hw);
+    });
+    check_launch();
+}
+
+void launch_nchw_to_nhwc(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
+                         cudaStream_t s) {
+    const std::uint64_t count = n * c * hw;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        nchw_to_nhwc_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
+                                                                     count, c, hw);
+    });
+    check_launch();
+}
+
+void launch_gather_weights(const float* params, const std::uint32_t* map, void* copy, ActType t, std::uint64_t count,
+                           cudaStream_t s) {
+    if (count == 0) return;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        gather_kernel<<<blocks_for(count, 4), threads, 0, s>>>(params, map, static_cast<T*>(copy), count);
+    });
+    check_launch();
+}
+
+void launch_scatter_grads(const void* gcopy, ActType t, const std::uint32_t* map, float* grads, std::uint64_t count,
+                          cudaStream_t s) {
+    if (count == 0) return;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        scatter_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(gcopy), map, grads, count);
+    });
+    check_launch();
+}
+
+} // namespace dstk::train::cuda
