@@ -17,6 +17,6 @@ mkdir -p "$work" "$log"
 # the eval in the precision the model was trained in (tf32) is printed too.
 "$bin/dstrain" eval "$work/data" --weights "$work/model.safetensors" --precision fp32 --json \
     >"$log/model-check-eval.json"
-"$bin/dstrain" eval "$work/data" --weights "$work/model.safetensors" | head -3
+"$bin/dstrain" eval "$work/data" --weights "$work/model.safetensors" | sed -n 1,3p
 # PyTorch loads its own cuDNN: keep the system one out of the way.
 env -u LD_LIBRARY_PATH python3 scripts/model_check.py "$work/data" "$work/model.safetensors" "$log/model-check-eval.json"
