@@ -1,14 +1,84 @@
 #include "dstk/cli.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
+#include <vector>
 
 #include "dstk/error.hpp"
 #include "dstk/signals.hpp"
 
 namespace dstk {
+namespace {
+
+// Levenshtein distance, with a swap of two neighbours counting as one edit
+// ("--trian" is one edit from "--train").
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+    for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i)
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+                d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+    return d[a.size()][b.size()];
+}
+
+void collect_option_names(const CLI::App& app, std::vector<std::string>& names) {
+    for (const CLI::Option* o : app.get_options()) {
+        for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+        for (const std::string& s : o->get_snames()) names.push_back("-" + s);
+    }
+    for (const CLI::App* sub : app.get_subcommands({})) collect_option_names(*sub, names);
+}
+
+// "unknown option '--trian' (did you mean '--train'?)" for each argument
+// CLI11 did not expect that looks like an option; CLI11's own message otherwise.
+std::string unexpected_arguments_message(const CLI::App& app, const CLI::ParseError& e) {
+    std::vector<std::string> names;
+    collect_option_names(app, names);
+    std::string message;
+    for (const std::string& arg : app.remaining(true)) {
+        if (arg.size() < 2 || arg[0] != '-') continue;
+        const std::string typed = arg.substr(0, arg.find('='));
+        std::string best;
+        std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+        for (const std::string& n : names) {
+            const std::size_t dist = edit_distance(typed, n);
+            if (dist < best_distance) best_distance = dist, best = n;
+        }
+        if (!message.empty()) message += "; ";
+        message += "unknown option '" + typed + "'";
+        // Close enough to be a typo: at most a third of the name wrong (and at least 2 edits allowed).
+        if (!best.empty() && best_distance <= std::max<std::size_t>(2, typed.size() / 3))
+            message += " (did you mean '" + best + "'?)";
+    }
+    return message.empty() ? e.what() : message;
+}
+
+} // namespace
+
+CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open) {
+    const std::string lo_text = std::isinf(lo) ? "-inf" : CLI::detail::to_string(lo);
+    const std::string hi_text = std::isinf(hi) ? "inf" : CLI::detail::to_string(hi);
+    const std::string range = (lo_open ? "(" : "[") + lo_text + ", " + hi_text + (hi_open ? ")" : "]");
+    return CLI::Validator(
+        [=](std::string& text) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+            const bool inside = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+            if (!inside) return text + " is outside " + range;
+            return {};
+        },
+        "in " + range);
+}
 
 void add_output_options(CLI::App& app, OutputOptions& out, bool with_json) {
-    app.add_flag("-q,--quiet", out.quiet, "Print only errors and results (no notes, no progress)");
+    app.add_flag("-q,--quiet", out.quiet,
+                 "Silence notes and progress on stderr (errors and warnings still print; results on stdout stay)");
     app.add_flag("--progress", out.progress, "Show progress on stderr even when it is not a terminal");
     if (with_json) app.add_flag("--json", out.json, "Print one JSON document on stdout instead of the text output");
     app.set_version_flag("-V,--version", std::string(app.get_name()) + " (dstk) " DSTK_VERSION);
@@ -24,6 +94,10 @@ int run_tool(CLI::App& app, int argc, char** argv, const std::function<void()>& 
         return app.exit(e);
     } catch (const CLI::CallForVersion& e) {
         return app.exit(e);
+    } catch (const CLI::ExtrasError& e) {
+        std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for the options.\n", name.c_str(),
+                     unexpected_arguments_message(app, e).c_str(), name.c_str());
+        return static_cast<int>(ExitCode::usage);
     } catch (const CLI::ParseError& e) {
         std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for the options.\n", name.c_str(), e.what(), name.c_str());
         return static_cast<int>(ExitCode::usage);
@@ -37,8 +111,9 @@ int run_tool(CLI::App& app, int argc, char** argv, const std::function<void()>& 
         return static_cast<int>(ExitCode::ok);
     } catch (const Error& e) {
         std::fflush(stdout);
-        std::fprintf(stderr, "%s: %s%s\n", name.c_str(), e.code() == ExitCode::interrupted ? "" : "error: ", e.what());
-        return static_cast<int>(e.code());
+        const bool signal = e.code() == ExitCode::interrupted;
+        std::fprintf(stderr, "%s: %s%s\n", name.c_str(), signal ? "" : "error: ", e.what());
+        return static_cast<int>(signal ? interrupt_exit_code() : e.code());
     } catch (const std::bad_alloc&) {
         std::fprintf(stderr, "%s: error: out of memory\n", name.c_str());
         return static_cast<int>(ExitCode::failure);

@@ -12,6 +12,7 @@ namespace dstk {
 namespace {
 
 std::atomic<int> g_signals{0};
+std::atomic<int> g_first_signal{0};
 
 // Fixed storage so the handler touches no allocator.
 constexpr int max_paths = 256;
@@ -21,14 +22,18 @@ std::atomic<bool> g_used[max_paths];
 std::mutex g_register_mutex;
 
 void on_signal(int sig) {
-    if (g_signals.fetch_add(1) == 0) return; // first: let the tool unwind and clean up
+    if (g_signals.fetch_add(1) == 0) { // first: let the tool unwind and clean up
+        g_first_signal.store(sig);
+        return;
+    }
     for (int i = max_paths - 1; i >= 0; --i) {
         if (!g_used[i].load()) continue;
         if (::unlink(g_paths[i]) != 0) ::rmdir(g_paths[i]);
     }
     const char msg[] = "\ninterrupted: temporary outputs removed\n";
     (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
-    ::_exit(sig == SIGINT || sig == SIGTERM ? 130 : 128 + sig);
+    const int first = g_first_signal.load();
+    ::_exit(128 + (first ? first : sig));
 }
 
 } // namespace
@@ -48,6 +53,10 @@ bool interrupted() {
 
 void throw_if_interrupted() {
     if (interrupted()) throw Error(ExitCode::interrupted, "interrupted (signal received); partial outputs removed");
+}
+
+ExitCode interrupt_exit_code() {
+    return g_first_signal.load() == SIGTERM ? ExitCode::terminated : ExitCode::interrupted;
 }
 
 void register_temp_path(const std::filesystem::path& p) {

@@ -33,9 +33,10 @@ expect_exit 3 "$G" "$WORK/huge" --train 1G --shape 3x1000x1000
 expect_stderr "not enough free disk"
 expect_no_file "$WORK/huge"
 
-# A small dataset; the summary line goes to stdout.
+# A small dataset; the summary line is a note on stderr (stdout stays empty).
 expect_exit 0 "$G" "$WORK/a" --train 3000 --test 500 --threads 1
-expect_stdout "^dsgen: 3,500 samples, .* GB/s"
+expect_stderr "^dsgen: 3,500 samples, .* GB/s"
+expect_no_stdout
 for f in dataset.json train_x.npy train_y.npy test_x.npy test_y.npy; do expect_file "$WORK/a/$f"; done
 expect_true "no temporary files left" test -z "$(ls -A "$WORK" | grep tmp)"
 
@@ -93,5 +94,18 @@ CHECKS=$((CHECKS + 1))
 expect_stderr "interrupted"
 expect_no_file "$WORK/int"
 expect_true "no temporary directory after SIGINT" test -z "$(ls -A "$WORK" | grep '\.int\.tmp')"
+
+# SIGTERM: the same clean-up, exit 143 (128 + 15), as supervisors expect.
+"$G" "$WORK/term" --train 20M --test 0 --force -q >/dev/null 2>"$ERR" &
+pid=$!
+sleep 1
+kill -TERM $pid
+wait $pid
+rc=$?
+CHECKS=$((CHECKS + 1))
+[ "$rc" -eq 143 ] || fail "SIGTERM exit $rc, expected 143"
+expect_stderr "interrupted"
+expect_no_file "$WORK/term"
+expect_true "no temporary directory after SIGTERM" test -z "$(ls -A "$WORK" | grep '\.term\.tmp')"
 
 finish

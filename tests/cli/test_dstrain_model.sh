@@ -24,6 +24,11 @@ expect_exit 0 "$DSTRAIN" "$WORK/ds" "${TRAIN[@]}" --log-json "$WORK/logs/run.jso
 expect_file "$WORK/logs/model.safetensors"
 (cd "$WORK" && "$DSTRAIN" "$WORK/ds" "${TRAIN[@]}" -q >/dev/null 2>&1)
 expect_file "$WORK/model.safetensors"
+# Where the default file exists: the first free model-N.safetensors, with a note.
+CHECKS=$((CHECKS + 1))
+(cd "$WORK" && "$DSTRAIN" "$WORK/ds" "${TRAIN[@]}" >/dev/null 2>"$ERR") || fail "a second run in the same directory failed"
+expect_stderr "model.safetensors exists: this run's model goes to model-2.safetensors"
+expect_file "$WORK/model-2.safetensors"
 
 # Never over an existing file without --force; only known extensions; never over a directory.
 expect_exit 2 "$DSTRAIN" "$WORK/ds" "${TRAIN[@]}" --save "$WORK/model.safetensors"

@@ -1,6 +1,7 @@
 // Real data: MNIST's 10,000 test images (../shared/data/mnist), split 8,000
-// train / 2,000 test, small-cnn on the CPU: >= 97% test accuracy within 5
-// epochs and 3 minutes on 2 cores. Skipped where the shared folder is absent.
+// train / 2,000 test, small-cnn on the CPU at batch 64 (the command README and
+// man dstrain give): >= 98% test accuracy within 5 epochs and 3 minutes on 2
+// cores. Skipped where the shared folder is absent.
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -87,7 +88,7 @@ TEST(TrainRealData, SmallCnnOnMnistCpu) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fs::remove_all(dir);
     ASSERT_EQ(r.epochs.size(), 5u);
-    EXPECT_GE(r.epochs.back().test.accuracy(), 0.97);
+    EXPECT_GE(r.epochs.back().test.accuracy(), 0.98);
     EXPECT_LE(seconds, 180.0);
     std::printf("small-cnn on MNIST (8,000 / 2,000), cpu: test accuracy %.2f%% in %.1f s\n",
                 100.0 * r.epochs.back().test.accuracy(), seconds);

@@ -47,6 +47,11 @@ int main(int argc, char** argv) {
         o.command_line = command_line(argc, argv);
         finalize_options(o);
         const GenerateResult r = generate_dataset(o);
-        std::fputs(generate_summary(r, o.out.json).c_str(), stdout);
+        // --json is the result, on stdout; the text summary is a note (silenced by -q), as dsconvert's.
+        const std::string summary = generate_summary(r, o.out.json);
+        if (o.out.json)
+            std::fputs(summary.c_str(), stdout);
+        else
+            note(o.out, summary.substr(0, summary.size() - 1));
     });
 }

@@ -30,18 +30,25 @@ int main(int argc, char** argv) {
     app.add_option("-e,--epochs", o.epochs, "Epochs")->capture_default_str();
     app.add_option("-b,--batch", o.batch, "Batch size (the last partial training batch of an epoch is skipped)")
         ->capture_default_str();
-    app.add_option("--lr", lr, "Peak learning rate (default 0.05 x batch/256 for sgd, 0.002 for adamw)");
+    app.add_option("--lr", lr, "Peak learning rate (default 0.05 x batch/256 for sgd, 0.002 for adamw)")
+        ->check(number_in(0, unbounded, true, true));
     app.add_option("--optimizer", optimizer, "sgd or adamw")->capture_default_str();
-    app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+    app.add_option("--momentum", o.momentum, "SGD momentum")
+        ->capture_default_str()
+        ->check(number_in(0, 1, false, true));
     app.add_flag("--no-nesterov", no_nesterov, "Plain instead of Nesterov momentum");
     app.add_option("--weight-decay", o.weight_decay, "Weight decay (sgd: L2 in the gradient; adamw: decoupled)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(number_in(0, 1));
     app.add_option("--schedule", schedule, "Learning-rate schedule: constant, step or cosine")->capture_default_str();
     app.add_option("--warmup-epochs", o.warmup_epochs, "Linear warm-up length in epochs (fractions allowed)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(number_in(0, unbounded, false, true));
     app.add_option("--step-epochs", o.step_epochs, "step schedule: multiply the rate by --gamma every N epochs");
-    app.add_option("--gamma", o.gamma, "step schedule factor")->capture_default_str();
-    app.add_option("--label-smoothing", o.label_smoothing, "Label smoothing in [0, 1)")->capture_default_str();
+    app.add_option("--gamma", o.gamma, "step schedule factor")->capture_default_str()->check(number_in(0, 1, true));
+    app.add_option("--label-smoothing", o.label_smoothing, "Label smoothing")
+        ->capture_default_str()
+        ->check(number_in(0, 1, false, true));
     app.add_option("--precision", precision,
                    "GPU arithmetic: fp32, tf32 (the default: TF32 tensor cores in convolutions and matrix "
                    "products) or bf16 (mixed precision: bf16 activations, fp32 master weights); the CPU computes fp32");

@@ -2,6 +2,7 @@
 // What every tool's main shares: common options, and one place where errors
 // become messages and exit codes.
 #include <functional>
+#include <limits>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -13,9 +14,17 @@ namespace dstk {
 // --quiet, --progress, --json (when with_json), --version.
 void add_output_options(CLI::App& app, OutputOptions& out, bool with_json = true);
 
+// A numeric option's valid range, checked at parse time: finite and within
+// [lo, hi] (an open end excludes the bound; +-infinity leaves that side
+// free). Its failure is a usage error (exit 2) naming the option and range;
+// the man pages state the same ranges.
+CLI::Validator number_in(double lo, double hi, bool lo_open = false, bool hi_open = false);
+inline constexpr double unbounded = std::numeric_limits<double>::infinity();
+
 // Parses argv into `app`, then runs body(). Prints "tool: error: message" for
 // an Error and returns its exit code; CLI11 parse errors exit 2, --help 0.
-// Installs the SIGINT/SIGTERM handlers first.
+// Installs the SIGINT/SIGTERM handlers first. An unknown option is named
+// with the nearest known one ("did you mean '--train'?").
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<void()>& body);
 
 // The command line as typed, shell-quoted where needed (for provenance).

@@ -12,7 +12,8 @@ enum class ExitCode : int {
     failure = 1,       // runtime failure: I/O, corrupt input, divergence
     usage = 2,         // bad options or arguments
     no_fit = 3,        // does not fit / resource missing (GPU, disk)
-    interrupted = 130, // SIGINT/SIGTERM, after clean-up
+    interrupted = 130, // stopped by a signal, after clean-up: SIGINT exits 130 (128 + 2)
+    terminated = 143,  // SIGTERM exits 143 (128 + 15); errors carry `interrupted`, run_tool picks the code
 };
 
 class Error : public std::runtime_error {

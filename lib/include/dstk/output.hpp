@@ -1,7 +1,11 @@
 #pragma once
 // What a tool prints and where: data and results to stdout, diagnostics and
 // progress to stderr. Progress only on a TTY (or with --progress), at most
-// ~6 updates a second; --quiet silences notes and progress, never errors.
+// ~6 updates a second. The rule of -q in every tool: it silences notes
+// (including the summary of what was written) and progress on stderr, never
+// errors or warnings, and never stdout, which holds results (reports, tables,
+// epoch lines, --json). The one exception is dsplan --check -q, where the exit
+// status is the result (as grep -q).
 #include <atomic>
 #include <chrono>
 #include <cstdint>

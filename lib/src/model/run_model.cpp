@@ -19,28 +19,36 @@ void add_model_run_options(CLI::App& app, ModelRunOptions& o) {
     app.add_flag("--force", o.force, "Replace an existing --save file");
 }
 
-std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json) {
-    std::vector<fs::path> paths = o.save;
-    if (paths.empty())
-        paths.push_back(!checkpoint_dir.empty() ? checkpoint_dir / default_model_file
-                        : !log_json.empty()     ? log_json.parent_path() / default_model_file
-                                                : fs::path(default_model_file));
-    return paths;
-}
-
-void check_save_paths(const std::vector<fs::path>& paths, const ModelRunOptions& o, bool replace_own) {
-    for (const auto& path : paths) {
+std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json,
+                                 bool replace_own, const OutputOptions& out) {
+    std::error_code ec;
+    auto exists = [&](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
+    const bool may_replace = o.force || replace_own;
+    if (o.save.empty()) {
+        const fs::path dir = !checkpoint_dir.empty() ? checkpoint_dir
+                             : !log_json.empty()     ? log_json.parent_path()
+                                                     : fs::path();
+        fs::path path = dir / default_model_file;
+        for (unsigned n = 2; exists(path) && !may_replace; ++n)
+            path = dir / ("model-" + std::to_string(n) + ".safetensors");
+        if (path.filename() != default_model_file)
+            note(out, "dstrain: " + (dir / default_model_file).string() + " exists: this run's model goes to " +
+                          path.string() + " (--save FILE to choose, --force to replace)");
+        check_replaceable(path);
+        return {path};
+    }
+    for (const auto& path : o.save) {
         const std::string ext = path.extension().string();
         if (ext != ".safetensors" && ext != ".onnx")
             throw usage_error("--save '" + path.string() + "' (unknown extension '" + ext +
                               "'); name the file *.safetensors or *.onnx");
-        std::error_code ec;
-        if (fs::exists(fs::symlink_status(path, ec)) && !o.force && !replace_own)
+        if (exists(path) && !may_replace)
             throw usage_error("'" + path.string() +
                               "' exists (the model of an earlier run?); add --force to replace it, or --save "
                               "elsewhere");
         check_replaceable(path);
     }
+    return o.save;
 }
 
 SavedModel prepare_init_from(const ModelRunOptions& o, train::TrainerConfig& tc, const OutputOptions& out) {

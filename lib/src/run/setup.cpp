@@ -31,6 +31,22 @@ train::Device choose_device(const TrainOptions& e, const OutputOptions& out) {
     return {Backend::cpu, 0};
 }
 
+// A --device cuda:N that names no usable GPU is exit 3 with the cause, before
+// anything is loaded (rather than the first CUDA call failing mid-setup).
+void require_gpu(const train::Device& d) {
+    std::string why;
+    const std::vector<GpuInfo> gpus = detect_gpus(&why);
+    for (const GpuInfo& g : gpus)
+        if (g.index == d.index) return;
+    const std::string name = train::device_name(d);
+    if (!built_with_cuda()) throw no_fit_error("--device " + name + " (built without CUDA support) use --device cpu");
+    if (gpus.empty())
+        throw no_fit_error("--device " + name + ": no usable GPU (" + why +
+                           ") train on the CPU with --device cpu, or check the GPU and its driver with nvidia-smi");
+    throw no_fit_error("--device " + name + ": no such GPU (this machine has " + std::to_string(gpus.size()) +
+                       ", cuda:0 to cuda:" + std::to_string(gpus.size() - 1) + ") pick one of them, or --device cpu");
+}
+
 // Sample `e` of a stored input, as a double.
 double stored_value(const std::uint8_t* buf, DType t, std::uint64_t e) {
     switch (t) {
@@ -54,6 +70,10 @@ void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples,
     const Manifest& m = ds.manifest();
     if (m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
         for (std::uint32_t c = 0; c < channels; ++c) {
+            if (!std::isfinite(m.stats->mean[c]) || !std::isfinite(m.stats->std[c]))
+                throw runtime_error(ds.dir().string() + ": " + manifest_file_name + " gives channel " +
+                                    std::to_string(c) + " a non-finite mean or std (the data holds NaN or Inf?) " +
+                                    "re-create the dataset from finite values");
             mean.push_back(static_cast<float>(m.stats->mean[c]));
             stdev.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
         }
@@ -68,6 +88,11 @@ void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples,
         r.read(k * samples / take, 1, buf.data());
         for (std::uint64_t e = 0; e < x.shape.numel(); ++e) {
             const double v = stored_value(buf.data(), x.dtype, e);
+            if (!std::isfinite(v))
+                throw runtime_error("split 'train' field '" + x.name + "' sample " +
+                                    std::to_string(k * samples / take) + " holds a non-finite value (" +
+                                    (std::isnan(v) ? "NaN" : "Inf") + " at element " + std::to_string(e) +
+                                    ": training needs finite inputs) fix or drop those samples before training");
             sum[e / per_channel] += v;
             sq[e / per_channel] += v * v;
         }
@@ -255,7 +280,14 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     s.order = data::parse_order(d.order);
     (void)data::parse_managed_policy(d.managed_policy); // a usage error before the dataset is opened
     s.device = choose_device(e, out);
+    if (s.on_gpu()) require_gpu(s.device);
     s.precision = e.precision.value_or(s.on_gpu() ? train::Precision::tf32 : train::Precision::fp32);
+    if (!s.on_gpu() && s.precision != train::Precision::fp32) {
+        // Say what runs: the CPU backend has one arithmetic.
+        note(out, "dstrain: --precision " + std::string(train::precision_name(s.precision)) +
+                      " applies to the GPU; the CPU computes fp32");
+        s.precision = train::Precision::fp32;
+    }
 
     open_dataset(s, e);
     s.spec = train::resolve_model(e.model, s.classes);

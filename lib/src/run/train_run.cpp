@@ -12,9 +12,8 @@ RunReport run_training(const TrainOptions& e, const DataOptions& d, const Output
     RunReport r = first_report(s);
     describe_session(s, d, r, out);
     const Checkpointer ck(s, e, d);
-    const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json);
     const CheckpointPosition pos = ck.start(*s.trainer, out);
-    model::check_save_paths(save_to, e.files, d.resume);
+    const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume, out);
     if (pos.epoch >= e.epochs) {
         note(out, "dstrain: the run in " + d.checkpoint.string() + " is finished (" + std::to_string(e.epochs) +
                       " epochs, " + std::to_string(pos.steps) + " steps); nothing to do: its model is " +

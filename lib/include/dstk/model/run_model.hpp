@@ -23,14 +23,17 @@ struct ModelRunOptions {
 // Adds --save, --init-from and --force to `app`.
 void add_model_run_options(CLI::App& app, ModelRunOptions& o);
 
-// The --save files, or model.safetensors in the checkpoint directory, else
-// beside the --log-json file, else in the current directory.
+// Where the run's model goes, decided and checked before training: the
+// --save files (usage error for an unknown extension, or for a file that
+// exists, without --force or `replace_own`: a resumed run replaces what it
+// wrote); by default model.safetensors in the checkpoint directory, else
+// beside the --log-json file, else in the current directory, and where that
+// exists (without --force or `replace_own`) the first free
+// model-N.safetensors beside it, with a note. Nothing but a regular file is
+// ever replaced.
 std::vector<std::filesystem::path> save_paths(const ModelRunOptions& o, const std::filesystem::path& checkpoint_dir,
-                                              const std::filesystem::path& log_json);
-// Before training: usage error for an unknown extension, or a file that
-// exists without --force unless `replace_own` (a resumed run replaces what
-// it wrote), or anything but a regular file.
-void check_save_paths(const std::vector<std::filesystem::path>& paths, const ModelRunOptions& o, bool replace_own);
+                                              const std::filesystem::path& log_json, bool replace_own,
+                                              const OutputOptions& out);
 
 // --init-from: checks that the file holds the network `tc.plan` describes
 // and takes its normalisation (the weights were trained with it). Returns
@@ -44,7 +47,7 @@ void load_weights(train::Trainer& t, const SavedModel& m);
 SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
                               const std::string& dataset_checksum);
 // The end of a run: the trainer's model into each of `paths` (checked before
-// training by check_save_paths), with a note each.
+// training by save_paths), with a note each.
 void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
                   const std::string& dataset_checksum, const std::vector<std::filesystem::path>& paths,
                   const OutputOptions& out);
