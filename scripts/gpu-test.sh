@@ -9,6 +9,7 @@
 #                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert model-check
 #                     kernel-choice (issue 18: 10 fresh processes per precision from
 #                     an empty kernel choice cache; not in "all", ~4 minutes)
+#                     bench-larger-than-ram (issue 13: root, cgroup v2; not in "all", ~7 minutes)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +72,10 @@ if [ "$benches" != none ]; then
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
     want model-check && SUMMARY_RE='model-check' step model-check 150 scripts/model-check.sh "$DSTK_BIN" "$work/model" "$log"
     rm -rf "$work"
+    # Not part of "all": it needs root and most of a call's 10 minutes.
+    named bench-larger-than-ram && SUMMARY_RE='u8 .*chunk|f32 .*chunk' \
+        step bench-larger-than-ram 540 scripts/bench-larger-than-ram.sh build-gpu/bin "$log/ltr"
+    [ -f "$log/ltr/table.txt" ] && cat "$log/ltr/disk.txt" "$log/ltr/table.txt" 2>/dev/null
 fi
 
 echo

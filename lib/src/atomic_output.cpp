@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dstk/fd.hpp"
 #include "dstk/error.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/sysinfo.hpp"
@@ -39,15 +40,8 @@ void remove_quietly(const fs::path& p) {
 } // namespace
 
 void fsync_path(const fs::path& p) {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw_errno("cannot open for fsync", p.string());
-    if (::fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
-        const int err = errno;
-        ::close(fd);
-        errno = err;
-        throw_errno("cannot fsync", p.string());
-    }
-    ::close(fd);
+    const UniqueFd fd = UniqueFd::open(p, O_RDONLY, "open for fsync");
+    if (::fsync(fd.get()) != 0 && errno != EINVAL && errno != EROFS) throw_errno("cannot fsync", p.string());
 }
 
 void write_all(int fd, const void* data, std::size_t len, long long offset, const fs::path& path) {
@@ -158,30 +152,28 @@ AtomicFile::AtomicFile(fs::path final_path, bool force) : final_(std::move(final
     check_overwrite(final_, force);
     tmp_ = temp_sibling(final_);
     register_temp_path(tmp_);
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
+    fd_ = UniqueFd::try_open(tmp_, O_WRONLY | O_CREAT | O_EXCL);
+    if (!fd_) {
+        const int err = errno;
         unregister_temp_path(tmp_);
+        errno = err;
         throw_errno("cannot create", tmp_.string());
     }
 }
 
 AtomicFile::~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
+    fd_.reset();
     if (!committed_) ::unlink(tmp_.c_str());
     unregister_temp_path(tmp_);
 }
 
 void AtomicFile::write(const void* data, std::size_t len) {
-    write_all(fd_, data, len, -1, tmp_);
+    write_all(fd_.get(), data, len, -1, tmp_);
 }
 
 void AtomicFile::commit() {
-    if (::fsync(fd_) != 0) throw_errno("cannot fsync", tmp_.string());
-    if (::close(fd_) != 0) {
-        fd_ = -1;
-        throw_errno("cannot close", tmp_.string());
-    }
-    fd_ = -1;
+    if (::fsync(fd_.get()) != 0) throw_errno("cannot fsync", tmp_.string());
+    if (::close(fd_.release()) != 0) throw_errno("cannot close", tmp_.string());
     if (::rename(tmp_.c_str(), final_.c_str()) != 0) throw_errno("cannot rename into", final_.string());
     committed_ = true;
     fsync_path(parent_or_dot(final_));

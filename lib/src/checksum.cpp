@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "dstk/fd.hpp"
 #include "dstk/error.hpp"
 
 // XXH64 as specified in xxHash's doc/xxhash_spec.md (section "XXH64 algorithm").
@@ -126,24 +127,19 @@ std::uint64_t xxh64(const void* data, std::size_t len, std::uint64_t seed) {
 }
 
 std::string file_checksum(const std::filesystem::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw_errno("cannot open", path.string());
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "open");
+    posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     std::vector<unsigned char> buf(4 << 20);
     Xxh64 h;
     for (;;) {
-        const ssize_t n = ::read(fd, buf.data(), buf.size());
+        const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
         if (n < 0) {
             if (errno == EINTR) continue;
-            const int err = errno;
-            ::close(fd);
-            errno = err;
             throw_errno("cannot read", path.string());
         }
         if (n == 0) break;
         h.update(buf.data(), static_cast<std::size_t>(n));
     }
-    ::close(fd);
     return h.hex();
 }
 

@@ -205,45 +205,36 @@ ChunkIndex parse_chunk_index(std::span<const std::uint8_t> frame, std::uint64_t 
     return ix;
 }
 
-ChunkedReader::ChunkedReader(fs::path path) : path_(std::move(path)) {
+ChunkedReader::ChunkedReader(fs::path path) : path_(std::move(path)), fd_(UniqueFd::open(path_, O_RDONLY, "open")) {
     const std::string where = path_.string();
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw_errno("cannot open", where);
-    try {
-        struct stat st {};
-        if (::fstat(fd_, &st) != 0) throw_errno("cannot stat", where);
-        file_bytes_ = static_cast<std::uint64_t>(st.st_size);
-        if (file_bytes_ < chunked_header_bytes + chunked_trailer_bytes)
-            corrupt(where, "file has " + std::to_string(file_bytes_) + " bytes, too short for zstd-chunked storage");
-        std::uint8_t head[chunked_header_bytes];
-        read_all(fd_, head, sizeof head, 0, path_);
-        if (get_u32(head) != chunked_header_magic || get_u32(head + 4) != 32 || std::memcmp(head + 8, header_tag, 8))
-            corrupt(where, "wrong magic (not a zstd-chunked dataset file)");
-        if (get_u32(head + 16) != chunked_format_version)
-            throw runtime_error(where + ": zstd-chunked format version " + std::to_string(get_u32(head + 16)) +
-                                " is not supported by this build (version " + std::to_string(chunked_format_version) +
-                                "); upgrade dstk");
-        std::uint8_t tail[chunked_trailer_bytes];
-        read_all(fd_, tail, sizeof tail, static_cast<long long>(file_bytes_ - sizeof tail), path_);
-        if (std::memcmp(tail + 8, end_tag, 8) != 0)
-            corrupt(where, "the chunk index trailer is missing (file truncated, or its writer was interrupted?)");
-        const std::uint64_t index_bytes = get_u64(tail);
-        if (index_bytes < 8 + index_fixed_payload || index_bytes > file_bytes_ - chunked_header_bytes)
-            corrupt(where, "chunk index size " + std::to_string(index_bytes) + " is out of range");
-        std::vector<std::uint8_t> frame(index_bytes);
-        read_all(fd_, frame.data(), frame.size(), static_cast<long long>(file_bytes_ - index_bytes), path_);
-        index_ = parse_chunk_index(frame, file_bytes_, where);
-        if (index_.sample_bytes != get_u64(head + 24) || index_.chunk_samples != get_u64(head + 32))
-            corrupt(where, "header and chunk index disagree on the sample or chunk size");
-    } catch (...) {
-        ::close(fd_);
-        throw;
-    }
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) throw_errno("cannot stat", where);
+    file_bytes_ = static_cast<std::uint64_t>(st.st_size);
+    if (file_bytes_ < chunked_header_bytes + chunked_trailer_bytes)
+        corrupt(where, "file has " + std::to_string(file_bytes_) + " bytes, too short for zstd-chunked storage");
+    std::uint8_t head[chunked_header_bytes];
+    read_all(fd_.get(), head, sizeof head, 0, path_);
+    if (get_u32(head) != chunked_header_magic || get_u32(head + 4) != 32 || std::memcmp(head + 8, header_tag, 8))
+        corrupt(where, "wrong magic (not a zstd-chunked dataset file)");
+    if (get_u32(head + 16) != chunked_format_version)
+        throw runtime_error(where + ": zstd-chunked format version " + std::to_string(get_u32(head + 16)) +
+                            " is not supported by this build (version " + std::to_string(chunked_format_version) +
+                            "); upgrade dstk");
+    std::uint8_t tail[chunked_trailer_bytes];
+    read_all(fd_.get(), tail, sizeof tail, static_cast<long long>(file_bytes_ - sizeof tail), path_);
+    if (std::memcmp(tail + 8, end_tag, 8) != 0)
+        corrupt(where, "the chunk index trailer is missing (file truncated, or its writer was interrupted?)");
+    const std::uint64_t index_bytes = get_u64(tail);
+    if (index_bytes < 8 + index_fixed_payload || index_bytes > file_bytes_ - chunked_header_bytes)
+        corrupt(where, "chunk index size " + std::to_string(index_bytes) + " is out of range");
+    std::vector<std::uint8_t> frame(index_bytes);
+    read_all(fd_.get(), frame.data(), frame.size(), static_cast<long long>(file_bytes_ - index_bytes), path_);
+    index_ = parse_chunk_index(frame, file_bytes_, where);
+    if (index_.sample_bytes != get_u64(head + 24) || index_.chunk_samples != get_u64(head + 32))
+        corrupt(where, "header and chunk index disagree on the sample or chunk size");
 }
 
-ChunkedReader::~ChunkedReader() {
-    if (fd_ >= 0) ::close(fd_);
-}
+ChunkedReader::~ChunkedReader() = default;
 
 SampleRange ChunkedReader::chunk_range(std::uint64_t i) const {
     return chunk_sample_range(i, index_.samples, index_.chunk_samples);
@@ -270,7 +261,7 @@ void ChunkedReader::decode_chunk(std::uint64_t i, void* dst, bool check_frame) c
         frame_cap = e.compressed_bytes;
     }
     const std::span<const std::uint8_t> frame(frame_buf.get(), e.compressed_bytes);
-    read_all(fd_, frame_buf.get(), frame.size(), static_cast<long long>(e.offset), path_);
+    read_all(fd_.get(), frame_buf.get(), frame.size(), static_cast<long long>(e.offset), path_);
     // The hot path trusts zstd's content checksum (checked on every decode;
     // decode_frame refuses frames without one), which covers the decoded
     // bytes; the frame's XXH64 from the index is computed only when decoding
@@ -337,9 +328,9 @@ void ChunkedReader::verify(ThreadPool* pool) const {
 }
 
 ChunkedWriter::ChunkedWriter(fs::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples, int level,
-                             ThreadPool& pool, int fd)
+                             ThreadPool& pool, UniqueFd fd)
     : path_(std::move(path)), sample_bytes_(sample_bytes), chunk_samples_(chunk_samples), level_(level), pool_(&pool),
-      fd_(fd) {
+      fd_(std::move(fd)) {
     const std::uint64_t chunk = sample_bytes_ * chunk_samples_;
     batch_chunks_ = std::max<std::uint64_t>(
         1, std::min<std::uint64_t>(std::max<std::uint64_t>(pool.size(), batch_target_bytes / chunk),
@@ -348,15 +339,78 @@ ChunkedWriter::ChunkedWriter(fs::path path, std::uint64_t sample_bytes, std::uin
 
 ChunkedWriter::ChunkedWriter(fs::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples, int level,
                              ThreadPool& pool)
-    : ChunkedWriter(path, sample_bytes, chunk_samples, level, pool, -1) {
+    : ChunkedWriter(path, sample_bytes, chunk_samples, level, pool, UniqueFd()) {
     check_geometry(sample_bytes, chunk_samples, path_.string());
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw_errno("cannot create", path_.string());
+    fd_ = UniqueFd::open(path_, O_WRONLY | O_CREAT | O_TRUNC, "create");
     const auto head = serialize_chunked_header(sample_bytes_, chunk_samples_);
-    write_all(fd_, head.data(), head.size(), -1, path_);
+    write_all(fd_.get(), head.data(), head.size(), -1, path_);
     hash_.update(head.data(), head.size());
     file_bytes_ = head.size();
 }
+
+namespace {
+
+// The complete chunks at the start of a partial zstd-chunked file (an
+// interrupted writer's output): frames after the header, each decoding to a
+// whole chunk, up to `max_chunks`. `why` says what stopped the walk short.
+struct FrameWalk {
+    std::uint64_t chunks = 0, end = 0; // good frames and the byte after the last
+    std::vector<ChunkEntry> entries;
+    std::string why; // empty: header fine and max_chunks reached or the file ended cleanly
+};
+
+FrameWalk walk_frames(int fd, const fs::path& path, std::uint64_t size, std::uint64_t sample_bytes,
+                      std::uint64_t chunk_samples, std::uint64_t max_chunks, Xxh64* hash) {
+    FrameWalk w;
+    const auto head = serialize_chunked_header(sample_bytes, chunk_samples);
+    std::vector<std::uint8_t> buf(head.size());
+    if (size < head.size()) {
+        w.why = "partial output is shorter than its header";
+        return w;
+    }
+    read_all(fd, buf.data(), buf.size(), 0, path);
+    if (buf != head) {
+        w.why = "partial output has a different header";
+        return w;
+    }
+    if (hash) hash->update(head.data(), head.size());
+    w.end = head.size();
+    const std::uint64_t chunk = sample_bytes * chunk_samples;
+    std::vector<std::uint8_t> plain(chunk);
+    const std::uint64_t max_frame = ZSTD_compressBound(chunk) + 64;
+    while (w.chunks < max_chunks && w.end < size) {
+        throw_if_interrupted();
+        const std::string which = "partial output: chunk " + std::to_string(w.chunks);
+        buf.resize(std::min(max_frame, size - w.end));
+        read_all(fd, buf.data(), buf.size(), static_cast<long long>(w.end), path);
+        const std::size_t n = ZSTD_findFrameCompressedSize(buf.data(), buf.size());
+        if (ZSTD_isError(n)) {
+            w.why = which + " is incomplete";
+            return w;
+        }
+        const std::span<const std::uint8_t> frame(buf.data(), n);
+        const std::string bad = decode_frame(frame, plain.data(), chunk);
+        if (!bad.empty()) {
+            w.why = which + ": " + bad;
+            return w;
+        }
+        w.entries.push_back({w.end, n, xxh64(frame.data(), n)});
+        if (hash) hash->update(frame.data(), n);
+        w.end += n;
+        ++w.chunks;
+    }
+    if (w.chunks < max_chunks && max_chunks != ~std::uint64_t{0})
+        w.why = "partial output ends before chunk " + std::to_string(w.chunks);
+    return w;
+}
+
+std::uint64_t file_size_of(int fd, const std::string& where) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw_errno("cannot stat", where);
+    return static_cast<std::uint64_t>(st.st_size);
+}
+
+} // namespace
 
 ChunkedWriter ChunkedWriter::resume(fs::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples, int level,
                                     ThreadPool& pool, std::uint64_t keep_samples) {
@@ -365,81 +419,34 @@ ChunkedWriter ChunkedWriter::resume(fs::path path, std::uint64_t sample_bytes, s
     if (keep_samples % chunk_samples != 0)
         throw runtime_error("internal: resume point " + std::to_string(keep_samples) +
                             " is not on a chunk boundary of " + where);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) throw_errno("cannot reopen", where);
-    ChunkedWriter w(path, sample_bytes, chunk_samples, level, pool, fd);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) throw_errno("cannot stat", where);
-    const auto size = static_cast<std::uint64_t>(st.st_size);
-    const auto head = serialize_chunked_header(sample_bytes, chunk_samples);
-    std::vector<std::uint8_t> buf(head.size());
-    if (size < head.size()) corrupt(where, "partial output is shorter than its header");
-    read_all(fd, buf.data(), buf.size(), 0, path);
-    if (buf != head) corrupt(where, "partial output has a different header");
-    w.hash_.update(head.data(), head.size());
-    w.file_bytes_ = head.size();
-    const std::uint64_t chunk = sample_bytes * chunk_samples;
-    std::vector<std::uint8_t> plain(chunk);
-    const std::uint64_t max_frame = ZSTD_compressBound(chunk) + 64;
-    for (std::uint64_t c = 0; c < keep_samples / chunk_samples; ++c) {
-        throw_if_interrupted();
-        const std::uint64_t off = w.file_bytes_;
-        if (off >= size) corrupt(where, "partial output ends before chunk " + std::to_string(c));
-        buf.resize(std::min(max_frame, size - off));
-        read_all(fd, buf.data(), buf.size(), static_cast<long long>(off), path);
-        const std::size_t n = ZSTD_findFrameCompressedSize(buf.data(), buf.size());
-        if (ZSTD_isError(n)) corrupt(where, "partial output: chunk " + std::to_string(c) + " is incomplete");
-        const std::span<const std::uint8_t> frame(buf.data(), n);
-        const std::string why = decode_frame(frame, plain.data(), chunk);
-        if (!why.empty()) corrupt(where, "partial output: chunk " + std::to_string(c) + ": " + why);
-        w.entries_.push_back({off, n, xxh64(frame.data(), n)});
-        w.hash_.update(frame.data(), n);
-        w.file_bytes_ += n;
-    }
-    if (::ftruncate(fd, static_cast<off_t>(w.file_bytes_)) != 0) throw_errno("cannot truncate", where);
-    if (::lseek(fd, static_cast<off_t>(w.file_bytes_), SEEK_SET) < 0) throw_errno("cannot seek", where);
+    UniqueFd fd = UniqueFd::open(path, O_RDWR, "reopen");
+    const int raw = fd.get();
+    ChunkedWriter w(path, sample_bytes, chunk_samples, level, pool, std::move(fd));
+    const std::uint64_t size = file_size_of(raw, where);
+    FrameWalk walk = walk_frames(raw, path, size, sample_bytes, chunk_samples, keep_samples / chunk_samples, &w.hash_);
+    if (!walk.why.empty()) corrupt(where, walk.why);
+    w.entries_ = std::move(walk.entries);
+    w.file_bytes_ = walk.end;
+    if (::ftruncate(raw, static_cast<off_t>(w.file_bytes_)) != 0) throw_errno("cannot truncate", where);
+    if (::lseek(raw, static_cast<off_t>(w.file_bytes_), SEEK_SET) < 0) throw_errno("cannot seek", where);
     w.written_ = keep_samples;
     return w;
 }
 
 std::uint64_t ChunkedWriter::complete_samples(const fs::path& path, std::uint64_t sample_bytes,
                                               std::uint64_t chunk_samples) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    const UniqueFd fd = UniqueFd::try_open(path, O_RDONLY);
+    if (!fd) return 0;
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-        ::close(fd);
+    if (::fstat(fd.get(), &st) != 0) return 0;
+    try {
+        const FrameWalk walk = walk_frames(fd.get(), path, static_cast<std::uint64_t>(st.st_size), sample_bytes,
+                                           chunk_samples, ~std::uint64_t{0}, nullptr);
+        return walk.chunks * chunk_samples;
+    } catch (const Error& e) {
+        if (e.code() == ExitCode::interrupted) throw;
         return 0;
     }
-    const auto size = static_cast<std::uint64_t>(st.st_size);
-    const auto head = serialize_chunked_header(sample_bytes, chunk_samples);
-    std::vector<std::uint8_t> buf(head.size());
-    std::uint64_t samples = 0;
-    try {
-        if (size < head.size()) throw runtime_error("short");
-        read_all(fd, buf.data(), buf.size(), 0, path);
-        if (buf != head) throw runtime_error("header");
-        const std::uint64_t chunk = sample_bytes * chunk_samples;
-        std::vector<std::uint8_t> plain(chunk);
-        const std::uint64_t max_frame = ZSTD_compressBound(chunk) + 64;
-        std::uint64_t off = head.size();
-        while (off < size) {
-            throw_if_interrupted();
-            buf.resize(std::min(max_frame, size - off));
-            read_all(fd, buf.data(), buf.size(), static_cast<long long>(off), path);
-            const std::size_t n = ZSTD_findFrameCompressedSize(buf.data(), buf.size());
-            if (ZSTD_isError(n) || !decode_frame({buf.data(), n}, plain.data(), chunk).empty()) break;
-            samples += chunk_samples;
-            off += n;
-        }
-    } catch (const Error& e) {
-        if (e.code() == ExitCode::interrupted) {
-            ::close(fd);
-            throw;
-        }
-    }
-    ::close(fd);
-    return samples;
 }
 
 // A batch of whole chunks being compressed on the pool. The tasks touch only
@@ -463,15 +470,12 @@ struct ChunkedWriter::Batch {
 
 ChunkedWriter::ChunkedWriter(ChunkedWriter&& o) noexcept
     : path_(std::move(o.path_)), sample_bytes_(o.sample_bytes_), chunk_samples_(o.chunk_samples_), level_(o.level_),
-      pool_(o.pool_), fd_(o.fd_), batch_chunks_(o.batch_chunks_), buffer_(std::move(o.buffer_)),
+      pool_(o.pool_), fd_(std::move(o.fd_)), batch_chunks_(o.batch_chunks_), buffer_(std::move(o.buffer_)),
       buffered_samples_(o.buffered_samples_), written_(o.written_), file_bytes_(o.file_bytes_),
-      entries_(std::move(o.entries_)), hash_(o.hash_), pending_(std::move(o.pending_)), spare_(std::move(o.spare_)) {
-    o.fd_ = -1;
-}
+      entries_(std::move(o.entries_)), hash_(o.hash_), pending_(std::move(o.pending_)), spare_(std::move(o.spare_)) {}
 
 ChunkedWriter::~ChunkedWriter() {
     if (pending_) pending_->wait(); // its tasks use the batch's buffers
-    if (fd_ >= 0) ::close(fd_);
 }
 
 void ChunkedWriter::append(const void* data, std::uint64_t count) {
@@ -505,7 +509,7 @@ void ChunkedWriter::collect() {
     for (std::uint64_t i = 0; i < b->chunks; ++i)
         if (b->errors[i]) std::rethrow_exception(b->errors[i]);
     for (std::uint64_t i = 0; i < b->chunks; ++i) {
-        write_all(fd_, b->frames[i].get(), b->sizes[i], -1, path_);
+        write_all(fd_.get(), b->frames[i].get(), b->sizes[i], -1, path_);
         hash_.update(b->frames[i].get(), b->sizes[i]);
         entries_.push_back({file_bytes_, b->sizes[i], b->sums[i]});
         file_bytes_ += b->sizes[i];
@@ -576,12 +580,10 @@ std::string ChunkedWriter::finish() {
     ix.chunk_samples = chunk_samples_;
     ix.chunks = entries_;
     const auto frame = serialize_chunk_index(ix);
-    write_all(fd_, frame.data(), frame.size(), -1, path_);
+    write_all(fd_.get(), frame.data(), frame.size(), -1, path_);
     hash_.update(frame.data(), frame.size());
     file_bytes_ += frame.size();
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) throw_errno("cannot close", path_.string());
+    if (::close(fd_.release()) != 0) throw_errno("cannot close", path_.string());
     return hash_.hex();
 }
 

@@ -8,6 +8,7 @@
 #include "dstk/chunked_file.hpp"
 #include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/units.hpp"
 
@@ -21,36 +22,27 @@ namespace {
 class NpyFieldReader final : public FieldReader {
   public:
     NpyFieldReader(const fs::path& path, const SplitInfo& split, const FieldInfo& field)
-        : FieldReader(path, field, split.samples) {
-        const std::string where = path.string();
-        fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd_ < 0) throw_errno("cannot open dataset file", where);
-        try {
-            validate(split, field, where);
-        } catch (...) {
-            ::close(fd_);
-            throw;
-        }
+        : FieldReader(path, field, split.samples), fd_(UniqueFd::open(path, O_RDONLY, "open dataset file")) {
+        validate(split, field, path.string());
     }
-    ~NpyFieldReader() override { ::close(fd_); }
 
     void read(std::uint64_t first, std::uint64_t count, void* dst) const override {
         check_range(first, count);
         const std::uint64_t sb = sample_bytes();
-        read_all(fd_, dst, count * sb, static_cast<long long>(data_offset_ + first * sb), path());
+        read_all(fd_.get(), dst, count * sb, static_cast<long long>(data_offset_ + first * sb), path());
     }
 
   private:
     void validate(const SplitInfo& split, const FieldInfo& field, const std::string& where) {
         struct stat st {};
-        if (::fstat(fd_, &st) != 0) throw_errno("cannot stat", where);
+        if (::fstat(fd_.get(), &st) != 0) throw_errno("cannot stat", where);
         const auto size = static_cast<std::uint64_t>(st.st_size);
         const std::string redo = "; re-create the dataset (dsgen/dsconvert) or restore the file";
         if (size != field.bytes)
             throw runtime_error(where + ": file has " + std::to_string(size) + " bytes but " + manifest_file_name +
                                 " says " + std::to_string(field.bytes) +
                                 (size < field.bytes ? " (file truncated?)" : "") + redo);
-        const NpyHeader h = read_npy_header_fd(fd_, where);
+        const NpyHeader h = read_npy_header_fd(fd_.get(), where);
         const bool dtype_ok = h.dtype == field.dtype || (field.dtype == DType::bf16 && h.dtype == DType::u16);
         if (!dtype_ok)
             throw runtime_error(where + ": .npy dtype '" + h.descr + "' disagrees with " + manifest_file_name + " (" +
@@ -74,7 +66,7 @@ class NpyFieldReader final : public FieldReader {
         data_offset_ = h.data_offset;
     }
 
-    int fd_ = -1;
+    UniqueFd fd_;
     std::uint64_t data_offset_ = 0;
 };
 

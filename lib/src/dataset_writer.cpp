@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "dstk/fd.hpp"
 #include "dstk/error.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/units.hpp"
@@ -23,21 +24,18 @@ NpyFieldWriter::NpyFieldWriter(fs::path path, std::string file_name, std::string
     dims.insert(dims.end(), info_.shape.dims.begin(), info_.shape.dims.end());
     const std::string header = make_npy_header(dtype, dims);
     info_.bytes = checked_add(header.size(), checked_sample_total(info_, samples), "file size");
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw_errno("cannot create", path_.string());
-    write_all(fd_, header.data(), header.size(), -1, path_);
+    fd_ = UniqueFd::open(path_, O_WRONLY | O_CREAT | O_TRUNC, "create");
+    write_all(fd_.get(), header.data(), header.size(), -1, path_);
     hash_.update(header.data(), header.size());
 }
 
-NpyFieldWriter::~NpyFieldWriter() {
-    if (fd_ >= 0) ::close(fd_);
-}
+NpyFieldWriter::~NpyFieldWriter() = default;
 
 void NpyFieldWriter::append(const void* data, std::uint64_t count) {
     if (count > samples_ - written_)
         throw runtime_error("internal: more samples written to '" + path_.string() + "' than declared");
     const std::uint64_t bytes = count * info_.sample_bytes();
-    write_all(fd_, data, bytes, -1, path_);
+    write_all(fd_.get(), data, bytes, -1, path_);
     hash_.update(data, bytes);
     written_ += count;
 }
@@ -46,11 +44,7 @@ FieldInfo NpyFieldWriter::finish() {
     if (written_ != samples_)
         throw runtime_error("internal: '" + path_.string() + "' got " + std::to_string(written_) + " of " +
                             std::to_string(samples_) + " samples");
-    if (::close(fd_) != 0) {
-        fd_ = -1;
-        throw_errno("cannot close", path_.string());
-    }
-    fd_ = -1;
+    if (::close(fd_.release()) != 0) throw_errno("cannot close", path_.string());
     info_.checksum = hash_.hex();
     return info_;
 }
@@ -66,15 +60,8 @@ std::unique_ptr<NpyFieldWriter> DatasetWriter::npy_field(const std::string& spli
 void DatasetWriter::commit(const Manifest& manifest) {
     const std::string text = serialize_manifest(manifest);
     const fs::path path = dir_.file(manifest_file_name);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw_errno("cannot create", path.string());
-    try {
-        write_all(fd, text.data(), text.size(), -1, path);
-    } catch (...) {
-        ::close(fd);
-        throw;
-    }
-    ::close(fd);
+    const UniqueFd fd = UniqueFd::open(path, O_WRONLY | O_CREAT | O_TRUNC, "create");
+    write_all(fd.get(), text.data(), text.size(), -1, path);
     dir_.commit();
 }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "dstk/atomic_output.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/error.hpp"
 #include "dstk/units.hpp"
 
@@ -236,16 +237,8 @@ NpyHeader read_npy_header_fd(int fd, const std::string& source) {
 }
 
 NpyHeader read_npy_header(const std::filesystem::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw_errno("cannot open", path.string());
-    try {
-        NpyHeader h = read_npy_header_fd(fd, path.string());
-        ::close(fd);
-        return h;
-    } catch (...) {
-        ::close(fd);
-        throw;
-    }
+    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "open");
+    return read_npy_header_fd(fd.get(), path.string());
 }
 
 std::string make_npy_header(DType dtype, const std::vector<std::uint64_t>& shape, bool fortran_order) {

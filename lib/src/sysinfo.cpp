@@ -43,7 +43,7 @@ std::string cpu_model_name() {
 }
 
 std::optional<std::uint64_t> cgroup_limit() {
-    std::ifstream in("/sys/fs/cgroup/memory.max");
+    std::ifstream in(own_cgroup_dir() / "memory.max");
     std::string v;
     if (!(in >> v) || v == "max") return std::nullopt;
     try {
@@ -59,6 +59,14 @@ bool MemoryInfo::sources_disagree() const {
     if (!hwloc_total || total == 0) return false;
     const double a = double(total), b = double(*hwloc_total);
     return std::fabs(a - b) / std::max(a, b) > 0.05;
+}
+
+std::filesystem::path own_cgroup_dir() {
+    std::ifstream in("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("0::", 0) == 0) return std::filesystem::path("/sys/fs/cgroup") / line.substr(3).substr(1);
+    return "/sys/fs/cgroup";
 }
 
 SystemInfo detect_system() {

@@ -28,8 +28,11 @@ expect_stdout '^loader\.device\.full '
 expect_stdout '^loader\.managed\.sequential '
 expect_exit 0 "$DSBENCH" all "$WORK/ds" --cases loader.stream,loader.device.sequential --repetitions 2 --min-time 0 \
     --batch 64 --json "$WORK/loader.json" -q
-expect_true "4 loader results, all ok with samples/s" test "$(jq '[.results[] | select(.status == "ok" and
-    .metrics["samples/s"].median > 0)] | length' "$WORK/loader.json")" = 4
+expect_true "7 loader results, all ok with rate and samples_rate" test "$(jq '[.results[] | select(.status == "ok" and
+    .metrics.samples_rate.median > 0 and .metrics.rate.median > 0)] | length' "$WORK/loader.json")" = 7
+# Every batch is read once: no figure beyond what memory can move (1 TB/s).
+expect_true "loader rates are rates of real work" test "$(jq '[.results[] | select(.metrics.rate.median > 1e12)]
+    | length' "$WORK/loader.json")" = 0
 
 # ---- --bench -----------------------------------------------------------------
 expect_exit 0 "$DSBENCH" all "$WORK/ds" --cases 'io.rand.chunk.pread.cold,io.seq.pread.cold' --threads 1,3 \

@@ -178,17 +178,27 @@ TEST(DataSource, FileThatShrinksMidRunIsAnErrorNamingIt) {
     fs::remove_all(dir);
 }
 
-TEST(DataSource, StreamHostMemoryIsTheRingWhateverTheSplitSize) {
-    // 64 MiB split, 16 KiB samples, batch 64 x 4 slots = 4 MiB ring: peak RSS
-    // may not grow by anything near the split.
+TEST(DataSource, StreamHostMemoryIsTheRingAndWindowCacheWhateverTheSplitSize) {
+    // 64 MiB split, 16 KiB samples, batch 64 x 4 slots = 4 MiB ring, two
+    // windows of 3 chunks of 64 samples = 6 MiB: --host-mem 12 MiB holds them;
+    // peak RSS may not grow by anything near the split.
     const std::uint64_t n = 4096, sb = 16384;
     const fs::path dir = make_dataset("rss", n, sb);
     const Dataset ds = Dataset::open(dir);
     const std::uint64_t before = peak_rss_bytes();
     auto c = cpu_config(Placement::stream, Order::chunk, 64);
     c.prefetch = 4;
+    c.host_mem = 12u << 20;
     auto s = make_batch_source(ds, "train", c);
-    EXPECT_LE(s->host_bytes(), 5u << 20);
+    EXPECT_LE(s->host_bytes(), 12u << 20);
+    c.host_mem = 8u << 20; // below ring + two windows
+    try {
+        make_batch_source(ds, "train", c);
+        ADD_FAILURE() << "--host-mem below ring + two windows was accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::no_fit) << e.what();
+        EXPECT_NE(std::string(e.what()).find("--host-mem"), std::string::npos) << e.what();
+    }
     std::uint64_t samples = 0;
     s->start_epoch(0, 0);
     train::Batch b;

@@ -293,3 +293,17 @@ TEST(PlanModel, EpochRandomOrderNeedsTheRandomRate) {
     EXPECT_FALSE(e.epoch_seconds);
     EXPECT_FALSE(e.prefetch);
 }
+
+TEST(PlanModel, EpochFromDiskInChunkOrderReadsAtTheRandomChunkRate) {
+    // dstrain's stream reads whole chunks at random offsets: the chunk figure
+    // wins over the sequential one where dsbench measured it.
+    const DataSpec d = cifar(DType::u8, 1'000'000);
+    Rates r;
+    r.seq_read = 1.57e9;
+    r.chunk_read = 1.0e9;
+    const EpochEstimate e = estimate_epoch(d, Job{}, Placement::disk, r, 0, false);
+    ASSERT_TRUE(e.read_seconds);
+    EXPECT_DOUBLE_EQ(*e.read_seconds, 3.076);
+    r.chunk_read.reset();
+    EXPECT_DOUBLE_EQ(*estimate_epoch(d, Job{}, Placement::disk, r, 0, false).read_seconds, 3.076 / 1.57);
+}

@@ -37,8 +37,9 @@ int main(int argc, char** argv) {
                    "are copied");
     app.add_option("--scale", o.scale,
                    "Mapping out = in * SCALE + OFFSET (e.g. --scale 0.00392156862745098 for u8 "
-                   "-> f32 in 0..1)");
-    app.add_option("--offset", o.offset, "Added after --scale");
+                   "-> f32 in 0..1)")
+        ->check(number_in(-unbounded, unbounded));
+    app.add_option("--offset", o.offset, "Added after --scale")->check(number_in(-unbounded, unbounded));
     app.add_option("--range", o.range,
                    "Map [LO,HI] (LO:HI, or auto from a first pass) onto the output type's range "
                    "(integers) or 0..1 (floats)");

@@ -170,3 +170,41 @@ void prefetch_to_device(const void* p, std::uint64_t bytes, int device, void* st
 }
 
 } // namespace dstk::data::gpu
+
+namespace dstk::data::gpu {
+namespace {
+
+// Reads every word of [p, p + words) once, XOR-folded into *sink so that the
+// reads cannot be optimised away: a consumer that touches a batch as a model's
+// first layer would.
+template <typename Word>
+__global__ void consume_kernel(const Word* __restrict__ p, std::uint64_t words, unsigned long long* sink) {
+    unsigned long long acc = 0;
+    for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < words;
+         i += std::uint64_t{gridDim.x} * blockDim.x) {
+        const Word w = p[i];
+        if constexpr (sizeof(Word) == 16)
+            acc ^= (static_cast<unsigned long long>(w.x) << 32 | w.y) ^ (static_cast<unsigned long long>(w.z) << 32 | w.w);
+        else
+            acc ^= w;
+    }
+    if (acc != 0) atomicXor(sink, acc);
+}
+
+} // namespace
+
+void consume_async(const void* p, std::uint64_t bytes, unsigned long long* sink, void* stream) {
+    if (bytes == 0) return;
+    const bool wide = bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+    const std::uint64_t words = wide ? bytes / 16 : bytes;
+    const std::uint64_t want = (words + 255) / 256;
+    const unsigned blocks = static_cast<unsigned>(want < 1024 ? want : 1024);
+    if (wide)
+        consume_kernel<uint4><<<blocks, 256, 0, as_stream(stream)>>>(static_cast<const uint4*>(p), words, sink);
+    else
+        consume_kernel<unsigned char>
+            <<<blocks, 256, 0, as_stream(stream)>>>(static_cast<const unsigned char*>(p), words, sink);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+} // namespace dstk::data::gpu

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <string>
 
+#include "dstk/fd.hpp"
+
 namespace dstk {
 
 // Refuses (usage error, exit 2) when `final_path` exists and !force.
@@ -39,14 +41,14 @@ class AtomicFile {
     AtomicFile(const AtomicFile&) = delete;
     AtomicFile& operator=(const AtomicFile&) = delete;
 
-    int fd() const { return fd_; }
+    int fd() const { return fd_.get(); }
     const std::filesystem::path& tmp_path() const { return tmp_; }
     void write(const void* data, std::size_t len); // whole write or throw
     void commit();
 
   private:
     std::filesystem::path final_, tmp_;
-    int fd_ = -1;
+    UniqueFd fd_;
     bool committed_ = false;
 };
 

@@ -25,6 +25,8 @@
 
 #include "dstk/checksum.hpp"
 
+#include "dstk/fd.hpp"
+
 namespace dstk {
 
 class ThreadPool;
@@ -103,7 +105,7 @@ class ChunkedReader {
   private:
     void decode_chunk(std::uint64_t i, void* dst, bool check_frame) const;
     std::filesystem::path path_;
-    int fd_ = -1;
+    UniqueFd fd_;
     std::uint64_t file_bytes_ = 0;
     ChunkIndex index_;
 };
@@ -153,7 +155,7 @@ class ChunkedWriter {
 
   private:
     ChunkedWriter(std::filesystem::path path, std::uint64_t sample_bytes, std::uint64_t chunk_samples, int level,
-                  ThreadPool& pool, int fd);
+                  ThreadPool& pool, UniqueFd fd);
     struct Batch;
     // Waits for the batch in flight, writes its frames in order.
     void collect();
@@ -165,7 +167,7 @@ class ChunkedWriter {
     std::uint64_t sample_bytes_, chunk_samples_;
     int level_;
     ThreadPool* pool_;
-    int fd_ = -1;
+    UniqueFd fd_;
     std::uint64_t batch_chunks_;
     std::vector<std::uint8_t> buffer_; // samples not yet compressed
     std::uint64_t buffered_samples_ = 0;

@@ -11,6 +11,8 @@
 #include "dstk/checksum.hpp"
 #include "dstk/manifest.hpp"
 
+#include "dstk/fd.hpp"
+
 namespace dstk {
 
 // Sequential writer of one .npy field file of a known sample count.
@@ -32,7 +34,7 @@ class NpyFieldWriter {
     std::filesystem::path path_;
     FieldInfo info_;
     std::uint64_t samples_, written_ = 0;
-    int fd_ = -1;
+    UniqueFd fd_;
     Xxh64 hash_;
 };
 

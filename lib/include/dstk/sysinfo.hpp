@@ -26,6 +26,10 @@ struct SystemInfo {
 
 SystemInfo detect_system();
 
+// This process's cgroup v2 directory (/proc/self/cgroup's "0::" line under
+// /sys/fs/cgroup): where its memory.max and memory.stat are.
+std::filesystem::path own_cgroup_dir();
+
 struct DiskInfo {
     std::uint64_t free = 0, total = 0; // statvfs, bytes available to this user
     std::string filesystem;            // "ext4", "tmpfs", ... from /proc/self/mountinfo

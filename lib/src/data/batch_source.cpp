@@ -4,17 +4,21 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <utility>
 #include <string>
 #include <vector>
 
 #include "dstk/enum_names.hpp"
+#include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/units.hpp"
-#include "field_access.hpp"
+#include "dstk/data/field_access.hpp"
 #include "host_ring.hpp"
+#include "dstk/data/window_cache.hpp"
+#include "dstk/sysinfo.hpp"
 #include "clock.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
@@ -51,6 +55,10 @@ Fields check_fields(const Dataset& ds, std::string_view split_name, const Source
     return f;
 }
 
+std::uint64_t round_up_page(std::uint64_t v) {
+    return (v + 4095) / 4096 * 4096;
+}
+
 std::uint64_t batches_of(std::uint64_t samples, std::uint32_t batch, bool drop_last) {
     return drop_last ? samples / batch : (samples + batch - 1) / batch;
 }
@@ -66,44 +74,112 @@ std::uint64_t cache_chunks_for(const SourceConfig& c) {
     return c.order.window_chunks * 2 + c.readers + 1;
 }
 
+// Chunk reads in flight: at least four, the disk's queue wants several.
+unsigned io_threads_for(const SourceConfig& c) {
+    return std::max(c.readers, 4u);
+}
+
+std::uint64_t storage_chunk_of(const FieldInfo& x) {
+    return x.storage == Storage::zstd_chunked ? x.chunk_samples : 0;
+}
+
+// The window cache of a stream source: none for the full order, whose reads
+// are single samples wherever they fall.
+std::unique_ptr<WindowCache> make_cache(FieldAccess& x, FieldAccess& y, const SourceConfig& c, const HostPlan& plan) {
+    if (c.order.kind == Order::full) return nullptr;
+    return std::make_unique<WindowCache>(x, y, plan.cache, io_threads_for(c), plan.drop_pages);
+}
+
+// What the stream sources share: the fields, the window cache and the ring.
+struct StreamParts {
+    std::unique_ptr<FieldAccess> x, y;
+    HostPlan plan;
+    std::unique_ptr<WindowCache> cache;
+    std::unique_ptr<HostRing> ring;
+
+    StreamParts(const Dataset& ds, const Fields& f, const SourceConfig& c, unsigned slots, HostMemory memory)
+        : x(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
+          y(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
+          plan(plan_host_memory(*f.split, *f.x, c, available_host_memory())), cache(make_cache(*x, *y, c, plan)),
+          ring(std::make_unique<HostRing>(*x, *y, c.batch, c.drop_last, effective_order(c, x->storage_chunk_samples()),
+                                          slots, c.readers, std::move(memory), cache.get())) {}
+
+    void take_times(StageTimes& t) {
+        t.read_wait = ring->take_wait_seconds();
+        if (cache) {
+            const CacheStats cs = cache->take_stats();
+            t.decode = x->take_decode_seconds() + y->take_decode_seconds();
+            t.read = std::max(0.0, cs.io_seconds - t.decode);
+            t.io = cs.x;
+            t.cache_peak = cs.peak;
+        } else {
+            t.decode = ring->take_decode_seconds();
+            t.read = std::max(0.0, ring->take_read_seconds() - t.decode);
+            t.io = x->take_io();
+        }
+        (void)y->take_io();
+    }
+    std::uint64_t host_bytes() const { return plan.total(); }
+    std::uint64_t host_allocated() const { return ring->host_bytes() + (cache ? cache->allocated_bytes() : 0); }
+};
+
+// The running hash of the batches a cpu source delivered (hash_batches).
+struct BatchHash {
+    bool on = false;
+    std::optional<Xxh64> h;
+    void add(const train::Batch& b, std::uint64_t sample_bytes) {
+        if (!on) return;
+        if (!h) h.emplace();
+        h->update(b.x, std::uint64_t{b.size} * sample_bytes);
+        h->update(b.y, std::uint64_t{b.size} * sizeof(std::int32_t));
+    }
+    void take(StageTimes& t) {
+        if (!on) return;
+        t.batch_hash = h ? h->digest() : 0;
+        h.reset();
+    }
+};
+
 // ---- stream, cpu backend: the host slot is the batch --------------------------
 
 class HostStreamSource final : public BatchSource {
   public:
     HostStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
-          y_(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
-          ring_(*x_, *y_, c.batch, c.drop_last, effective_order(c, x_->storage_chunk_samples()), c.prefetch, c.readers,
-                plain_host_memory()) {}
+        : parts_(ds, f, c, c.prefetch, plain_host_memory()) {
+        hash_.on = c.hash_batches;
+    }
 
     Placement placement() const override { return Placement::stream; }
-    std::uint64_t samples() const override { return x_->samples(); }
-    std::uint64_t batches_per_epoch() const override { return ring_.batches(); }
-    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override { ring_.start(epoch, first_batch); }
+    std::uint64_t samples() const override { return parts_.x->samples(); }
+    std::uint64_t batches_per_epoch() const override { return parts_.ring->batches(); }
+    void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
+        parts_.ring->start(epoch, first_batch);
+    }
     bool next(train::Batch& out) override {
-        const RingSlot* s = ring_.acquire();
+        const RingSlot* s = parts_.ring->acquire();
         if (!s) return false;
         out = {s->x, s->y, s->size};
+        hash_.add(out, parts_.x->sample_bytes());
         times_.batches += 1;
         times_.samples += s->size;
-        times_.bytes += s->size * (x_->sample_bytes() + 4);
+        times_.bytes += s->size * (parts_.x->sample_bytes() + 4);
         return true;
     }
-    void release() override { ring_.release(); }
+    void release() override { parts_.ring->release(); }
     StageTimes take_times() override {
         StageTimes t = std::exchange(times_, {});
-        t.read_wait = ring_.take_wait_seconds();
-        t.decode = ring_.take_decode_seconds();
-        t.read = std::max(0.0, ring_.take_read_seconds() - t.decode);
+        parts_.take_times(t);
+        hash_.take(t);
         return t;
     }
-    std::uint64_t device_bytes() const override { return ring_.host_bytes(); }
-    std::uint64_t host_bytes() const override { return ring_.host_bytes() + x_->cache_bytes() + y_->cache_bytes(); }
+    std::uint64_t device_bytes() const override { return parts_.ring->host_bytes(); }
+    std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
+    std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
 
   private:
-    std::unique_ptr<FieldAccess> x_, y_;
-    HostRing ring_;
+    StreamParts parts_;
     StageTimes times_;
+    BatchHash hash_;
 };
 
 // ---- resident sources: the whole split in one memory, batches by position ----
@@ -150,6 +226,7 @@ class HostResidentSource final : public ResidentSource {
   public:
     HostResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
         : ResidentSource(c, f.split->samples, f.x->sample_bytes()) {
+        hash_.on = c.hash_batches;
         const auto t0 = Clock::now();
         x_.resize(checked_mul(samples_, sample_bytes_, "split bytes"));
         y_.resize(samples_);
@@ -177,7 +254,13 @@ class HostResidentSource final : public ResidentSource {
             }
             out = {slot_x_.data(), slot_y_.data(), count};
         }
+        hash_.add(out, sample_bytes_);
         return true;
+    }
+    StageTimes take_times() override {
+        StageTimes t = ResidentSource::take_times();
+        hash_.take(t);
+        return t;
     }
     std::uint64_t device_bytes() const override {
         return x_.size() + y_.size() * 4 + slot_x_.size() + slot_y_.size() * 4;
@@ -187,6 +270,7 @@ class HostResidentSource final : public ResidentSource {
   private:
     std::vector<std::uint8_t> x_, slot_x_;
     std::vector<std::int32_t> y_, slot_y_;
+    BatchHash hash_;
 };
 
 #if defined(DSTK_HAVE_CUDA)
@@ -308,11 +392,8 @@ class DeviceStreamSource final : public BatchSource {
   public:
     DeviceStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
         : config_(c), sample_bytes_(f.x->sample_bytes()),
-          x_(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
-          y_(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
-          ring_(*x_, *y_, c.batch, c.drop_last, effective_order(c, x_->storage_chunk_samples()),
-                std::max(c.prefetch, 2u), c.readers, HostMemory{gpu::pinned_alloc, gpu::pinned_free}),
-          copy_stream_(gpu::stream_create(), gpu::stream_destroy) {
+          parts_(ds, f, c, std::max(c.prefetch, 2u), HostMemory{gpu::pinned_alloc, gpu::pinned_free}),
+          ring_(*parts_.ring), copy_stream_(gpu::stream_create(), gpu::stream_destroy) {
         for (unsigned k = 0; k < std::max(c.prefetch, 2u); ++k) {
             Slot s{device_mem(std::uint64_t{c.batch} * sample_bytes_), device_mem(std::uint64_t{c.batch} * 4),
                    event(true), event(true), event(false)};
@@ -330,7 +411,7 @@ class DeviceStreamSource final : public BatchSource {
     }
 
     Placement placement() const override { return Placement::stream; }
-    std::uint64_t samples() const override { return x_->samples(); }
+    std::uint64_t samples() const override { return parts_.x->samples(); }
     std::uint64_t batches_per_epoch() const override { return ring_.batches(); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         drain();
@@ -364,13 +445,12 @@ class DeviceStreamSource final : public BatchSource {
     }
     StageTimes take_times() override {
         StageTimes t = std::exchange(times_, {});
-        t.read_wait = ring_.take_wait_seconds();
-        t.decode = ring_.take_decode_seconds();
-        t.read = std::max(0.0, ring_.take_read_seconds() - t.decode);
+        parts_.take_times(t);
         return t;
     }
     std::uint64_t device_bytes() const override { return bytes(config_, sample_bytes_); }
-    std::uint64_t host_bytes() const override { return ring_.host_bytes() + x_->cache_bytes() + y_->cache_bytes(); }
+    std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
+    std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
 
   private:
     struct Slot {
@@ -390,8 +470,8 @@ class DeviceStreamSource final : public BatchSource {
 
     SourceConfig config_;
     std::uint64_t sample_bytes_;
-    std::unique_ptr<FieldAccess> x_, y_;
-    HostRing ring_;
+    StreamParts parts_;
+    HostRing& ring_;
     DeviceMem copy_stream_;
     std::vector<Slot> slots_;
     std::deque<std::size_t> pending_;
@@ -495,6 +575,7 @@ constexpr EnumNames<Placement, 4> placement_names{{{{Placement::automatic, "auto
                                                     {Placement::device, "device"},
                                                     {Placement::stream, "stream"},
                                                     {Placement::managed, "managed"}}}};
+
 constexpr EnumNames<ManagedPolicy, 3> managed_policy_names{
     {{{ManagedPolicy::prefetch, "prefetch"}, {ManagedPolicy::advise, "advise"}, {ManagedPolicy::fault, "fault"}}}};
 
@@ -530,6 +611,67 @@ std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, c
         break;
     }
     throw std::logic_error("planned_device_bytes: unresolved placement");
+}
+
+HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c, std::uint64_t available) {
+    const bool cuda = c.device.backend == train::Backend::cuda;
+    const std::uint64_t sb = x.sample_bytes();
+    const std::uint64_t slots = cuda ? std::max(c.prefetch, 2u) : std::max(c.prefetch, 1u);
+    HostPlan p;
+    p.ring = slots * (round_up_page(std::uint64_t{c.batch} * sb) + round_up_page(std::uint64_t{c.batch} * 4)) +
+             std::uint64_t{std::max(c.readers, 1u)} * c.batch * sizeof(std::uint64_t);
+    const std::uint64_t storage_chunk = storage_chunk_of(x);
+    const OrderConfig order = effective_order(c, storage_chunk);
+    if (c.order.kind == Order::full) {
+        // Sample gathers: O_DIRECT bounce buffers per reader, decoded chunks for zstd storage.
+        if (c.direct) p.other += std::uint64_t{c.readers} * ((4ull << 20) + 8192);
+        if (storage_chunk) p.other += cache_chunks_for(c) * storage_chunk * sb;
+    } else {
+        // Two windows, or the whole split where it is smaller: every chunk read once and held.
+        const bool slack = c.direct && x.storage == Storage::npy;
+        const std::uint64_t cs = std::max<std::uint64_t>(order.chunk_samples, 1);
+        const std::uint64_t whole =
+            split.samples * (sb + 4) + (split.samples + cs - 1) / cs * (slack ? 3 * 4096 : 4096);
+        p.min_cache = std::min(min_window_cache_bytes(order, sb, slack), whole);
+        if (storage_chunk) p.other += std::uint64_t{io_threads_for(c)} * storage_chunk * sb; // compressed frames
+        const std::uint64_t fixed = p.ring + p.other;
+        if (c.host_mem != 0) {
+            if (c.host_mem < fixed + p.min_cache)
+                throw no_fit_error("--host-mem " + format_bytes(c.host_mem) + " is below the " +
+                                   format_bytes(fixed + p.min_cache) + " the stream needs (ring " +
+                                   format_bytes(p.ring) + " + two windows of " + std::to_string(order.window_chunks) +
+                                   " chunks of " + format_count(order.chunk_samples) +
+                                   " samples, read whole); raise --host-mem or lower --window or --prefetch");
+            p.cache = c.host_mem - fixed;
+        } else {
+            const std::uint64_t share = available / 4 > fixed ? available / 4 - fixed : 0;
+            p.cache = std::min(std::max(p.min_cache, std::min(share, 2 * p.min_cache)), whole);
+            if (fixed + p.cache > available)
+                throw no_fit_error("--data stream needs " + format_bytes(fixed + p.cache) + " of host memory (ring " +
+                                   format_bytes(p.ring) + " + two windows of " + std::to_string(order.window_chunks) +
+                                   " chunks) but " + format_bytes(available) +
+                                   " is available; lower --window or --batch, or free memory");
+        }
+    }
+    const std::uint64_t split_bytes = split.samples * (sb + 4);
+    p.drop_pages = !c.direct && split_bytes + p.total() > available;
+    return p;
+}
+
+std::uint64_t available_host_memory() {
+    const SystemInfo sys = detect_system();
+    std::uint64_t avail = sys.memory.available;
+    if (sys.cgroup_memory_limit) {
+        std::uint64_t anon = 0;
+        std::ifstream stat(own_cgroup_dir() / "memory.stat");
+        std::string key;
+        std::uint64_t value = 0;
+        while (stat >> key >> value)
+            if (key == "anon") anon = value;
+        const std::uint64_t limit = *sys.cgroup_memory_limit;
+        avail = std::min(avail, limit > anon ? limit - anon : 0);
+    }
+    return avail;
 }
 
 std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_view split, const SourceConfig& c) {

@@ -1,4 +1,4 @@
-#include "field_access.hpp"
+#include "dstk/data/field_access.hpp"
 #include "clock.hpp"
 
 #include <fcntl.h>
@@ -18,6 +18,7 @@
 #include "dstk/atomic_output.hpp"
 #include "dstk/chunked_file.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/npy.hpp"
 
 namespace fs = std::filesystem;
@@ -37,25 +38,44 @@ class NpyAccess final : public FieldAccess {
   public:
     NpyAccess(fs::path path, std::uint64_t samples, std::uint64_t sample_bytes, bool direct,
               const std::function<void(const std::string&)>& notice, std::function<void(const std::string&)> warn)
-        : FieldAccess(samples, sample_bytes), path_(std::move(path)), warn_(std::move(warn)) {
-        fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd_ < 0) throw_errno("cannot open dataset file", path_.string());
-        try {
-            data_offset_ = read_npy_header_fd(fd_, path_.string()).data_offset;
-            if (direct) open_direct(notice);
-        } catch (...) {
-            close_all();
-            throw;
-        }
+        : FieldAccess(samples, sample_bytes), path_(std::move(path)), warn_(std::move(warn)),
+          fd_(UniqueFd::open(path_, O_RDONLY, "open dataset file")) {
+        data_offset_ = read_npy_header_fd(fd_.get(), path_.string()).data_offset;
+        if (direct) open_direct(notice);
     }
-    ~NpyAccess() override { close_all(); }
 
     std::uint64_t storage_chunk_samples() const override { return 0; }
     std::uint64_t cache_bytes() const override {
         std::lock_guard lock(pool_mutex_);
         return buffers_made_ * bounce_bytes;
     }
-    bool direct() const override { return dfd_ >= 0 && !buffered_.load(); }
+    bool direct() const override { return dfd_ && !buffered_.load(); }
+
+    std::uint64_t range_buffer_bytes(std::uint64_t count) const override {
+        return count * sample_bytes() + (direct() ? 2 * direct_align : 0);
+    }
+
+    std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) override {
+        check_range(first, count);
+        const std::uint64_t offset = data_offset_ + first * sample_bytes(), bytes = count * sample_bytes();
+        if (direct()) {
+            const std::uint64_t start = offset / direct_align * direct_align, lead = offset - start;
+            const std::uint64_t len = (lead + bytes + direct_align - 1) / direct_align * direct_align;
+            if (pread_direct(buf, start, len, lead + bytes)) {
+                count_read(len);
+                return lead;
+            }
+        }
+        read_all(fd_.get(), buf, bytes, static_cast<long long>(offset), path_);
+        count_read(bytes);
+        return 0;
+    }
+
+    void drop_pages(std::uint64_t first, std::uint64_t count) override {
+        if (direct()) return;
+        ::posix_fadvise(fd_.get(), static_cast<off_t>(data_offset_ + first * sample_bytes()),
+                        static_cast<off_t>(count * sample_bytes()), POSIX_FADV_DONTNEED);
+    }
 
     void gather(std::span<const std::uint64_t> indices, std::uint8_t* dst) override {
         const std::uint64_t sb = sample_bytes();
@@ -63,14 +83,14 @@ class NpyAccess final : public FieldAccess {
         while (i < indices.size()) {
             std::size_t j = i + 1;
             while (j < indices.size() && indices[j] == indices[j - 1] + 1) ++j;
-            if (indices[j - 1] >= samples())
-                throw runtime_error("sample " + std::to_string(indices[j - 1]) + " is outside '" + path_.string() +
-                                    "' (" + std::to_string(samples()) + " samples)");
+            check_range(indices[j - 1], 1);
             const std::uint64_t offset = data_offset_ + indices[i] * sb;
-            if (direct())
+            if (direct()) {
                 read_direct(dst + i * sb, (j - i) * sb, offset);
-            else // read_all names the file and reports a short read when the file shrank.
-                read_all(fd_, dst + i * sb, (j - i) * sb, static_cast<long long>(offset), path_);
+            } else { // read_all names the file and reports a short read when the file shrank.
+                read_all(fd_.get(), dst + i * sb, (j - i) * sb, static_cast<long long>(offset), path_);
+                count_read((j - i) * sb);
+            }
             i = j;
         }
     }
@@ -79,33 +99,32 @@ class NpyAccess final : public FieldAccess {
         if (direct()) return; // O_DIRECT reads do not go through the page cache
         const std::uint64_t sb = sample_bytes();
         for (const std::uint64_t c : chunks)
-            ::posix_fadvise(fd_, static_cast<off_t>(data_offset_ + c * chunk_samples * sb),
+            ::posix_fadvise(fd_.get(), static_cast<off_t>(data_offset_ + c * chunk_samples * sb),
                             static_cast<off_t>(chunk_samples * sb), POSIX_FADV_WILLNEED);
     }
 
   private:
     static constexpr std::uint64_t bounce_bytes = direct_piece + 2 * direct_align;
 
-    void close_all() {
-        if (dfd_ >= 0) ::close(dfd_);
-        if (fd_ >= 0) ::close(fd_);
-        dfd_ = fd_ = -1;
+    void check_range(std::uint64_t first, std::uint64_t count) const {
+        if (first + count > samples())
+            throw runtime_error("sample " + std::to_string(first + count - 1) + " is outside '" + path_.string() +
+                                "' (" + std::to_string(samples()) + " samples)");
     }
 
     // Opens the O_DIRECT descriptor and proves it with one aligned read; on
     // refusal (EINVAL: the filesystem has no O_DIRECT) keeps the page cache.
     void open_direct(const std::function<void(const std::string&)>& notice) {
-        const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-        int err = fd < 0 ? errno : 0;
-        if (fd >= 0) {
+        UniqueFd fd = UniqueFd::try_open(path_, O_RDONLY | O_DIRECT);
+        int err = fd ? 0 : errno;
+        if (fd) {
             AlignedBuffer probe(static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, direct_align)));
             if (!probe) throw std::bad_alloc();
-            if (::pread(fd, probe.get(), direct_align, 0) < 0) err = errno;
+            if (::pread(fd.get(), probe.get(), direct_align, 0) < 0) err = errno;
             if (err == 0) {
-                dfd_ = fd;
+                dfd_ = std::move(fd);
                 return;
             }
-            ::close(fd);
         }
         if (err != EINVAL && err != EOPNOTSUPP) throw_errno("cannot open with O_DIRECT", path_.string());
         if (notice)
@@ -142,6 +161,31 @@ class NpyAccess final : public FieldAccess {
         if (warn_) warn_(line);
     }
 
+    // Reads [start, start + len) (aligned) with O_DIRECT into buf until at
+    // least `need` bytes are in; false where the filesystem refused the read
+    // (from then on the file is read through the page cache). Errors name the
+    // file; a file that ends before `need` shrank under us.
+    bool pread_direct(std::uint8_t* buf, std::uint64_t start, std::uint64_t len, std::uint64_t need) {
+        std::uint64_t got = 0;
+        while (got < need) {
+            const ssize_t r = ::pread(dfd_.get(), buf + got, len - got, static_cast<off_t>(start + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
+                fall_back(errno);
+                return false;
+            }
+            if (r < 0) throw_errno("cannot read (O_DIRECT)", path_.string());
+            if (r == 0) break;
+            got += static_cast<std::uint64_t>(r);
+            if (got % direct_align != 0) break; // end of file: a short tail
+        }
+        if (got < need)
+            throw runtime_error("cannot read " + path_.string() + ": it ends at byte " + std::to_string(start + got) +
+                                ", before byte " + std::to_string(start + need) +
+                                " (the file shrank while training?) re-create or restore the dataset");
+        return true;
+    }
+
     // [offset, offset + bytes) of the file through aligned reads of at most
     // direct_piece bytes into a bounce buffer; where the filesystem refuses
     // one (EINVAL), the rest through the page cache.
@@ -152,28 +196,13 @@ class NpyAccess final : public FieldAccess {
             const std::uint64_t lead = offset - start;
             const std::uint64_t n = std::min(bytes, direct_piece);
             const std::uint64_t len = (lead + n + direct_align - 1) / direct_align * direct_align;
-            std::uint64_t got = 0;
-            while (got < lead + n) {
-                const ssize_t r = ::pread(dfd_, buf.get() + got, len - got, static_cast<off_t>(start + got));
-                if (r < 0 && errno == EINTR) continue;
-                if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
-                    fall_back(errno);
-                    give_buffer(std::move(buf));
-                    read_all(fd_, dst, bytes, static_cast<long long>(offset), path_);
-                    return;
-                }
-                if (r < 0) throw_errno("cannot read (O_DIRECT)", path_.string());
-                if (r == 0)
-                    throw runtime_error("cannot read " + path_.string() + ": it ends at byte " +
-                                        std::to_string(start + got) + ", before byte " + std::to_string(offset + n) +
-                                        " (the file shrank while training?) re-create or restore the dataset");
-                got += static_cast<std::uint64_t>(r);
-                if (got % direct_align != 0) break; // end of file: a short tail
+            if (!pread_direct(buf.get(), start, len, lead + n)) {
+                give_buffer(std::move(buf));
+                read_all(fd_.get(), dst, bytes, static_cast<long long>(offset), path_);
+                count_read(bytes);
+                return;
             }
-            if (got < lead + n)
-                throw runtime_error("cannot read " + path_.string() + ": it ends at byte " +
-                                    std::to_string(start + got) + ", before byte " + std::to_string(offset + n) +
-                                    " (the file shrank while training?) re-create or restore the dataset");
+            count_read(len);
             std::memcpy(dst, buf.get() + lead, n);
             dst += n;
             offset += n;
@@ -185,7 +214,7 @@ class NpyAccess final : public FieldAccess {
     fs::path path_;
     std::function<void(const std::string&)> warn_;
     std::atomic<bool> buffered_{false}; // O_DIRECT was refused mid-run
-    int fd_ = -1, dfd_ = -1;
+    UniqueFd fd_, dfd_;
     std::uint64_t data_offset_ = 0;
     mutable std::mutex pool_mutex_;
     std::vector<AlignedBuffer> pool_;
@@ -228,6 +257,21 @@ class ChunkedAccess final : public FieldAccess {
 
     void will_need(std::span<const std::uint64_t>, std::uint64_t) override {}
 
+    // A whole storage chunk is decoded straight into buf; other ranges
+    // through the reader's own assembly.
+    std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) override {
+        const auto t0 = Clock::now();
+        const std::uint64_t cs = reader_.chunk_samples(), c = first / cs;
+        if (first % cs == 0 && c < reader_.chunks() && count * sample_bytes() == reader_.chunk_bytes(c))
+            reader_.read_chunk(c, buf);
+        else
+            reader_.read(first, count, buf);
+        count_read(count * sample_bytes());
+        std::lock_guard lock(mutex_);
+        decode_seconds_ += seconds_since(t0);
+        return 0;
+    }
+
     double take_decode_seconds() override {
         std::lock_guard lock(mutex_);
         return std::exchange(decode_seconds_, 0.0);
@@ -258,6 +302,7 @@ class ChunkedAccess final : public FieldAccess {
         const auto t0 = Clock::now();
         try {
             reader_.read_chunk(c, buf->data());
+            count_read(buf->size());
         } catch (const std::exception& e) {
             lock.lock();
             entries_.erase(c);
@@ -294,6 +339,30 @@ class ChunkedAccess final : public FieldAccess {
 };
 
 } // namespace
+
+void IoCounters::add(std::uint64_t n) {
+    ++reads;
+    bytes += n;
+    smallest = smallest == 0 ? n : std::min(smallest, n);
+    largest = std::max(largest, n);
+}
+
+void IoCounters::merge(const IoCounters& o) {
+    reads += o.reads;
+    bytes += o.bytes;
+    if (o.smallest != 0) smallest = smallest == 0 ? o.smallest : std::min(smallest, o.smallest);
+    largest = std::max(largest, o.largest);
+}
+
+void FieldAccess::count_read(std::uint64_t bytes) {
+    std::lock_guard lock(io_mutex_);
+    io_.add(bytes);
+}
+
+IoCounters FieldAccess::take_io() {
+    std::lock_guard lock(io_mutex_);
+    return std::exchange(io_, {});
+}
 
 std::unique_ptr<FieldAccess> open_field_access(const fs::path& dataset_dir, const SplitInfo& split,
                                                const FieldInfo& field, std::uint64_t cache_chunks, bool direct,

@@ -29,10 +29,10 @@ HostMemory plain_host_memory() {
 }
 
 HostRing::HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, const OrderConfig& order,
-                   unsigned slots, unsigned readers, HostMemory memory)
+                   unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache)
     : x_(x), y_(y), batch_(batch), order_config_(order), samples_(x.samples()),
       batches_(drop_last ? x.samples() / batch : (x.samples() + batch - 1) / batch), readers_(std::max(readers, 1u)),
-      memory_(std::move(memory)) {
+      memory_(std::move(memory)), cache_(cache) {
     const std::uint64_t xb = checked_mul(batch, x.sample_bytes(), "batch bytes");
     const std::uint64_t yb = std::uint64_t{batch} * sizeof(std::int32_t);
     slots_.resize(std::max(slots, 1u));
@@ -66,6 +66,7 @@ void HostRing::stop() {
         stop_ = true;
     }
     changed_.notify_all();
+    if (cache_) cache_->cancel(); // readers blocked on a chunk
     for (auto& t : threads_) t.join();
     threads_.clear();
 }
@@ -81,6 +82,7 @@ void HostRing::start(std::uint64_t epoch, std::uint64_t first_batch) {
     error_ = nullptr;
     stop_ = false;
     hinted_until_ = first_ * batch_;
+    if (cache_) cache_->start(*order_, std::min(first_ * batch_, samples_));
     for (unsigned r = 0; r < readers_; ++r) threads_.emplace_back([this, r] { reader_loop(r); });
 }
 
@@ -117,13 +119,17 @@ void HostRing::reader_loop(unsigned reader) {
 void HostRing::fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64_t>& indices) {
     const std::uint64_t first = batch * batch_;
     const std::uint64_t count = std::min<std::uint64_t>(batch_, samples_ - first);
+    slot.size = static_cast<std::uint32_t>(count);
+    slot.batch = batch;
+    if (cache_) {
+        cache_->gather(first, count, slot.x, slot.y);
+        return;
+    }
     for (std::uint64_t i = 0; i < count; ++i) indices[i] = (*order_)[first + i];
     hint(first + count);
     const std::span<const std::uint64_t> idx(indices.data(), count);
     x_.gather(idx, slot.x);
     y_.gather(idx, reinterpret_cast<std::uint8_t*>(slot.y));
-    slot.size = static_cast<std::uint32_t>(count);
-    slot.batch = batch;
 }
 
 // Chunk order: ask for every window up to one window past what is being read,
@@ -163,6 +169,7 @@ void HostRing::release() {
         ++next_release_;
     }
     changed_.notify_all();
+    if (cache_) cache_->consumed(std::min(next_release_ * batch_, samples_));
 }
 
 double HostRing::take_wait_seconds() {

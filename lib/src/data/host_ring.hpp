@@ -1,8 +1,12 @@
 #pragma once
 // The host half of the stream placement: R reader threads fill a ring of K
 // host batch slots in batch order. Batch j of an epoch goes to slot j mod K
-// and is read by reader j mod R; a slot is refilled once the consumer has
-// released the batch it held. Host memory: K slots, whatever the split size.
+// and is filled by reader j mod R; a slot is refilled once the consumer has
+// released the batch it held. With a window cache (sequential and chunk
+// orders) batches are gathered from the cache's chunks in host memory, and
+// the cache learns from release() which chunks it may free; without one (the
+// full order) readers gather single samples from the files. Host memory: K
+// slots plus the cache's capacity, whatever the split size.
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -12,7 +16,8 @@
 #include <vector>
 
 #include "dstk/data/order.hpp"
-#include "field_access.hpp"
+#include "dstk/data/field_access.hpp"
+#include "dstk/data/window_cache.hpp"
 
 namespace dstk::data {
 
@@ -32,7 +37,7 @@ struct RingSlot {
 class HostRing {
   public:
     HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, const OrderConfig& order,
-             unsigned slots, unsigned readers, HostMemory memory);
+             unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache = nullptr);
     ~HostRing();
     HostRing(const HostRing&) = delete;
     HostRing& operator=(const HostRing&) = delete;
@@ -67,6 +72,7 @@ class HostRing {
     std::uint64_t samples_, batches_;
     unsigned readers_;
     HostMemory memory_;
+    WindowCache* cache_;
     std::uint64_t host_bytes_ = 0;
 
     std::unique_ptr<EpochOrder> order_;

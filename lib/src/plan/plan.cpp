@@ -355,7 +355,7 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const
         e.read_bytes = d.stored_bytes && samples > 0
                            ? static_cast<std::uint64_t>(u128{*d.stored_bytes} * d.train / samples)
                            : checked_mul(d.train, bytes_per_sample(d), "epoch bytes");
-        const std::optional<double> rate = random_order ? r.random_read : r.seq_read;
+        const std::optional<double> rate = random_order ? r.random_read : r.chunk_read ? r.chunk_read : r.seq_read;
         if (rate && *rate > 0) e.read_seconds = static_cast<double>(e.read_bytes) / *rate;
     }
     if (p != Placement::device) {

@@ -236,6 +236,7 @@ Inputs gather(const PlanOptions& o) {
         in.rates.seq_read = bench::sequential_read_rate(r);
         in.rates.h2d_pinned = bench::pinned_h2d_rate(r);
         if (const auto rnd = bench::best_random_read(r, "sample")) in.rates.random_read = rnd->rate;
+        if (const auto ch = bench::best_random_read(r, "chunk")) in.rates.chunk_read = ch->rate;
     }
     return in;
 }
@@ -384,7 +385,10 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
         const std::string src = in.rates.source.empty() ? "no --bench" : in.rates.source;
         if (v->placement == Placement::disk)
             std::printf("  disk read   %s (%s at the %s read rate, %s)\n", seconds_text(e->read_seconds).c_str(),
-                        format_bytes(e->read_bytes).c_str(), in.order == Order::full ? "random" : "sequential",
+                        format_bytes(e->read_bytes).c_str(),
+                        in.order == Order::full ? "random sample"
+                        : in.rates.chunk_read   ? "random chunk"
+                                                : "sequential",
                         src.c_str());
         if (v->placement != Placement::device)
             std::printf("  to the GPU  %s (%s at the pinned copy rate, %s)\n",
@@ -514,6 +518,7 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
                         {"bench", in.rates.source.empty() ? json(nullptr) : json(in.rates.source)},
                         {"seq_read_bytes_per_second", opt(in.rates.seq_read)},
                         {"random_read_bytes_per_second", opt(in.rates.random_read)},
+                        {"chunk_read_bytes_per_second", opt(in.rates.chunk_read)},
                         {"h2d_pinned_bytes_per_second", opt(in.rates.h2d_pinned)}};
     doc["table"] = nullptr;
     if (in.table) {

@@ -25,6 +25,9 @@ void add_data_options(CLI::App& app, DataOptions& d) {
     app.add_flag("--direct", d.direct,
                  "Stream: read .npy inputs with O_DIRECT, bypassing the page cache (where the filesystem refuses it, "
                  "through the page cache: with a notice at open, with a warning mid-run)");
+    app.add_option("--host-mem", d.host_mem,
+                   "Stream: host memory for the ring and the window cache of whole chunks, e.g. 2G (default: a "
+                   "quarter of available memory, at most four windows); printed as the host ceiling");
     app.add_option("--managed-policy", d.managed_policy, "Managed: prefetch, advise or fault")->capture_default_str();
     app.add_flag("--oversubscribe", d.oversubscribe, "Managed: allow a split larger than free GPU memory");
     app.add_option("--eval-every", d.eval_every, "Evaluate the test split every N steps (0: after each epoch)")

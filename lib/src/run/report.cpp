@@ -1,12 +1,16 @@
 // What a dstrain run tells the user: the setup notes, the memory ceiling, one
 // line per epoch on stdout (stderr with --json), --log-json lines and the
 // --json document.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "dstk/error.hpp"
+#include "dstk/output.hpp"
 #include "dstk/units.hpp"
 #include "run/stages.hpp"
 
@@ -20,11 +24,13 @@ std::string stage_text(const data::StageTimes& t) {
 }
 
 nlohmann::json stage_json(const data::StageTimes& t) {
-    return {{"read_wait_s", t.read_wait},
-            {"read_s", t.read},
-            {"decode_s", t.decode},
-            {"h2d_s", t.h2d},
-            {"compute_s", t.compute}};
+    nlohmann::json j{{"read_wait_s", t.read_wait},   {"read_s", t.read},
+                     {"decode_s", t.decode},         {"h2d_s", t.h2d},
+                     {"compute_s", t.compute},       {"reads", t.io.reads},
+                     {"read_bytes", t.io.bytes},     {"read_smallest", t.io.smallest},
+                     {"read_largest", t.io.largest}, {"cache_peak", t.cache_peak}};
+    if (t.batch_hash) j["batch_hash"] = *t.batch_hash;
+    return j;
 }
 
 // The per-epoch fields of --json's document.
@@ -77,6 +83,7 @@ std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutco
     if (s.on_gpu())
         line << "  GPU mem " << format_bytes(o.peak) << " (ceiling " << format_bytes(c.bytes)
              << (c.managed ? " + managed pages" : "") << ")";
+    line << "  host RSS " << format_bytes(peak_rss_bytes()) << " (ceiling " << format_bytes(c.host_bytes) << ")";
     line << "  [" << stage_text(o.stages) << "]";
     if (step_times_wanted()) line << "  [" << loop_text(o.loop) << "]";
     return line.str();
@@ -147,6 +154,16 @@ void report_ceiling(const Session& s, const Ceiling& c, const RunReport& r, Json
                       format_bytes(c.planned) + " (" + buffers + "); peaks measured with " + r.memory_method);
     else
         note(out, "dstrain: memory ceiling " + format_bytes(c.bytes) + " = " + buffers);
+    note(out, "dstrain: host memory ceiling " + format_bytes(c.host_bytes) + " = process " +
+                  format_bytes(c.host_process) + " (resident before the data path" +
+                  (on_gpu ? ", and what the warm-up added: CUDA libraries" : "") + ") + data path " +
+                  format_bytes(c.host_data) +
+                  (s.train_src->placement() == data::Placement::stream
+                       ? " (ring + window cache of whole chunks" +
+                             (s.sc.host_mem ? ", --host-mem " + format_bytes(s.sc.host_mem)
+                                            : std::string(", chosen from available memory; cap it with --host-mem")) +
+                             ")"
+                       : std::string(s.on_gpu() ? " (staging)" : " (the split in host memory)")));
     log.emit({{"event", "memory"},
               {"memory_ceiling", c.bytes},
               {"runtime_overhead", c.overhead},
@@ -154,6 +171,9 @@ void report_ceiling(const Session& s, const Ceiling& c, const RunReport& r, Json
               {"planned_activations", r.planned.activations},
               {"planned_workspace", r.planned.workspace},
               {"planned_data", c.data_device},
+              {"host_ceiling", c.host_bytes},
+              {"host_process", c.host_process},
+              {"host_planned_data", c.host_data},
               {"method", on_gpu ? r.memory_method : std::string("planned host memory (not measured)")}});
 }
 
@@ -180,7 +200,9 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
                      {"order", data::order_name(s.order)},
                      {"stages", stage_json(o.stages)},
                      {"loop", loop_json(o.loop)},
-                     {"memory_ceiling", c.bytes}};
+                     {"memory_ceiling", c.bytes},
+                     {"host_ceiling", c.host_bytes},
+                     {"host_peak_rss", peak_rss_bytes()}};
     if (s.on_gpu()) j["gpu_memory_peak"] = o.peak;
     log.emit(j);
 }
@@ -219,6 +241,13 @@ std::string run_report_json(const RunReport& r) {
                         {"epochs", nlohmann::json::array()}};
     for (const auto& e : r.epochs) j["epochs"].push_back(epoch_json(e, r));
     return j.dump(2) + "\n";
+}
+
+std::uint64_t current_rss_bytes() {
+    std::ifstream statm("/proc/self/statm");
+    std::uint64_t size = 0, resident = 0;
+    if (!(statm >> size >> resident)) return 0;
+    return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
 } // namespace dstk::run

@@ -12,6 +12,7 @@
 #include "dstk/sysinfo.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
+#include "run/random_reads.hpp"
 #include "run/stages.hpp"
 
 namespace dstk::run {
@@ -41,7 +42,7 @@ void require_gpu(const train::Device& d) {
     const std::string name = train::device_name(d);
     if (!built_with_cuda()) throw no_fit_error("--device " + name + " (built without CUDA support) use --device cpu");
     if (gpus.empty())
-        throw no_fit_error("--device " + name + ": no usable GPU (" + why +
+        throw no_fit_error("--device " + name + " (" + why +
                            ") train on the CPU with --device cpu, or check the GPU and its driver with nvidia-smi");
     throw no_fit_error("--device " + name + ": no such GPU (this machine has " + std::to_string(gpus.size()) +
                        ", cuda:0 to cuda:" + std::to_string(gpus.size() - 1) + ") pick one of them, or --device cpu");
@@ -181,6 +182,33 @@ Placement resolve_placement(Placement asked, const train::Device& dev, std::uint
     return Placement::stream;
 }
 
+// --order full on a stream reads single samples at random. Where the split is
+// larger than the memory available, the page cache cannot hold it: predict
+// the rate from --bench's random-read figures or a short probe, and say what
+// an epoch will cost and what to do instead.
+void warn_full_order(const Session& s, const DataOptions& d, const data::SourceConfig& sc, std::uint64_t split_bytes) {
+    const std::uint64_t avail = data::available_host_memory();
+    const std::string instead = "dsconvert --shuffle SEED " + s.ds->dir().string() +
+                                " SHUFFLED once, then --order "
+                                "chunk on SHUFFLED (sequential reads of whole chunks, a global shuffle)";
+    if (split_bytes <= avail) {
+        warning("--order full with --data stream reads samples at random from the files: fast only while they are "
+                "in the page cache (the split, " +
+                format_bytes(split_bytes) + ", fits in the " + format_bytes(avail) + " available); otherwise " +
+                instead);
+        return;
+    }
+    const std::uint64_t sb = s.x->sample_bytes();
+    const RandomReadRate rr = predict_random_reads(*s.ds, *s.x, d.bench, sc.readers);
+    const double per_s = rr.samples_per_second;
+    const double epoch_s = per_s > 0 ? static_cast<double>(s.train_split->samples) / per_s : 0;
+    warning("--order full on a split of " + format_bytes(split_bytes) + ", larger than the " + format_bytes(avail) +
+            " of memory available: every sample is a random read of " + format_bytes(sb) + "; " + rr.source +
+            " predicts about " + format_count(static_cast<std::uint64_t>(per_s)) + " samples/s with " +
+            std::to_string(sc.readers) + " readers, an epoch in about " + format_duration(epoch_s) +
+            ". Instead: " + instead);
+}
+
 // The source configuration from the options, --bench's figures and the placement.
 data::SourceConfig source_config(Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
     const FieldInfo& x = *s.x;
@@ -206,6 +234,7 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
         for (const auto& line : t.why) note(out, "dstrain: --bench " + d.bench.string() + ": " + line);
     }
     sc.direct = d.direct;
+    if (!d.host_mem.empty()) sc.host_mem = parse_size(d.host_mem, "--host-mem");
     sc.notice = [&out](const std::string& line) { note(out, "dstrain: " + line); };
     sc.warn = [](const std::string& line) { warning(line); };
     sc.managed_policy = data::parse_managed_policy(d.managed_policy);
@@ -214,12 +243,17 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     const std::uint64_t split_bytes = checked_mul(s.train_split->samples, x.sample_bytes() + 4, "split bytes") +
                                       (s.test_split ? s.test_split->samples * (x.sample_bytes() + 4) : 0);
     sc.placement = resolve_placement(asked, s.device, split_bytes, s.trainer->memory_plan().total(), s.placement_why);
+    if (asked == Placement::automatic && sc.placement == Placement::stream) {
+        // Never more host memory than there is: the stream's plan must fit (else exit 3, saying why).
+        const std::uint64_t avail = data::available_host_memory();
+        const data::HostPlan hp = data::plan_host_memory(*s.train_split, x, sc, avail);
+        s.placement_why += "; host memory " + format_bytes(hp.total()) + " (ring + window cache) of " +
+                           format_bytes(avail) + " available";
+    }
     if (d.direct && sc.placement != Placement::stream)
         note(out, "dstrain: --direct applies to --data stream only; the " +
                       std::string(data::placement_name(sc.placement)) + " placement loads the split once");
-    if (s.order == data::Order::full && sc.placement == Placement::stream)
-        warning("--order full with --data stream reads samples at random from the files: unless they are in the "
-                "page cache this is I/O-bound; --order chunk keeps reads sequential");
+    if (s.order == data::Order::full && sc.placement == Placement::stream) warn_full_order(s, d, sc, split_bytes);
     return sc;
 }
 
@@ -227,7 +261,21 @@ void open_sources(Session& s) {
     data::SourceConfig test_sc = s.sc;
     test_sc.order.kind = data::Order::sequential;
     test_sc.drop_last = false;
-    s.train_src = data::make_batch_source(*s.ds, "train", s.sc);
+    test_sc.host_mem = 0;
+    data::SourceConfig train_sc = s.sc;
+    if (s.sc.placement == Placement::stream && s.test_split) {
+        // Evaluation streams with the least window cache; --host-mem caps both.
+        const data::HostPlan tp = data::plan_host_memory(*s.test_split, *s.x, test_sc, data::available_host_memory());
+        test_sc.host_mem = tp.ring + tp.other + tp.min_cache;
+        if (s.sc.host_mem) {
+            if (s.sc.host_mem <= test_sc.host_mem)
+                throw no_fit_error("--host-mem " + format_bytes(s.sc.host_mem) + " leaves nothing for training: " +
+                                   "evaluating the test split takes " + format_bytes(test_sc.host_mem) +
+                                   "; raise --host-mem or lower --window or --prefetch");
+            train_sc.host_mem = s.sc.host_mem - test_sc.host_mem;
+        }
+    }
+    s.train_src = data::make_batch_source(*s.ds, "train", train_sc);
     if (s.test_split) s.test_src = data::make_batch_source(*s.ds, "test", test_sc);
     if (s.train_src->batches_per_epoch() != s.steps_per_epoch) throw std::logic_error("batches per epoch disagree");
 }
@@ -300,6 +348,8 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     if (init) model::load_weights(*s.trainer, *init);
 
     s.sc = source_config(s, d, asked, out);
+    s.sc.hash_batches = !s.on_gpu() && !e.log_json.empty();
+    s.rss_before_sources = current_rss_bytes();
     open_sources(s);
 }
 
@@ -320,6 +370,16 @@ Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {
         r.memory_method = s.meter->method();
     }
     c.bytes = c.overhead + c.planned;
+    // Host: what the process held before the sources, what the warm-up added
+    // beside them (cuda libraries load kernels lazily), and the sources' plan.
+    const std::uint64_t data_allocated =
+        s.train_src->host_allocated() + (s.test_src ? s.test_src->host_allocated() : 0);
+    const std::uint64_t rss = current_rss_bytes();
+    c.host_data = s.train_src->host_bytes() + (s.test_src ? s.test_src->host_bytes() : 0);
+    c.host_process = std::max(s.rss_before_sources, rss > data_allocated ? rss - data_allocated : 0);
+    // The CPU trainer's buffers are host memory, allocated at its first step.
+    if (!s.on_gpu()) c.host_process += r.planned.total();
+    c.host_bytes = c.host_process + c.host_data;
     r.memory_ceiling = c.bytes;
     r.runtime_overhead = c.overhead;
     r.data_device_bytes = c.data_device;

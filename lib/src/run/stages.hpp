@@ -42,6 +42,7 @@ struct Session {
     data::SourceConfig sc;
     std::string placement_why; // why this placement, for the user
     std::unique_ptr<data::BatchSource> train_src, test_src;
+    std::uint64_t rss_before_sources = 0; // resident memory once the trainer is built
 
     bool on_gpu() const { return device.backend == train::Backend::cuda; }
 };
@@ -54,6 +55,9 @@ struct Ceiling {
     std::uint64_t data_device = 0; // the sources' backend memory
     bool managed = false;          // managed pages are not in the ceiling
     double load_seconds = 0;       // a resident split's load time, for the first epoch's read time
+    // Host memory: the process before the sources (and, on cuda, what the
+    // warm-up added beside them) plus the sources' planned host bytes.
+    std::uint64_t host_bytes = 0, host_process = 0, host_data = 0;
 };
 
 // --- setup.cpp ---
@@ -102,6 +106,8 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
                   const OutputOptions& out);
 void report_eval(std::uint64_t steps, const train::Metrics& m, JsonLog& log, const OutputOptions& out);
 void warn_over_ceiling(std::uint64_t peak, const Ceiling& c, const RunReport& r);
+// Resident memory of this process now (/proc/self/statm).
+std::uint64_t current_rss_bytes();
 
 // --- loop.cpp ---
 // What a resume must repeat, and the checkpoint writes.

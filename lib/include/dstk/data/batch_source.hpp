@@ -5,11 +5,15 @@
 //
 //   device   the whole split resident in backend memory; batches are slices
 //            (sequential order) or gathered into a batch slot.
-//   stream   reader threads (pread; decoded chunks for zstd-chunked files)
-//            fill a ring of K host slots (pinned on cuda); on cuda each slot is
-//            copied on a copy stream into one of K device slots, and events
-//            order copy -> compute -> slot reuse. Memory is K slots whatever
-//            the dataset size.
+//   stream   I/O threads read whole chunks (storage chunks of zstd-chunked
+//            files, the order's chunks of .npy files) into a bounded host
+//            window cache (window_cache.hpp); reader threads gather batches
+//            from it into a ring of K host slots (pinned on cuda); on cuda each
+//            slot is copied on a copy stream into one of K device slots, and
+//            events order copy -> compute -> slot reuse. The full order reads
+//            single samples instead (random reads). Memory: K slots plus the
+//            cache's planned capacity (plan_host_memory), whatever the
+//            dataset size.
 //   managed  (cuda) the split in cudaMallocManaged memory, read from the file
 //            into it; the next batches are prefetched on a side stream.
 //
@@ -18,9 +22,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "dstk/data/field_access.hpp"
 #include "dstk/data/order.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/train/trainer.hpp"
@@ -55,6 +61,13 @@ struct SourceConfig {
     // notice where the filesystem refuses O_DIRECT at open, with a warning
     // (once per file) where it refuses a read later on.
     bool direct = false;
+    // stream: host memory for ring + window cache + reader buffers (--host-mem);
+    // 0: chosen from the memory available (plan_host_memory).
+    std::uint64_t host_mem = 0;
+    // cpu: an XXH64 of every batch's bytes and labels, in order, per epoch
+    // (StageTimes::batch_hash): two placements deliver the same batches iff
+    // their hashes agree (dstrain --log-json).
+    bool hash_batches = false;
     std::function<void(const std::string&)> notice; // messages for the user (O_DIRECT refused at open)
     std::function<void(const std::string&)> warn;   // warnings (O_DIRECT refused mid-run); from reader threads
 };
@@ -67,7 +80,30 @@ struct StageTimes {
     double h2d = 0;       // host -> device copies (cuda; measured with events)
     double compute = 0;   // train steps (filled in by the training loop)
     std::uint64_t batches = 0, samples = 0, bytes = 0;
+    IoCounters io;                // stream: reads of the input field (chunk reads through the window cache)
+    std::uint64_t cache_peak = 0; // stream: most bytes the window cache held at once (since the source was built)
+    std::optional<std::uint64_t> batch_hash; // with SourceConfig::hash_batches: the batches since the last take
 };
+
+// Host memory of the stream placement, known before it is built: the host
+// ceiling printed beside the GPU's.
+struct HostPlan {
+    std::uint64_t ring = 0;      // K batch slots (pinned on cuda) and the readers' index buffers
+    std::uint64_t cache = 0;     // window cache: whole chunks (0 for the full order, which gathers samples)
+    std::uint64_t other = 0;     // O_DIRECT bounce buffers and decoded chunks of the sample gathers (full order)
+    std::uint64_t min_cache = 0; // the least window cache that reads ahead (two windows)
+    bool drop_pages = false;     // the split does not fit beside it: chunks leave the page cache once read
+    std::uint64_t total() const { return ring + cache + other; }
+};
+// `available`: host memory free for the run (available_host_memory()). With
+// config.host_mem == 0 the cache takes up to a quarter of it (at most four
+// windows, at least two); a --host-mem below ring + two windows is a
+// no_fit_error (exit 3) naming what to lower.
+HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const SourceConfig& config,
+                          std::uint64_t available);
+// Memory this process may still take: /proc/meminfo's MemAvailable, lowered
+// to the cgroup v2 limit less the cgroup's anonymous memory where one is set.
+std::uint64_t available_host_memory();
 
 class BatchSource {
   public:
@@ -84,6 +120,8 @@ class BatchSource {
     virtual StageTimes take_times() = 0;
     virtual std::uint64_t device_bytes() const = 0; // backend memory held: slots or the resident split
     virtual std::uint64_t host_bytes() const = 0;   // host memory held: ring, reader buffers, decoded chunks
+    // Of host_bytes(), what is allocated now (a window cache fills as it reads).
+    virtual std::uint64_t host_allocated() const { return host_bytes(); }
 };
 
 // Opens `split` of `dataset` (fields manifest().input_field / label_field).

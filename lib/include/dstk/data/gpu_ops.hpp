@@ -39,6 +39,11 @@ void copy_d2h(void* dst, const void* src, std::uint64_t bytes); // synchronous (
 void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,
                        const std::int32_t* src_y, const std::uint64_t* idx, std::uint32_t count, void* stream);
 
+// Reads every byte of [p, p + bytes) (device or managed memory) on `stream`,
+// XOR-folded into *sink (device memory): dsbench's stand-in for a model
+// reading its batch.
+void consume_async(const void* p, std::uint64_t bytes, unsigned long long* sink, void* stream);
+
 // Managed memory placement (CUDA 13: cudaMemLocation).
 void advise_host_preferred(const void* p, std::uint64_t bytes, int device); // PreferredLocation=CPU, AccessedBy=GPU
 void prefetch_to_device(const void* p, std::uint64_t bytes, int device, void* stream);

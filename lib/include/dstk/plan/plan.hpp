@@ -153,7 +153,10 @@ std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span
 
 // Measured rates, from dsbench's JSON (bytes per second; nullopt where not measured).
 struct Rates {
-    std::optional<double> seq_read, random_read, h2d_pinned;
+    // random_read: single samples (the full order); chunk_read: whole chunks at
+    // random offsets, what dstrain's stream window cache issues in the chunk
+    // and sequential orders (seq_read where no chunk figure is known).
+    std::optional<double> seq_read, random_read, chunk_read, h2d_pinned;
     std::string source; // the file they came from
 };
 

@@ -57,6 +57,7 @@ struct DataOptions {
     bool readers_given = false;
     std::filesystem::path bench; // dsbench results: K and readers from its figures (run/tuning.hpp)
     bool direct = false;         // stream: O_DIRECT reads of the inputs
+    std::string host_mem;        // stream: host memory for ring + window cache ("2G"); empty: from available memory
     std::string managed_policy = "prefetch";
     bool oversubscribe = false;
     std::uint64_t eval_every = 0;       // steps; 0: after each epoch
@@ -67,7 +68,7 @@ struct DataOptions {
 };
 
 // Adds --data --order --window --chunk-samples --prefetch --readers --bench
-// --direct --managed-policy --oversubscribe --eval-every --checkpoint
+// --direct --host-mem --managed-policy --oversubscribe --eval-every --checkpoint
 // --checkpoint-every --resume --max-steps to `app`.
 void add_data_options(CLI::App& app, DataOptions& d);
 

@@ -1,12 +1,14 @@
 #pragma once
-// Sample access for the stream placement's reader threads: whole runs of
-// samples with pread for .npy storage (plus kernel read-ahead hints for the
-// chunks an epoch is about to visit), and decode-once chunks shared by all
-// readers for zstd-chunked storage. Thread-safe.
+// Sample access for the stream placement: whole ranges of samples with large
+// reads (read_range: what the window cache loads its chunks with), and, for
+// the full order, gathers of single samples (pread runs for .npy storage,
+// decode-once chunks shared by all readers for zstd-chunked storage).
+// Thread-safe.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <span>
 #include <vector>
@@ -14,6 +16,15 @@
 #include "dstk/manifest.hpp"
 
 namespace dstk::data {
+
+// Reads issued to the file since the last take_io(): what --log-json reports
+// so that a test (or a user) can see the size of the reads.
+struct IoCounters {
+    std::uint64_t reads = 0, bytes = 0;
+    std::uint64_t smallest = 0, largest = 0; // bytes of one read (0: none)
+    void add(std::uint64_t n);
+    void merge(const IoCounters& o);
+};
 
 class FieldAccess {
   public:
@@ -25,6 +36,18 @@ class FieldAccess {
     // Copies samples[indices[i]] to dst + i * sample_bytes; consecutive indices
     // become one read.
     virtual void gather(std::span<const std::uint64_t> indices, std::uint8_t* dst) = 0;
+    // Bytes of buffer read_range needs for `count` samples: the samples plus
+    // slack for O_DIRECT's alignment.
+    virtual std::uint64_t range_buffer_bytes(std::uint64_t count) const { return count * sample_bytes(); }
+    // Reads samples [first, first + count) with large reads into `buf` (4096-
+    // aligned, range_buffer_bytes(count) bytes); returns the offset in buf of
+    // sample `first` (non-zero only for O_DIRECT reads of unaligned ranges).
+    virtual std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) = 0;
+    // Samples [first, first + count) have been copied out: their pages may
+    // leave the page cache (POSIX_FADV_DONTNEED), so that the kernel's cache
+    // does not compete with the window cache for memory.
+    virtual void drop_pages(std::uint64_t, std::uint64_t) {}
+    IoCounters take_io();
     // The epoch will soon read these chunks of `chunk_samples` samples.
     virtual void will_need(std::span<const std::uint64_t> chunks, std::uint64_t chunk_samples) = 0;
     // Host bytes held for decoded data or O_DIRECT bounce buffers (bounded).
@@ -36,10 +59,13 @@ class FieldAccess {
     virtual double take_decode_seconds() { return 0.0; }
 
   protected:
+    void count_read(std::uint64_t bytes);
     FieldAccess(std::uint64_t samples, std::uint64_t sample_bytes) : samples_(samples), sample_bytes_(sample_bytes) {}
 
   private:
     std::uint64_t samples_, sample_bytes_;
+    std::mutex io_mutex_;
+    IoCounters io_;
 };
 
 // `cache_chunks`: decoded chunks kept for zstd-chunked storage (at least the

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Larger than RAM, at the disk's speed: dstrain's stream placement on datasets
+# at least 4x a cgroup v2 memory limit, on disk (not tmpfs), every file's pages
+# evicted before each run. Run as root on the GPU machine (cgroup v2):
+#   scripts/bench-larger-than-ram.sh [BIN_DIR] [LOG_DIR]
+# BIN_DIR defaults to build-gpu/bin (scripts/gpu-test.sh builds it, and runs
+# this script with DSTK_GPU_BENCH=bench-larger-than-ram); logs go to LOG_DIR
+# (default $OUT/ltr, else build-gpu/logs/ltr). Rows, for u8 and f32 storage:
+#   device      --data device, outside the cgroup (the reference)
+#   chunk       --data stream (chunk order, buffered reads), inside the cgroup
+#   direct      --data stream --direct
+#   sequential  --data stream --order sequential
+#   full        --data stream --order full (capped at FULL_STEPS steps: random reads)
+#   zstd        --data stream on a zstd-chunked copy
+# Each row is one epoch in a fresh process; columns: samples/s, % of device,
+# read wait, peak RSS and the host ceiling dstrain printed (from --log-json).
+# The disk's own rates (dsbench cold sequential and random chunk reads) are
+# measured in the same cgroup; "% disk" is a row's input bytes per second over
+# the best random-chunk rate. A short table is printed last.
+# Environment (defaults sized so that the script takes about 7 minutes):
+#   LTR_DIR      data directory on disk (default build-gpu/ltr-data; removed at the end)
+#   U8_TRAIN     u8 3x32x32 training samples (default 2800K: 8.6 GB) with U8_LIMIT (default 2G)
+#   F32_TRAIN    f32 3x32x32 training samples (default 680K: 8.4 GB) with F32_LIMIT (default 2G)
+#   STORAGES     "u8 f32" (default), or one of them
+#   MODEL, PRECISION, BATCH  (ref-cnn, tf32, 256)
+#   FULL_STEPS   steps of the full-order row (default 1500)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$(realpath "${1:-build-gpu/bin}")
+log=${2:-${OUT:+$OUT/ltr}}
+log=${log:-build-gpu/logs/ltr}
+mkdir -p "$log"
+log=$(realpath "$log")
+data=${LTR_DIR:-$PWD/build-gpu/ltr-data}
+model=${MODEL:-ref-cnn}
+precision=${PRECISION:-tf32}
+batch=${BATCH:-256}
+full_steps=${FULL_STEPS:-1500}
+storages=${STORAGES:-u8 f32}
+
+die() { echo "bench-larger-than-ram: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "needs root (cgroup v2 memory limits and dropping the page cache)"
+grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null ||
+    die "no cgroup v2 memory controller at /sys/fs/cgroup (cgroup v1 machines: see /work/shared/device/README.md)"
+for t in dstrain dsgen dsconvert dsbench; do [ -x "$bin/$t" ] || die "no $bin/$t (build first: scripts/gpu-test.sh)"; done
+command -v jq >/dev/null || die "needs jq"
+mkdir -p "$data"
+fstype=$(stat -f -c %T "$data")
+[ "$fstype" = tmpfs ] && die "$data is on tmpfs: the data must be on disk (set LTR_DIR)"
+
+cg=/sys/fs/cgroup/dstk-ltr-$$
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+mkdir "$cg" || die "cannot create the cgroup $cg"
+cleanup() {
+    rmdir "$cg" 2>/dev/null
+    [ -z "${LTR_DIR:-}" ] && rm -rf "$data"
+}
+trap cleanup EXIT
+echo 0 >"$cg/memory.swap.max" 2>/dev/null
+# in_cgroup CMD...: CMD inside the memory limit.
+in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
+evict() {
+    sync
+    for f in "$@"; do find "$f" -type f -exec dd if={} iflag=nocache count=0 status=none \;; done
+    echo 1 >/proc/sys/vm/drop_caches
+}
+
+t0=$SECONDS
+table="$log/table.txt"
+: >"$table"
+printf '%-10s %-10s %11s %7s %7s %10s %10s %10s %s\n' storage row samples/s device disk "read wait" "peak RSS" ceiling \
+    status >>"$table"
+
+gib() { awk -v b="$1" 'BEGIN { if (b == "" || b == "null") print "-"; else printf "%.2f GiB", b / 1073741824 }'; }
+
+# run_row STORAGE ROW WHERE DATASET OPTIONS...: one epoch, figures from --log-json.
+run_row() {
+    local storage=$1 row=$2 where=$3 ds=$4
+    shift 4
+    local json="$log/$storage-$row.jsonl" rc
+    evict "$ds"
+    local cmd=("$bin/dstrain" "$ds" --model "$model" --precision "$precision" --batch "$batch" --epochs 1 --seed 1
+        --log-json "$json" "$@")
+    echo "== $storage $row: ${cmd[*]}" >>"$log/runs.log"
+    if [ "$where" = cgroup ]; then in_cgroup "${cmd[@]}" >>"$log/runs.log" 2>&1; else "${cmd[@]}" >>"$log/runs.log" 2>&1; fi
+    rc=$?
+    local ep rate wait rss ceil
+    ep=$(grep '"event":"epoch"' "$json" 2>/dev/null | tail -1)
+    rate=$(jq -r '.samples_per_second // empty' <<<"$ep" 2>/dev/null)
+    wait=$(jq -r '.stages.read_wait_s // empty' <<<"$ep" 2>/dev/null)
+    rss=$(jq -r '.host_peak_rss // empty' <<<"$ep" 2>/dev/null)
+    ceil=$(jq -r '.host_ceiling // empty' <<<"$ep" 2>/dev/null)
+    [ "$row" = device ] && ref_rate=${rate:-0}
+    local pct_dev="-" pct_disk="-"
+    [ -n "$rate" ] && [ "${ref_rate:-0}" != 0 ] && pct_dev=$(awk -v a="$rate" -v b="$ref_rate" 'BEGIN { printf "%.1f%%", 100 * a / b }')
+    [ -n "$rate" ] && [ "${disk_rand:-0}" != 0 ] &&
+        pct_disk=$(awk -v a="$rate" -v s="$sample_bytes" -v d="$disk_rand" 'BEGIN { printf "%.1f%%", 100 * a * s / d }')
+    printf '%-10s %-10s %11s %7s %7s %10s %10s %10s %s\n' "$storage" "$row" \
+        "$(awk -v a="${rate:-0}" 'BEGIN { printf "%.0f", a }')" "$pct_dev" "$pct_disk" \
+        "$(awk -v w="${wait:-0}" 'BEGIN { printf "%.2fs", w }')" "$(gib "$rss")" "$(gib "$ceil")" \
+        "$([ $rc = 0 ] && echo ok || echo "rc=$rc")" >>"$table"
+}
+
+for storage in $storages; do
+    case $storage in
+    u8) train=${U8_TRAIN:-2800K} limit=${U8_LIMIT:-2G} dtype=u8 sample_bytes=3072 ;;
+    f32) train=${F32_TRAIN:-680K} limit=${F32_LIMIT:-2G} dtype=f32 sample_bytes=12288 ;;
+    *) die "unknown storage '$storage' (u8 or f32)" ;;
+    esac
+    ds="$data/$storage" dsz="$data/$storage-zstd"
+    echo "== $storage: dsgen $train samples, then a zstd-chunked copy ($((SECONDS - t0)) s)" >&2
+    "$bin/dsgen" "$ds" --train "$train" --test 10K --dtype "$dtype" --force -q >"$log/$storage-dsgen.log" 2>&1 ||
+        die "dsgen failed: $log/$storage-dsgen.log"
+    "$bin/dsconvert" "$ds" "$dsz" --compress zstd:1 -q >"$log/$storage-dsconvert.log" 2>&1 ||
+        die "dsconvert failed: $log/$storage-dsconvert.log"
+    echo "$limit" >"$cg/memory.max"
+    echo "$storage: $(du -sh "$ds" | cut -f1) on disk ($fstype), zstd copy $(du -sh "$dsz" | cut -f1), memory limit $limit" \
+        >>"$log/sizes.txt"
+
+    # The disk's own rates, cold, in the same cgroup.
+    evict "$ds"
+    in_cgroup "$bin/dsbench" all "$ds" --cases io.seq.pread.cold,io.rand.chunk.pread.cold --threads 1,4,16 \
+        --size 4G --chunk-size 4M --repetitions 2 --min-time 0 --drop-caches --json "$log/$storage-disk.json" --force \
+        >"$log/$storage-dsbench.log" 2>&1
+    disk_seq=$(jq '[.results[] | select(.case == "io.seq.pread.cold" and .status == "ok") | .metrics.rate.median] | max // 0' \
+        "$log/$storage-disk.json" 2>/dev/null || echo 0)
+    disk_rand=$(jq '[.results[] | select(.case == "io.rand.chunk.pread.cold" and .status == "ok") | .metrics.rate.median] | max // 0' \
+        "$log/$storage-disk.json" 2>/dev/null || echo 0)
+    echo "$storage disk (cgroup $limit): cold sequential $(awk -v r="$disk_seq" 'BEGIN { printf "%.2f GB/s", r / 1e9 }'),"\
+        "random 4 MiB chunks $(awk -v r="$disk_rand" 'BEGIN { printf "%.2f GB/s", r / 1e9 }') (best of 1/4/16 threads)" \
+        >>"$log/disk.txt"
+
+    ref_rate=0
+    echo "== $storage rows ($((SECONDS - t0)) s)" >&2
+    run_row "$storage" device host "$ds" --data device
+    run_row "$storage" chunk cgroup "$ds" --data stream
+    run_row "$storage" direct cgroup "$ds" --data stream --direct
+    run_row "$storage" sequential cgroup "$ds" --data stream --order sequential
+    run_row "$storage" full cgroup "$ds" --data stream --order full --max-steps "$full_steps"
+    run_row "$storage" zstd cgroup "$dsz" --data stream
+    rm -rf "$ds" "$dsz"
+done
+
+echo "bench-larger-than-ram: $((SECONDS - t0)) s; logs in $log"
+cat "$log/sizes.txt" "$log/disk.txt"
+cat "$table"

@@ -1,0 +1,274 @@
+// The stream placement's window cache: it gathers exactly the samples of the
+// order functions (every order that reads chunks, every seed and epoch, from
+// any resume point), reads each chunk once per epoch with one whole-chunk read,
+// stays within its capacity, frees what was consumed, and reports read errors
+// and files that shrink, naming the file.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dstk/data/batch_source.hpp"
+#include "dstk/data/field_access.hpp"
+#include "dstk/data/window_cache.hpp"
+#include "dstk/error.hpp"
+#include "support/test_dataset.hpp"
+
+namespace fs = std::filesystem;
+using namespace dstk;
+using namespace dstk::data;
+
+namespace {
+
+std::uint8_t byte_of(std::uint64_t sample, std::uint64_t j) {
+    return static_cast<std::uint8_t>(sample * 13 + j * 7 + 1);
+}
+
+// A field in memory: x bytes byte_of(i, j), labels i; counts whole-range
+// reads per first sample; throws for one chosen chunk.
+class MemoryField final : public FieldAccess {
+  public:
+    MemoryField(std::uint64_t samples, std::uint64_t sample_bytes, bool labels)
+        : FieldAccess(samples, labels ? 4 : sample_bytes), labels_(labels) {}
+    std::uint64_t storage_chunk_samples() const override { return 0; }
+    void gather(std::span<const std::uint64_t>, std::uint8_t*) override { FAIL() << "sample gather in a cached order"; }
+    void will_need(std::span<const std::uint64_t>, std::uint64_t) override {}
+    std::uint64_t cache_bytes() const override { return 0; }
+    std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) override {
+        if (first == fail_first_)
+            throw runtime_error("cannot read 'memory' (injected error at sample " + std::to_string(first) + ")");
+        if (first + count > samples()) throw runtime_error("read past the end");
+        for (std::uint64_t i = 0; i < count; ++i) {
+            if (labels_) {
+                const auto label = static_cast<std::int32_t>(first + i);
+                std::memcpy(buf + i * 4, &label, 4);
+            } else {
+                for (std::uint64_t j = 0; j < sample_bytes(); ++j) buf[i * sample_bytes() + j] = byte_of(first + i, j);
+            }
+        }
+        count_read(count * sample_bytes());
+        std::lock_guard lock(mutex_);
+        ++reads_[first];
+        return 0;
+    }
+    std::map<std::uint64_t, int> take_reads() {
+        std::lock_guard lock(mutex_);
+        return std::exchange(reads_, {});
+    }
+    std::uint64_t fail_first_ = ~std::uint64_t{0};
+
+  private:
+    bool labels_;
+    std::mutex mutex_;
+    std::map<std::uint64_t, int> reads_;
+};
+
+// Gathers positions [first, n) in batches of `batch`, releasing each after
+// checking it against the order; returns the samples in visiting order.
+std::vector<std::uint64_t> run(WindowCache& cache, const EpochOrder& order, std::uint64_t sb, std::uint64_t batch,
+                               std::uint64_t first = 0) {
+    std::vector<std::uint64_t> seen;
+    std::vector<std::uint8_t> x(batch * sb);
+    std::vector<std::int32_t> y(batch);
+    cache.start(order, first);
+    for (std::uint64_t p = first; p < order.size(); p += batch) {
+        const std::uint64_t n = std::min(batch, order.size() - p);
+        cache.gather(p, n, x.data(), y.data());
+        for (std::uint64_t i = 0; i < n; ++i) {
+            const std::uint64_t s = order[p + i];
+            EXPECT_EQ(y[i], static_cast<std::int32_t>(s)) << "position " << p + i;
+            for (std::uint64_t j = 0; j < sb; ++j)
+                if (x[i * sb + j] != byte_of(s, j)) {
+                    ADD_FAILURE() << "bytes of sample " << s << " at position " << p + i;
+                    break;
+                }
+            seen.push_back(static_cast<std::uint64_t>(y[i]));
+        }
+        cache.consumed(p + n);
+    }
+    return seen;
+}
+
+} // namespace
+
+TEST(WindowCache, GathersExactlyTheOrderFunctionsSamplesFromAnyResumePoint) {
+    const std::uint64_t sb = 24;
+    for (const std::uint64_t n : {1000ull, 1024ull, 97ull}) {
+        MemoryField x(n, sb, false), y(n, sb, true);
+        for (const Order kind : {Order::sequential, Order::chunk}) {
+            for (const std::uint64_t window : {1ull, 3ull, 8ull}) {
+                const OrderConfig oc{kind, 1234 + window, 64, window};
+                WindowCache cache(x, y, min_window_cache_bytes(oc, sb, false), 3, false);
+                for (const std::uint64_t epoch : {0ull, 1ull, 7ull}) {
+                    const EpochOrder order(oc, n, epoch);
+                    const auto seen = run(cache, order, sb, 50);
+                    ASSERT_EQ(seen.size(), n);
+                    for (std::uint64_t p = 0; p < n; ++p) ASSERT_EQ(seen[p], order[p]) << "position " << p;
+                    const auto resumed = run(cache, order, sb, 50, 450 % n);
+                    ASSERT_EQ(resumed.size(), n - 450 % n);
+                    for (std::uint64_t p = 450 % n; p < n; ++p) ASSERT_EQ(resumed[p - 450 % n], order[p]);
+                }
+            }
+        }
+    }
+}
+
+TEST(WindowCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
+    const std::uint64_t n = 5000, sb = 100, cs = 128, window = 4;
+    MemoryField x(n, sb, false), y(n, sb, true);
+    const OrderConfig oc{Order::chunk, 5, cs, window};
+    const std::uint64_t capacity = min_window_cache_bytes(oc, sb, false);
+    WindowCache cache(x, y, capacity, 4, false);
+    for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+        const EpochOrder order(oc, n, epoch);
+        run(cache, order, sb, 64);
+        const auto reads = x.take_reads();
+        const std::uint64_t chunks = (n + cs - 1) / cs;
+        ASSERT_EQ(reads.size(), chunks) << "epoch " << epoch;
+        for (const auto& [first, times] : reads) {
+            EXPECT_EQ(first % cs, 0u);
+            EXPECT_EQ(times, 1) << "chunk at sample " << first << " read again within epoch " << epoch;
+        }
+        const CacheStats st = cache.take_stats();
+        EXPECT_EQ(st.x.reads, chunks);
+        EXPECT_EQ(st.x.bytes, n * sb);
+        EXPECT_EQ(st.x.largest, cs * sb);
+        EXPECT_EQ(st.x.smallest, (n % cs) * sb); // the partial last chunk
+        EXPECT_LE(st.peak, capacity);
+        EXPECT_GT(st.peak, capacity / 2) << "the cache did not read ahead";
+    }
+}
+
+TEST(WindowCache, FreesConsumedWindowsAndReadsAheadOnlyWhatFits) {
+    const std::uint64_t n = 4096, sb = 64, cs = 64, window = 2;
+    MemoryField x(n, sb, false), y(n, sb, true);
+    const OrderConfig oc{Order::chunk, 9, cs, window};
+    const std::uint64_t group = window_group_bytes(oc, sb, false);
+    WindowCache cache(x, y, 3 * group, 2, false);
+    const EpochOrder order(oc, n, 0);
+    cache.start(order, 0);
+    std::vector<std::uint8_t> xb(cs * sb);
+    std::vector<std::int32_t> yb(cs);
+    cache.gather(0, cs, xb.data(), yb.data());
+    EXPECT_EQ(cache.held_bytes(), 3 * group); // three windows admitted, no fourth
+    cache.consumed(window * cs);              // the first window is done
+    EXPECT_EQ(cache.held_bytes(), 3 * group); // ... freed, and the fourth admitted
+    cache.consumed(n);
+    EXPECT_EQ(cache.held_bytes(), 0u);
+}
+
+TEST(WindowCache, AGatherNeverWaitsForMemoryItsOwnBatchHolds) {
+    // A batch spanning more windows than the capacity holds: admitted anyway.
+    const std::uint64_t n = 2000, sb = 16;
+    MemoryField x(n, sb, false), y(n, sb, true);
+    const OrderConfig oc{Order::chunk, 3, 16, 2};
+    WindowCache cache(x, y, window_group_bytes(oc, sb, false), 2, false);
+    const EpochOrder order(oc, n, 4);
+    EXPECT_EQ(run(cache, order, sb, 500).size(), n);
+}
+
+TEST(WindowCache, ReadErrorsReachTheGatherThatNeedsTheChunk) {
+    const std::uint64_t n = 1000, sb = 8;
+    MemoryField x(n, sb, false), y(n, sb, true);
+    x.fail_first_ = 320;
+    const OrderConfig oc{Order::sequential, 0, 64, 1};
+    WindowCache cache(x, y, min_window_cache_bytes(oc, sb, false), 2, false);
+    const EpochOrder order(oc, n, 0);
+    cache.start(order, 0);
+    std::vector<std::uint8_t> xb(64 * sb);
+    std::vector<std::int32_t> yb(64);
+    for (std::uint64_t p = 0; p < 320; p += 64) {
+        cache.gather(p, 64, xb.data(), yb.data()); // chunks before the bad one read fine
+        cache.consumed(p + 64);
+    }
+    try {
+        cache.gather(320, 64, xb.data(), yb.data());
+        FAIL() << "the read error was lost";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("injected error at sample 320"), std::string::npos) << e.what();
+    }
+    x.fail_first_ = ~std::uint64_t{0};
+    EXPECT_EQ(run(cache, order, sb, 64).size(), n) << "a new epoch reads again";
+}
+
+TEST(WindowCache, AFileThatShrinksIsAnErrorNamingIt) {
+    // A real .npy dataset through the stream source; the file is cut short after open.
+    const std::uint64_t n = 3000, sb = 40;
+    const fs::path dir =
+        test_support::write_u8_dataset(test_support::temp_path("dstk_window", "shrink"), Shape{{sb}}, {{"train", n}},
+                                       10, [](std::uint64_t i, std::span<std::uint8_t> b) {
+                                           for (std::size_t j = 0; j < b.size(); ++j) b[j] = byte_of(i, j);
+                                           return static_cast<std::int32_t>(i % 10);
+                                       });
+    const Dataset ds = Dataset::open(dir);
+    for (const bool direct : {false, true}) {
+        SourceConfig c;
+        c.placement = Placement::stream;
+        c.device = {train::Backend::cpu, 0};
+        c.order = {Order::chunk, 3, 256, 2};
+        c.batch = 100;
+        c.direct = direct;
+        auto s = make_batch_source(ds, "train", c);
+        const fs::path x_file = dir / ds.manifest().split("train").field("x").file;
+        const auto full = fs::file_size(x_file);
+        fs::resize_file(x_file, full / 2);
+        std::string what;
+        try {
+            s->start_epoch(0, 0);
+            train::Batch b;
+            while (s->next(b)) s->release();
+        } catch (const Error& e) {
+            what = e.what();
+        }
+        EXPECT_NE(what.find(x_file.filename().string()), std::string::npos) << "direct " << direct << ": " << what;
+        fs::resize_file(x_file, full);
+    }
+    fs::remove_all(dir);
+}
+
+TEST(WindowCache, StreamSourceReadsWholeChunksAndDeliversTheDeviceBatches) {
+    const std::uint64_t n = 2500, sb = 30;
+    const fs::path dir =
+        test_support::write_u8_dataset(test_support::temp_path("dstk_window", "source"), Shape{{sb}}, {{"train", n}},
+                                       10, [](std::uint64_t i, std::span<std::uint8_t> b) {
+                                           for (std::size_t j = 0; j < b.size(); ++j) b[j] = byte_of(i, j);
+                                           return static_cast<std::int32_t>(i % 10);
+                                       });
+    const Dataset ds = Dataset::open(dir);
+    for (const Order o : {Order::sequential, Order::chunk}) {
+        SourceConfig c;
+        c.device = {train::Backend::cpu, 0};
+        c.order = {o, 11, 128, 3};
+        c.batch = 64;
+        c.placement = Placement::stream;
+        auto stream = make_batch_source(ds, "train", c);
+        c.placement = Placement::device;
+        auto device = make_batch_source(ds, "train", c);
+        for (const std::uint64_t epoch : {0ull, 2ull}) {
+            stream->start_epoch(epoch, 0);
+            device->start_epoch(epoch, 0);
+            train::Batch a, b;
+            while (device->next(b)) {
+                ASSERT_TRUE(stream->next(a));
+                ASSERT_EQ(a.size, b.size);
+                EXPECT_EQ(std::memcmp(a.x, b.x, a.size * sb), 0);
+                EXPECT_EQ(std::memcmp(a.y, b.y, a.size * 4), 0);
+                stream->release();
+                device->release();
+            }
+            EXPECT_FALSE(stream->next(a));
+            const StageTimes t = stream->take_times();
+            EXPECT_EQ(t.io.reads, (n + 127) / 128) << order_name(o);
+            EXPECT_EQ(t.io.largest, 128 * sb);
+            EXPECT_LE(t.cache_peak, stream->host_bytes());
+        }
+    }
+    fs::remove_all(dir);
+}
