@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reads dstrain's saved model: loads MODEL.safetensors into the
-PyTorch twin (scripts/torch_baseline.py: a function named after the preset,
-ref_cnn for ref-cnn), with load_state_dict(strict=True), computes the test
+PyTorch twin (scripts/torch_baseline.py's build_model, from the spec saved
+in the file), with load_state_dict(strict=True), computes the test
 accuracy of DATASET in fp32 eval mode, and compares it with `dstrain eval
 --json`'s (EVAL.json): they must agree within --tolerance percentage points.
 Reads the file with the safetensors package when installed, else with numpy
@@ -47,10 +47,8 @@ def main():
     state, meta, reader = load_tensors(a.model)
     c, h, w = (int(d) for d in meta["input_shape"].split("x"))
     classes = int(meta["classes"])
-    twin = getattr(torch_baseline, meta["model_name"].replace("-", "_"), None)
-    if twin is None:
-        sys.exit(f"model-check: no PyTorch twin '{meta['model_name']}' in scripts/torch_baseline.py")
-    net = twin(c, classes, h, w)
+    # The twin is built from the saved spec (a preset's name or a layer list).
+    net, _ = torch_baseline.build_model(meta.get("model") or meta["model_name"], (c, h, w), classes)
     net.load_state_dict(state, strict=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     net = net.to(dev).eval()
