@@ -238,10 +238,10 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     sc.readers = d.readers;
     if (!d.bench.empty()) {
         const bench::Results br = bench::load_results(d.bench);
-        const data::LoaderTuning t = data::tune_loader(
-            br, s.order, x.sample_bytes(), sc.batch, hardware_threads(),
-            d.prefetch_given ? std::optional<unsigned>(d.prefetch) : std::nullopt,
-            d.readers_given ? std::optional<unsigned>(d.readers) : std::nullopt, d.prefetch, d.readers);
+        const LoaderTuning t =
+            tune_loader(br, s.order, x.sample_bytes(), sc.batch, hardware_threads(),
+                        d.prefetch_given ? std::optional<unsigned>(d.prefetch) : std::nullopt,
+                        d.readers_given ? std::optional<unsigned>(d.readers) : std::nullopt, d.prefetch, d.readers);
         sc.prefetch = t.prefetch;
         sc.readers = t.readers;
         for (const auto& line : t.why) note(out, "dstrain: --bench " + d.bench.string() + ": " + line);
