@@ -149,15 +149,9 @@ std::vector<std::string> fixes_for_disk(const DataSpec& d, const Job& j, const B
 } // namespace
 
 std::string_view source_name(Source s) {
-    switch (s) {
-    case Source::detected:
-        return "detected";
-    case Source::given:
-        return "given";
-    case Source::unknown:
-        return "unknown";
-    }
-    return "unknown";
+    static constexpr EnumNames<Source, 3> names{
+        {{{Source::detected, "detected"}, {Source::given, "given"}, {Source::unknown, "unknown"}}}};
+    return names.name(s);
 }
 
 std::uint32_t parse_headroom(std::string_view text) {
