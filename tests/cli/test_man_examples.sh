@@ -29,11 +29,11 @@ SKIP=(
 command -v fio >/dev/null || SKIP+=("scripts/fio-compare.sh") # needs fio, not installed here
 
 # Small sizes for big ones; every dstrain line trains 1 epoch on 2 CPU threads;
-# dsbench measures once, briefly, on 4 MiB (as its own tests do).
+# (eval and predict keep their lines); dsbench measures once, briefly, on 4 MiB (as its own tests do).
 rewrite() {
     sed -E -e 's/--train (1M|10M|100K|50K)/--train 1K/' -e '/dsgen /s/--test 10K/--test 256/' \
         -e 's/--kind bytes --shape 1048576 --train 10K/--kind bytes --shape 4096 --train 64/' \
-        -e '/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}' \
+        -e '/(^|[ &])dstrain (eval|predict) /!{/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}}' \
         -e 's/(dsbench all( [^ -][^ ]*)?)/\1 --repetitions 1 --min-time 0 --size 4M/g' <<<"$1"
 }
 
@@ -70,6 +70,8 @@ np.savez("images.npz", r.integers(0, 256, (100, 8, 8, 3)).astype(np.uint8))
 np.savez("labels.npz", r.integers(0, 10, 100).astype(np.int64))
 r.integers(0, 256, 1 << 20).astype(np.uint8).tofile("data.raw")
 ' ;;
+    dstrain) # samples for predict, the shape of the page's dataset
+        "$PY" -c 'import numpy as np; np.save("samples.npy", np.random.default_rng(1).integers(0, 256, (8, 3, 32, 32)).astype(np.uint8))' ;;
     dsplan) dsgen data/ --train 512 --test 64 --shape 3x16x16 --dtype u8 -q ;;
     esac
 }
