@@ -4,7 +4,8 @@
 #include "dstk/run/tuning.hpp"
 
 using namespace dstk;
-using namespace dstk::data;
+using namespace dstk::run;
+using dstk::data::Order;
 
 namespace {
 

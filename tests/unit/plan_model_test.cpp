@@ -94,7 +94,7 @@ TEST(PlanModel, MaxSamplesIn128GiB) {
     EXPECT_EQ(caps[2].dtype, DType::bf16);
     EXPECT_EQ(caps[2].bytes_per_sample, 6'148u);
     EXPECT_FALSE(caps[0].disk_samples.has_value());
-    EXPECT_FALSE(caps[0].placement.has_value());
+    EXPECT_FALSE(caps[0].fit.has_value());
 }
 
 TEST(PlanModel, F16ComparesWithU8AndF32) {
@@ -117,18 +117,18 @@ TEST(PlanModel, SeedsBf16VersusF32) {
     j.batch = 1;
     const auto caps = capacity_by_dtype(d, j, b);
     ASSERT_EQ(caps.size(), 3u);
-    EXPECT_EQ(caps[0].placement, Placement::ram);
+    EXPECT_EQ(caps[0].fit, Fit::ram);
     EXPECT_EQ(caps[1].dtype, DType::bf16);
     EXPECT_EQ(caps[1].dataset_bytes, 451'999'997'952u);
-    EXPECT_EQ(caps[1].placement, Placement::ram);
+    EXPECT_EQ(caps[1].fit, Fit::ram);
     EXPECT_EQ(caps[2].dtype, DType::f32);
     EXPECT_EQ(caps[2].dataset_bytes, 903'999'995'904u);
-    EXPECT_EQ(caps[2].placement, Placement::disk);
+    EXPECT_EQ(caps[2].fit, Fit::disk);
 }
 
 TEST(PlanModel, PlacementDevice) {
     const Verdict v = plan_placement(cifar(DType::u8, 50'000), Job{}, budgets(16 * GiB, 100 * GiB, 8 * GiB));
-    EXPECT_EQ(v.placement, Placement::device);
+    EXPECT_EQ(v.fit, Fit::device);
     EXPECT_EQ(v.gpu_device, 50'000u * 3'076u);
     EXPECT_TRUE(v.gpu_checked);
     EXPECT_TRUE(v.reasons.empty());
@@ -136,7 +136,7 @@ TEST(PlanModel, PlacementDevice) {
 
 TEST(PlanModel, PlacementRamWithoutGpu) {
     const Verdict v = plan_placement(cifar(DType::f32, 1'000'000), Job{}, budgets(128 * GiB, 100 * GiB, std::nullopt));
-    EXPECT_EQ(v.placement, Placement::ram);
+    EXPECT_EQ(v.fit, Fit::ram);
     EXPECT_FALSE(v.gpu_checked);
     ASSERT_EQ(v.reasons.size(), 1u);
     EXPECT_NE(v.reasons[0].find("GPU memory unknown"), std::string::npos);
@@ -144,7 +144,7 @@ TEST(PlanModel, PlacementRamWithoutGpu) {
 
 TEST(PlanModel, PlacementDisk) {
     const Verdict v = plan_placement(cifar(DType::f32, 10'000'000), Job{}, budgets(128 * GiB, 2048 * GiB, 8 * GiB));
-    EXPECT_EQ(v.placement, Placement::disk);
+    EXPECT_EQ(v.fit, Fit::disk);
     EXPECT_EQ(v.ram, 122'920'000'000u + 12'587'008u);
     EXPECT_EQ(v.disk, 122'920'000'256u);
     EXPECT_EQ(v.reasons.size(), 2u);
@@ -153,7 +153,7 @@ TEST(PlanModel, PlacementDisk) {
 
 TEST(PlanModel, NewDataMustFitOnDiskEvenWhenItFitsRam) {
     const Verdict v = plan_placement(cifar(DType::u8, 1'000'000), Job{}, budgets(128 * GiB, 1 * GiB, 8 * GiB));
-    EXPECT_EQ(v.placement, Placement::none);
+    EXPECT_EQ(v.fit, Fit::none);
     ASSERT_FALSE(v.fixes.empty());
     // u8 is already the smallest; 3.0 GB on 0.8 GiB needs 3.58:1: fewer samples first.
     EXPECT_NE(v.fixes[0].find("at most 279,"), std::string::npos) << v.fixes[0];
@@ -165,14 +165,14 @@ TEST(PlanModel, ExistingDatasetIsAlreadyOnDisk) {
     d.on_disk = true;
     d.stored_bytes = 60 * GiB;
     const Verdict v = plan_placement(d, Job{}, budgets(16 * GiB, 1 * GiB, std::nullopt));
-    EXPECT_EQ(v.placement, Placement::disk);
+    EXPECT_EQ(v.fit, Fit::disk);
     EXPECT_EQ(v.disk, 0u);
 }
 
 TEST(PlanModel, PlacementNoneSuggestsTheCheapestFixFirst) {
     // 114 GiB of f32 on 64 GiB of free disk (51.2 GiB usable): bf16 halves it to 57.3 GiB, still too big; u8 fits.
     const Verdict v = plan_placement(cifar(DType::f32, 10'000'000), Job{}, budgets(16 * GiB, 64 * GiB, std::nullopt));
-    EXPECT_EQ(v.placement, Placement::none);
+    EXPECT_EQ(v.fit, Fit::none);
     ASSERT_EQ(v.reasons.size(), 1u);
     EXPECT_NE(v.reasons[0].find("exceeds the disk budget"), std::string::npos);
     ASSERT_EQ(v.fixes.size(), 4u);
@@ -187,7 +187,7 @@ TEST(PlanModel, PlacementNoneSuggestsTheCheapestFixFirst) {
 TEST(PlanModel, PlausibleCompressionComesBeforeFewerSamples) {
     // 3.08 GB of u8 on 2 GiB of free disk (1.6 GiB usable): 1.79:1.
     const Verdict v = plan_placement(cifar(DType::u8, 1'000'000), Job{}, budgets(128 * GiB, 2 * GiB, std::nullopt));
-    EXPECT_EQ(v.placement, Placement::none);
+    EXPECT_EQ(v.fit, Fit::none);
     ASSERT_EQ(v.fixes.size(), 3u);
     EXPECT_NE(v.fixes[0].find("ratio of at least 1.79:1"), std::string::npos) << v.fixes[0];
     EXPECT_NE(v.fixes[1].find("fewer samples"), std::string::npos) << v.fixes[1];
@@ -197,18 +197,18 @@ TEST(PlanModel, BigBatchDoesNotFitTheGpu) {
     Job j;
     j.batch = 65'536; // 4 x 65,536 x 12,292 B = 3.0 GiB of ring on a 2 GiB GPU
     const Verdict v = plan_placement(cifar(DType::f32, 1'000), j, budgets(128 * GiB, 100 * GiB, 2 * GiB));
-    EXPECT_EQ(v.placement, Placement::none);
+    EXPECT_EQ(v.fit, Fit::none);
     ASSERT_FALSE(v.fixes.empty());
     // (1.6 GiB usable) / (4 x 12,292 B) = 34,941 samples per batch.
     EXPECT_NE(v.fixes[0].find("--batch 34941 or less"), std::string::npos) << v.fixes[0];
 }
 
 TEST(PlanModel, AtLeastOrdersPlacements) {
-    EXPECT_TRUE(at_least(Placement::device, Placement::ram));
-    EXPECT_TRUE(at_least(Placement::ram, Placement::ram));
-    EXPECT_FALSE(at_least(Placement::disk, Placement::ram));
-    EXPECT_EQ(parse_placement("ram"), Placement::ram);
-    EXPECT_THROW(parse_placement("none"), Error);
+    EXPECT_TRUE(at_least(Fit::device, Fit::ram));
+    EXPECT_TRUE(at_least(Fit::ram, Fit::ram));
+    EXPECT_FALSE(at_least(Fit::disk, Fit::ram));
+    EXPECT_EQ(parse_fit("ram"), Fit::ram);
+    EXPECT_THROW(parse_fit("none"), Error);
 }
 
 TEST(PlanModel, Headroom) {
@@ -257,7 +257,7 @@ TEST(PlanModel, EpochFromDiskIsIoBound) {
     Rates r;
     r.seq_read = 1e9;
     r.h2d_pinned = 50e9;
-    const EpochEstimate e = estimate_epoch(d, Job{}, Placement::disk, r, 500'000, false);
+    const EpochEstimate e = estimate_epoch(d, Job{}, Fit::disk, r, 500'000, false);
     EXPECT_EQ(e.read_bytes, 3'076'000'000u);
     ASSERT_TRUE(e.read_seconds && e.compute_seconds && e.epoch_seconds && e.transfer_seconds);
     EXPECT_DOUBLE_EQ(*e.read_seconds, 3.076);
@@ -275,7 +275,7 @@ TEST(PlanModel, EpochFromRamIsComputeBound) {
     const DataSpec d = cifar(DType::f32, 1'000'000);
     Rates r;
     r.h2d_pinned = 50e9;
-    const EpochEstimate e = estimate_epoch(d, Job{}, Placement::ram, r, 50'000, false);
+    const EpochEstimate e = estimate_epoch(d, Job{}, Fit::ram, r, 50'000, false);
     EXPECT_EQ(e.read_bytes, 0u);
     EXPECT_FALSE(e.read_seconds);
     EXPECT_EQ(e.bound_by, "compute");
@@ -288,7 +288,7 @@ TEST(PlanModel, EpochRandomOrderNeedsTheRandomRate) {
     const DataSpec d = cifar(DType::u8, 1'000);
     Rates r;
     r.seq_read = 1e9;
-    const EpochEstimate e = estimate_epoch(d, Job{}, Placement::disk, r, 0, true);
+    const EpochEstimate e = estimate_epoch(d, Job{}, Fit::disk, r, 0, true);
     EXPECT_FALSE(e.read_seconds);
     EXPECT_FALSE(e.epoch_seconds);
     EXPECT_FALSE(e.prefetch);
@@ -301,9 +301,9 @@ TEST(PlanModel, EpochFromDiskInChunkOrderReadsAtTheRandomChunkRate) {
     Rates r;
     r.seq_read = 1.57e9;
     r.chunk_read = 1.0e9;
-    const EpochEstimate e = estimate_epoch(d, Job{}, Placement::disk, r, 0, false);
+    const EpochEstimate e = estimate_epoch(d, Job{}, Fit::disk, r, 0, false);
     ASSERT_TRUE(e.read_seconds);
     EXPECT_DOUBLE_EQ(*e.read_seconds, 3.076);
     r.chunk_read.reset();
-    EXPECT_DOUBLE_EQ(*estimate_epoch(d, Job{}, Placement::disk, r, 0, false).read_seconds, 3.076 / 1.57);
+    EXPECT_DOUBLE_EQ(*estimate_epoch(d, Job{}, Fit::disk, r, 0, false).read_seconds, 3.076 / 1.57);
 }

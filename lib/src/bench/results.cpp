@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 
 namespace dstk::bench {
@@ -205,15 +206,9 @@ std::optional<double> ok_median(const CaseResult* r, std::string_view metric) {
 } // namespace
 
 std::string_view status_name(CaseStatus s) {
-    switch (s) {
-    case CaseStatus::ok:
-        return "ok";
-    case CaseStatus::waived:
-        return "waived";
-    case CaseStatus::failed:
-        return "failed";
-    }
-    return "failed";
+    static constexpr EnumNames<CaseStatus, 3> names{
+        {{{CaseStatus::ok, "ok"}, {CaseStatus::waived, "waived"}, {CaseStatus::failed, "failed"}}}};
+    return names.name(s);
 }
 
 const Metric* CaseResult::metric(std::string_view name) const {

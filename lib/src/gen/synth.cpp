@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "dstk/error.hpp"
+#include "dstk/enum_names.hpp"
 #include "dstk/rng.hpp"
 
 namespace dstk {
@@ -55,23 +56,17 @@ void store_values(const float* v, std::uint64_t n, DType dtype, void* dst) {
 
 } // namespace
 
+namespace {
+constexpr EnumNames<SynthKind, 3> synth_kind_names{
+    {{{SynthKind::images, "images"}, {SynthKind::tabular, "tabular"}, {SynthKind::bytes, "bytes"}}}};
+} // namespace
+
 SynthKind parse_synth_kind(std::string_view t) {
-    if (t == "images") return SynthKind::images;
-    if (t == "tabular") return SynthKind::tabular;
-    if (t == "bytes") return SynthKind::bytes;
-    throw usage_error("unknown --kind '" + std::string(t) + "' (expected images, tabular or bytes)");
+    return synth_kind_names.parse(t, "--kind");
 }
 
 std::string_view synth_kind_name(SynthKind k) {
-    switch (k) {
-    case SynthKind::images:
-        return "images";
-    case SynthKind::tabular:
-        return "tabular";
-    case SynthKind::bytes:
-        return "bytes";
-    }
-    return "?";
+    return synth_kind_names.name(k);
 }
 
 double default_noise(SynthKind k) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "dstk/error.hpp"
+#include "dstk/enum_names.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/units.hpp"
 
@@ -54,7 +55,7 @@ Verdict place(const DataSpec& d, const Job& j, const Budgets& b) {
     v.gpu_checked = b.gpu.known();
 
     if (b.gpu.known() && v.gpu_stream > b.gpu.bytes) {
-        v.placement = Placement::none;
+        v.fit = Fit::none;
         v.reasons.push_back("the streaming footprint on the GPU (" + format_bytes(v.gpu_stream) + ": " +
                             std::to_string(j.prefetch) + " ring slots of " + std::to_string(j.batch) + " samples" +
                             (j.model_bytes ? " plus the model" : "") + ") exceeds the GPU budget of " +
@@ -65,12 +66,12 @@ Verdict place(const DataSpec& d, const Job& j, const Budgets& b) {
     if (!d.on_disk && b.disk.known() && v.disk > b.disk.bytes) {
         v.reasons.push_back("the dataset (" + format_bytes(v.disk) + ") exceeds the disk budget of " +
                             format_bytes(b.disk.bytes) + " (every placement reads it from disk first)");
-        v.placement = Placement::none;
+        v.fit = Fit::none;
         return v;
     }
     if (!d.on_disk && !b.disk.known()) v.reasons.push_back("disk not checked: free disk unknown (give --disk)");
     if (b.gpu.known() && v.gpu_device <= b.gpu.bytes) {
-        v.placement = Placement::device;
+        v.fit = Fit::device;
         return v;
     }
     v.reasons.push_back(b.gpu.known() ? "not device: the data" + std::string(j.model_bytes ? " plus the model" : "") +
@@ -78,13 +79,13 @@ Verdict place(const DataSpec& d, const Job& j, const Budgets& b) {
                                             format_bytes(b.gpu.bytes)
                                       : "not device: GPU memory unknown (give --gpu-mem to plan for a GPU)");
     if (b.ram.known() && v.ram <= b.ram.bytes) {
-        v.placement = Placement::ram;
+        v.fit = Fit::ram;
         return v;
     }
     v.reasons.push_back(b.ram.known() ? "not ram: the data and the pinned ring (" + format_bytes(v.ram) +
                                             ") exceed the RAM budget of " + format_bytes(b.ram.bytes)
                                       : "not ram: RAM size unknown (give --ram)");
-    v.placement = Placement::disk;
+    v.fit = Fit::disk;
     return v;
 }
 
@@ -117,10 +118,10 @@ std::vector<std::string> fixes_for_disk(const DataSpec& d, const Job& j, const B
         if (dtype_size(t) >= dtype_size(d.dtype)) continue;
         const DataSpec c = with_dtype(d, t);
         const Verdict cv = place(c, j, b);
-        if (cv.placement == Placement::none) continue;
+        if (cv.fit == Fit::none) continue;
         fixes.push_back("store the input as " + dtype_str(t) + (t == DType::u8 ? " (if the values are 8-bit)" : "") +
-                        ": " + format_bytes(disk_bytes(c)) + ", placement " +
-                        std::string(placement_name(cv.placement)) + " (dsconvert --dtype " + dtype_str(t) + ")");
+                        ": " + format_bytes(disk_bytes(c)) + ", placement " + std::string(fit_name(cv.fit)) +
+                        " (dsconvert --dtype " + dtype_str(t) + ")");
         break;
     }
     if (!b.disk.known()) return fixes;
@@ -148,15 +149,9 @@ std::vector<std::string> fixes_for_disk(const DataSpec& d, const Job& j, const B
 } // namespace
 
 std::string_view source_name(Source s) {
-    switch (s) {
-    case Source::detected:
-        return "detected";
-    case Source::given:
-        return "given";
-    case Source::unknown:
-        return "unknown";
-    }
-    return "unknown";
+    static constexpr EnumNames<Source, 3> names{
+        {{{Source::detected, "detected"}, {Source::given, "given"}, {Source::unknown, "unknown"}}}};
+    return names.name(s);
 }
 
 std::uint32_t parse_headroom(std::string_view text) {
@@ -254,29 +249,24 @@ std::uint64_t ring_bytes(const DataSpec& d, const Job& j) {
     return checked_mul(checked_mul(j.prefetch, j.batch, "ring size"), bytes_per_sample(d), "ring size");
 }
 
-std::string_view placement_name(Placement p) {
-    switch (p) {
-    case Placement::device:
-        return "device";
-    case Placement::ram:
-        return "ram";
-    case Placement::disk:
-        return "disk";
-    case Placement::none:
-        return "none";
-    }
-    return "none";
+namespace {
+constexpr EnumNames<Fit, 4> fit_names{
+    {{{Fit::device, "device"}, {Fit::ram, "ram"}, {Fit::disk, "disk"}, {Fit::none, "none"}}}};
+// --require names a budget the data must fit: "none" is no requirement.
+constexpr EnumNames<Fit, 3> required_fit_names{{{{Fit::device, "device"}, {Fit::ram, "ram"}, {Fit::disk, "disk"}}}};
+} // namespace
+
+std::string_view fit_name(Fit f) {
+    return fit_names.name(f);
 }
 
-Placement parse_placement(std::string_view text) {
-    for (const Placement p : {Placement::device, Placement::ram, Placement::disk})
-        if (text == placement_name(p)) return p;
-    throw usage_error("invalid --require '" + std::string(text) + "' (expected device, ram or disk)");
+Fit parse_fit(std::string_view text) {
+    return required_fit_names.parse(text, "--require");
 }
 
 Verdict plan_placement(const DataSpec& d, const Job& j, const Budgets& b) {
     Verdict v = place(d, j, b);
-    if (v.placement != Placement::none) return v;
+    if (v.fit != Fit::none) return v;
     if (b.gpu.known() && v.gpu_stream > b.gpu.bytes)
         v.fixes = fixes_for_gpu(d, j, b);
     else
@@ -311,7 +301,7 @@ std::vector<Capacity> capacity_by_dtype(const DataSpec& d, const Job& j, const B
         if (b.gpu.known()) cap.gpu_samples = max_samples(b.gpu.bytes, cap.bytes_per_sample, model);
         if (d.has_samples()) {
             cap.dataset_bytes = dataset_bytes(c);
-            cap.placement = place(c, j, b).placement;
+            cap.fit = place(c, j, b).fit;
         }
         out.push_back(cap);
     }
@@ -340,7 +330,7 @@ std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span
     return rows;
 }
 
-EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const Rates& r, double compute_rate,
+EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates& r, double compute_rate,
                              bool random_order) {
     EpochEstimate e;
     const std::uint64_t samples = total_samples(d);
@@ -348,9 +338,9 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const
     e.chunk_samples = std::uint64_t{j.batch} * std::max<std::uint64_t>(1, (min_chunk_bytes + in_batch - 1) / in_batch);
     // A chunk larger than the dataset would just be the dataset.
     if (samples > 0) e.chunk_samples = std::min(e.chunk_samples, samples);
-    if (d.train == 0 || p == Placement::none) return e;
+    if (d.train == 0 || p == Fit::none) return e;
 
-    if (p == Placement::disk) {
+    if (p == Fit::disk) {
         // Compressed or not, a training epoch reads the train split's share of the files.
         e.read_bytes = d.stored_bytes && samples > 0
                            ? static_cast<std::uint64_t>(u128{*d.stored_bytes} * d.train / samples)
@@ -358,7 +348,7 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const
         const std::optional<double> rate = random_order ? r.random_read : r.chunk_read ? r.chunk_read : r.seq_read;
         if (rate && *rate > 0) e.read_seconds = static_cast<double>(e.read_bytes) / *rate;
     }
-    if (p != Placement::device) {
+    if (p != Fit::device) {
         e.transfer_bytes = checked_mul(d.train, bytes_per_sample(d), "epoch bytes");
         if (r.h2d_pinned && *r.h2d_pinned > 0)
             e.transfer_seconds = static_cast<double>(e.transfer_bytes) / *r.h2d_pinned;
@@ -383,7 +373,7 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const
         const double ratio = *data / *e.compute_seconds;
         e.prefetch = static_cast<std::uint32_t>(std::min(16.0, 2.0 + std::floor(ratio)));
     }
-    if (p == Placement::device) e.prefetch.reset();
+    if (p == Fit::device) e.prefetch.reset();
     return e;
 }
 

@@ -64,7 +64,7 @@ struct Inputs {
     Order order = Order::chunk;
     Rates rates;
     bool table = false, table_default_shape = false;
-    std::optional<Placement> require; // set with --check
+    std::optional<Fit> require; // set with --check
 };
 
 std::uint64_t positive_size(const std::string& text, const char* what) {
@@ -215,7 +215,7 @@ Inputs gather(const PlanOptions& o) {
     if (o.classes && o.model.empty())
         throw usage_error("--classes sizes the model's last layer; give it with --model NAME");
     in.table = o.table;
-    if (!o.require.empty() || o.check) in.require = o.require.empty() ? Placement::disk : parse_placement(o.require);
+    if (!o.require.empty() || o.check) in.require = o.require.empty() ? Fit::disk : parse_fit(o.require);
 
     if (!o.dataset.empty())
         describe_dataset(o, in);
@@ -378,7 +378,7 @@ void print_capacity(const DataSpec& d, const std::vector<Capacity>& caps) {
                         opt_count(c.ram_samples), opt_count(c.disk_samples), opt_count(c.gpu_samples)});
         if (c.dataset_bytes) {
             rows.back().push_back(format_bytes(*c.dataset_bytes));
-            rows.back().push_back(std::string(placement_name(*c.placement)));
+            rows.back().push_back(std::string(fit_name(*c.fit)));
         }
     }
     print_columns(rows);
@@ -388,8 +388,7 @@ void print_verdict(const std::optional<Verdict>& v) {
     if (v) {
         static const char* what[] = {"the whole dataset in GPU memory", "in RAM: stream from RAM or managed memory",
                                      "stream from disk", "does not fit"};
-        std::printf("verdict: %s (%s)\n", std::string(placement_name(v->placement)).c_str(),
-                    what[static_cast<int>(v->placement)]);
+        std::printf("verdict: %s (%s)\n", std::string(fit_name(v->fit)).c_str(), what[static_cast<int>(v->fit)]);
         for (const std::string& r : v->reasons) std::printf("  %s\n", r.c_str());
         if (!v->fixes.empty()) {
             std::printf("  fixes, cheapest first:\n");
@@ -400,18 +399,18 @@ void print_verdict(const std::optional<Verdict>& v) {
 
 void print_epoch(const Inputs& in, const std::optional<Verdict>& v, const std::optional<EpochEstimate>& e) {
     const DataSpec& d = in.data;
-    if (e && v && v->placement != Placement::none) {
+    if (e && v && v->fit != Fit::none) {
         std::printf("epoch (%s train samples, order %s)\n", format_count(d.train).c_str(),
                     std::string(data::order_name(in.order)).c_str());
         const std::string src = in.rates.source.empty() ? "no --bench" : in.rates.source;
-        if (v->placement == Placement::disk)
+        if (v->fit == Fit::disk)
             std::printf("  disk read   %s (%s at the %s read rate, %s)\n", seconds_text(e->read_seconds).c_str(),
                         format_bytes(e->read_bytes).c_str(),
                         in.order == Order::full ? "random sample"
                         : in.rates.chunk_read   ? "random chunk"
                                                 : "sequential",
                         src.c_str());
-        if (v->placement != Placement::device)
+        if (v->fit != Fit::device)
             std::printf("  to the GPU  %s (%s at the pinned copy rate, %s)\n",
                         seconds_text(e->transfer_seconds).c_str(), format_bytes(e->transfer_bytes).c_str(),
                         src.c_str());
@@ -422,7 +421,7 @@ void print_epoch(const Inputs& in, const std::optional<Verdict>& v, const std::o
                         e->bound_by.c_str(), e->io_bound ? ": I/O-bound" : "");
         else
             std::printf("  epoch       unknown (give --bench FILE from dsbench and --compute-rate)\n");
-        if (v->placement == Placement::disk && !e->read_seconds)
+        if (v->fit == Fit::disk && !e->read_seconds)
             std::printf("  I/O-bound?  unknown (run dsbench on this disk and give --bench FILE)\n");
         if (e->prefetch) std::printf("  recommended --prefetch %u\n", *e->prefetch);
         std::printf("  recommended chunk size %s samples (%s of input, >= %s, whole batches)\n",
@@ -430,7 +429,7 @@ void print_epoch(const Inputs& in, const std::optional<Verdict>& v, const std::o
                     format_bytes(e->chunk_samples * input_bytes_per_sample(d)).c_str(),
                     format_bytes(min_chunk_bytes).c_str());
     }
-    if (in.order == Order::full && v && v->placement == Placement::disk)
+    if (in.order == Order::full && v && v->fit == Fit::disk)
         warning("--order full reads one sample at a time at random from disk; --order chunk keeps the reads "
                 "sequential");
 }
@@ -526,22 +525,17 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
                       {"disk_samples", opt(c.disk_samples)},
                       {"gpu_samples", opt(c.gpu_samples)},
                       {"dataset_bytes", opt(c.dataset_bytes)},
-                      {"placement", c.placement ? json(placement_name(*c.placement)) : json(nullptr)}});
+                      {"placement", c.fit ? json(fit_name(*c.fit)) : json(nullptr)}});
     }
     doc["capacity"] = cj;
     doc["verdict"] = nullptr;
     if (v)
-        doc["verdict"] = {{"placement", placement_name(v->placement)},
-                          {"fits", v->placement != Placement::none},
-                          {"gpu_device_bytes", v->gpu_device},
-                          {"gpu_stream_bytes", v->gpu_stream},
-                          {"ram_bytes", v->ram},
-                          {"disk_bytes", v->disk},
-                          {"gpu_checked", v->gpu_checked},
-                          {"reasons", v->reasons},
-                          {"fixes", v->fixes}};
+        doc["verdict"] = {
+            {"placement", fit_name(v->fit)},     {"fits", v->fit != Fit::none}, {"gpu_device_bytes", v->gpu_device},
+            {"gpu_stream_bytes", v->gpu_stream}, {"ram_bytes", v->ram},         {"disk_bytes", v->disk},
+            {"gpu_checked", v->gpu_checked},     {"reasons", v->reasons},       {"fixes", v->fixes}};
     doc["epoch"] = nullptr;
-    if (e && v && v->placement != Placement::none)
+    if (e && v && v->fit != Fit::none)
         doc["epoch"] = {{"read_bytes", e->read_bytes},
                         {"transfer_bytes", e->transfer_bytes},
                         {"read_seconds", opt(e->read_seconds)},
@@ -569,7 +563,7 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
         doc["table"] = t;
     }
     doc["check"] = nullptr;
-    if (check_passed) doc["check"] = {{"require", placement_name(*in.require)}, {"passed", *check_passed}};
+    if (check_passed) doc["check"] = {{"require", fit_name(*in.require)}, {"passed", *check_passed}};
     return doc;
 }
 
@@ -583,14 +577,14 @@ void run_plan(const PlanOptions& o) {
     std::optional<EpochEstimate> e;
     if (in.data.has_samples()) {
         v = plan_placement(in.data, in.job, b);
-        e = estimate_epoch(in.data, in.job, v->placement, in.rates, in.compute_rate, in.order == Order::full);
+        e = estimate_epoch(in.data, in.job, v->fit, in.rates, in.compute_rate, in.order == Order::full);
     }
     std::vector<DType> table_types;
     for (const Capacity& c : caps) table_types.push_back(c.dtype);
     const std::vector<TableRow> table =
         in.table ? quick_reference(in.data, in.job, table_types, in.assumptions) : std::vector<TableRow>{};
     std::optional<bool> passed;
-    if (in.require) passed = v->placement != Placement::none && at_least(v->placement, *in.require);
+    if (in.require) passed = v->fit != Fit::none && at_least(v->fit, *in.require);
 
     if (o.out.json)
         std::cout << to_json(in, b, caps, v, e, table, table_types, passed).dump(2) << "\n";
@@ -599,10 +593,9 @@ void run_plan(const PlanOptions& o) {
     std::cout.flush();
     std::fflush(stdout);
     if (passed && !*passed)
-        throw no_fit_error("check failed: placement " + std::string(placement_name(v->placement)) +
-                           (v->placement == Placement::none
-                                ? " (the dataset does not fit this machine)"
-                                : " is worse than the required " + std::string(placement_name(*in.require))) +
+        throw no_fit_error("check failed: placement " + std::string(fit_name(v->fit)) +
+                           (v->fit == Fit::none ? " (the dataset does not fit this machine)"
+                                                : " is worse than the required " + std::string(fit_name(*in.require))) +
                            (v->fixes.empty() ? "" : "; cheapest fix: " + v->fixes.front()));
 }
 

@@ -184,7 +184,9 @@ class Loop {
         if (const auto bad = s_.trainer->first_nonfinite_step())
             throw runtime_error("non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
                                 std::to_string(*bad - epoch_start + first + 1) + " of " +
-                                std::to_string(s_.steps_per_epoch) + " (training diverged) lower --lr (now " +
+                                std::to_string(s_.steps_per_epoch) +
+                                " (training diverged, or the data holds NaN or Inf values the start-up scan did not "
+                                "sample) lower --lr (now " +
                                 std::to_string(s_.tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
                                 (d_.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
         o.stages = s_.train_src->take_times();

@@ -64,27 +64,16 @@ double stored_value(const std::uint8_t* buf, DType t, std::uint64_t e) {
     }
 }
 
-// Per-channel mean and std in stored units: from the manifest, or computed
-// once from up to 4096 samples spread evenly over the training split.
-void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples, std::uint32_t channels,
-                   std::vector<float>& mean, std::vector<float>& stdev) {
-    const Manifest& m = ds.manifest();
-    if (m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
-        for (std::uint32_t c = 0; c < channels; ++c) {
-            if (!std::isfinite(m.stats->mean[c]) || !std::isfinite(m.stats->std[c]))
-                throw runtime_error(ds.dir().string() + ": " + manifest_file_name + " gives channel " +
-                                    std::to_string(c) + " a non-finite mean or std (the data holds NaN or Inf?) " +
-                                    "re-create the dataset from finite values");
-            mean.push_back(static_cast<float>(m.stats->mean[c]));
-            stdev.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
-        }
-        return;
-    }
-    const FieldReader& r = ds.reader(m.split("train").name, x.name);
+// Per-channel sums over up to 4096 samples spread evenly over the training
+// split; a non-finite value is bad data, named by its sample and field.
+void scan_samples(const Dataset& ds, const FieldInfo& x, std::uint64_t samples, std::uint32_t channels,
+                  std::vector<double>& sum, std::vector<double>& sq, double& n) {
+    const FieldReader& r = ds.reader(ds.manifest().split("train").name, x.name);
     const std::uint64_t take = std::min(samples, stats_samples);
     const std::uint64_t sb = x.sample_bytes(), per_channel = x.shape.numel() / channels;
     std::vector<std::uint8_t> buf(sb);
-    std::vector<double> sum(channels, 0.0), sq(channels, 0.0);
+    sum.assign(channels, 0.0);
+    sq.assign(channels, 0.0);
     for (std::uint64_t k = 0; k < take; ++k) {
         r.read(k * samples / take, 1, buf.data());
         for (std::uint64_t e = 0; e < x.shape.numel(); ++e) {
@@ -98,7 +87,31 @@ void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples,
             sq[e / per_channel] += v * v;
         }
     }
-    const double n = static_cast<double>(take * per_channel);
+    n = static_cast<double>(take * per_channel);
+}
+
+// Per-channel mean and std in stored units: from the manifest, or computed
+// once from the sample scan. Float storage is scanned even when the manifest
+// has statistics, since values written after the manifest (or by another tool)
+// may be non-finite while the statistics are not.
+void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples, std::uint32_t channels,
+                   std::vector<float>& mean, std::vector<float>& stdev) {
+    const Manifest& m = ds.manifest();
+    std::vector<double> sum, sq;
+    double n = 0;
+    if (m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
+        for (std::uint32_t c = 0; c < channels; ++c) {
+            if (!std::isfinite(m.stats->mean[c]) || !std::isfinite(m.stats->std[c]))
+                throw runtime_error(ds.dir().string() + ": " + manifest_file_name + " gives channel " +
+                                    std::to_string(c) + " a non-finite mean or std (the data holds NaN or Inf?) " +
+                                    "re-create the dataset from finite values");
+            mean.push_back(static_cast<float>(m.stats->mean[c]));
+            stdev.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
+        }
+        if (is_float(x.dtype)) scan_samples(ds, x, samples, channels, sum, sq, n);
+        return;
+    }
+    scan_samples(ds, x, samples, channels, sum, sq, n);
     for (std::uint32_t c = 0; c < channels; ++c) {
         const double mu = sum[c] / n;
         mean.push_back(static_cast<float>(mu));
@@ -225,10 +238,10 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     sc.readers = d.readers;
     if (!d.bench.empty()) {
         const bench::Results br = bench::load_results(d.bench);
-        const data::LoaderTuning t = data::tune_loader(
-            br, s.order, x.sample_bytes(), sc.batch, hardware_threads(),
-            d.prefetch_given ? std::optional<unsigned>(d.prefetch) : std::nullopt,
-            d.readers_given ? std::optional<unsigned>(d.readers) : std::nullopt, d.prefetch, d.readers);
+        const LoaderTuning t =
+            tune_loader(br, s.order, x.sample_bytes(), sc.batch, hardware_threads(),
+                        d.prefetch_given ? std::optional<unsigned>(d.prefetch) : std::nullopt,
+                        d.readers_given ? std::optional<unsigned>(d.readers) : std::nullopt, d.prefetch, d.readers);
         sc.prefetch = t.prefetch;
         sc.readers = t.readers;
         for (const auto& line : t.why) note(out, "dstrain: --bench " + d.bench.string() + ": " + line);

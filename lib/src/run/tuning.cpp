@@ -6,7 +6,8 @@
 
 #include "dstk/units.hpp"
 
-namespace dstk::data {
+namespace dstk::run {
+using data::Order;
 namespace {
 
 constexpr unsigned min_slots = 4, max_slots = 32, max_readers = 64;
@@ -101,4 +102,4 @@ LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64
     return t;
 }
 
-} // namespace dstk::data
+} // namespace dstk::run

@@ -5,36 +5,30 @@
 #include <string>
 
 #include "dstk/error.hpp"
+#include "dstk/enum_names.hpp"
 
 namespace dstk::train {
 
+namespace {
+constexpr EnumNames<OptimizerKind, 2> optimizer_names{{{{OptimizerKind::sgd, "sgd"}, {OptimizerKind::adamw, "adamw"}}}};
+constexpr EnumNames<ScheduleKind, 3> schedule_names{
+    {{{ScheduleKind::constant, "constant"}, {ScheduleKind::step, "step"}, {ScheduleKind::cosine, "cosine"}}}};
+} // namespace
+
 OptimizerKind parse_optimizer(std::string_view name) {
-    if (name == "sgd") return OptimizerKind::sgd;
-    if (name == "adamw") return OptimizerKind::adamw;
-    throw usage_error("unknown optimizer '" + std::string(name) + "' (expected sgd or adamw)");
+    return optimizer_names.parse(name, "--optimizer");
 }
 
 ScheduleKind parse_schedule(std::string_view name) {
-    if (name == "constant") return ScheduleKind::constant;
-    if (name == "step") return ScheduleKind::step;
-    if (name == "cosine") return ScheduleKind::cosine;
-    throw usage_error("unknown schedule '" + std::string(name) + "' (expected constant, step or cosine)");
+    return schedule_names.parse(name, "--schedule");
 }
 
 std::string_view optimizer_name(OptimizerKind k) {
-    return k == OptimizerKind::sgd ? "sgd" : "adamw";
+    return optimizer_names.name(k);
 }
 
 std::string_view schedule_name(ScheduleKind k) {
-    switch (k) {
-    case ScheduleKind::constant:
-        return "constant";
-    case ScheduleKind::step:
-        return "step";
-    case ScheduleKind::cosine:
-        return "cosine";
-    }
-    return "?";
+    return schedule_names.name(k);
 }
 
 float learning_rate(const OptimizerConfig& o, const ScheduleConfig& s, std::uint64_t step) {

@@ -6,26 +6,21 @@
 
 #include "backends.hpp"
 #include "dstk/error.hpp"
+#include "dstk/enum_names.hpp"
 
 namespace dstk::train {
 
+namespace {
+constexpr EnumNames<Precision, 3> precision_names{
+    {{{Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}}}};
+} // namespace
+
 Precision parse_precision(std::string_view text) {
-    if (text == "fp32") return Precision::fp32;
-    if (text == "tf32") return Precision::tf32;
-    if (text == "bf16") return Precision::bf16;
-    throw usage_error("invalid --precision '" + std::string(text) + "' (expected fp32, tf32 or bf16)");
+    return precision_names.parse(text, "--precision");
 }
 
 std::string_view precision_name(Precision p) {
-    switch (p) {
-    case Precision::fp32:
-        return "fp32";
-    case Precision::tf32:
-        return "tf32";
-    case Precision::bf16:
-        return "bf16";
-    }
-    return "?";
+    return precision_names.name(p);
 }
 
 void validate_config(const TrainerConfig& c) {

@@ -103,16 +103,18 @@ struct Job {
 // (the pinned host ring is the same size, in RAM).
 std::uint64_t ring_bytes(const DataSpec& d, const Job& j);
 
-enum class Placement : std::uint8_t { device, ram, disk, none };
-std::string_view placement_name(Placement p);
-Placement parse_placement(std::string_view text); // usage error otherwise
+// Which budget the data fits: GPU memory (device), RAM, disk, or none of them.
+// Not data::Placement, which is where dstrain keeps the data while it trains.
+enum class Fit : std::uint8_t { device, ram, disk, none };
+std::string_view fit_name(Fit f);
+Fit parse_fit(std::string_view text); // usage error otherwise
 // device is the best, none the worst.
-inline bool at_least(Placement got, Placement wanted) {
+inline bool at_least(Fit got, Fit wanted) {
     return static_cast<int>(got) <= static_cast<int>(wanted);
 }
 
 struct Verdict {
-    Placement placement = Placement::none;
+    Fit fit = Fit::none;
     std::uint64_t gpu_device = 0;     // GPU bytes with the data resident: dataset + model
     std::uint64_t gpu_stream = 0;     // GPU bytes when streaming: model + ring
     std::uint64_t ram = 0;            // RAM bytes to hold the data: dataset + pinned ring
@@ -135,7 +137,7 @@ struct Capacity {
     std::uint64_t bytes_per_sample = 0;
     std::optional<std::uint64_t> ram_samples, disk_samples, gpu_samples; // most samples in each budget
     std::optional<std::uint64_t> dataset_bytes;                          // when the data has samples
-    std::optional<Placement> placement;                                  // when the data has samples
+    std::optional<Fit> fit;                                              // when the data has samples
 };
 // The input field's dtype first, then u8, bf16 (f16 is the same size) and f32.
 std::vector<Capacity> capacity_by_dtype(const DataSpec& d, const Job& j, const Budgets& b);
@@ -174,7 +176,7 @@ struct EpochEstimate {
 };
 // compute_rate: training samples per second (0: unknown). random_order: the
 // "full" shuffle, read at the random read rate.
-EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Placement p, const Rates& r, double compute_rate,
+EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates& r, double compute_rate,
                              bool random_order);
 inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{4} << 20;
 
@@ -185,9 +187,9 @@ struct PlanOptions {
     std::string dataset;            // an existing dataset directory
     std::string shape, dtype, label_dtype = "i32", samples, test = "0";
     std::uint32_t batch = 256, prefetch = 4;
-    std::string model; // a dstrain model name or spec (validated against the shape)
+    std::string model;                    // a dstrain model name or spec (validated against the shape)
     std::optional<std::uint32_t> classes; // --classes; unset: the manifest's, else 10
-    std::string compute_rate; // samples/s
+    std::string compute_rate;             // samples/s
     std::string order = "chunk";
     std::string os_reserve = "10G", headroom = "20%";
     std::string bench; // dsbench --json output

@@ -20,7 +20,7 @@
 #include "dstk/bench/results.hpp"
 #include "dstk/data/order.hpp"
 
-namespace dstk::data {
+namespace dstk::run {
 
 struct LoaderTuning {
     unsigned prefetch = 4, readers = 2;
@@ -28,8 +28,8 @@ struct LoaderTuning {
 };
 
 // `given_*`: values from --prefetch/--readers (kept as they are).
-LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64_t sample_bytes, std::uint32_t batch,
-                         unsigned hardware_threads, std::optional<unsigned> given_prefetch,
+LoaderTuning tune_loader(const bench::Results& results, data::Order order, std::uint64_t sample_bytes,
+                         std::uint32_t batch, unsigned hardware_threads, std::optional<unsigned> given_prefetch,
                          std::optional<unsigned> given_readers, unsigned default_prefetch, unsigned default_readers);
 
-} // namespace dstk::data
+} // namespace dstk::run

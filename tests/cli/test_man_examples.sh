@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The man pages' EXAMPLES, run as written, in order, page by page, each page in
+# a fresh directory, on small data: every command line of the section (roff
+# .nf/.fi and .EX/.EE blocks, and .B lines) runs through bash with the tools on
+# PATH. Placeholders the pages name get small fixtures; large sizes shrink by
+# the explicit rewrites below, and dstrain runs 1 epoch on 2 CPU threads. Lines
+# that cannot run here are listed in SKIP with the reason; a line in neither
+# list that fails, fails the test.
+source "$(dirname "$0")/lib.sh"
+for t in dsgen dsconvert dsplan dsbench dstrain; do [ -x "$BIN/$t" ] || skip "no $t binary in $BIN"; done
+PY=$(numpy_python)
+[ -n "$PY" ] || skip "numpy is needed for the .npz fixtures"
+MNIST=${SHARED:+$SHARED/data/mnist}
+[ -n "$MNIST" ] && [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] || skip "no MNIST in DSTK_SHARED_DIR (dsconvert's IDX examples)"
+MAN="$(cd "$(dirname "$0")/../../man" && pwd)"
+SCRIPTS="$(cd "$(dirname "$0")/../../scripts" && pwd)"
+# 'producer' stands for any program writing raw samples: 64 u8 3x32x32 ones.
+mkdir -p "$WORK/bin"
+printf '#!/bin/sh\nhead -c 196608 /dev/urandom\n' >"$WORK/bin/producer"
+chmod +x "$WORK/bin/producer"
+export PATH="$BIN:$WORK/bin:$PATH"
+
+# Lines that cannot run on this machine (substring match), with the reason.
+SKIP=(
+    "sudo dsbench" # needs root and sudo to drop the page cache
+)
+# dsbench's h2d cases need a GPU: without one they are waived (exit 3).
+[ -e /dev/nvidia0 ] || SKIP+=("--cases h2d.pinned,h2d.pageable")
+command -v fio >/dev/null || SKIP+=("scripts/fio-compare.sh") # needs fio, not installed here
+
+# Small sizes for big ones; every dstrain line trains 1 epoch on 2 CPU threads;
+# (eval and predict keep their lines); dsbench measures once, briefly, on 4 MiB (as its own tests do).
+rewrite() {
+    sed -E -e 's/--train (1M|10M|100K|50K)/--train 1K/' -e '/dsgen /s/--test 10K/--test 256/' \
+        -e 's/--kind bytes --shape 1048576 --train 10K/--kind bytes --shape 4096 --train 64/' \
+        -e '/(^|[ &])dstrain (eval|predict) /!{/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}}' \
+        -e 's/(dsbench all( [^ -][^ ]*)?)/\1 --repetitions 1 --min-time 0 --size 4M/g' <<<"$1"
+}
+
+# The command lines of one page's EXAMPLES: roff escapes undone, continued
+# lines joined, comments off.
+examples() {
+    awk '/^\.SH EXAMPLES/{e=1;next} /^\.SH/{e=0} !e{next}
+         /^\.(nf|EX)/{b=1;next} /^\.(fi|EE)/{b=0;next}
+         b&&!/^\./{print;next} /^\.B /{sub(/^\.B /,"");print}' "$MAN/$1.1" |
+        sed -E -e 's/\\-/-/g' -e 's/\\e/\\/g' | sed -e ':a' -e '/\\$/{N;s/\\\n[[:space:]]*/ /;ba' -e '}' |
+        sed -E 's/[[:space:]]+#[[:space:]].*$//' | grep -v '^[[:space:]]*$'
+}
+
+# Fixtures each page names, made in its fresh directory.
+fixtures() {
+    case $1 in
+    dsbench)
+        mkdir -p data && ln -s "$SCRIPTS" scripts
+        dsgen data/cifar-u8 --train 512 --test 64 --shape 3x16x16 --dtype u8 -q
+        dsgen data/big --train 256 --test 0 --shape 3x16x16 -q
+        dsbench all data/big --cases io.seq --repetitions 1 --min-time 0 --json old.json -q >/dev/null &&
+            cp old.json new.json ;;
+    dsconvert)
+        mkdir -p data/mnist && ln -s "$MNIST"/t10k-*.gz data/mnist/ && ln -s "$MNIST"/t10k-*.gz .
+        dsgen big/ --train 256 --test 64 --shape 3x16x16 --dtype f32 -q
+        dsgen cifar/ --train 256 --test 64 --shape 3x16x16 --dtype u8 -q
+        dsgen huge/ --train 512 --test 64 --shape 3x16x16 --dtype u8 -q
+        "$PY" -c '
+import numpy as np
+r = np.random.default_rng(1)
+np.savez("data.npz", x_train=r.random((200, 1, 8, 8), dtype=np.float32), y_train=r.integers(0, 4, 200).astype(np.int32))
+r.random((784 * 64,), dtype=np.float32).tofile("cols.bin")
+np.savez("images.npz", r.integers(0, 256, (100, 8, 8, 3)).astype(np.uint8))
+np.savez("labels.npz", r.integers(0, 10, 100).astype(np.int64))
+r.integers(0, 256, 1 << 20).astype(np.uint8).tofile("data.raw")
+' ;;
+    dstrain) # samples for predict, the shape of the page's dataset
+        "$PY" -c 'import numpy as np; np.save("samples.npy", np.random.default_rng(1).integers(0, 256, (8, 3, 32, 32)).astype(np.uint8))' ;;
+    dsplan) dsgen data/ --train 512 --test 64 --shape 3x16x16 --dtype u8 -q ;;
+    esac
+}
+
+for page in dsgen dsconvert dsplan dsbench dstrain; do
+    mapfile -t LINES < <(examples "$page")
+    expect_true "man/$page.1 EXAMPLES has command lines" test "${#LINES[@]}" -gt 0
+    mkdir -p "$WORK/$page"
+    cd "$WORK/$page" || exit 1
+    fixtures "$page"
+    for line in "${LINES[@]}"; do
+        skipped=""
+        for s in "${SKIP[@]}"; do [[ "$line" == *"$s"* ]] && skipped=1; done
+        if [ -n "$skipped" ]; then
+            echo "skipped (listed): $line"
+            continue
+        fi
+        cmd=$(rewrite "$line")
+        if [[ "$line" == *"--check"*"|| exit" ]]; then # a gate: its exit status is the answer, 0 or 3
+            expect_exit 0 bash -c "( $cmd ); r=\$?; [ \$r -eq 0 ] || [ \$r -eq 3 ]"
+        else
+            expect_exit 0 bash -c "$cmd"
+        fi
+        echo "ran ($page): $cmd"
+    done
+done
+
+finish
