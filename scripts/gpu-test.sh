@@ -10,6 +10,9 @@
 #                     kernel-choice (issue 18: 10 fresh processes per precision from
 #                     an empty kernel choice cache; not in "all", ~4 minutes)
 #                     bench-larger-than-ram (issue 13: root, cgroup v2; not in "all", ~7 minutes)
+#                     python-loader (only when named: builds the Python package offline
+#                     into python3, runs its tests and scripts/bench-python-loader.py;
+#                     DSTK_PY_CGROUP=4G adds its larger-than-RAM run)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +73,20 @@ if [ "$benches" != none ]; then
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
+    if named python-loader; then
+        # The package into the python3 that holds PyTorch, offline (no build
+        # isolation); nanobind, scikit-build-core, pytest from .whl/ only where
+        # that python3 lacks them.
+        export PIP_BREAK_SYSTEM_PACKAGES=1
+        SUMMARY_RE='Successfully|rror' step python-install 300 bash -c '
+            python3 -c "import nanobind, scikit_build_core, pytest" 2>/dev/null ||
+                python3 -m pip install -q --no-index --find-links .whl nanobind scikit-build-core pytest || exit 1
+            python3 -m pip install -v --no-build-isolation --no-deps --no-index \
+                -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
+        SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
+        SUMMARY_RE='dstk / reference' step python-loader 330 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
+            ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"}
+    fi
     rm -rf "$work"
     # Not part of "all": it needs root and most of a call's 10 minutes.
     named bench-larger-than-ram && SUMMARY_RE='u8 .*chunk|f32 .*chunk' \

@@ -9,6 +9,8 @@ if [ "${1:-}" = "--test" ]; then
     # Tests: GoogleTest, numpy for interop checks, clang for the fuzzers, xxhsum
     # to cross-check checksums, jq for the CLI tests that read JSON.
     packages+=(libgtest-dev python3 python3-numpy clang libclang-rt-dev xxhash jq)
+    # The Python package (python/): headers to build it, venv for build/venv.
+    packages+=(python3-dev python3-venv)
 fi
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -32,6 +34,8 @@ provided() {
         nlohmann-json3-dev) header nlohmann/json.hpp ;;
         libgtest-dev) header gtest/gtest.h ;;
         python3-numpy) python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 ;;
+        python3-dev) python3 -c 'import os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' >/dev/null 2>&1 ;;
+        python3-venv) python3 -c 'import ensurepip, venv' >/dev/null 2>&1 ;;
         *) return 1 ;;
     esac
 }
@@ -46,15 +50,30 @@ if [ ${#missing[@]} -gt 0 ] && ! command -v apt-get >/dev/null 2>&1; then
 fi
 if [ ${#missing[@]} -eq 0 ]; then
     echo "setup: all packages present"
-    exit 0
+else
+    echo "setup: installing ${missing[*]}"
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
-    sudo="sudo"
+# ---- Python (tests): a venv at build/venv that sees the system's packages
+# (numpy, PyTorch where installed); pip installs only what is missing there
+# (Debian 12 refuses pip installs into the system Python, PEP 668).
+if [ "${1:-}" = "--test" ]; then
+    venv=$(cd "$(dirname "$0")/.." && pwd)/build/venv
+    [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+    pip_missing=()
+    for spec in nanobind:nanobind scikit-build-core:scikit_build_core numpy:numpy pytest:pytest; do
+        "$venv/bin/python" -c "import ${spec#*:}" >/dev/null 2>&1 || pip_missing+=("${spec%%:*}")
+    done
+    if [ ${#pip_missing[@]} -gt 0 ]; then
+        echo "setup: pip installing ${pip_missing[*]} into build/venv"
+        "$venv/bin/python" -m pip install -q "${pip_missing[@]}"
+    fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -20,6 +20,14 @@ cmake --build build -j"$jobs"
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 
+# ---- Python: the package built into build/venv, then one pytest over its
+# tests and the model's (tests/python) where present.
+echo "== python (build/venv)"
+CMAKE_ARGS="${cuda_args[*]}" build/venv/bin/python -m pip install -q --no-build-isolation --no-deps ./python
+py_tests=(python/tests)
+[ -d tests/python ] && py_tests+=(tests/python)
+DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q "${py_tests[@]}"
+
 seconds=${DSTK_FUZZ_SECONDS:-20}
 if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
     echo "== fuzzers (${seconds} s each)"

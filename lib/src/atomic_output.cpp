@@ -3,12 +3,16 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <csignal>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "dstk/fd.hpp"
 #include "dstk/error.hpp"
+#include "dstk/manifest.hpp"
+#include "dstk/output.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/units.hpp"
@@ -23,8 +27,10 @@ std::atomic<int> g_tmp_counter{0};
 fs::path temp_sibling(const fs::path& final_path) {
     fs::path parent = final_path.parent_path();
     if (parent.empty()) parent = ".";
-    return parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                     std::to_string(g_tmp_counter++));
+    std::string name = ".";
+    name += final_path.filename().string();
+    name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(g_tmp_counter++);
+    return parent / name;
 }
 
 fs::path parent_or_dot(const fs::path& p) {
@@ -35,6 +41,37 @@ fs::path parent_or_dot(const fs::path& p) {
 void remove_quietly(const fs::path& p) {
     std::error_code ec;
     fs::remove_all(p, ec);
+}
+
+// The PID in a staging name ".NAME.tmp-PID-N" of `final_path`, 0 when `name` is not one.
+pid_t staging_pid(const std::string& name, const fs::path& final_path) {
+    std::string prefix = ".";
+    prefix += final_path.filename().string();
+    prefix += ".tmp-";
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return 0;
+    const std::string rest = name.substr(prefix.size());
+    const auto dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos || dash + 1 == rest.size()) return 0;
+    if (rest.find_first_not_of("0123456789-") != std::string::npos || rest.find('-', dash + 1) != std::string::npos)
+        return 0;
+    const long long pid = std::atoll(rest.substr(0, dash).c_str());
+    return pid > 0 && pid < (1ll << 31) ? static_cast<pid_t>(pid) : 0;
+}
+
+// A run killed with SIGKILL (or a crash) cannot clean up after itself: the next
+// output to the same name removes what such runs staged. Only names of our
+// pattern whose process is gone are touched; a live writer keeps its own.
+void remove_stale_staging(const fs::path& final_path) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(parent_or_dot(final_path), ec)) {
+        const pid_t pid = staging_pid(e.path().filename().string(), final_path);
+        if (pid == 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+        const auto st = e.symlink_status(ec);
+        if (ec || (!fs::is_directory(st) && !fs::is_regular_file(st))) continue;
+        remove_quietly(e.path());
+        warning("removed '" + e.path().string() + "', staged by process " + std::to_string(pid) +
+                " which no longer runs (an interrupted earlier run)");
+    }
 }
 
 } // namespace
@@ -83,7 +120,14 @@ void read_all(int fd, void* data, std::size_t len, long long offset, const fs::p
 
 void check_overwrite(const fs::path& final_path, bool force) {
     std::error_code ec;
-    if (fs::exists(fs::symlink_status(final_path, ec)) && !force)
+    const fs::file_status st = fs::symlink_status(final_path, ec);
+    // --force replaces an earlier output, never a link, device or pipe
+    // (dsconvert ... /dev/stdout --force as root once replaced the symlink).
+    if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st))
+        throw usage_error("output '" + final_path.string() +
+                          "' exists and is not a regular file or directory (a link, device or pipe is never "
+                          "replaced, --force or not); choose another name, or - for stdout where the tool takes it");
+    if (fs::exists(st) && !force)
         throw usage_error("output '" + final_path.string() +
                           "' already exists (refusing to overwrite it); use --force to replace it, or choose "
                           "another name");
@@ -97,10 +141,22 @@ void check_free_disk(const fs::path& dir, std::uint64_t bytes) {
                            "); free some space, write elsewhere, or use --force to skip this check");
 }
 
+void check_replaceable_dir(const fs::path& dir) {
+    std::error_code ec;
+    if (!fs::is_directory(fs::symlink_status(dir, ec)) || fs::is_empty(dir, ec) ||
+        fs::exists(dir / manifest_file_name, ec))
+        return;
+    throw usage_error("output '" + dir.string() + "' is a directory but not a dataset (no " +
+                      std::string(manifest_file_name) +
+                      "); --force replaces only what a dstk tool wrote: remove it yourself, or choose another name");
+}
+
 AtomicDir::AtomicDir(fs::path final_path, bool force) : final_(std::move(final_path)), force_(force) {
     while (final_.has_filename() == false && final_.has_parent_path() && final_ != final_.root_path())
         final_ = final_.parent_path(); // "out/" -> "out"
     check_overwrite(final_, force);
+    check_replaceable_dir(final_);
+    remove_stale_staging(final_);
     tmp_ = temp_sibling(final_);
     register_temp_path(tmp_);
     std::error_code ec;
@@ -150,6 +206,7 @@ void AtomicDir::commit() {
 
 AtomicFile::AtomicFile(fs::path final_path, bool force) : final_(std::move(final_path)) {
     check_overwrite(final_, force);
+    remove_stale_staging(final_);
     tmp_ = temp_sibling(final_);
     register_temp_path(tmp_);
     fd_ = UniqueFd::try_open(tmp_, O_WRONLY | O_CREAT | O_EXCL);

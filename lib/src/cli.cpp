@@ -70,6 +70,7 @@ CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open) {
             double v = 0;
             if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
             const bool inside = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+            if (!std::isfinite(v)) return text + " is not a finite number";
             if (!inside) return text + " is outside " + range;
             return {};
         },

@@ -127,6 +127,27 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
 
 namespace {
 
+// A manifest never names a field that a split lacks: dstrain would otherwise
+// fail late ("split 'train' has no field 'x'") on a dataset --verify called OK.
+// A label field only defaulted to "y" is dropped where no split has one.
+template <typename Fail> void check_named_fields(Manifest& m, Fail fail, bool label_named) {
+    for (const auto& split : m.splits)
+        if (!split.find(m.input_field))
+            fail("input_field", "names field '" + m.input_field + "', which split '" + split.name +
+                                    "' does not have (re-create the dataset with dsconvert)");
+    if (m.label_field.empty()) return;
+    bool any = false;
+    for (const auto& split : m.splits) any |= split.find(m.label_field) != nullptr;
+    if (!any && !label_named) {
+        m.label_field.clear();
+        return;
+    }
+    for (const auto& split : m.splits)
+        if (!split.find(m.label_field))
+            fail("label_field", "names field '" + m.label_field + "', which split '" + split.name +
+                                    "' does not have (re-create the dataset with dsconvert)");
+}
+
 Manifest manifest_from_json(const Reader& r, const json& doc) {
     if (!doc.is_object()) r.fail("", "expected a JSON object at the top level");
     Manifest m;
@@ -191,6 +212,8 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
         }
         m.splits.push_back(std::move(split));
     }
+    check_named_fields(
+        m, [&](const std::string& key, const std::string& why) { r.fail(key, why); }, doc.contains("label_field"));
     if (doc.contains("stats")) {
         const json& st = doc["stats"];
         ChannelStats cs;
@@ -223,11 +246,18 @@ std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples) {
 }
 
 std::string serialize_manifest(const Manifest& m) {
+    Manifest checked = m;
+    check_named_fields(
+        checked,
+        [](const std::string& key, const std::string& why) {
+            throw runtime_error("internal: the manifest's " + key + " " + why);
+        },
+        false);
     json doc;
     doc["format_version"] = m.format_version;
     if (m.num_classes) doc["num_classes"] = *m.num_classes;
-    doc["input_field"] = m.input_field;
-    doc["label_field"] = m.label_field;
+    doc["input_field"] = checked.input_field;
+    doc["label_field"] = checked.label_field;
     doc["splits"] = json::array();
     for (const auto& s : m.splits) {
         json sj;

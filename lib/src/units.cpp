@@ -85,6 +85,18 @@ std::uint64_t parse_size(std::string_view text, std::string_view what) {
     return to_u64(value * mult, text, what);
 }
 
+std::uint64_t parse_memory_size(std::string_view text, std::string_view what) {
+    const std::uint64_t v = parse_size(text, what);
+    // A bare number is bytes; nobody plans RAM, disk or GPU memory below
+    // 1 MiB, so "--ram 128" is a forgotten unit, not a budget of 128 bytes.
+    const bool unit_given = !text.empty() && std::isalpha(static_cast<unsigned char>(text.back()));
+    if (!unit_given && v > 0 && v < (1ull << 20))
+        throw usage_error("invalid " + std::string(what) + " " + quoted(text) +
+                          " (a size without a unit is bytes, and " + std::string(text) +
+                          " B is below 1 MiB); did you mean " + std::string(text) + "G? Give a unit: K M G T");
+    return v;
+}
+
 std::uint64_t parse_count(std::string_view text, std::string_view what) {
     if (!text.empty() && text.front() == '-')
         throw usage_error("invalid " + std::string(what) + " " + quoted(text) + " (counts cannot be negative)");

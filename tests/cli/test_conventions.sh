@@ -55,6 +55,16 @@ for bad in "--momentum 5" "--momentum -0.1" "--weight-decay nan" "--gamma nan" "
     expect_stderr "^dstrain: error: ${bad%% *}"
 done
 
+# Non-finite values of the other tools' float options.
+expect_exit 2 "$D" "$WORK/a" "$WORK/n1" --dtype f32 --offset nan
+expect_stderr "--offset: nan is not a finite number"
+expect_exit 2 "$D" "$WORK/a" "$WORK/n2" --dtype f32 --scale inf
+expect_stderr "--scale: inf is not a finite number"
+expect_exit 2 "$BIN/dsbench" all "$WORK/a" --min-time nan
+expect_stderr "--min-time: nan is not a finite number"
+expect_exit 2 "$G" "$WORK/n3" --noise nan
+expect_exit 2 "$G" "$WORK/n4" --classes 0
+
 # --precision on the CPU: the CPU computes fp32, and the run says so.
 expect_exit 0 "$T" "$WORK/a" --device cpu -T 1 --model mlp:16 --epochs 1 --batch 50 --precision bf16 --json
 expect_stderr 'applies to the GPU; the CPU computes fp32'
@@ -64,7 +74,7 @@ expect_true "--json says fp32" grep -q '"precision": "fp32"' "$OUT"
 # --device cuda:0 without a usable GPU: exit 3, the cause and what to do.
 if ! nvidia-smi -L >/dev/null 2>&1; then
     expect_exit 3 "$T" "$WORK/a" --device cuda:0 --epochs 1
-    expect_stderr '^dstrain: error: --device cuda:0.*(built without CUDA support|no usable GPU).* --device cpu'
+    expect_stderr '^dstrain: error: --device cuda:0.*(built without CUDA support|no usable GPU|no GPU found).* --device cpu'
 fi
 
 # An all-NaN f32 dataset is bad data: exit 1 naming the sample and field

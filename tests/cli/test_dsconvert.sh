@@ -38,6 +38,13 @@ np.savez("plain.npz", x_train=x[:200], y_train=y[:200], x_test=x[200:], y_test=y
 np.savez_compressed("deflated.npz", x_train=x[:200], y_train=y[:200], x_test=x[200:], y_test=y[200:])
 np.save("ref_x.npy", x); np.save("ref_y.npy", y)
 PY
+# Non-finite mapping parameters are usage errors, not a dataset of NaN.
+for bad in "--offset nan" "--scale nan" "--scale inf" "--offset -inf"; do
+    # shellcheck disable=SC2086
+    expect_exit 2 "$D" x.npy nanout --dtype f32 $bad
+    expect_stderr "--(offset|scale).*(must be finite|not a finite number)"
+    expect_no_file nanout
+done
 expect_exit 0 "$D" x.npy ds_npy
 expect_exit 0 "$D" xbe.npy be.npy
 expect_exit 0 "$D" xf.npy f.npy
@@ -165,9 +172,9 @@ head -c 1001 ref.raw >odd.raw
 expect_exit 1 "$D" odd.raw r3 --from raw --shape 3x4x5 --in-dtype u8
 expect_stderr "not a whole number"
 
-# ---- v28b (dsgen --layout feature) ----------------------------------------
+# ---- v28b (dsgen --layout feature-major) ----------------------------------------
 if [ -x "$BIN/dsgen" ]; then
-    expect_exit 0 "$BIN/dsgen" gen --train 300 --test 100 --shape 2x3x4 --kind tabular --dtype f32 --layout feature -q
+    expect_exit 0 "$BIN/dsgen" gen --train 300 --test 100 --shape 2x3x4 --kind tabular --dtype f32 --layout feature-major -q
     mkdir -p v28 && mv gen/images_*.bin gen/labels_*.bin v28/ 2>/dev/null
     expect_exit 0 "$D" v28 vds --shape 2x3x4
     expect_same vds/train_x.npy gen/train_x.npy
@@ -287,4 +294,18 @@ rc=$?
 [ "$rc" -eq 143 ] || fail "SIGTERM exit code $rc, expected 143"
 expect_no_file int_out
 no_leftovers .
+# Nothing but a regular file or a directory is ever replaced, --force or not.
+echo keep >target.txt
+ln -s target.txt link.npy
+expect_exit 2 "$D" x.npy link.npy --force
+expect_stderr "not a regular file or directory"
+expect_true "the symlink is kept" test -L link.npy
+expect_true "its target is untouched" grep -q keep target.txt
+
+# --force replaces a dataset, not any directory.
+mkdir -p notds && echo mine >notds/keep
+expect_exit 2 "$D" x.npy notds --force
+expect_stderr "is a directory but not a dataset"
+expect_file notds/keep
+
 finish

@@ -77,7 +77,7 @@ if command -v xxhsum >/dev/null; then
 fi
 
 # The v28b feature-major files hold the same values, column-major, as f32.
-expect_exit 0 "$G" "$WORK/v28" --train 300 --test 50 --shape 1x4x4 --layout feature -q
+expect_exit 0 "$G" "$WORK/v28" --train 300 --test 50 --shape 1x4x4 --layout feature-major -q
 expect_file "$WORK/v28/images_train.bin"
 expect_true "images_train.bin size" test "$(stat -c %s "$WORK/v28/images_train.bin")" -eq $((300 * 16 * 4))
 expect_true "labels_test.bin size" test "$(stat -c %s "$WORK/v28/labels_test.bin")" -eq $((50 * 4))
@@ -94,6 +94,28 @@ CHECKS=$((CHECKS + 1))
 expect_stderr "interrupted"
 expect_no_file "$WORK/int"
 expect_true "no temporary directory after SIGINT" test -z "$(ls -A "$WORK" | grep '\.int\.tmp')"
+
+# A run killed with SIGKILL leaves its staging directory; the next run to the
+# same name removes it (its process is gone) with a notice, and keeps the
+# staging of a process that still runs.
+sh -c 'exit 0' &
+dead=$!
+wait "$dead"
+mkdir -p "$WORK/stale/.ds.tmp-$dead-0" "$WORK/stale/.ds.tmp-$$-0" "$WORK/stale/.other.tmp-$dead-0"
+head -c 4096 /dev/zero >"$WORK/stale/.ds.tmp-$dead-0/train_x.npy"
+expect_exit 0 "$G" "$WORK/stale/ds" --train 100 --test 10 --shape 1x4x4
+expect_stderr "removed '.*/\.ds\.tmp-$dead-0', staged by process $dead which no longer runs"
+expect_no_file "$WORK/stale/.ds.tmp-$dead-0"
+expect_file "$WORK/stale/.ds.tmp-$$-0"
+expect_file "$WORK/stale/.other.tmp-$dead-0"
+expect_file "$WORK/stale/ds/dataset.json"
+
+# One layout spelling for dsgen and dsconvert; the old one still works, with a notice.
+expect_exit 0 "$G" "$WORK/v28old" --train 20 --test 5 --shape 1x4x4 --layout feature -q
+expect_stderr "--layout feature is deprecated; write --layout feature-major"
+expect_file "$WORK/v28old/images_train.bin"
+expect_exit 2 "$G" "$WORK/v28bad" --layout column
+expect_stderr "invalid --layout 'column' \(expected sample-major or feature-major\)"
 
 # SIGTERM: the same clean-up, exit 143 (128 + 15), as supervisors expect.
 "$G" "$WORK/term" --train 20M --test 0 --force -q >/dev/null 2>"$ERR" &

@@ -42,6 +42,23 @@ expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --samples 1M --require everywhere
 expect_exit 2 "$P" --ram 1G --dataset "$WORK" --shape 3x32x32
 expect_stderr "comes from the manifest"
 expect_exit 2 "$P" --no-such-option
+# A memory size without a unit below 1 MiB is a forgotten unit, not a budget of bytes.
+expect_exit 2 "$P" --ram 128 "${CIFAR[@]}"
+expect_stderr "invalid --ram '128' .*did you mean 128G\?"
+expect_exit 2 "$P" --gpu-mem 8 "${CIFAR[@]}"
+expect_stderr "did you mean 8G\?"
+expect_exit 0 "$P" --ram 2097152 --disk 1T "${CIFAR[@]}"
+expect_stdout "RAM +2.0 MiB \(given\)"
+# No arguments: say what is needed instead of planning a scalar.
+expect_exit 2 "$P"
+expect_stderr "nothing to plan: dsplan needs the data \(--shape"
+# --classes 0 is refused, not silently 10.
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --model small-cnn --classes 0
+expect_stderr "invalid --classes 0 \(a classifier needs at least 2 classes\)"
+expect_exit 2 "$P" --ram 1G "${CIFAR[@]}" --classes 5
+expect_stderr "give it with --model"
+expect_exit 0 "$P" --ram 1G --disk 1T "${CIFAR[@]}" --model small-cnn --classes 5
+expect_stdout "5 classes"
 
 # The question "how many 3x32x32 f32 samples fit 128 GiB?": the budget and the counts, exactly.
 expect_exit 0 "$P" --ram 128G --disk 2T --shape 3x32x32 --dtype f32

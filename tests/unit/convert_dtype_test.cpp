@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dstk/convert/convert.hpp"
+#include "dstk/convert/dtype_kernels.hpp"
 #include "dstk/error.hpp"
 #include "dstk/convert/importers.hpp"
 

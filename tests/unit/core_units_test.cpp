@@ -45,6 +45,22 @@ TEST(Units, BadInputIsAUsageError) {
     EXPECT_THROW(parse_size("20000P"), Error);
 }
 
+TEST(Units, MemorySizeWithoutUnitBelowOneMiBIsRefused) {
+    try {
+        parse_memory_size("128", "--ram");
+        ADD_FAILURE() << "accepted --ram 128";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::usage);
+        EXPECT_NE(std::string(e.what()).find("did you mean 128G?"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(parse_memory_size("0"), 0u); // "none": callers that need a positive size say so
+    EXPECT_EQ(parse_memory_size("128G"), 128ull << 30);
+    EXPECT_EQ(parse_memory_size("512K"), 512u << 10); // a unit: meant, however small
+    EXPECT_EQ(parse_memory_size("512B"), 512u);
+    EXPECT_EQ(parse_memory_size("1048576"), 1u << 20);
+    EXPECT_THROW(parse_memory_size("1048575"), Error);
+}
+
 TEST(Units, FormatsIec) {
     EXPECT_EQ(format_bytes(0), "0 B");
     EXPECT_EQ(format_bytes(1023), "1023 B");

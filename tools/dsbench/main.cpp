@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1u, 1000u))
         ->capture_default_str();
     all->add_option("--min-time", o.settings.repeat.min_time, "Seconds of timed repetitions per figure, at least")
-        ->check(CLI::Range(0.0, 3600.0))
+        ->check(dstk::number_in(0, 3600))
         ->capture_default_str();
     all->add_option("--threads", threads, "Thread counts swept by multi-threaded cases (default: 1,4,cores)")
         ->type_name("LIST");

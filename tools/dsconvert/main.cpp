@@ -4,17 +4,17 @@
 #include "dstk/error.hpp"
 #include "dstk/units.hpp"
 
-int main(int argc, char** argv) {
-    using namespace dstk;
-    ConvertOptions o;
-    std::string input, from = "auto", to, dtype, shape, in_dtype, label_dtype = "i32", layout = "sample-major";
-    std::string out_layout = "sample-major", chunk_samples, chunk_size, shuffle;
+namespace {
 
-    CLI::App app{"Convert datasets between dtypes, compressions, layouts and formats, out of core: dataset "
-                 "directories, .npy, .npz, raw, v28b, MNIST IDX and CIFAR-10 in; dataset directories (npy or "
-                 "zstd-chunked storage), .npy and raw out.",
-                 "dsconvert"};
-    app.add_option("INPUT", input,
+// The option texts as typed, parsed in main once CLI11 has filled them.
+struct Texts {
+    std::string input, from = "auto", to, dtype, shape, in_dtype, label_dtype = "i32", layout = "sample-major";
+    std::string out_layout = "sample-major", chunk_samples, chunk_size, shuffle, in_layout = "auto";
+};
+
+void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
+    using namespace dstk;
+    app.add_option("INPUT", t.input,
                    "Input: a dataset directory, file or directory of a known format, or - (stdin: raw when "
                    "--shape/--in-dtype are given, else IDX, plain or gzip); with --benchmark, an optional file "
                    "to compress");
@@ -27,18 +27,19 @@ int main(int argc, char** argv) {
         "Measure the conversion kernels (f32 -> bf16, f32 -> f16, u8 -> f32, u8 -> bf16) and, on INPUT's bytes, "
         "zstd-chunked compression and decompression at levels 1 and 3 (or --compress), on 1 and -T "
         "threads, in MB per wall and per CPU second; writes nothing");
-    app.add_option("--from", from, "Input format: auto, dataset, npy, npz, raw, v28b, idx, cifar10")
+    app.add_option("--from", t.from, "Input format: auto, dataset, npy, npz, raw, v28b, idx, cifar10")
         ->capture_default_str();
-    app.add_option("--to", to,
+    app.add_option("--to", t.to,
                    "Output format: dataset, npy or raw (default: npy when OUTPUT ends in .npy, else "
                    "dataset)");
-    app.add_option("--dtype", dtype,
+    app.add_option("--dtype", t.dtype,
                    "Convert the input field (x) to u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64; labels "
                    "are copied");
     app.add_option("--scale", o.scale,
                    "Mapping out = in * SCALE + OFFSET (e.g. --scale 0.00392156862745098 for u8 "
-                   "-> f32 in 0..1)");
-    app.add_option("--offset", o.offset, "Added after --scale");
+                   "-> f32 in 0..1)")
+        ->check(number_in(-unbounded, unbounded));
+    app.add_option("--offset", o.offset, "Added after --scale")->check(number_in(-unbounded, unbounded));
     app.add_option("--range", o.range,
                    "Map [LO,HI] (LO:HI, or auto from a first pass) onto the output type's range "
                    "(integers) or 0..1 (floats)");
@@ -46,9 +47,9 @@ int main(int argc, char** argv) {
                    "none (.npy files) or zstd[:LEVEL] (zstd-chunked files, default level "
                    "3)")
         ->capture_default_str();
-    app.add_option("--chunk-samples", chunk_samples, "Samples per zstd chunk (counts take K, M)");
-    app.add_option("--chunk-size", chunk_size, "Target uncompressed bytes per zstd chunk (default 4M)");
-    app.add_option("--shuffle", shuffle,
+    app.add_option("--chunk-samples", t.chunk_samples, "Samples per zstd chunk (counts take K, M)");
+    app.add_option("--chunk-size", t.chunk_size, "Target uncompressed bytes per zstd chunk (default 4M)");
+    app.add_option("--shuffle", t.shuffle,
                    "Write a globally shuffled copy with this seed (external-memory "
                    "permutation, bounded memory)");
     app.add_option("--split", o.split,
@@ -57,14 +58,23 @@ int main(int argc, char** argv) {
     app.add_option("--select", o.select,
                    "SPLIT[/FIELD] written to a single .npy/raw OUTPUT (default: the only "
                    "split, field x)");
-    app.add_option("--shape", shape, "Per-sample shape of raw and v28b inputs, e.g. 3x32x32");
-    app.add_option("--in-dtype", in_dtype, "Element type of raw inputs (required) and v28b images (default f32)");
-    app.add_option("--label-dtype", label_dtype, "Element type of v28b labels_*.bin")->capture_default_str();
+    app.add_option("--shape", t.shape, "Per-sample shape of raw and v28b inputs, e.g. 3x32x32");
+    app.add_option("--in-dtype", t.in_dtype, "Element type of raw inputs (required) and v28b images (default f32)");
+    app.add_option("--label-dtype", t.label_dtype, "Element type of v28b labels_*.bin and of a raw --labels file")
+        ->capture_default_str();
     app.add_option("--labels", o.raw.labels,
-                   "IDX label file (plain or .gz) giving field y to raw or IDX-file images, stdin included; with "
-                   "raw stdin it also sets the sample count");
-    app.add_option("--layout", layout, "Layout of a raw input: sample-major or feature-major")->capture_default_str();
-    app.add_option("--out-layout", out_layout, "Layout of a raw OUTPUT: sample-major or feature-major")
+                   "Labels (field y) of an image array: .npy, .npz with one array, IDX (plain or .gz) or raw "
+                   "(--label-dtype), one per sample; with raw stdin it also sets the sample count");
+    app.add_option("--x-array", o.raw.x_array, "The .npz array of the inputs (field x), e.g. images or x_train");
+    app.add_option("--y-array", o.raw.y_array, "The .npz array of the labels (field y), e.g. labels or y_train");
+    app.add_option("--in-layout", t.in_layout,
+                   "Layout of npy/npz/raw images: nhwc (height x width x channels, transposed to CHW), nchw, or "
+                   "auto (nhwc where the last axis is 1, 3 or 4 and the others are not, with a notice)")
+        ->capture_default_str();
+    app.add_option("--num-classes", o.num_classes,
+                   "Classes of the labels (default: the input's, else the largest label + 1)");
+    app.add_option("--layout", t.layout, "Layout of a raw input: sample-major or feature-major")->capture_default_str();
+    app.add_option("--out-layout", t.out_layout, "Layout of a raw OUTPUT: sample-major or feature-major")
         ->capture_default_str();
     app.add_option("--report-json", o.report_json, "Also write the conversion report (errors, bytes, time) to FILE");
     app.add_option("-T,--threads", o.threads,
@@ -76,36 +86,41 @@ int main(int argc, char** argv) {
                  "same command with --resume again to continue after the last complete chunk");
     app.add_flag("-f,--force", o.force, "Replace an existing OUTPUT and skip the free-disk check");
     add_output_options(app, o.out);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    using namespace dstk;
+    ConvertOptions o;
+    Texts t;
+    CLI::App app{"Convert datasets between dtypes, compressions, layouts and formats, out of core: dataset "
+                 "directories, .npy, .npz, raw, v28b, MNIST IDX and CIFAR-10 in; dataset directories (npy or "
+                 "zstd-chunked storage), .npy and raw out.",
+                 "dsconvert"};
+    add_options(app, o, t);
 
     return run_tool(app, argc, argv, [&] {
-        o.input = input;
-        if (input.empty() && !o.benchmark) throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
+        o.input = t.input;
+        if (t.input.empty() && !o.benchmark) throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
         if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
-        o.from = parse_input_format(from);
-        if (!to.empty()) {
-            if (to == "dataset")
-                o.to = OutputFormat::dataset;
-            else if (to == "npy")
-                o.to = OutputFormat::npy;
-            else if (to == "raw")
-                o.to = OutputFormat::raw;
-            else
-                throw usage_error("invalid --to '" + to + "' (expected dataset, npy or raw)");
-        }
-        if (!dtype.empty()) o.dtype = parse_dtype(dtype, "--dtype");
-        if (!shape.empty()) o.raw.shape = parse_shape(shape, "--shape");
-        if (!in_dtype.empty()) o.raw.dtype = parse_dtype(in_dtype, "--in-dtype");
-        o.raw.label_dtype = parse_dtype(label_dtype, "--label-dtype");
-        o.raw.layout = parse_layout(layout);
-        o.out_layout = parse_layout(out_layout);
-        if (!chunk_samples.empty()) o.chunk_samples = parse_count(chunk_samples, "--chunk-samples");
-        if (!chunk_size.empty()) o.chunk_bytes = parse_size(chunk_size, "--chunk-size");
+        o.from = parse_input_format(t.from);
+        if (!t.to.empty()) o.to = parse_output_format(t.to);
+        if (!t.dtype.empty()) o.dtype = parse_dtype(t.dtype, "--dtype");
+        if (!t.shape.empty()) o.raw.shape = parse_shape(t.shape, "--shape");
+        if (!t.in_dtype.empty()) o.raw.dtype = parse_dtype(t.in_dtype, "--in-dtype");
+        o.raw.label_dtype = parse_dtype(t.label_dtype, "--label-dtype");
+        o.raw.layout = parse_layout(t.layout, "--layout");
+        o.raw.in_layout = parse_in_layout(t.in_layout);
+        o.out_layout = parse_layout(t.out_layout, "--out-layout");
+        if (!t.chunk_samples.empty()) o.chunk_samples = parse_count(t.chunk_samples, "--chunk-samples");
+        if (!t.chunk_size.empty()) o.chunk_bytes = parse_size(t.chunk_size, "--chunk-size");
         if (app.count("--chunk-samples") && o.chunk_samples == 0)
             throw usage_error("invalid --chunk-samples 0 (must be positive)");
         if (app.count("--chunk-size") && o.chunk_bytes == 0)
             throw usage_error("invalid --chunk-size 0 (must be positive)");
         if (o.chunk_samples && o.chunk_bytes) throw usage_error("give --chunk-samples or --chunk-size, not both");
-        if (!shuffle.empty()) o.shuffle_seed = parse_count(shuffle, "--shuffle");
+        if (!t.shuffle.empty()) o.shuffle_seed = parse_count(t.shuffle, "--shuffle");
         if (o.verify_only && !o.output.empty())
             throw usage_error("--verify checks one dataset and writes nothing; drop OUTPUT");
         o.command_line = command_line(argc, argv);

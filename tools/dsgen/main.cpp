@@ -8,7 +8,7 @@
 int main(int argc, char** argv) {
     using namespace dstk;
     GenerateOptions o;
-    std::string train = "50K", test = "10K", shape = "3x32x32", dtype, kind = "images", layout = "sample";
+    std::string train = "50K", test = "10K", shape = "3x32x32", dtype, kind = "images", layout = "sample-major";
 
     CLI::App app{"Generate a synthetic dataset directory (dataset.json + .npy files), deterministically and out of "
                  "core.",
@@ -29,8 +29,9 @@ int main(int argc, char** argv) {
     app.add_option("--seed", o.synth.seed, "Seed: same options and seed give the same bytes")->capture_default_str();
     app.add_option("-T,--threads", o.threads, "Worker threads (0: one per hardware thread)")->capture_default_str();
     app.add_option("--layout", layout,
-                   "sample, or feature to also write the v28b column-major images_<split>.bin "
-                   "(f32) and labels_<split>.bin (i32)")
+                   "sample-major, or feature-major to also write the v28b column-major "
+                   "images_<split>.bin (f32) and labels_<split>.bin (i32); the old spellings sample and feature "
+                   "are deprecated")
         ->capture_default_str();
     app.add_flag("-f,--force", o.force, "Replace an existing OUT_DIR and skip the free-disk check");
     add_output_options(app, o.out);
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
         o.dtype_given = !dtype.empty();
         if (o.dtype_given) o.synth.dtype = parse_dtype(dtype, "--dtype");
         o.noise_given = app.count("--noise") > 0;
-        o.layout = parse_sample_layout(layout);
+        o.layout = parse_layout(layout, "--layout");
         o.command_line = command_line(argc, argv);
         finalize_options(o);
         const GenerateResult r = generate_dataset(o);

@@ -7,6 +7,7 @@
 
 #include "cuda_check.hpp"
 #include "dstk/error.hpp"
+#include "train/input_layout.hpp"
 
 namespace dstk::data::gpu {
 namespace {
@@ -134,6 +135,17 @@ void copy_h2d(void* dst, const void* src, std::uint64_t bytes) {
 
 void copy_d2h(void* dst, const void* src, std::uint64_t bytes) {
     CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void copy_d2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
+}
+
+void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std::uint32_t n, std::uint32_t channels,
+                         std::uint64_t hw, const float* mean, const float* inv_std, float* x_out, std::int32_t* y_out,
+                         void* stream) {
+    train::cuda::launch_convert_input(x, dtype, y, n, channels, hw, mean, inv_std, x_out, train::cuda::ActType::f32,
+                                      true, channels, y_out, as_stream(stream));
 }
 
 void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,

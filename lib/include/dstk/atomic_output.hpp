@@ -10,7 +10,12 @@
 namespace dstk {
 
 // Refuses (usage error, exit 2) when `final_path` exists and !force.
+// Also refuses, --force or not, a link, device or pipe: only regular files and
+// directories are ever replaced.
 void check_overwrite(const std::filesystem::path& final_path, bool force);
+// Refuses (usage error) a non-empty directory without a dataset.json: a
+// dataset output replaces only a directory a dstk tool wrote.
+void check_replaceable_dir(const std::filesystem::path& dir);
 
 // A directory output (a dataset).
 class AtomicDir {

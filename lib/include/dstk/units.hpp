@@ -12,6 +12,10 @@ namespace dstk {
 // negative or over 2^64-1.
 std::uint64_t parse_size(std::string_view text, std::string_view what = "size");
 std::uint64_t parse_count(std::string_view text, std::string_view what = "count");
+// A memory or disk budget (--ram, --disk, --gpu-mem, --host-mem ...): as
+// parse_size, but a number without a unit below 1 MiB is refused with a hint
+// ("did you mean 128G?"), since it is almost always a forgotten unit.
+std::uint64_t parse_memory_size(std::string_view text, std::string_view what = "size");
 
 std::string format_bytes(std::uint64_t bytes);    // "114.4 GiB", "512 B"
 std::string format_count(std::uint64_t n);        // "10,000,000"

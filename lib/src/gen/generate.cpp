@@ -11,6 +11,7 @@
 #include "dstk/atomic_output.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
@@ -45,31 +46,25 @@ class FeatureMajorWriter {
         : samples_(samples), features_(features) {
         images_ = dw.file("images_" + split + ".bin");
         labels_ = dw.file("labels_" + split + ".bin");
-        img_fd_ = ::open(images_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (img_fd_ < 0) throw_errno("cannot create", images_.string());
-        lab_fd_ = ::open(labels_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (lab_fd_ < 0) throw_errno("cannot create", labels_.string());
-    }
-    ~FeatureMajorWriter() {
-        if (img_fd_ >= 0) ::close(img_fd_);
-        if (lab_fd_ >= 0) ::close(lab_fd_);
+        img_fd_ = UniqueFd::open(images_, O_WRONLY | O_CREAT | O_TRUNC, "cannot create");
+        lab_fd_ = UniqueFd::open(labels_, O_WRONLY | O_CREAT | O_TRUNC, "cannot create");
     }
     // Writes a block of samples given as floats, sample-major (count x features).
     void write(std::uint64_t first, std::uint64_t count, const float* values, const std::int32_t* labels) {
         column_.resize(count);
         for (std::uint64_t f = 0; f < features_; ++f) {
             for (std::uint64_t i = 0; i < count; ++i) column_[i] = values[i * features_ + f];
-            write_all(img_fd_, column_.data(), count * sizeof(float),
+            write_all(img_fd_.get(), column_.data(), count * sizeof(float),
                       static_cast<long long>((f * samples_ + first) * sizeof(float)), images_);
         }
-        write_all(lab_fd_, labels, count * sizeof(std::int32_t), static_cast<long long>(first * sizeof(std::int32_t)),
-                  labels_);
+        write_all(lab_fd_.get(), labels, count * sizeof(std::int32_t),
+                  static_cast<long long>(first * sizeof(std::int32_t)), labels_);
     }
 
   private:
     std::uint64_t samples_, features_;
     fs::path images_, labels_;
-    int img_fd_ = -1, lab_fd_ = -1;
+    UniqueFd img_fd_, lab_fd_;
     std::vector<float> column_;
 };
 
@@ -91,7 +86,7 @@ void to_floats(const void* src, DType t, std::uint64_t n, float* out) {
         for (std::uint64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<const double*>(src)[i]);
         return;
     default:
-        throw usage_error("--layout feature needs u8 or floating-point samples");
+        throw usage_error("--layout feature-major needs u8 or floating-point samples");
     }
 }
 
@@ -138,12 +133,6 @@ void accumulate_stats(const unsigned char* sample, DType t, std::uint64_t channe
 
 } // namespace
 
-SampleLayout parse_sample_layout(std::string_view t) {
-    if (t == "sample") return SampleLayout::sample;
-    if (t == "feature") return SampleLayout::feature;
-    throw usage_error("unknown --layout '" + std::string(t) + "' (expected sample or feature)");
-}
-
 void finalize_options(GenerateOptions& o) {
     if (!o.dtype_given) o.synth.dtype = o.synth.kind == SynthKind::tabular ? DType::f32 : DType::u8;
     if (!o.noise_given)
@@ -154,125 +143,142 @@ void finalize_options(GenerateOptions& o) {
     if (o.out_dir.empty()) throw usage_error("missing OUT_DIR");
 }
 
-GenerateResult generate_dataset(const GenerateOptions& o) {
-    const auto start = std::chrono::steady_clock::now();
-    const std::uint64_t sb = sample_bytes(o.synth.shape, o.synth.dtype);
-    const std::uint64_t features = o.synth.shape.numel();
+namespace {
 
+// What one run shares across its splits.
+struct GenRun {
+    GenRun(const GenerateOptions& options, Progress& p)
+        : o(options), gen(options.synth), sb(sample_bytes(options.synth.shape, options.synth.dtype)),
+          features(options.synth.shape.numel()), channels(gen.channels()), per_channel(features / channels),
+          pool(options.threads), progress(p), ch_sum(channels, 0), ch_sumsq(channels, 0) {
+        block_samples = std::max<std::uint64_t>(1, block_target_bytes / sb);
+        blocks_per_round =
+            std::clamp<std::uint64_t>(round_budget_bytes / (block_samples * sb), 1, 4 * std::uint64_t{pool.size()});
+    }
+    const GenerateOptions& o;
+    const SampleGenerator gen;
+    const std::uint64_t sb, features, channels, per_channel;
+    ThreadPool pool;
+    Progress& progress;
+    std::uint64_t block_samples = 1, blocks_per_round = 1;
+    std::vector<double> ch_sum, ch_sumsq; // train split, per channel
+};
+
+std::vector<SplitPlan> plan_splits(const GenerateOptions& o) {
     std::vector<SplitPlan> splits;
     if (o.train) splits.push_back({"train", 0, o.train});
     if (o.test) splits.push_back({"test", 1, o.test});
+    return splits;
+}
 
-    // Bytes about to be written, for the free-disk check and the summary.
-    std::uint64_t total_bytes = 0, total_samples = 0;
+// Bytes about to be written, for the free-disk check and the progress.
+std::uint64_t planned_bytes(const GenerateOptions& o, const std::vector<SplitPlan>& splits) {
+    const std::uint64_t sb = sample_bytes(o.synth.shape, o.synth.dtype), features = o.synth.shape.numel();
+    std::uint64_t total = 0;
     for (const auto& s : splits) {
         std::uint64_t b = checked_mul(s.samples, sb, "dataset size");
         b = checked_add(b, checked_mul(s.samples, 4, "label size"), "dataset size");
-        if (o.layout == SampleLayout::feature)
+        if (o.layout == Layout::feature_major)
             b = checked_add(b,
                             checked_mul(checked_mul(s.samples, features, "v28b size"), 4, "v28b size") + s.samples * 4,
                             "dataset size");
-        total_bytes = checked_add(total_bytes, b, "dataset size");
-        total_samples += s.samples;
+        total = checked_add(total, b, "dataset size");
     }
-    const SampleGenerator gen(o.synth);
-    const std::uint64_t channels = gen.channels();
-    const std::uint64_t per_channel = features / channels;
-    fs::path parent = o.out_dir.parent_path();
-    if (parent.empty()) parent = ".";
-    if (!o.force) check_free_disk(parent, total_bytes + total_bytes / 100 + (64u << 20));
+    return total;
+}
 
-    DatasetWriter dw(o.out_dir, o.force);
-    ThreadPool pool(o.threads);
-    const std::uint64_t block_samples = std::max<std::uint64_t>(1, block_target_bytes / sb);
-    const std::uint64_t blocks_per_round =
-        std::clamp<std::uint64_t>(round_budget_bytes / (block_samples * sb), 1, 4 * std::uint64_t{pool.size()});
-
-    Manifest m;
-    m.num_classes = o.synth.classes;
-    std::vector<double> ch_sum(channels, 0), ch_sumsq(channels, 0);
-    Progress progress("dsgen", total_samples, total_bytes, o.out);
-
-    for (const auto& split : splits) {
-        auto xw = dw.npy_field(split.name, "x", o.synth.dtype, o.synth.shape, split.samples);
-        auto yw = dw.npy_field(split.name, "y", DType::i32, Shape{}, split.samples);
-        std::unique_ptr<FeatureMajorWriter> fw;
-        if (o.layout == SampleLayout::feature)
-            fw = std::make_unique<FeatureMajorWriter>(dw, split.name, split.samples, features);
-        const bool stats = split.name == "train";
-        const std::uint64_t nblocks = (split.samples + block_samples - 1) / block_samples;
-
-        // Two sets of blocks: one is generated while the other is written.
-        std::vector<Block> sets[2];
-        for (auto& set : sets) set.resize(blocks_per_round);
-        std::future<void> writing;
-        int cur = 0;
-        for (std::uint64_t b0 = 0; b0 < nblocks; b0 += blocks_per_round) {
-            throw_if_interrupted();
-            const std::uint64_t nb = std::min(blocks_per_round, nblocks - b0);
-            auto& set = sets[cur];
-            pool.parallel_for(nb, [&](std::uint64_t k) {
-                Block& blk = set[k];
-                blk.first = (b0 + k) * block_samples;
-                blk.count = std::min(block_samples, split.samples - blk.first);
-                blk.x.resize(blk.count * sb);
-                blk.y.resize(blk.count);
-                blk.sum.assign(channels, 0);
-                blk.sumsq.assign(channels, 0);
-                std::vector<float> f;
-                for (std::uint64_t i = 0; i < blk.count; ++i) {
-                    const std::uint64_t idx = blk.first + i;
-                    blk.y[i] = gen.label(split.stream, idx);
-                    unsigned char* dst = blk.x.data() + i * sb;
-                    gen.sample(split.stream, idx, dst);
-                    if (stats && o.synth.kind != SynthKind::bytes)
-                        accumulate_stats(dst, o.synth.dtype, channels, per_channel, f, blk.sum.data(),
-                                         blk.sumsq.data());
-                }
-            });
-            if (writing.valid()) writing.get();
-            if (stats)
-                for (std::uint64_t k = 0; k < nb; ++k)
-                    for (std::uint64_t c = 0; c < channels; ++c) {
-                        ch_sum[c] += set[k].sum[c];
-                        ch_sumsq[c] += set[k].sumsq[c];
-                    }
-            writing = std::async(std::launch::async, [&, nb, cur] {
-                std::vector<float> values;
-                for (std::uint64_t k = 0; k < nb; ++k) {
-                    const Block& blk = sets[cur][k];
-                    xw->append(blk.x.data(), blk.count);
-                    yw->append(blk.y.data(), blk.count);
-                    if (fw) {
-                        values.resize(blk.count * features);
-                        to_floats(blk.x.data(), o.synth.dtype, blk.count * features, values.data());
-                        fw->write(blk.first, blk.count, values.data(), blk.y.data());
-                    }
-                    progress.add(blk.count, blk.count * (sb + 4));
-                }
-            });
-            cur ^= 1;
+// Generates blocks b0 .. b0+nb-1 of a split into `set`, in parallel.
+void generate_round(GenRun& r, const SplitPlan& split, std::vector<Block>& set, std::uint64_t b0, std::uint64_t nb,
+                    bool stats) {
+    r.pool.parallel_for(nb, [&](std::uint64_t k) {
+        Block& blk = set[k];
+        blk.first = (b0 + k) * r.block_samples;
+        blk.count = std::min(r.block_samples, split.samples - blk.first);
+        blk.x.resize(blk.count * r.sb);
+        blk.y.resize(blk.count);
+        blk.sum.assign(r.channels, 0);
+        blk.sumsq.assign(r.channels, 0);
+        std::vector<float> f;
+        for (std::uint64_t i = 0; i < blk.count; ++i) {
+            const std::uint64_t idx = blk.first + i;
+            blk.y[i] = r.gen.label(split.stream, idx);
+            unsigned char* dst = blk.x.data() + i * r.sb;
+            r.gen.sample(split.stream, idx, dst);
+            if (stats && r.o.synth.kind != SynthKind::bytes)
+                accumulate_stats(dst, r.o.synth.dtype, r.channels, r.per_channel, f, blk.sum.data(), blk.sumsq.data());
         }
-        if (writing.valid()) writing.get();
-        SplitInfo info;
-        info.name = split.name;
-        info.samples = split.samples;
-        info.fields.push_back(xw->finish());
-        info.fields.push_back(yw->finish());
-        m.splits.push_back(std::move(info));
-    }
-    progress.finish();
+    });
+    if (stats)
+        for (std::uint64_t k = 0; k < nb; ++k)
+            for (std::uint64_t c = 0; c < r.channels; ++c) {
+                r.ch_sum[c] += set[k].sum[c];
+                r.ch_sumsq[c] += set[k].sumsq[c];
+            }
+}
 
+struct SplitWriters {
+    std::unique_ptr<NpyFieldWriter> x, y;
+    std::unique_ptr<FeatureMajorWriter> v28b;
+};
+
+void write_round(GenRun& r, SplitWriters& w, const std::vector<Block>& set, std::uint64_t nb) {
+    std::vector<float> values;
+    for (std::uint64_t k = 0; k < nb; ++k) {
+        const Block& blk = set[k];
+        w.x->append(blk.x.data(), blk.count);
+        w.y->append(blk.y.data(), blk.count);
+        if (w.v28b) {
+            values.resize(blk.count * r.features);
+            to_floats(blk.x.data(), r.o.synth.dtype, blk.count * r.features, values.data());
+            w.v28b->write(blk.first, blk.count, values.data(), blk.y.data());
+        }
+        r.progress.add(blk.count, blk.count * (r.sb + 4));
+    }
+}
+
+SplitInfo write_split(GenRun& r, DatasetWriter& dw, const SplitPlan& split) {
+    SplitWriters w;
+    w.x = dw.npy_field(split.name, "x", r.o.synth.dtype, r.o.synth.shape, split.samples);
+    w.y = dw.npy_field(split.name, "y", DType::i32, Shape{}, split.samples);
+    if (r.o.layout == Layout::feature_major)
+        w.v28b = std::make_unique<FeatureMajorWriter>(dw, split.name, split.samples, r.features);
+    const bool stats = split.name == "train";
+    const std::uint64_t nblocks = (split.samples + r.block_samples - 1) / r.block_samples;
+    // Two sets of blocks: one is generated while the other is written.
+    std::vector<Block> sets[2];
+    for (auto& set : sets) set.resize(r.blocks_per_round);
+    std::future<void> writing;
+    int cur = 0;
+    for (std::uint64_t b0 = 0; b0 < nblocks; b0 += r.blocks_per_round) {
+        throw_if_interrupted();
+        const std::uint64_t nb = std::min(r.blocks_per_round, nblocks - b0);
+        generate_round(r, split, sets[cur], b0, nb, stats);
+        if (writing.valid()) writing.get();
+        writing = std::async(std::launch::async, [&, nb, cur] { write_round(r, w, sets[cur], nb); });
+        cur ^= 1;
+    }
+    if (writing.valid()) writing.get();
+    SplitInfo info;
+    info.name = split.name;
+    info.samples = split.samples;
+    info.fields.push_back(w.x->finish());
+    info.fields.push_back(w.y->finish());
+    return info;
+}
+
+void describe_run(const GenRun& r, Manifest& m) {
+    const GenerateOptions& o = r.o;
     if (o.train && o.synth.kind != SynthKind::bytes) {
         ChannelStats st;
-        const double n = static_cast<double>(o.train) * static_cast<double>(per_channel);
-        for (std::uint64_t c = 0; c < channels; ++c) {
-            const double mean = ch_sum[c] / n;
+        const double n = static_cast<double>(o.train) * static_cast<double>(r.per_channel);
+        for (std::uint64_t c = 0; c < r.channels; ++c) {
+            const double mean = r.ch_sum[c] / n;
             st.mean.push_back(mean);
-            st.std.push_back(std::sqrt(std::max(0.0, ch_sumsq[c] / n - mean * mean)));
+            st.std.push_back(std::sqrt(std::max(0.0, r.ch_sumsq[c] / n - mean * mean)));
         }
         m.stats = std::move(st);
     }
+    m.num_classes = o.synth.classes;
     m.provenance.tool = "dsgen";
     m.provenance.version = DSTK_VERSION;
     m.provenance.command_line = o.command_line;
@@ -280,20 +286,39 @@ GenerateResult generate_dataset(const GenerateOptions& o) {
     m.provenance.seed = o.synth.seed;
     m.provenance.params["kind"] = std::string(synth_kind_name(o.synth.kind));
     m.provenance.params["noise"] = std::to_string(o.synth.noise);
-    m.provenance.params["layout"] = o.layout == SampleLayout::feature ? "feature" : "sample";
+    m.provenance.params["layout"] = std::string(layout_name(o.layout));
+}
+
+} // namespace
+
+GenerateResult generate_dataset(const GenerateOptions& o) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<SplitPlan> splits = plan_splits(o);
+    const std::uint64_t total_bytes = planned_bytes(o, splits);
+    std::uint64_t total_samples = 0;
+    for (const auto& s : splits) total_samples += s.samples;
+    Progress progress("dsgen", total_samples, total_bytes, o.out);
+    GenRun run(o, progress);
+    fs::path parent = o.out_dir.parent_path();
+    if (parent.empty()) parent = ".";
+    if (!o.force) check_free_disk(parent, total_bytes + total_bytes / 100 + (64u << 20));
+    DatasetWriter dw(o.out_dir, o.force);
+    Manifest m;
+    for (const auto& split : splits) m.splits.push_back(write_split(run, dw, split));
+    progress.finish();
+    describe_run(run, m);
     dw.commit(m);
 
     GenerateResult r;
     r.dir = o.out_dir;
     r.samples = total_samples;
-    r.bytes = 0;
     for (const auto& s : m.splits)
         for (const auto& f : s.fields) r.bytes += f.bytes;
-    if (o.layout == SampleLayout::feature)
-        for (const auto& s : splits) r.bytes += s.samples * (features * 4 + 4);
+    if (o.layout == Layout::feature_major)
+        for (const auto& s : splits) r.bytes += s.samples * (run.features * 4 + 4);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     r.peak_rss = peak_rss_bytes();
-    r.threads = pool.size();
+    r.threads = run.pool.size();
     return r;
 }
 

@@ -68,7 +68,7 @@ struct Inputs {
 };
 
 std::uint64_t positive_size(const std::string& text, const char* what) {
-    const std::uint64_t v = parse_size(text, what);
+    const std::uint64_t v = parse_memory_size(text, what);
     if (v == 0) throw usage_error("invalid " + std::string(what) + " '" + text + "' (must be more than 0 bytes)");
     return v;
 }
@@ -170,7 +170,9 @@ void describe_data(const PlanOptions& o, Inputs& in) {
     if (o.shape.empty()) {
         if (!o.samples.empty())
             throw usage_error("no data to plan (give --shape 3x32x32 [--dtype f32] --samples N, or --dataset DIR)");
-        if (!o.table) return;
+        if (!o.table)
+            throw usage_error("nothing to plan: dsplan needs the data (--shape 3x32x32 [--dtype f32] [--samples "
+                              "N], or --dataset DIR), or --table for the quick-reference table; see dsplan --help");
         in.table_default_shape = true; // the seeds' table is for CIFAR-sized samples
         d.shape = parse_shape("3x32x32");
     } else {
@@ -191,7 +193,7 @@ void describe_data(const PlanOptions& o, Inputs& in) {
 
 Inputs gather(const PlanOptions& o) {
     Inputs in;
-    in.assumptions.os_reserve = parse_size(o.os_reserve, "--os-reserve");
+    in.assumptions.os_reserve = parse_memory_size(o.os_reserve, "--os-reserve");
     in.assumptions.headroom_ppm = parse_headroom(o.headroom);
     in.os_reserve_given = o.os_reserve != PlanOptions{}.os_reserve;
     in.headroom_given = o.headroom != PlanOptions{}.headroom;
@@ -207,6 +209,11 @@ Inputs gather(const PlanOptions& o) {
         if (r == 0) throw usage_error("invalid --compute-rate 0 (samples per second must be positive)");
         in.compute_rate = static_cast<double>(r);
     }
+    if (o.classes && *o.classes < 2)
+        throw usage_error("invalid --classes " + std::to_string(*o.classes) +
+                          " (a classifier needs at least 2 classes)");
+    if (o.classes && o.model.empty())
+        throw usage_error("--classes sizes the model's last layer; give it with --model NAME");
     in.table = o.table;
     if (!o.require.empty() || o.check) in.require = o.require.empty() ? Placement::disk : parse_placement(o.require);
 
@@ -220,7 +227,7 @@ Inputs gather(const PlanOptions& o) {
     if (in.data.has_samples()) (void)disk_bytes(in.data);
 
     if (!o.model.empty()) {
-        const std::uint32_t classes = o.classes ? o.classes : in.manifest_classes.value_or(10);
+        const std::uint32_t classes = o.classes.value_or(in.manifest_classes.value_or(10));
         const train::ModelSpec spec = train::resolve_model(o.model, classes);
         const train::NetworkPlan net = train::plan_network(spec, train::tensor_shape_from(in.data.shape), classes);
         in.model = ModelInfo{spec.name, net.params, classes};
@@ -273,11 +280,7 @@ void print_columns(const std::vector<std::vector<std::string>>& rows) {
     }
 }
 
-void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
-                const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
-                const std::vector<DType>& table_types) {
-    const Machine& m = in.machine;
-    const DataSpec& d = in.data;
+void print_machine(const Machine& m) {
     std::printf("machine\n");
     std::string ram = "  RAM         " + figure_text(m.ram);
     if (m.ram_available.known()) ram += ", " + format_bytes(m.ram_available.bytes) + " available now";
@@ -301,7 +304,10 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
     }
     std::printf("%s\n", gpu.c_str());
     for (const std::string& n : m.notes) std::printf("  note: %s\n", n.c_str());
+}
 
+void print_budgets(const Inputs& in, const Budgets& b) {
+    const Machine& m = in.machine;
     std::printf("assumptions\n  OS reserve  %s (%s, --os-reserve)\n  headroom    %s of each budget (%s, --headroom)\n",
                 format_bytes(in.assumptions.os_reserve).c_str(), in.os_reserve_given ? "given" : "default",
                 format_headroom(in.assumptions.headroom_ppm).c_str(), in.headroom_given ? "given" : "default");
@@ -318,7 +324,10 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
     std::printf("  GPU         %s\n",
                 b.gpu.known() ? (format_bytes(b.gpu.bytes) + " = " + format_bytes(m.gpu.bytes) + " x " + keep).c_str()
                               : "unknown (no GPU: placement device not considered)");
+}
 
+void print_data(const Inputs& in) {
+    const DataSpec& d = in.data;
     std::printf("data\n");
     if (!in.dataset_dir.empty()) std::printf("  dataset     %s\n", in.dataset_dir.c_str());
     if (in.table_default_shape) std::printf("  note: no --shape given: sizing 3x32x32 samples\n");
@@ -338,6 +347,10 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
                     : d.stored_bytes ? ""
                                      : " (npy files as dsgen writes them)");
     }
+}
+
+void print_job(const Inputs& in) {
+    const DataSpec& d = in.data;
     std::printf("job\n  batch %u, %u ring slots: %s per ring (on the GPU when streaming, and pinned in RAM)\n",
                 in.job.batch, in.job.prefetch, format_bytes(ring_bytes(d, in.job)).c_str());
     if (in.model)
@@ -351,7 +364,9 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
     else
         std::printf("  note: no --model: the GPU figures cover the data only (add --model ref-cnn for the\n"
                     "        training footprint)\n");
+}
 
+void print_capacity(const DataSpec& d, const std::vector<Capacity>& caps) {
     std::printf("capacity (most samples, train + test, that fit each budget)\n");
     std::vector<std::vector<std::string>> rows{{"dtype", "bytes/sample", "RAM", "disk", "GPU"}};
     if (d.has_samples()) {
@@ -367,7 +382,9 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
         }
     }
     print_columns(rows);
+}
 
+void print_verdict(const std::optional<Verdict>& v) {
     if (v) {
         static const char* what[] = {"the whole dataset in GPU memory", "in RAM: stream from RAM or managed memory",
                                      "stream from disk", "does not fit"};
@@ -379,6 +396,10 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
             for (const std::string& f : v->fixes) std::printf("    - %s\n", f.c_str());
         }
     }
+}
+
+void print_epoch(const Inputs& in, const std::optional<Verdict>& v, const std::optional<EpochEstimate>& e) {
+    const DataSpec& d = in.data;
     if (e && v && v->placement != Placement::none) {
         std::printf("epoch (%s train samples, order %s)\n", format_count(d.train).c_str(),
                     std::string(data::order_name(in.order)).c_str());
@@ -412,7 +433,10 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
     if (in.order == Order::full && v && v->placement == Placement::disk)
         warning("--order full reads one sample at a time at random from disk; --order chunk keeps the reads "
                 "sequential");
+}
 
+void print_table(const Inputs& in, const std::vector<TableRow>& table, const std::vector<DType>& table_types) {
+    const DataSpec& d = in.data;
     if (in.table) {
         std::printf("quick reference (%s, %s per ring, OS reserve %s, headroom %s)\n", d.shape.str().c_str(),
                     format_bytes(ring_bytes(d, in.job)).c_str(), format_bytes(in.assumptions.os_reserve).c_str(),
@@ -425,6 +449,19 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
         }
         print_columns(t);
     }
+}
+
+void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
+                const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
+                const std::vector<DType>& table_types) {
+    print_machine(in.machine);
+    print_budgets(in, b);
+    print_data(in);
+    print_job(in);
+    print_capacity(in.data, caps);
+    print_verdict(v);
+    print_epoch(in, v, e);
+    print_table(in, table, table_types);
 }
 
 // ---- JSON output ----

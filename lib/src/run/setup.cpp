@@ -42,7 +42,7 @@ void require_gpu(const train::Device& d) {
     const std::string name = train::device_name(d);
     if (!built_with_cuda()) throw no_fit_error("--device " + name + " (built without CUDA support) use --device cpu");
     if (gpus.empty())
-        throw no_fit_error("--device " + name + ": no usable GPU (" + why +
+        throw no_fit_error("--device " + name + " (" + why +
                            ") train on the CPU with --device cpu, or check the GPU and its driver with nvidia-smi");
     throw no_fit_error("--device " + name + ": no such GPU (this machine has " + std::to_string(gpus.size()) +
                        ", cuda:0 to cuda:" + std::to_string(gpus.size() - 1) + ") pick one of them, or --device cpu");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dstk/dtype.hpp"
+#include "dstk/layout.hpp"
 #include "dstk/manifest.hpp"
 #include "dstk/shape.hpp"
 
@@ -25,9 +26,6 @@ class ThreadPool;
 enum class InputFormat { automatic, dataset, npy, npz, raw, v28b, idx, cifar10 };
 std::string_view input_format_name(InputFormat f);
 InputFormat parse_input_format(std::string_view name); // usage error listing the names
-
-enum class Layout { sample_major, feature_major };
-Layout parse_layout(std::string_view name); // "sample-major" | "feature-major"
 
 // Sequential reader of one field: samples in order, whole samples only.
 class FieldStream {
@@ -71,9 +69,14 @@ struct Source {
     std::optional<std::uint32_t> num_classes;
     std::optional<Manifest> manifest; // the input's, for a dataset directory
     bool rereadable = true;           // false for stdin
+    std::vector<std::string> notices; // what was guessed (e.g. HWC images), for the user
 };
 
-// How to read inputs that do not describe themselves (raw, v28b).
+enum class InLayout { automatic, nhwc, nchw };
+InLayout parse_in_layout(std::string_view text); // --in-layout: auto | nhwc | nchw
+
+// How to read inputs that do not describe themselves (raw, v28b), and how to
+// name and lay out the arrays of those that do.
 struct RawInputOptions {
     std::optional<Shape> shape;
     std::optional<DType> dtype;
@@ -82,6 +85,14 @@ struct RawInputOptions {
     // --labels: an IDX label file (plain or gzip) that gives field y to raw or
     // IDX-file images (stdin included); its count must match the images'.
     std::filesystem::path labels;
+    // .npz arrays that hold the inputs (x) and the labels (y), by member name
+    // ("x_train", "images") or by the field name after the split suffix is
+    // taken off ("images" for images_train and images_test); empty: found
+    // by the usual names.
+    std::string x_array, y_array;
+    // Images stored height x width x channels (nhwc) are transposed to CHW;
+    // automatic: where the last axis is 1, 3 or 4 and the others are not.
+    InLayout in_layout = InLayout::automatic;
 };
 
 // Detects the format when `format` is automatic, then opens every split and

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "dstk/dtype.hpp"
+
 namespace dstk::data::gpu {
 
 void set_device(int device);
@@ -33,6 +35,15 @@ void stream_wait_event(void* stream, void* event);
 void copy_h2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream);
 void copy_h2d(void* dst, const void* src, std::uint64_t bytes);
 void copy_d2h(void* dst, const void* src, std::uint64_t bytes); // synchronous (tests, inspection)
+void copy_d2d_async(void* dst, const void* src, std::uint64_t bytes, void* stream);
+
+// x_out = (x - mean[c]) * inv_std[c] as float, NCHW (the samples' stored C x HW
+// order), and the labels copied: the trainer's input conversion (u8, bf16,
+// f16, f32) for consumers outside the trainer (the Python loader). mean and
+// inv_std: `channels` floats in device memory.
+void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std::uint32_t n, std::uint32_t channels,
+                         std::uint64_t hw, const float* mean, const float* inv_std, float* x_out, std::int32_t* y_out,
+                         void* stream);
 
 // dst row i = src row idx[i] (rows of row_bytes bytes), x and labels at once;
 // idx in device (or managed) memory.

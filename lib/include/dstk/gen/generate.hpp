@@ -5,13 +5,11 @@
 #include <filesystem>
 #include <string>
 
+#include "dstk/layout.hpp"
 #include "dstk/output.hpp"
 #include "dstk/gen/synth.hpp"
 
 namespace dstk {
-
-enum class SampleLayout { sample, feature };
-SampleLayout parse_sample_layout(std::string_view text); // "sample" | "feature"
 
 struct GenerateOptions {
     std::filesystem::path out_dir;
@@ -19,7 +17,7 @@ struct GenerateOptions {
     SynthParams synth;
     bool dtype_given = false, noise_given = false;
     unsigned threads = 0; // 0: one per hardware thread
-    SampleLayout layout = SampleLayout::sample;
+    Layout layout = Layout::sample_major; // feature_major: also the v28b .bin files
     bool force = false;
     OutputOptions out;
     std::string command_line;

@@ -186,7 +186,7 @@ struct PlanOptions {
     std::string shape, dtype, label_dtype = "i32", samples, test = "0";
     std::uint32_t batch = 256, prefetch = 4;
     std::string model; // a dstrain model name or spec (validated against the shape)
-    std::uint32_t classes = 0;
+    std::optional<std::uint32_t> classes; // --classes; unset: the manifest's, else 10
     std::string compute_rate; // samples/s
     std::string order = "chunk";
     std::string os_reserve = "10G", headroom = "20%";

@@ -11,8 +11,10 @@
 
 #include "dstk/atomic_output.hpp"
 #include "dstk/chunked_file.hpp"
-#include "dstk/convert/convert.hpp"
+#include "dstk/convert/bench.hpp"
+#include "dstk/convert/dtype_kernels.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/rng.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/thread_pool.hpp"
@@ -113,17 +115,10 @@ void kernel_rows(std::vector<Row>& rows, ThreadPool& pool) {
 }
 
 void zstd_rows(std::vector<Row>& rows, const ConvertOptions& o, ThreadPool& pool) {
-    const int fd = ::open(o.input.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw_errno("cannot open", o.input.string());
-    const off_t size = ::lseek(fd, 0, SEEK_END);
+    const UniqueFd fd = UniqueFd::open(o.input, O_RDONLY, "cannot open");
+    const off_t size = ::lseek(fd.get(), 0, SEEK_END);
     std::vector<std::uint8_t> data(std::min<std::uint64_t>(size < 0 ? 0 : size, zstd_max_input));
-    try {
-        read_all(fd, data.data(), data.size(), 0, o.input);
-    } catch (...) {
-        ::close(fd);
-        throw;
-    }
-    ::close(fd);
+    read_all(fd.get(), data.data(), data.size(), 0, o.input);
     if (data.empty()) throw usage_error("--benchmark: '" + o.input.string() + "' is empty");
     std::vector<int> levels{1, 3};
     if (o.compress != "none") {

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "dstk/convert/convert.hpp"
+#include "dstk/convert/dtype_kernels.hpp"
 #include "dstk/error.hpp"
 
 namespace dstk {

@@ -1,0 +1,67 @@
+#pragma once
+// The state of one dsconvert run, passed through its stages in order:
+// check_settings -> open_input -> plan_fields -> scan_range ->
+// plan_output_splits -> select_single_output -> prepare_output -> make_sinks
+// -> stream_input -> commit_output -> report.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "dstk/convert/convert.hpp"
+#include "dstk/dataset_writer.hpp"
+#include "dstk/thread_pool.hpp"
+#include "field_plan.hpp"
+#include "resumable.hpp"
+
+namespace dstk::convert {
+
+// Blocks hold about this many input + output bytes, all fields together.
+inline constexpr std::uint64_t block_target_bytes = 16ull << 20;
+
+// The options, checked and resolved before any input is opened.
+struct Settings {
+    OutputFormat to = OutputFormat::dataset;
+    bool zstd = false;
+    int level = 0;
+    bool range_auto = false;
+    std::optional<std::pair<double, double>> range_given;
+};
+Settings check_settings(const ConvertOptions& o);
+
+struct Job {
+    Job(const ConvertOptions& options, Settings s) : o(options), settings(std::move(s)), pool(options.threads) {}
+    const ConvertOptions& o;
+    Settings settings;
+    ThreadPool pool;
+
+    Source src;
+    std::string x_name;      // the input field (x), which --dtype and the mapping apply to
+    std::string y_name;      // the label field (y)
+    bool count_known = true; // false: raw stdin without labels, counted when it ends
+    std::vector<FieldPlan> fields;
+    std::optional<std::size_t> x_index;
+    FieldPlan* x() { return x_index ? &fields[*x_index] : nullptr; }
+
+    std::uint64_t total_samples = 0;
+    std::vector<OutSplit> outs;
+    std::optional<std::size_t> only_split; // single-file outputs: what they hold
+    std::size_t only_field = 0;
+
+    std::uint64_t chunk_samples = 0; // zstd-chunked outputs
+    std::optional<DatasetWriter> writer;
+    std::unique_ptr<ResumableOutput> resumable;
+    std::filesystem::path out_dir;
+    std::uint64_t resume_at = 0; // samples of the (concatenated) input already converted
+    std::uint64_t bytes_written = 0;
+};
+
+void stream_input(Job& job);
+// After the stream: labels in 0 .. 2^31-1 and below --num-classes; the class count.
+std::optional<std::uint32_t> check_labels(const Job& job);
+void report(Job& job, double seconds);
+void run_verify(const ConvertOptions& o);
+
+} // namespace dstk::convert

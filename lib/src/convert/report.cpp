@@ -1,0 +1,102 @@
+// dsconvert's report: what was converted and what the conversion lost, as
+// text on stderr or one JSON document (--json, --report-json).
+#include <cstdio>
+
+#include "convert_job.hpp"
+#include "dstk/atomic_output.hpp"
+#include "dstk/output.hpp"
+#include "dstk/sysinfo.hpp"
+#include "dstk/units.hpp"
+
+namespace fs = std::filesystem;
+
+namespace dstk::convert {
+namespace {
+
+std::string field_summary(const FieldPlan& p) {
+    std::string s = p.name + ": " + std::string(dtype_name(p.in));
+    if (p.convert) s += " -> " + std::string(dtype_name(p.out));
+    return s;
+}
+
+void write_report_file(const fs::path& path, const nlohmann::json& j, bool force) {
+    AtomicFile f(path, force);
+    const std::string text = j.dump(2) + "\n";
+    f.write(text.data(), text.size());
+    f.commit();
+}
+
+nlohmann::json report_json(Job& j, double secs, std::uint64_t bytes_in) {
+    nlohmann::json out;
+    out["input"] = j.o.input.string();
+    out["input_format"] = std::string(input_format_name(j.src.format));
+    out["output"] = j.o.output.string();
+    out["output_format"] = j.settings.to == OutputFormat::dataset
+                               ? (j.settings.zstd ? "dataset (zstd-chunked)" : "dataset (npy)")
+                               : (j.settings.to == OutputFormat::npy ? "npy" : "raw");
+    out["samples"] = j.total_samples;
+    out["splits"] = nlohmann::json::array();
+    for (const auto& s : j.outs) out["splits"].push_back({{"name", s.name}, {"samples", s.samples}});
+    out["fields"] = nlohmann::json::array();
+    for (const auto& p : j.fields) {
+        nlohmann::json fj = {{"name", p.name},
+                             {"from", std::string(dtype_name(p.in))},
+                             {"to", std::string(dtype_name(p.out))},
+                             {"shape", p.shape.str()},
+                             {"scale", p.map.scale},
+                             {"offset", p.map.offset}};
+        fj["conversion"] = p.stats.to_json();
+        out["fields"].push_back(fj);
+    }
+    out["bytes_in"] = bytes_in;
+    out["bytes_out"] = j.bytes_written;
+    if (j.settings.zstd) {
+        out["compression_level"] = j.settings.level;
+        out["chunk_samples"] = j.chunk_samples;
+    }
+    if (j.o.shuffle_seed) out["shuffle_seed"] = *j.o.shuffle_seed;
+    if (j.resumable) out["resumed_after_samples"] = j.resume_at;
+    out["seconds"] = secs;
+    out["threads"] = j.pool.size();
+    out["peak_rss_bytes"] = peak_rss_bytes();
+    return out;
+}
+
+void print_report(Job& j, double secs, std::uint64_t bytes_in) {
+    note(j.o.out, "dsconvert: " + format_count(j.total_samples) + " samples (" + j.src.description + ") -> " +
+                      j.o.output.string() + ": " + format_bytes(bytes_in) + " -> " + format_bytes(j.bytes_written) +
+                      " in " + format_duration(secs) + " (" + format_rate(secs > 0 ? bytes_in / secs : 0) + ")");
+    for (const auto& p : j.fields) {
+        if (!p.convert) continue;
+        const ConversionStats& s = p.stats;
+        std::string line = "  " + field_summary(p) + ": ";
+        if (!s.lossy()) {
+            line += "exact";
+        } else {
+            char buf[200];
+            std::snprintf(buf, sizeof buf, "max abs error %.6g, max rel error %.3g, %llu inexact", s.max_abs_error,
+                          s.max_rel_error, static_cast<unsigned long long>(s.inexact));
+            line += buf;
+            if (s.clipped) line += ", " + format_count(s.clipped) + " clipped";
+            if (s.overflow_inf) line += ", " + format_count(s.overflow_inf) + " overflowed to Inf";
+            if (s.nan) line += ", " + format_count(s.nan) + " NaN";
+        }
+        line += " (" + format_bytes(s.bytes_in) + " -> " + format_bytes(s.bytes_out) + ")";
+        note(j.o.out, line);
+    }
+}
+
+} // namespace
+
+void report(Job& j, double secs) {
+    std::uint64_t bytes_in = 0;
+    for (const auto& p : j.fields) bytes_in += p.stats.bytes_in;
+    const nlohmann::json out = report_json(j, secs, bytes_in);
+    if (!j.o.report_json.empty()) write_report_file(j.o.report_json, out, true);
+    if (j.o.out.json)
+        std::printf("%s\n", out.dump(2).c_str());
+    else
+        print_report(j, secs, bytes_in);
+}
+
+} // namespace dstk::convert

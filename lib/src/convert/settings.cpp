@@ -1,0 +1,120 @@
+// dsconvert's settings: the options checked and resolved before any input
+// is opened, so that a usage error never leaves anything behind.
+#include "convert_job.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "dstk/chunked_file.hpp"
+#include "dstk/enum_names.hpp"
+#include "dstk/error.hpp"
+
+namespace dstk {
+namespace {
+
+int parse_compress(const std::string& text, bool& zstd) {
+    if (text == "none") {
+        zstd = false;
+        return 0;
+    }
+    zstd = true;
+    if (text == "zstd") return chunked_default_level;
+    if (text.rfind("zstd:", 0) == 0) {
+        const std::string lv = text.substr(5);
+        char* end = nullptr;
+        const long v = std::strtol(lv.c_str(), &end, 10);
+        if (!lv.empty() && *end == 0 && v >= zstd_min_level() && v <= zstd_max_level() && v != 0)
+            return static_cast<int>(v);
+        throw usage_error("invalid --compress level '" + lv + "' (zstd levels are " + std::to_string(zstd_min_level()) +
+                          ".." + std::to_string(zstd_max_level()) + ", not 0); e.g. --compress zstd:3");
+    }
+    throw usage_error("invalid --compress '" + text + "' (expected none, zstd or zstd:LEVEL)");
+}
+
+double parse_number(const std::string& s, const std::string& what) {
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end != 0 || !std::isfinite(v))
+        throw usage_error("invalid " + what + " '" + s + "' (not a number)");
+    return v;
+}
+
+constexpr EnumNames<OutputFormat, 3> output_format_names{
+    {{{OutputFormat::dataset, "dataset"}, {OutputFormat::npy, "npy"}, {OutputFormat::raw, "raw"}}}};
+
+} // namespace
+
+OutputFormat parse_output_format(std::string_view text) {
+    return output_format_names.parse(text, "--to");
+}
+
+std::string_view output_format_name(OutputFormat f) {
+    return output_format_names.name(f);
+}
+
+std::vector<SplitFraction> parse_split_fractions(const std::string& text) {
+    std::vector<SplitFraction> out;
+    std::stringstream ss(text);
+    std::string item;
+    double sum = 0;
+    while (std::getline(ss, item, ',')) {
+        const auto eq = item.find('=');
+        if (eq == std::string::npos || eq == 0)
+            throw usage_error("invalid --split item '" + item + "' (expected NAME=FRACTION, e.g. train=0.9,test=0.1)");
+        SplitFraction f{item.substr(0, eq), parse_number(item.substr(eq + 1), "--split fraction")};
+        if (!(f.fraction > 0) || f.fraction > 1)
+            throw usage_error("invalid --split fraction for '" + f.name + "' (must be in (0, 1])");
+        for (const auto& g : out)
+            if (g.name == f.name) throw usage_error("--split names '" + f.name + "' twice");
+        sum += f.fraction;
+        out.push_back(f);
+    }
+    if (out.empty()) throw usage_error("empty --split (expected e.g. train=0.9,test=0.1)");
+    if (std::fabs(sum - 1.0) > 1e-6)
+        throw usage_error("--split fractions sum to " + std::to_string(sum) + " (they must sum to 1)");
+    return out;
+}
+
+namespace convert {
+
+Settings check_settings(const ConvertOptions& o) {
+    if (o.output.empty()) throw usage_error("no output given (dsconvert INPUT OUTPUT, or dsconvert --verify DIR)");
+    for (const auto& [value, name] : {std::pair{o.scale, "--scale"}, std::pair{o.offset, "--offset"}})
+        if (value && !std::isfinite(*value))
+            throw usage_error("invalid " + std::string(name) + " " + std::to_string(*value) +
+                              " (the mapping must be finite: a non-finite " + name +
+                              " turns every value into NaN or Inf); give a finite number");
+    if (o.output == "-" && (!o.to || *o.to == OutputFormat::dataset))
+        throw usage_error("OUTPUT '-' is stdout, which holds one array: give --to npy or --to raw (a dataset is a "
+                          "directory)");
+    if (o.output == "-" && o.out.json)
+        throw usage_error("--json prints on stdout, which OUTPUT '-' already uses; drop one (--report-json FILE "
+                          "writes the report elsewhere)");
+    if (o.num_classes && *o.num_classes < 2)
+        throw usage_error("invalid --num-classes " + std::to_string(*o.num_classes) + " (at least 2)");
+    Settings s;
+    s.level = parse_compress(o.compress, s.zstd);
+    s.to = o.to.value_or(OutputFormat::dataset);
+    if (!o.to && o.output.extension() == ".npy") s.to = OutputFormat::npy;
+    if (s.to != OutputFormat::dataset && s.zstd)
+        throw usage_error("--compress zstd writes a dataset directory; a single " +
+                          std::string(s.to == OutputFormat::npy ? ".npy" : "raw") + " output is uncompressed");
+    if (s.to != OutputFormat::raw && o.out_layout == Layout::feature_major)
+        throw usage_error("--out-layout feature-major is for raw outputs (--to raw); datasets are sample-major");
+    s.range_auto = o.range == "auto";
+    if (!o.range.empty() && !s.range_auto) {
+        const auto colon = o.range.find(':', 1);
+        if (colon == std::string::npos) throw usage_error("invalid --range '" + o.range + "' (expected auto or LO:HI)");
+        s.range_given = {parse_number(o.range.substr(0, colon), "--range LO"),
+                         parse_number(o.range.substr(colon + 1), "--range HI")};
+        if (!(s.range_given->second > s.range_given->first))
+            throw usage_error("invalid --range '" + o.range + "' (HI must be greater than LO)");
+    }
+    if (!o.range.empty() && (o.scale || o.offset))
+        throw usage_error("--range and --scale/--offset both set the mapping; give one of them");
+    return s;
+}
+
+} // namespace convert
+} // namespace dstk

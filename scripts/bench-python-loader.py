@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""dstk.Loader inside a PyTorch loop, on the GPU machine (PyTorch, the dstk
+package installed). The PyTorch twin of ref-cnn (scripts/torch_baseline.py;
+torch.compile reduce-overhead = CUDA graphs, tf32), batch 256, u8 3x32x32, the
+same compiled step fed three ways in each process:
+
+  reference  the normalised split already in GPU memory (slices)
+  dstk       dstk.Loader(placement="stream", order="chunk"): readers, pinned
+             ring, copy stream, conversion on the GPU; torch.from_dlpack
+  memmap     the seeds' recipe: np.memmap Dataset + DataLoader(shuffle,
+             4 workers, pin_memory), normalised on the GPU
+
+--runs fresh processes (default 3), one timed epoch per way in each; the table
+gives the median samples/s with min and max, dstk as % of the reference and
+as a multiple of memmap, and the loader's printed ceilings beside the GPU
+memory it took and the process's peak RSS. --cgroup-limit L (root, cgroup v2)
+adds one run of dstk and memmap on a dataset 4x L read from disk inside a
+memory cgroup of L (a fixed number of steps, cold page cache).
+
+    python3 scripts/bench-python-loader.py --out "$OUT"   # DSTK_BIN: dsgen's folder
+"""
+import argparse, json, os, resource, shutil, statistics, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_count(text):
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9}
+    return int(float(text[:-1]) * mult[text[-1]]) if text[-1] in mult else int(text)
+
+
+def parse_bytes(text):
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(float(text[:-1]) * mult[text[-1]]) if text[-1] in mult else int(text)
+
+
+# ---- worker: one process, the three ways --------------------------------------
+
+def worker(a):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, HERE)
+    from torch_baseline import MemmapSamples, ref_cnn
+    import dstk
+
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    ds = dstk.open(a.dataset)
+    xf, yf = ds["train"]["x"], ds["train"]["y"]
+    n, (c, h, w) = xf.samples, xf.sample_shape
+    classes = ds.manifest.get("num_classes", 10)
+    mean = torch.tensor(ds.manifest["stats"]["mean"], device="cuda").view(1, c, 1, 1)
+    std = torch.tensor(ds.manifest["stats"]["std"], device="cuda").view(1, c, 1, 1)
+    torch.manual_seed(0)
+    model = ref_cnn(c, classes, h, w).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=True)
+
+    def step(xb, yb):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = torch.compile(step, mode="reduce-overhead")
+    model.train()
+    steps = min(n // a.batch, a.steps or n)
+    out = {"samples": n, "steps": steps, "ways": {}}
+
+    def timed(batches, warm):
+        """Runs `warm` steps, then `steps` timed ones, from the iterator."""
+        it = iter(batches)
+        for _ in range(warm):
+            step(*next(it))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(*next(it))
+        torch.cuda.synchronize()
+        return steps * a.batch / (time.perf_counter() - t0)
+
+    def forever(make):
+        while True:
+            yield from make()
+
+    for way in a.ways.split(","):
+        free0 = torch.cuda.mem_get_info()[0]
+        info = {}
+        if way == "reference":
+            x = torch.from_numpy(np.array(xf.numpy())).cuda().float().sub_(mean).div_(std)
+            y = torch.from_numpy(np.array(yf.numpy())).cuda().long()
+            k = n // a.batch
+            rate = timed(forever(lambda: ((x[i * a.batch:(i + 1) * a.batch], y[i * a.batch:(i + 1) * a.batch])
+                                          for i in range(k))), 30)
+            del x, y
+        elif way == "dstk":
+            loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
+                                 device="cuda:0", readers=a.readers)
+            info = {"device_bytes": loader.device_bytes, "host_bytes": loader.host_bytes,
+                    "gpu_taken": free0 - torch.cuda.mem_get_info()[0]}
+            rate = timed(forever(lambda: ((torch.from_dlpack(x), torch.from_dlpack(y).long()) for x, y in loader)),
+                         30)
+            info["times"] = loader.times
+            del loader
+        else:
+            xpath = os.path.join(a.dataset, ds.manifest["splits"][0]["fields"][0]["file"])
+            ypath = os.path.join(a.dataset, ds.manifest["splits"][0]["fields"][1]["file"])
+            dl = torch.utils.data.DataLoader(MemmapSamples(xpath, ypath), batch_size=a.batch, shuffle=True,
+                                             num_workers=4, pin_memory=True, drop_last=True,
+                                             persistent_workers=True)
+            rate = timed(forever(lambda: ((((xb.cuda(non_blocking=True).float() - mean) / std),
+                                           yb.cuda(non_blocking=True)) for xb, yb in dl)), 30)
+            del dl
+        info["samples_per_s"] = rate
+        info["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        out["ways"][way] = info
+        print(f"{way:10s} {rate:12,.0f} samples/s", file=sys.stderr, flush=True)
+    print(json.dumps(out))
+
+
+# ---- driver ------------------------------------------------------------------
+
+def run_worker(a, dataset, ways, steps, log, prefix=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", dataset, "--ways", ways, "--batch", str(a.batch),
+           "--steps", str(steps), "--readers", str(a.readers)]
+    if prefix:
+        cmd = prefix + cmd
+    with open(log, "w") as err:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench-python-loader: worker failed (rc {p.returncode}); see {log}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+def in_ram(a, dsgen):
+    data = os.path.join(a.work, "ram")
+    subprocess.run([dsgen, data, "--train", str(a.train), "--test", "0", "--force", "-q"], check=True)
+    results = [run_worker(a, data, "reference,dstk,memmap", 0, os.path.join(a.out, f"run{r}.log"))
+               for r in range(a.runs)]
+    json.dump(results, open(os.path.join(a.out, "bench-python-loader.json"), "w"), indent=1)
+    rows = {}
+    for way in ("reference", "dstk", "memmap"):
+        rates = [r["ways"][way]["samples_per_s"] for r in results]
+        rows[way] = (statistics.median(rates), min(rates), max(rates))
+    d = results[-1]["ways"]["dstk"]
+    lines = [f"in RAM: {a.train:,} samples u8 3x32x32, batch {a.batch}, {a.runs} processes "
+             f"(median [min, max] samples/s)"]
+    for way, (med, lo, hi) in rows.items():
+        lines.append(f"  {way:10s} {med:12,.0f}  [{lo:,.0f}, {hi:,.0f}]")
+    lines.append(f"  dstk / reference {rows['dstk'][0] / rows['reference'][0]:.1%}   "
+                 f"dstk / memmap {rows['dstk'][0] / rows['memmap'][0]:.2f}x")
+    lines.append(f"  dstk ceilings: GPU {gib(d['device_bytes'])} (taken {gib(d['gpu_taken'])}), "
+                 f"host {gib(d['host_bytes'])}; process peak RSS {gib(d['peak_rss'])}")
+    return lines
+
+
+def cgroup(a, dsgen):
+    limit = parse_bytes(a.cgroup_limit)
+    samples = 4 * limit // (3 * 32 * 32 + 4)
+    data = os.path.join(a.work, "disk")
+    subprocess.run([dsgen, data, "--train", str(samples), "--test", "0", "--force", "-q"], check=True)
+    for f in os.listdir(data):
+        subprocess.run(["dd", f"if={os.path.join(data, f)}", "iflag=nocache", "count=0"], stderr=subprocess.DEVNULL)
+    group = "/sys/fs/cgroup/dstk-bench-python"
+    os.makedirs(group, exist_ok=True)
+    open(os.path.join(group, "memory.max"), "w").write(str(limit))
+    shell = ["bash", "-c", f'echo $BASHPID > {group}/cgroup.procs && exec "$@"', "bash"]
+    r = run_worker(a, data, "dstk,memmap", a.cgroup_steps, os.path.join(a.out, "cgroup.log"), shell)
+    d, m = r["ways"]["dstk"], r["ways"]["memmap"]
+    return [f"cgroup {gib(limit)}, data {gib(samples * (3 * 32 * 32 + 4))} on disk, {r['steps']} steps, one run:",
+            f"  dstk       {d['samples_per_s']:12,.0f}   memmap {m['samples_per_s']:12,.0f}   "
+            f"dstk / memmap {d['samples_per_s'] / m['samples_per_s']:.2f}x; dstk host ceiling {gib(d['host_bytes'])}"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "build-gpu/bench-python"), help="logs and JSON")
+    ap.add_argument("--work", default="/var/tmp/dstk-bench-python",
+                    help="dataset folder, on disk (removed at the end)")
+    ap.add_argument("--train", type=parse_count, default=parse_count("150K"))
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--readers", type=int, default=2)
+    ap.add_argument("--cgroup-limit", default="", help="e.g. 4G: add the larger-than-RAM run (root, cgroup v2)")
+    ap.add_argument("--cgroup-steps", type=int, default=400)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--ways", default="reference,dstk,memmap", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        a.dataset = a.worker
+        return worker(a)
+    os.makedirs(a.out, exist_ok=True)
+    dsgen = os.path.join(os.environ.get("DSTK_BIN", "build-gpu/bin"), "dsgen")
+    t0 = time.time()
+    lines = in_ram(a, dsgen)
+    if a.cgroup_limit:
+        lines += cgroup(a, dsgen)
+    shutil.rmtree(a.work, ignore_errors=True)
+    lines.append(f"({time.time() - t0:.0f} s; logs in {a.out})")
+    open(os.path.join(a.out, "summary.txt"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
