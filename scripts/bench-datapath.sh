@@ -44,7 +44,7 @@ for dtype in u8 bf16 f32; do
         fi
         log="$LOG/$dtype-$data.jsonl"
         if ! "$BIN/dstrain" "$ds" --model ref-cnn --batch 256 --epochs "$EPOCHS" --data "$data" --order "$ORDER" \
-            --log-json "$log" >"$LOG/$dtype-$data.out" 2>"$LOG/$dtype-$data.err"; then
+            --log-json "$log" --save "$LOG/model-$dtype-$data.safetensors" --force >"$LOG/$dtype-$data.out" 2>"$LOG/$dtype-$data.err"; then
             printf '%-5s %-8s %12s  (failed: %s)\n' "$dtype" "$data" - "$(tail -1 "$LOG/$dtype-$data.err")" \
                 | tee -a "$LOG/table.txt"
             continue

@@ -54,7 +54,7 @@ for gib in $SIZES_GIB; do
     rm -f "$log"
     t0=$SECONDS
     if ! "$BIN/dstrain" "$ds" --model ref-cnn --batch 256 --epochs 1 --data stream --order chunk \
-        --max-steps "$STEPS" --log-json "$log" >"$LOG/memory-${gib}g.out" 2>"$LOG/memory-${gib}g.err"; then
+        --max-steps "$STEPS" --log-json "$log" --save "$LOG/model-${gib}g.safetensors" --force >"$LOG/memory-${gib}g.out" 2>"$LOG/memory-${gib}g.err"; then
         echo "bench-gpu-datapath: stream run on $gib GiB failed: $(tail -1 "$LOG/memory-${gib}g.err")" >&2
         rm -rf "$ds"
         fail=1

@@ -37,7 +37,8 @@ for r in $(seq 1 "$runs"); do
       smi=$!
     fi
     "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" \
-        --device cuda:0 --log-json "$log/$name.jsonl" >"$log/$name.out" 2>"$log/$name.err"
+        --device cuda:0 --log-json "$log/$name.jsonl" --save "$log/model-$name.safetensors" --force \
+        >"$log/$name.out" 2>"$log/$name.err"
     rc=$?
     [ -n "$smi" ] && kill "$smi" 2>/dev/null && wait "$smi" 2>/dev/null
     v=$(python3 -c '
@@ -81,7 +82,7 @@ if python3 -c "import sys; sys.exit(0 if float('$spread') > 1.10 else 1)"; then
   echo "== bf16 speeds differ by ${spread}x: the layer profile of two more processes"
   for k in 1 2; do
     DSTK_PROFILE_LAYERS=3 "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs 1 --precision bf16 \
-        --device cuda:0 >"$log/profile-$k.out" 2>"$log/profile-$k.err"
+        --device cuda:0 --save "$log/model-profile-$k.safetensors" --force >"$log/profile-$k.out" 2>"$log/profile-$k.err"
     grep -h "graph step\|input conversion\|^epoch" "$log/profile-$k.out" "$log/profile-$k.err" | cut -c1-400
   done
 fi

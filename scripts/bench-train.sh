@@ -34,7 +34,7 @@ epoch_median() {
 for r in $(seq 1 "$runs"); do
   for p in $precisions; do
     "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
-        --json >"$work/dstrain-$p-$r.json" 2>"$work/dstrain-$p-$r.err"
+        --save "$work/model-$p-$r.safetensors" --force --json >"$work/dstrain-$p-$r.json" 2>"$work/dstrain-$p-$r.err"
     printf 'dstrain %s\t%s\n' "$p" "$(epoch_median "$work/dstrain-$p-$r.json")" >>"$results"
     if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
       # PyTorch loads its own cuDNN: keep the system one out of the way.
@@ -74,7 +74,7 @@ EOF
 
 if [ "${MEMMAP:-1}" != 0 ] && [ "$torch" != 0 ]; then
   "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision tf32 --device cuda:0 \
-      --data stream --order full --json > "$work/dstrain-stream.json"
+      --data stream --order full --save "$work/model-stream.safetensors" --force --json > "$work/dstrain-stream.json"
   stream=$(epoch_median "$work/dstrain-stream.json")
   env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 1 --precision tf32 \
       --modes memmap --json > "$work/torch-memmap.json"

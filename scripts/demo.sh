@@ -46,10 +46,11 @@ run "$bin/dsconvert" --verify "$out/data"
 
 echo "== 5. train $model on $device for $epochs epochs (log: $out/train.jsonl)"
 rm -f "$out/train.jsonl"
-run "$bin/dstrain" "$out/data" --model "$model" --epochs "$epochs" --device "$device" --log-json "$out/train.jsonl"
+run "$bin/dstrain" "$out/data" --model "$model" --epochs "$epochs" --device "$device" --log-json "$out/train.jsonl" --force
 
 echo
 echo "outputs in $out:"
 echo "  data/          the dataset (dataset.json + .npy files; numpy.load(..., mmap_mode='r') reads them)"
 echo "  bench.json     dsbench's measurements of this machine"
 echo "  train.jsonl    one JSON line per epoch of training"
+echo "  model.safetensors  the trained model (dstrain eval/predict --weights; PyTorch load_state_dict)"

@@ -6,7 +6,7 @@
 #   scripts/gpu-test.sh [LOG_DIR]
 #   DSTK_CUDA_ARCHS   architectures to build (default: native)
 #   DSTK_GPU_BENCH    which benchmarks: all (default), none, or names among
-#                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert
+#                     dsgen-speed dsbench-gpu bench-train bench-datapath bench-convert model-check
 #                     kernel-choice (issue 18: 10 fresh processes per precision from
 #                     an empty kernel choice cache; not in "all", ~4 minutes)
 #                     bench-larger-than-ram (issue 13: root, cgroup v2; not in "all", ~7 minutes)
@@ -87,6 +87,7 @@ if [ "$benches" != none ]; then
         SUMMARY_RE='dstk / reference' step python-loader 330 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
             ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"}
     fi
+    want model-check && SUMMARY_RE='model-check' step model-check 150 scripts/model-check.sh "$DSTK_BIN" "$work/model" "$log"
     rm -rf "$work"
     # Not part of "all": it needs root and most of a call's 10 minutes.
     named bench-larger-than-ram && SUMMARY_RE='u8 .*chunk|f32 .*chunk' \

@@ -17,7 +17,7 @@ data="$work/bench-u8"
 for p in $precisions; do
   # shellcheck disable=SC2086
   DSTK_STEP_TIMES=1 DSTK_PROFILE_LAYERS=$steps "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" \
-      --precision "$p" --device cuda:0 --json ${DSTRAIN_ARGS:-} > "$work/dstrain-$p$tag.json" 2> "$work/profile-$p$tag.txt"
+      --precision "$p" --device cuda:0 --save "$work/model-$p$tag.safetensors" --force --json ${DSTRAIN_ARGS:-} > "$work/dstrain-$p$tag.json" 2> "$work/profile-$p$tag.txt"
   best=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(max(e["samples_per_second"] for e in d["epochs"][1:] or d["epochs"])))' "$work/dstrain-$p$tag.json")
   printf '\n== %s%s: best epoch %s samples/s\n' "$p" "$tag" "$best"
   grep -E '^profile: (sum|input conversion|L[0-9]+ conv)|kernels|per step' "$work/profile-$p$tag.txt" | cut -c1-300 || true

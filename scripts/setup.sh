@@ -69,7 +69,8 @@ if [ "${1:-}" = "--test" ]; then
     venv=$(cd "$(dirname "$0")/.." && pwd)/build/venv
     [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
     pip_missing=()
-    for spec in nanobind:nanobind scikit-build-core:scikit_build_core numpy:numpy pytest:pytest; do
+    for spec in nanobind:nanobind scikit-build-core:scikit_build_core numpy:numpy pytest:pytest \
+        safetensors:safetensors onnxruntime:onnxruntime; do
         "$venv/bin/python" -c "import ${spec#*:}" >/dev/null 2>&1 || pip_missing+=("${spec%%:*}")
     done
     if [ ${#pip_missing[@]} -gt 0 ]; then

@@ -21,12 +21,15 @@ echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 
 # ---- Python: the package built into build/venv, then one pytest over its
-# tests and the model's (tests/python) where present.
+# tests and the saved model's (tests/python).
 echo "== python (build/venv)"
 CMAKE_ARGS="${cuda_args[*]}" build/venv/bin/python -m pip install -q --no-build-isolation --no-deps ./python
-py_tests=(python/tests)
-[ -d tests/python ] && py_tests+=(tests/python)
-DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q "${py_tests[@]}"
+py_dirs=(python/tests tests/python)
+rc=0
+DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q "${py_dirs[@]}" || rc=$?
+# pytest exits 5 when it collected nothing: a broken test tree, never a pass.
+[ "$rc" -eq 5 ] && echo "pytest collected no tests in ${py_dirs[*]} (import errors? files renamed?)" >&2
+[ "$rc" -eq 0 ] || exit 1
 
 seconds=${DSTK_FUZZ_SECONDS:-20}
 if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then

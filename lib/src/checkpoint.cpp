@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -51,6 +52,7 @@ void save_checkpoint(const fs::path& dir, const Checkpoint& c) {
     h["steps"] = c.position.steps;
     h["seed"] = c.seed;
     h["run"] = c.run;
+    h["options"] = c.options;
     h["created"] = c.created;
     h["command_line"] = c.command_line;
     h["state_bytes"] = c.trainer_state.size();
@@ -107,6 +109,7 @@ Checkpoint load_checkpoint(const fs::path& dir) {
         c.position.steps = h.at("steps").get<std::uint64_t>();
         c.seed = h.at("seed").get<std::uint64_t>();
         c.run = h.at("run").get<std::map<std::string, std::string>>();
+        if (h.contains("options")) c.options = h.at("options").get<std::map<std::string, std::vector<std::string>>>();
         c.created = h.at("created").get<std::string>();
         c.command_line = h.at("command_line").get<std::string>();
         state_bytes = h.at("state_bytes").get<std::uint64_t>();
@@ -131,12 +134,58 @@ void check_resume_compatible(const Checkpoint& c, const std::map<std::string, st
     for (const auto& [key, value] : run) {
         const auto it = c.run.find(key);
         const std::string was = it == c.run.end() ? "(unset)" : it->second;
+        if (key == "epochs" && it != c.run.end() &&
+            std::strtoull(value.c_str(), nullptr, 10) > std::strtoull(was.c_str(), nullptr, 10))
+            continue;
         if (was != value) diffs += (diffs.empty() ? "" : ", ") + key + " " + was + " -> " + value;
     }
     if (!diffs.empty())
         throw usage_error("cannot resume from '" + checkpoint_path(dir).string() +
                           "' (the run's options differ: " + diffs +
-                          "); resume with the options it was written with, or use a new --checkpoint directory");
+                          "); --resume repeats the run's options by itself (only --epochs may grow): drop those "
+                          "options, or use a new --checkpoint directory");
+}
+
+std::map<std::string, std::vector<std::string>> given_options(const CLI::App& app,
+                                                              const std::vector<std::string>& exclude) {
+    std::map<std::string, std::vector<std::string>> out;
+    for (const CLI::Option* o : app.get_options()) {
+        const std::string name = o->get_name();
+        if (o->count() == 0 || std::find(exclude.begin(), exclude.end(), name) != exclude.end()) continue;
+        out[name] = o->results();
+    }
+    return out;
+}
+
+std::vector<std::string> take_recorded_options(CLI::App& app,
+                                               const std::map<std::string, std::vector<std::string>>& recorded) {
+    std::vector<std::string> taken;
+    for (CLI::Option* o : app.get_options()) {
+        const auto it = recorded.find(o->get_name());
+        if (o->count() > 0 || it == recorded.end()) continue;
+        o->add_result(it->second);
+        o->run_callback();
+        taken.push_back(it->first);
+    }
+    return taken;
+}
+
+} // namespace dstk
+
+namespace dstk {
+
+std::map<std::string, std::vector<std::string>> resume_options(CLI::App& app, const fs::path& dir, bool resume,
+                                                               bool quiet) {
+    if (resume && !dir.empty() && checkpoint_exists(dir)) {
+        const auto taken = take_recorded_options(app, load_checkpoint(dir).options);
+        std::string names;
+        for (const auto& n : taken) names += (names.empty() ? "" : " ") + n;
+        if (!taken.empty() && !quiet)
+            std::fprintf(stderr, "dstrain: --resume: %s as recorded in %s\n", names.c_str(),
+                         checkpoint_path(dir).c_str());
+    }
+    return given_options(app, {"--resume", "--checkpoint", "--max-steps", "--init-from", "--force", "--quiet",
+                               "--progress", "--json", "--help", "--version"});
 }
 
 } // namespace dstk

@@ -32,6 +32,11 @@ void Progress::add(std::uint64_t items, std::uint64_t bytes) {
     if (enabled_) draw(false);
 }
 
+void Progress::set_detail(std::string detail) {
+    std::lock_guard lock(draw_mutex_);
+    detail_ = std::move(detail);
+}
+
 void Progress::draw(bool force) {
     std::unique_lock lock(draw_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
@@ -49,9 +54,11 @@ void Progress::draw(bool force) {
     } else {
         std::string eta = "--";
         if (frac > 0.001 && secs > 0.5) eta = format_duration(secs * (1 - frac) / frac);
-        std::fprintf(stderr, "\r%s: %5.1f%%  %s/%s %s  %s  %s  ETA %s   ", label_.c_str(), 100 * frac,
+        // Work counted in items alone (training steps) shows no byte counts.
+        const std::string volume = total_bytes_ || bytes ? "  " + format_bytes(bytes) + "  " + rate : std::string();
+        std::fprintf(stderr, "\r%s: %5.1f%%  %s/%s %s%s  ETA %s%s%s   ", label_.c_str(), 100 * frac,
                      format_count(items).c_str(), format_count(total_items_).c_str(), item_name_.c_str(),
-                     format_bytes(bytes).c_str(), rate.c_str(), eta.c_str());
+                     volume.c_str(), eta.c_str(), detail_.empty() ? "" : "  ", detail_.c_str());
     }
     std::fflush(stderr);
     drawn_ = true;

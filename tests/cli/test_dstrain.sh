@@ -11,7 +11,7 @@ command -v jq >/dev/null || skip "jq is needed to read the JSON output"
 
 "$DSGEN" "$WORK/img" --train 2000 --test 500 --shape 3x16x16 --classes 10 --seed 5 -q >/dev/null ||
     { echo "dsgen failed" >&2; exit 1; }
-CPU=(--device cpu -T 2)
+CPU=(--device cpu -T 2 --save "$WORK/model.safetensors" --force)
 
 expect_exit 0 "$DSTRAIN" --help
 expect_stdout '--optimizer'

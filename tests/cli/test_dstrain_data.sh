@@ -11,7 +11,7 @@ DSGEN="$BIN/dsgen"
 
 "$DSGEN" "$WORK/ds" --train 3000 --test 500 --shape 1x12x12 --classes 4 --seed 3 -q >/dev/null ||
     { echo "dsgen failed" >&2; exit 1; }
-BASE=(--model small-cnn --device cpu -T 2 --seed 1)
+BASE=(--model small-cnn --device cpu -T 2 --seed 1 --save "$WORK/model.safetensors" --force)
 E2=(--epochs 2 --batch 50)
 
 for placement in stream device; do

@@ -17,7 +17,7 @@ command -v python3 >/dev/null || skip "python3 is needed to corrupt a chunk fram
 
 "$DSGEN" "$WORK/ds" --train 3000 --test 500 --shape 1x12x12 --classes 4 --seed 3 -q >/dev/null ||
     { echo "dsgen failed" >&2; exit 1; }
-BASE=(--model small-cnn --device cpu -T 2 --seed 1 --epochs 2 --batch 50)
+BASE=(--model small-cnn --device cpu -T 2 --seed 1 --epochs 2 --batch 50 --save "$WORK/model.safetensors" --force)
 # The figures of a run: "loss ... test acc ..." of each epoch (no timings).
 figures() { grep -o 'loss [0-9.]*  train acc [0-9.]*%  test acc [0-9.]*%' "$OUT"; }
 

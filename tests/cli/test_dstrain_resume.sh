@@ -58,7 +58,7 @@ fi
 state_of "$WORK/kill" >"$WORK/kill.state"
 expect_same "$WORK/whole.state" "$WORK/kill.state"
 CHECKS=$((CHECKS + 1))
-[ -z "$(find "$WORK/kill" -type f ! -name checkpoint.dstk -newer "$WORK/kill.state" 2>/dev/null)" ] ||
+[ -z "$(find "$WORK/kill" -type f ! -name checkpoint.dstk ! -name model.safetensors -newer "$WORK/kill.state" 2>/dev/null)" ] ||
     fail "temporary files left in the checkpoint directory: $(ls -a "$WORK/kill")"
 
 # Usage errors.

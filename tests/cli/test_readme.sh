@@ -26,7 +26,7 @@ SKIP=(
 # dsbench measures once, briefly, on 4 MiB (as its own tests do).
 rewrite() {
     sed -E -e 's/--train (1M|10M)/--train 2K/' \
-        -e '/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}' \
+        -e '/(^|[ &])dstrain (eval|predict) /!{/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}}' \
         -e 's/(dsbench all [^ ]+)/\1 --repetitions 1 --min-time 0 --size 4M/g' <<<"$1"
 }
 

@@ -158,6 +158,7 @@ TEST(GpuDataPath, TrainingPeakStaysUnderTheCeilingPrintedBeforeTheFirstStep) {
         e.epochs = 2;
         e.batch = 256;
         e.device = train::Device{train::Backend::cuda, 0};
+        e.files.save = {dir / "model.safetensors"}; // every run saves its model: into the dataset, removed below
         run::DataOptions d;
         d.data = c.placement;
         d.order = "chunk";

@@ -80,6 +80,7 @@ TEST(TrainRealData, SmallCnnOnMnistCpu) {
     o.batch = 64;
     o.device = train::Device{train::Backend::cpu, 0};
     o.threads = 2;
+    o.files.save = {dir / "model.safetensors"}; // every run saves its model: into the dataset, removed below
     OutputOptions out;
     out.quiet = true;
     const auto t0 = std::chrono::steady_clock::now();

@@ -1,7 +1,10 @@
 // dstrain: train a CNN or MLP on a dataset directory, on the GPU (cuDNN) or the CPU.
 #include <cstdio>
 
+#include "dstk/checkpoint.hpp"
 #include "dstk/cli.hpp"
+#include "dstk/error.hpp"
+#include "dstk/model/commands.hpp"
 #include "dstk/run/train_run.hpp"
 #include "dstk/units.hpp"
 
@@ -18,7 +21,8 @@ int main(int argc, char** argv) {
     CLI::App app{"Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
                  "streamed from the files (--data), and report loss, accuracy, speed and memory per epoch.",
                  "dstrain"};
-    app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits")->required();
+    // Not ->required(): eval and predict have their own, and --resume takes it from the checkpoint.
+    app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits");
     app.add_option("-m,--model", o.model,
                    "Preset (ref-cnn, small-cnn, resnet9, mlp, mlp:W1,W2,...) or a layer spec "
                    "such as conv3x3:32,bn,relu,maxpool2,flatten,fc:10 (man dstrain)")
@@ -65,9 +69,19 @@ int main(int argc, char** argv) {
                    "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
     run::DataOptions d;
     run::add_data_options(app, d);
+    model::add_model_run_options(app, o.files);
     add_output_options(app, out);
+    model::CommandOptions commands;
+    model::add_model_commands(app, commands);
 
     return run_tool(app, argc, argv, [&] {
+        if (model::run_model_command(commands)) return;
+        o.given_options = resume_options(app, d.checkpoint, d.resume, out.quiet);
+        if (dataset.empty())
+            throw usage_error(d.resume ? "no DATASET, and no checkpoint in '" + d.checkpoint.string() +
+                                             "' to take it from; give the --checkpoint DIR of the run to resume"
+                                       : std::string("no DATASET (dstrain DATASET [options] trains; see also dstrain "
+                                                     "eval and dstrain predict)"));
         o.dataset = dataset;
         if (app.count("--lr")) o.lr = lr;
         o.optimizer = parse_optimizer(optimizer);

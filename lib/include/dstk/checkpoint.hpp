@@ -9,12 +9,15 @@
 // (every random stream of a run is a pure function of the seed and a counter:
 // orders of (seed, epoch), dropout of (seed, step), so seed + position is the
 // whole RNG state), the options a resumed run must repeat, and the blob's
-// XXH64.
+// XXH64. It also records the options given on the run's command line, so that
+// `dstrain --checkpoint DIR --resume` needs nothing else.
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 namespace dstk {
 
@@ -32,6 +35,9 @@ struct Checkpoint {
     // Options that shape the run (model, optimiser, batch, order, dataset ...):
     // a resume with different values is refused, naming them.
     std::map<std::string, std::string> run;
+    // The options given on the command line, by name ("--model", "DATASET"),
+    // with CLI11's results: what --resume takes when they are not given again.
+    std::map<std::string, std::vector<std::string>> options;
     std::string created, command_line;
     std::vector<std::uint8_t> trainer_state;
 };
@@ -42,8 +48,26 @@ void save_checkpoint(const std::filesystem::path& dir, const Checkpoint& c);
 // Runtime errors name the file: missing, truncated, bad magic, checksum mismatch.
 Checkpoint load_checkpoint(const std::filesystem::path& dir);
 bool checkpoint_exists(const std::filesystem::path& dir);
-// Usage error listing every option whose value differs from the checkpoint's.
+// Usage error listing every option whose value differs from the checkpoint's;
+// "epochs" may grow, never shrink.
 void check_resume_compatible(const Checkpoint& c, const std::map<std::string, std::string>& run,
                              const std::filesystem::path& dir);
+
+// The options given on `app`'s command line (see Checkpoint::options), but
+// those in `exclude` (names as CLI11 gives them: "--resume").
+std::map<std::string, std::vector<std::string>> given_options(const CLI::App& app,
+                                                              const std::vector<std::string>& exclude);
+// --resume: each recorded option not given again takes its recorded results,
+// as if typed (its callback runs). Returns the names it took.
+std::vector<std::string> take_recorded_options(CLI::App& app,
+                                               const std::map<std::string, std::vector<std::string>>& recorded);
+
+// dstrain after parsing: with `resume` and a checkpoint in `dir`, takes the
+// options it recorded (take_recorded_options, with a note naming them);
+// returns what this run's checkpoints record: the options given, but those
+// that only steer this invocation (--resume, --checkpoint, --max-steps,
+// --init-from, --force, output options).
+std::map<std::string, std::vector<std::string>> resume_options(CLI::App& app, const std::filesystem::path& dir,
+                                                               bool resume, bool quiet);
 
 } // namespace dstk

@@ -33,6 +33,8 @@ class Progress {
     Progress& operator=(const Progress&) = delete;
 
     void add(std::uint64_t items, std::uint64_t bytes);
+    // Text shown after the counts from the next redraw on ("12,345 samples/s").
+    void set_detail(std::string detail);
     // Ends the display: erases the line on a terminal; with --progress, draws
     // the final state and ends the line so logs keep it.
     void finish();
@@ -42,7 +44,7 @@ class Progress {
   private:
     void draw(bool force);
 
-    std::string label_, item_name_;
+    std::string label_, item_name_, detail_;
     std::uint64_t total_items_, total_bytes_;
     std::atomic<std::uint64_t> items_{0}, bytes_{0};
     std::chrono::steady_clock::time_point start_, last_draw_;

@@ -6,7 +6,9 @@
 
 #include "clock.hpp"
 #include "dstk/error.hpp"
+#include "dstk/output.hpp"
 #include "dstk/signals.hpp"
+#include "dstk/units.hpp"
 #include "run/stages.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
@@ -112,6 +114,32 @@ void add_step(LoopTimes& t, Clock::time_point t0, Clock::time_point t1, Clock::t
     ++t.steps;
 }
 
+// The line inside an epoch on a terminal (or with --progress): steps,
+// samples/s, ETA and the share of the time spent waiting for batches.
+class EpochProgress {
+  public:
+    EpochProgress(const std::string& label, std::uint64_t steps, std::uint32_t batch, const OutputOptions& out)
+        : progress_(label, steps, 0, out, "steps"), batch_(batch) {}
+    // After each step, with the seconds waited for batches so far.
+    void step(double waited) {
+        if (!progress_.enabled()) return;
+        ++steps_;
+        if (steps_ == 1 || seconds_since(shown_) >= 0.15) {
+            const double secs = std::max(1e-9, seconds_since(start_));
+            progress_.set_detail(format_count(static_cast<std::uint64_t>(static_cast<double>(steps_ * batch_) / secs)) +
+                                 " samples/s  read wait " + fixed(100 * waited / secs, 1) + "%");
+            shown_ = Clock::now();
+        }
+        progress_.add(1, 0);
+    }
+    void finish() { progress_.finish(); }
+
+  private:
+    Progress progress_;
+    std::uint64_t batch_, steps_ = 0;
+    Clock::time_point start_ = Clock::now(), shown_ = start_;
+};
+
 class Loop {
   public:
     Loop(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out, const Checkpointer& ck,
@@ -137,6 +165,8 @@ class Loop {
         s_.train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
         train::Batch b;
+        EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
+                               s_.steps_per_epoch - first, e_.batch, out_);
         for (auto h0 = Clock::now(); s_.train_src->next(b); h0 = Clock::now()) {
             const auto h1 = Clock::now();
             compute_.time([&] { s_.trainer->train_step(b); });
@@ -146,8 +176,10 @@ class Loop {
             ++steps_;
             const bool stop = after_step({epoch, batch_index, steps_});
             add_step(o.loop, h0, h1, h2, Clock::now());
+            progress.step(o.loop.next);
             if (stop) break;
         }
+        progress.finish();
         s_.trainer->synchronize();
         if (const auto bad = s_.trainer->first_nonfinite_step())
             throw runtime_error("non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
@@ -246,7 +278,7 @@ class Loop {
 
 Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d)
     : d_(d), seed_(e.seed),
-      command_line_(e.command_line), run_{
+      command_line_(e.command_line), given_options_(e.given_options), run_{
                                          {"dataset_samples", std::to_string(s.train_split->samples)},
                                          {"dataset_checksum", s.x->checksum},
                                          {"model", train::to_spec_string(s.spec)},
@@ -273,6 +305,9 @@ CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& o
     check_resume_compatible(c, run_, d_.checkpoint);
     t.load_state(c.trainer_state);
     const CheckpointPosition pos = c.position;
+    if (c.run.at("epochs") != run_.at("epochs"))
+        note(out, "dstrain: --epochs " + run_.at("epochs") + " (was " + c.run.at("epochs") +
+                      "): the learning-rate schedule now spans the longer run");
     note(out, "dstrain: resumed from " + checkpoint_path(d_.checkpoint).string() + " at epoch " +
                   std::to_string(pos.epoch + 1) + ", batch " + std::to_string(pos.next_batch) + " (step " +
                   std::to_string(pos.steps) + ")");
@@ -287,6 +322,7 @@ void Checkpointer::write(train::Trainer& t, const CheckpointPosition& p) const {
     c.run = run_;
     c.created = now_iso8601();
     c.command_line = command_line_;
+    c.options = given_options_;
     c.trainer_state = t.save_state();
     save_checkpoint(d_.checkpoint, c);
 }

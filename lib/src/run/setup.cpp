@@ -317,6 +317,8 @@ void check_options(const TrainOptions& e, const DataOptions& d) {
     if (e.epochs == 0) throw usage_error("invalid --epochs 0 (must be positive)");
     if (e.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
     if (d.resume && d.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR (where to resume from)");
+    if (d.resume && !e.files.init_from.empty())
+        throw usage_error("--init-from with --resume (the checkpoint holds the weights); drop --init-from");
 }
 
 void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out) {
@@ -339,8 +341,11 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     s.spec = train::resolve_model(e.model, s.classes);
     s.steps_per_epoch = s.train_split->samples / e.batch;
     s.tc = trainer_config(s, e);
+    std::optional<model::SavedModel> init;
+    if (!e.files.init_from.empty()) init = model::prepare_init_from(e.files, s.tc, out);
     if (s.on_gpu()) s.meter->attach(s.device.index);
     s.trainer = train::make_trainer(s.tc);
+    if (init) model::load_weights(*s.trainer, *init);
 
     s.sc = source_config(s, d, asked, out);
     s.sc.hash_batches = !s.on_gpu() && !e.log_json.empty();

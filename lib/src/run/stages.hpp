@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -121,6 +122,7 @@ class Checkpointer {
     const DataOptions& d_;
     std::uint64_t seed_;
     std::string command_line_;
+    std::map<std::string, std::vector<std::string>> given_options_;
     std::map<std::string, std::string> run_;
 };
 // Epochs from `pos` to the last (or --max-steps), with evaluation,

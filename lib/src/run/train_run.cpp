@@ -1,5 +1,6 @@
 #include "dstk/run/train_run.hpp"
 
+#include "dstk/model/run_model.hpp"
 #include "run/stages.hpp"
 
 namespace dstk::run {
@@ -12,10 +13,19 @@ RunReport run_training(const TrainOptions& e, const DataOptions& d, const Output
     describe_session(s, d, r, out);
     const Checkpointer ck(s, e, d);
     const CheckpointPosition pos = ck.start(*s.trainer, out);
+    const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume, out);
+    if (pos.epoch >= e.epochs) {
+        note(out, "dstrain: the run in " + d.checkpoint.string() + " is finished (" + std::to_string(e.epochs) +
+                      " epochs, " + std::to_string(pos.steps) + " steps); nothing to do: its model is " +
+                      save_to.front().string() + "; give --epochs N above " + std::to_string(e.epochs) +
+                      " to train further");
+        return r;
+    }
     JsonLog log(e.log_json, d.resume);
     const Ceiling c = measure_ceiling(s, pos.epoch, r);
     report_ceiling(s, c, r, log, out);
     train_epochs(s, e, d, out, ck, pos, c, log, r);
+    model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, out);
     return r;
 }
 

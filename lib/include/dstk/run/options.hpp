@@ -4,11 +4,14 @@
 // parses from strings; add_data_options declares the second.
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "dstk/model/run_model.hpp"
 #include "dstk/train/trainer.hpp"
 
 namespace dstk::run {
@@ -37,6 +40,10 @@ struct TrainOptions {
     train::KernelMode kernels = train::KernelMode::automatic; // cuda: --kernels (TrainerConfig::kernels)
     std::string log_json;     // JSON lines: the memory ceiling, then one per epoch (and per --eval-every)
     std::string command_line; // recorded in checkpoints
+    // The options given on the command line, recorded in checkpoints for
+    // --resume (dstk/checkpoint.hpp, resume_options).
+    std::map<std::string, std::vector<std::string>> given_options;
+    model::ModelRunOptions files; // --save, --init-from, --force
 };
 
 struct DataOptions {

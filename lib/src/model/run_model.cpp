@@ -1,0 +1,99 @@
+#include "dstk/model/run_model.hpp"
+
+#include "dstk/atomic_output.hpp"
+#include "dstk/error.hpp"
+#include "train/backends.hpp"
+
+namespace fs = std::filesystem;
+
+namespace dstk::model {
+
+void add_model_run_options(CLI::App& app, ModelRunOptions& o) {
+    app.add_option("--save", o.save,
+                   "Write the trained model here at the end of the run: FILE.safetensors (PyTorch names and layouts, "
+                   "with metadata) or FILE.onnx; may be given more than once (default: model.safetensors in "
+                   "--checkpoint DIR, else beside --log-json, else in the current directory)");
+    app.add_option("--init-from", o.init_from,
+                   "Start from the weights of a saved model (model.safetensors) instead of a random initialisation; "
+                   "its network must be the one --model gives on this data");
+    app.add_flag("--force", o.force, "Replace an existing --save file");
+}
+
+std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json,
+                                 bool replace_own, const OutputOptions& out) {
+    std::error_code ec;
+    auto exists = [&](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
+    const bool may_replace = o.force || replace_own;
+    if (o.save.empty()) {
+        const fs::path dir = !checkpoint_dir.empty() ? checkpoint_dir
+                             : !log_json.empty()     ? log_json.parent_path()
+                                                     : fs::path();
+        fs::path path = dir / default_model_file;
+        for (unsigned n = 2; exists(path) && !may_replace; ++n)
+            path = dir / ("model-" + std::to_string(n) + ".safetensors");
+        if (path.filename() != default_model_file)
+            note(out, "dstrain: " + (dir / default_model_file).string() + " exists: this run's model goes to " +
+                          path.string() + " (--save FILE to choose, --force to replace)");
+        check_replaceable(path);
+        return {path};
+    }
+    for (const auto& path : o.save) {
+        const std::string ext = path.extension().string();
+        if (ext != ".safetensors" && ext != ".onnx")
+            throw usage_error("--save '" + path.string() + "' (unknown extension '" + ext +
+                              "'); name the file *.safetensors or *.onnx");
+        if (exists(path) && !may_replace)
+            throw usage_error("'" + path.string() +
+                              "' exists (the model of an earlier run?); add --force to replace it, or --save "
+                              "elsewhere");
+        check_replaceable(path);
+    }
+    return o.save;
+}
+
+SavedModel prepare_init_from(const ModelRunOptions& o, train::TrainerConfig& tc, const OutputOptions& out) {
+    SavedModel m = load_model(o.init_from);
+    check_same_network(m, tc.plan, o.init_from.string());
+    if (m.mean != tc.mean || m.std != tc.std)
+        note(out, "dstrain: --init-from: normalising the input with the model's mean and std (those it was trained "
+                  "with), not this dataset's");
+    tc.mean = m.mean;
+    tc.std = m.std;
+    return m;
+}
+
+void load_weights(train::Trainer& t, const SavedModel& m) {
+    const std::vector<float> slots(m.params.size() * t.config().optimizer.slots(), 0.0f);
+    t.load_state(train::pack_state({m.params, m.states, slots, 0}));
+}
+
+SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
+                              const std::string& dataset_checksum) {
+    const train::TrainerConfig& c = t.config();
+    SavedModel m;
+    m.spec = spec;
+    m.input = c.plan.input;
+    m.input_dtype = c.input_dtype;
+    m.classes = c.plan.classes;
+    m.mean = c.mean;
+    m.std = c.std;
+    m.precision = std::string(train::precision_name(c.precision));
+    m.dataset = dataset;
+    m.dataset_checksum = dataset_checksum;
+    m.params.resize(c.plan.params);
+    m.states.resize(c.plan.states);
+    std::vector<float> slots(c.plan.params * c.optimizer.slots());
+    m.steps = train::unpack_state(t.save_state(), m.params, m.states, slots);
+    return m;
+}
+
+void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
+                  const std::string& dataset_checksum, const std::vector<fs::path>& paths, const OutputOptions& out) {
+    const SavedModel m = model_from_trainer(t, spec, dataset, dataset_checksum);
+    for (const auto& path : paths) {
+        save_model(path, m, true);
+        note(out, "dstrain: model saved to " + path.string());
+    }
+}
+
+} // namespace dstk::model
