@@ -16,7 +16,11 @@
 # read wait, peak RSS and the host ceiling dstrain printed (from --log-json).
 # The disk's own rates (dsbench cold sequential and random chunk reads) are
 # measured in the same cgroup; "% disk" is a row's input bytes per second over
-# the best random-chunk rate. A short table is printed last.
+# the best random-chunk rate. "predicted" is dsplan's epoch time for the row's
+# order (--bench the disk measurement, --compute-rate the device row's
+# samples/s) beside the measured train time, with the error in % (target:
+# within 15%); rows dsplan does not model (full order, zstd) show "-".
+# A short table is printed last.
 # Environment (defaults sized so that the script takes about 7 minutes):
 #   LTR_DIR      data directory on disk (default build-gpu/ltr-data; removed at the end)
 #   U8_TRAIN     u8 3x32x32 training samples (default 2800K: 8.6 GB) with U8_LIMIT (default 2G)
@@ -42,7 +46,7 @@ die() { echo "bench-larger-than-ram: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (cgroup v2 memory limits and dropping the page cache)"
 grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null ||
     die "no cgroup v2 memory controller at /sys/fs/cgroup (cgroup v1 machines: see /work/shared/device/README.md)"
-for t in dstrain dsgen dsconvert dsbench; do [ -x "$bin/$t" ] || die "no $bin/$t (build first: scripts/gpu-test.sh)"; done
+for t in dstrain dsgen dsconvert dsbench dsplan; do [ -x "$bin/$t" ] || die "no $bin/$t (build first: scripts/gpu-test.sh)"; done
 command -v jq >/dev/null || die "needs jq"
 mkdir -p "$data"
 fstype=$(stat -f -c %T "$data")
@@ -68,8 +72,17 @@ evict() {
 t0=$SECONDS
 table="$log/table.txt"
 : >"$table"
-printf '%-10s %-10s %11s %7s %7s %10s %10s %10s %s\n' storage row samples/s device disk "read wait" "peak RSS" ceiling \
-    status >>"$table"
+printf '%-10s %-10s %11s %7s %7s %10s %10s %10s %8s %16s %s\n' storage row samples/s device disk "read wait" \
+    "peak RSS" ceiling epoch "predicted (err)" status >>"$table"
+
+# predict ORDER: dsplan's epoch seconds for the current dataset in ORDER, from
+# the disk measurement and the device row's rate ("" where it has none).
+predict() {
+    [ "${ref_rate:-0}" = 0 ] && return
+    "$bin/dsplan" --dataset "$ds" --bench "$log/$storage-disk.json" --order "$1" --batch "$batch" \
+        --compute-rate "$(awk -v r="$ref_rate" 'BEGIN { printf "%.0f", r }')" --json 2>>"$log/dsplan.log" |
+        tee "$log/$storage-dsplan-$1.json" | jq -r '.epoch.epoch_seconds // empty' 2>/dev/null
+}
 
 gib() { awk -v b="$1" 'BEGIN { if (b == "" || b == "null") print "-"; else printf "%.2f GiB", b / 1073741824 }'; }
 
@@ -84,21 +97,30 @@ run_row() {
     echo "== $storage $row: ${cmd[*]}" >>"$log/runs.log"
     if [ "$where" = cgroup ]; then in_cgroup "${cmd[@]}" >>"$log/runs.log" 2>&1; else "${cmd[@]}" >>"$log/runs.log" 2>&1; fi
     rc=$?
-    local ep rate wait rss ceil
+    local ep rate wait rss ceil secs pred=""
     ep=$(grep '"event":"epoch"' "$json" 2>/dev/null | tail -1)
     rate=$(jq -r '.samples_per_second // empty' <<<"$ep" 2>/dev/null)
     wait=$(jq -r '.stages.read_wait_s // empty' <<<"$ep" 2>/dev/null)
     rss=$(jq -r '.host_peak_rss // empty' <<<"$ep" 2>/dev/null)
     ceil=$(jq -r '.host_ceiling // empty' <<<"$ep" 2>/dev/null)
+    secs=$(jq -r '.train_seconds // empty' <<<"$ep" 2>/dev/null)
     [ "$row" = device ] && ref_rate=${rate:-0}
+    case $row in
+    chunk | direct) pred=$(predict chunk) ;;
+    sequential) pred=$(predict sequential) ;;
+    esac
+    local epoch_col="-" pred_col="-"
+    [ -n "$secs" ] && epoch_col=$(awk -v s="$secs" 'BEGIN { printf "%.2fs", s }')
+    [ -n "$pred" ] && [ -n "$secs" ] &&
+        pred_col=$(awk -v p="$pred" -v s="$secs" 'BEGIN { printf "%.2fs (%+.1f%%)", p, 100 * (p - s) / s }')
     local pct_dev="-" pct_disk="-"
     [ -n "$rate" ] && [ "${ref_rate:-0}" != 0 ] && pct_dev=$(awk -v a="$rate" -v b="$ref_rate" 'BEGIN { printf "%.1f%%", 100 * a / b }')
     [ -n "$rate" ] && [ "${disk_rand:-0}" != 0 ] &&
         pct_disk=$(awk -v a="$rate" -v s="$sample_bytes" -v d="$disk_rand" 'BEGIN { printf "%.1f%%", 100 * a * s / d }')
-    printf '%-10s %-10s %11s %7s %7s %10s %10s %10s %s\n' "$storage" "$row" \
+    printf '%-10s %-10s %11s %7s %7s %10s %10s %10s %8s %16s %s\n' "$storage" "$row" \
         "$(awk -v a="${rate:-0}" 'BEGIN { printf "%.0f", a }')" "$pct_dev" "$pct_disk" \
         "$(awk -v w="${wait:-0}" 'BEGIN { printf "%.2fs", w }')" "$(gib "$rss")" "$(gib "$ceil")" \
-        "$([ $rc = 0 ] && echo ok || echo "rc=$rc")" >>"$table"
+        "$epoch_col" "$pred_col" "$([ $rc = 0 ] && echo ok || echo "rc=$rc")" >>"$table"
 }
 
 for storage in $storages; do

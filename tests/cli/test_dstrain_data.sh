@@ -17,10 +17,11 @@ E2=(--epochs 2 --batch 50)
 for placement in stream device; do
     for order in sequential chunk full; do
         expect_exit 0 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" "${E2[@]}" --data "$placement" --order "$order" --log-json "$WORK/log"
-        expect_stdout '^epoch 2/2 .*test acc [0-9.]+%.*\[read wait .*compute'
+        expect_stdout '^epoch 2/2 .*test acc [0-9.]+%.*\[read wait .*compute .*; limited by (compute|read \(disk\)|decode \(zstd\)|h2d \(host to device\))\]'
         expect_stderr "data $placement .*order $order"
         expect_stderr 'memory ceiling'
         expect_true "--log-json has the stages" grep -q '"stages"' "$WORK/log"
+        expect_true "--log-json names the limiting stage" grep -q '"limited_by":"' "$WORK/log"
     done
 done
 # Learnable data: two epochs reach high test accuracy through the stream path.

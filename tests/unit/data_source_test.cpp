@@ -282,3 +282,19 @@ TEST(DataSource, DirectReadOfAShrunkFileIsAnErrorNamingIt) {
     }
     fs::remove_all(dir);
 }
+
+TEST(DataSource, LimitingStageComesFromTheStageTimes) {
+    StageTimes t;
+    EXPECT_EQ(limiting_stage(t), "compute"); // nothing measured
+    t.compute = 10;
+    t.read_wait = 0.5; // under a tenth of the loop: the loop hardly waited
+    t.read = 30;
+    EXPECT_EQ(limiting_stage(t), "compute");
+    t.read_wait = 5;
+    EXPECT_EQ(limiting_stage(t), "read (disk)");
+    t.decode = 31; // zstd: the reader threads spent longer decoding than reading
+    EXPECT_EQ(limiting_stage(t), "decode (zstd)");
+    t.decode = 0;
+    t.h2d = 40;
+    EXPECT_EQ(limiting_stage(t), "h2d (host to device)");
+}

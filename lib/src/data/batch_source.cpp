@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <thread>
 #include <utility>
 #include <string>
 #include <vector>
@@ -74,9 +75,17 @@ std::uint64_t cache_chunks_for(const SourceConfig& c) {
     return c.order.window_chunks * 2 + c.readers + 1;
 }
 
-// Chunk reads in flight: at least four, the disk's queue wants several.
-unsigned io_threads_for(const SourceConfig& c) {
-    return std::max(c.readers, 4u);
+// Chunk reads in flight. A disk reaches its random-chunk rate only with a deep
+// queue (a few reads leave it idle between completions), so raw chunks get as
+// many threads as the capacity's two groups hold chunks, up to 16: the threads
+// wait in pread, and the cache's capacity, not the thread count, bounds the
+// bytes in flight. zstd chunks are decoded by the same threads, so there they
+// are also held to the cores (more would only add compressed frames).
+unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
+    const std::uint64_t group = c.order.kind == Order::chunk ? std::max<std::uint64_t>(c.order.window_chunks, 1) : 1;
+    std::uint64_t want = std::clamp<std::uint64_t>(2 * group, 4, 16);
+    if (storage_chunk) want = std::min<std::uint64_t>(want, std::max(4u, std::thread::hardware_concurrency()));
+    return std::max(c.readers, static_cast<unsigned>(want));
 }
 
 std::uint64_t storage_chunk_of(const FieldInfo& x) {
@@ -87,7 +96,7 @@ std::uint64_t storage_chunk_of(const FieldInfo& x) {
 // are single samples wherever they fall.
 std::unique_ptr<WindowCache> make_cache(FieldAccess& x, FieldAccess& y, const SourceConfig& c, const HostPlan& plan) {
     if (c.order.kind == Order::full) return nullptr;
-    return std::make_unique<WindowCache>(x, y, plan.cache, io_threads_for(c), plan.drop_pages);
+    return std::make_unique<WindowCache>(x, y, plan.cache, io_threads_for(c, x.storage_chunk_samples()), plan.drop_pages);
 }
 
 // What the stream sources share: the fields, the window cache and the ring.
@@ -595,6 +604,14 @@ std::string_view managed_policy_name(ManagedPolicy p) {
     return managed_policy_names.name(p);
 }
 
+std::string_view limiting_stage(const StageTimes& t) {
+    const double loop = t.read_wait + t.compute;
+    if (loop <= 0 || t.read_wait < 0.1 * loop) return "compute";
+    if (t.decode > t.read && t.decode >= t.h2d) return "decode (zstd)";
+    if (t.h2d > t.read) return "h2d (host to device)";
+    return "read (disk)";
+}
+
 std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c) {
     const std::uint64_t sb = x.sample_bytes();
     const std::uint64_t slot = std::uint64_t{c.batch} * (sb + 4);
@@ -633,7 +650,7 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
         const std::uint64_t whole =
             split.samples * (sb + 4) + (split.samples + cs - 1) / cs * (slack ? 3 * 4096 : 4096);
         p.min_cache = std::min(min_window_cache_bytes(order, sb, slack), whole);
-        if (storage_chunk) p.other += std::uint64_t{io_threads_for(c)} * storage_chunk * sb; // compressed frames
+        if (storage_chunk) p.other += std::uint64_t{io_threads_for(c, storage_chunk)} * storage_chunk * sb; // compressed frames
         const std::uint64_t fixed = p.ring + p.other;
         if (c.host_mem != 0) {
             if (c.host_mem < fixed + p.min_cache)

@@ -93,6 +93,9 @@ void WindowCache::start(const EpochOrder& order, std::uint64_t first) {
     // so that memory never holds two epochs' reads.
     ready_.wait(lock, [&] { return loading_ == 0; });
     order_ = &order;
+    const bool in_file_order = order.config().kind != Order::chunk;
+    x_.read_ahead(in_file_order);
+    y_.read_ahead(in_file_order);
     chunk_samples_ = std::max<std::uint64_t>(order.config().chunk_samples, 1);
     const std::uint64_t full = round_up(x_.range_buffer_bytes(chunk_samples_), buffer_align);
     if (full != pooled_bytes_) pool_.clear();

@@ -29,6 +29,7 @@ nlohmann::json stage_json(const data::StageTimes& t) {
                      {"compute_s", t.compute},       {"reads", t.io.reads},
                      {"read_bytes", t.io.bytes},     {"read_smallest", t.io.smallest},
                      {"read_largest", t.io.largest}, {"cache_peak", t.cache_peak}};
+    j["limited_by"] = std::string(data::limiting_stage(t));
     if (t.batch_hash) j["batch_hash"] = *t.batch_hash;
     return j;
 }
@@ -84,7 +85,7 @@ std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutco
         line << "  GPU mem " << format_bytes(o.peak) << " (ceiling " << format_bytes(c.bytes)
              << (c.managed ? " + managed pages" : "") << ")";
     line << "  host RSS " << format_bytes(peak_rss_bytes()) << " (ceiling " << format_bytes(c.host_bytes) << ")";
-    line << "  [" << stage_text(o.stages) << "]";
+    line << "  [" << stage_text(o.stages) << "; limited by " << data::limiting_stage(o.stages) << "]";
     if (step_times_wanted()) line << "  [" << loop_text(o.loop) << "]";
     return line.str();
 }

@@ -85,6 +85,13 @@ struct StageTimes {
     std::optional<std::uint64_t> batch_hash; // with SourceConfig::hash_batches: the batches since the last take
 };
 
+// The stage that limits an epoch, from its times: "compute" while the loop
+// waits for batches less than a tenth of its time (read_wait + compute), else
+// the data path's largest stage: "read (disk)", "decode (zstd)" or
+// "h2d (host to device)". read and decode are sums over the same reader
+// threads, so their ratio is the per-thread one.
+std::string_view limiting_stage(const StageTimes& t);
+
 // Host memory of the stream placement, known before it is built: the host
 // ceiling printed beside the GPU's.
 struct HostPlan {

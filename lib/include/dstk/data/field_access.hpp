@@ -47,6 +47,11 @@ class FieldAccess {
     // leave the page cache (POSIX_FADV_DONTNEED), so that the kernel's cache
     // does not compete with the window cache for memory.
     virtual void drop_pages(std::uint64_t, std::uint64_t) {}
+    // Whether the kernel reads ahead of buffered reads. Off where the reads
+    // are whole chunks at random offsets: readahead would fetch past each
+    // chunk (up to read_ahead_kb more per read), bytes the disk spends
+    // bandwidth on and nobody uses.
+    virtual void read_ahead(bool) {}
     IoCounters take_io();
     // The epoch will soon read these chunks of `chunk_samples` samples.
     virtual void will_need(std::span<const std::uint64_t> chunks, std::uint64_t chunk_samples) = 0;
