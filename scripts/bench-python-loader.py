@@ -197,6 +197,7 @@ def main():
         a.dataset = a.worker
         return worker(a)
     os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.work, exist_ok=True)  # dsgen stages its output beside the dataset: the parent must exist
     dsgen = os.path.join(os.environ.get("DSTK_BIN", "build-gpu/bin"), "dsgen")
     t0 = time.time()
     lines = in_ram(a, dsgen)
