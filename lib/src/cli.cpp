@@ -27,30 +27,38 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
     return d[a.size()][b.size()];
 }
 
-void collect_option_names(const CLI::App& app, std::vector<std::string>& names) {
+// Every option name of the tool with the command it belongs to ("dstrain",
+// "dstrain eval"), so a valid option typed under the wrong subcommand is named as such.
+void collect_option_names(const CLI::App& app, const std::string& owner,
+                          std::vector<std::pair<std::string, std::string>>& names) {
     for (const CLI::Option* o : app.get_options()) {
-        for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
-        for (const std::string& s : o->get_snames()) names.push_back("-" + s);
+        for (const std::string& l : o->get_lnames()) names.emplace_back("--" + l, owner);
+        for (const std::string& s : o->get_snames()) names.emplace_back("-" + s, owner);
     }
-    for (const CLI::App* sub : app.get_subcommands({})) collect_option_names(*sub, names);
+    for (const CLI::App* sub : app.get_subcommands({}))
+        collect_option_names(*sub, owner + " " + sub->get_name(), names);
 }
 
 // "unknown option '--trian' (did you mean '--train'?)" for each argument
 // CLI11 did not expect that looks like an option; CLI11's own message otherwise.
 std::string unexpected_arguments_message(const CLI::App& app, const CLI::ParseError& e) {
-    std::vector<std::string> names;
-    collect_option_names(app, names);
+    std::vector<std::pair<std::string, std::string>> names;
+    collect_option_names(app, app.get_name(), names);
     std::string message;
     for (const std::string& arg : app.remaining(true)) {
         if (arg.size() < 2 || arg[0] != '-') continue;
         const std::string typed = arg.substr(0, arg.find('='));
-        std::string best;
+        std::string best, owner;
         std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-        for (const std::string& n : names) {
+        for (const auto& [n, o] : names) {
             const std::size_t dist = edit_distance(typed, n);
-            if (dist < best_distance) best_distance = dist, best = n;
+            if (dist < best_distance) best_distance = dist, best = n, owner = o;
         }
         if (!message.empty()) message += "; ";
+        if (best_distance == 0) { // a real option, of another command
+            message += "option '" + typed + "' does not apply here (it is an option of '" + owner + "')";
+            continue;
+        }
         message += "unknown option '" + typed + "'";
         // Close enough to be a typo: at most a third of the name wrong (and at least 2 edits allowed).
         if (!best.empty() && best_distance <= std::max<std::size_t>(2, typed.size() / 3))

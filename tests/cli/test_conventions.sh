@@ -43,6 +43,9 @@ expect_exit 2 "$BIN/dsbench" --lsit
 expect_stderr "did you mean '--list'"
 expect_exit 2 "$T" "$WORK/a" --momentm 0.5
 expect_stderr "did you mean '--momentum'"
+# A real option under the wrong subcommand is named as such, not "did you mean" itself.
+expect_exit 2 "$T" eval "$WORK/a" --weights "$WORK/w" --epochs 1
+expect_stderr "option '--epochs' does not apply here \(it is an option of 'dstrain'\)"
 expect_exit 2 "$T" "$WORK/a" --zzzzzzzz 1
 expect_stderr "unknown option '--zzzzzzzz'"
 expect_true "no suggestion for a name far from every option" bash -c "! grep -q 'did you mean' '$ERR'"
