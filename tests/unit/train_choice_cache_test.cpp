@@ -257,8 +257,8 @@ TEST(ChoiceCache, PickTakesTheMedianAndBreaksNearTies) {
 }
 
 TEST(ChoiceCache, RunLinesNameEachLayersChoicesAndSources) {
-    const NetworkPlan plan = plan_network(resolve_model("conv3x3:32,bn,relu,conv3x3:32,flatten,fc:10", 10),
-                                          TensorShape{3, 8, 8}, 10);
+    const NetworkPlan plan =
+        plan_network(resolve_model("conv3x3:32,bn,relu,conv3x3:32,flatten,fc:10", 10), TensorShape{3, 8, 8}, 10);
     const std::vector<KernelReport> r = {{0, "fwd", "own:direct_conv", ChoiceSource::rule, 0.0},
                                          {3, "fwd", "cudnn:1:tensor", ChoiceSource::cache, 0.052},
                                          {3, "bwd_data", "cudnn:1:tensor", ChoiceSource::heuristic, 0.0},

@@ -196,7 +196,8 @@ __global__ void consume_kernel(const Word* __restrict__ p, std::uint64_t words, 
          i += std::uint64_t{gridDim.x} * blockDim.x) {
         const Word w = p[i];
         if constexpr (sizeof(Word) == 16)
-            acc ^= (static_cast<unsigned long long>(w.x) << 32 | w.y) ^ (static_cast<unsigned long long>(w.z) << 32 | w.w);
+            acc ^=
+                (static_cast<unsigned long long>(w.x) << 32 | w.y) ^ (static_cast<unsigned long long>(w.z) << 32 | w.w);
         else
             acc ^= w;
     }

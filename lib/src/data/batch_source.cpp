@@ -96,7 +96,8 @@ std::uint64_t storage_chunk_of(const FieldInfo& x) {
 // are single samples wherever they fall.
 std::unique_ptr<WindowCache> make_cache(FieldAccess& x, FieldAccess& y, const SourceConfig& c, const HostPlan& plan) {
     if (c.order.kind == Order::full) return nullptr;
-    return std::make_unique<WindowCache>(x, y, plan.cache, io_threads_for(c, x.storage_chunk_samples()), plan.drop_pages);
+    return std::make_unique<WindowCache>(x, y, plan.cache, io_threads_for(c, x.storage_chunk_samples()),
+                                         plan.drop_pages);
 }
 
 // What the stream sources share: the fields, the window cache and the ring.
@@ -650,7 +651,8 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
         const std::uint64_t whole =
             split.samples * (sb + 4) + (split.samples + cs - 1) / cs * (slack ? 3 * 4096 : 4096);
         p.min_cache = std::min(min_window_cache_bytes(order, sb, slack), whole);
-        if (storage_chunk) p.other += std::uint64_t{io_threads_for(c, storage_chunk)} * storage_chunk * sb; // compressed frames
+        if (storage_chunk)
+            p.other += std::uint64_t{io_threads_for(c, storage_chunk)} * storage_chunk * sb; // compressed frames
         const std::uint64_t fixed = p.ring + p.other;
         if (c.host_mem != 0) {
             if (c.host_mem < fixed + p.min_cache)

@@ -77,9 +77,7 @@ class NpyAccess final : public FieldAccess {
                         static_cast<off_t>(count * sample_bytes()), POSIX_FADV_DONTNEED);
     }
 
-    void read_ahead(bool on) override {
-        ::posix_fadvise(fd_.get(), 0, 0, on ? POSIX_FADV_NORMAL : POSIX_FADV_RANDOM);
-    }
+    void read_ahead(bool on) override { ::posix_fadvise(fd_.get(), 0, 0, on ? POSIX_FADV_NORMAL : POSIX_FADV_RANDOM); }
 
     void gather(std::span<const std::uint64_t> indices, std::uint8_t* dst) override {
         const std::uint64_t sb = sample_bytes();

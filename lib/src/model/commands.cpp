@@ -13,8 +13,9 @@ void add_inference_options(CLI::App& sub, CommandOptions& c) {
     sub.add_option("--split", c.split, "Split of a dataset to use")->capture_default_str();
     sub.add_option("-b,--batch", c.inference.batch, "Samples per batch")->capture_default_str();
     sub.add_option("--device", c.device, "cuda:N or cpu (default: cuda:0 when a GPU is present, else cpu)");
-    sub.add_option("--precision", c.precision,
-                   "GPU arithmetic: fp32, tf32 or bf16 (default: what the model was trained in); the CPU computes fp32");
+    sub.add_option(
+        "--precision", c.precision,
+        "GPU arithmetic: fp32, tf32 or bf16 (default: what the model was trained in); the CPU computes fp32");
     sub.add_option("-T,--threads", c.inference.threads, "CPU threads for --device cpu (0: one per hardware thread)")
         ->capture_default_str();
 }
@@ -30,9 +31,10 @@ void add_model_commands(CLI::App& app, CommandOptions& c) {
 
     c.predict = app.add_subcommand("predict", "Class and probabilities per sample from a saved model, as JSON lines "
                                               "or a .npy of probabilities");
-    c.predict->add_option("INPUT", c.predict_options.input,
-                          "A dataset directory, a .npy of samples (N x C x H x W, N x H x W or N x D), or - for a .npy "
-                          "on stdin")
+    c.predict
+        ->add_option("INPUT", c.predict_options.input,
+                     "A dataset directory, a .npy of samples (N x C x H x W, N x H x W or N x D), or - for a .npy "
+                     "on stdin")
         ->required();
     add_inference_options(*c.predict, c);
     c.predict->add_option("-o,--output", c.predict_options.output,

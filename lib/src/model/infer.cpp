@@ -46,8 +46,10 @@ void check_input_dtype(DType given, const SavedModel& m, const std::string& sour
                           " samples (the model reads u8, bf16, f16 or f32); convert them with dsconvert --dtype");
     }
     if (given != m.input_dtype)
-        note(out, "dstrain: " + source + " holds " + std::string(dtype_name(given)) + " samples, the model was trained "
-                  "on " + std::string(dtype_name(m.input_dtype)) + ": values are taken in the same units");
+        note(out, "dstrain: " + source + " holds " + std::string(dtype_name(given)) +
+                      " samples, the model was trained "
+                      "on " +
+                      std::string(dtype_name(m.input_dtype)) + ": values are taken in the same units");
 }
 
 void check_input_shape(const train::TensorShape& given, const SavedModel& m, const std::string& source) {
@@ -125,9 +127,9 @@ class NpyInput final : public SampleInput {
             head.resize(12);
             read_exact(head.data() + 10, 2, true);
         }
-        const std::size_t len = head[6] >= 2 ? 12 + (head[8] | head[9] << 8 | std::size_t{head[10]} << 16 |
-                                                     std::size_t{head[11]} << 24)
-                                             : 10 + (head[8] | std::size_t{head[9]} << 8);
+        const std::size_t len =
+            head[6] >= 2 ? 12 + (head[8] | head[9] << 8 | std::size_t{head[10]} << 16 | std::size_t{head[11]} << 24)
+                         : 10 + (head[8] | std::size_t{head[9]} << 8);
         if (len > (1u << 20) + 12) throw runtime_error(source + ": .npy header of " + std::to_string(len) + " bytes");
         const std::size_t had = head.size();
         head.resize(len);
@@ -199,7 +201,8 @@ class PredictionSink {
         if (npy_) {
             file_->write(probs.data(), probs.size() * 4);
         } else {
-            const nlohmann::json j{{"index", index}, {"class", argmax(probs.data(), classes_)}, {"probabilities", probs}};
+            const nlohmann::json j{
+                {"index", index}, {"class", argmax(probs.data(), classes_)}, {"probabilities", probs}};
             const std::string line = j.dump() + "\n";
             if (file_)
                 file_->write(line.data(), line.size());
@@ -219,8 +222,10 @@ class PredictionSink {
             h[9] = static_cast<char>(len >> 8);
             write_all(file_->fd(), h.data(), h.size(), 0, file_->tmp_path());
         }
-        if (file_) file_->commit();
-        else std::fflush(stdout);
+        if (file_)
+            file_->commit();
+        else
+            std::fflush(stdout);
     }
 
   private:
@@ -375,9 +380,9 @@ std::string eval_report_json(const EvalReport& r) {
                              {"accuracy", n ? static_cast<double>(row[c]) / static_cast<double>(n) : 0.0}});
         confusion.push_back(row);
     }
-    const nlohmann::json j{{"schema_version", 1}, {"model", r.model},     {"dataset", r.dataset},
-                           {"split", r.split},    {"device", r.device},   {"samples", r.samples},
-                           {"correct", r.correct}, {"loss", r.loss},      {"accuracy", r.accuracy()},
+    const nlohmann::json j{{"schema_version", 1},    {"model", r.model},      {"dataset", r.dataset},
+                           {"split", r.split},       {"device", r.device},    {"samples", r.samples},
+                           {"correct", r.correct},   {"loss", r.loss},        {"accuracy", r.accuracy()},
                            {"per_class", per_class}, {"confusion", confusion}};
     return j.dump(2) + "\n";
 }

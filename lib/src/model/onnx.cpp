@@ -118,8 +118,8 @@ Message value_info(std::string_view name, std::initializer_list<std::uint64_t> d
 }
 
 // One node (or none) per layer; `x` is the running tensor name.
-void add_layer(GraphBuilder& g, const SavedModel& m, const train::LayerPlan& l, const std::string& path,
-               std::string& x, std::vector<std::string>& residual_inputs) {
+void add_layer(GraphBuilder& g, const SavedModel& m, const train::LayerPlan& l, const std::string& path, std::string& x,
+               std::vector<std::string>& residual_inputs) {
     const float* p = m.params.data() + l.param_offset;
     const std::int64_t k = l.spec.kernel, s = l.spec.stride, pad = l.spec.padding;
     const std::uint64_t c = l.in.c, out = l.spec.out;

@@ -25,10 +25,9 @@ struct DTypeName {
     DType dtype;
     const char* name;
 };
-constexpr DTypeName dtype_names[] = {{DType::u8, "U8"},     {DType::i8, "I8"},   {DType::u16, "U16"},
-                                     {DType::i16, "I16"},   {DType::i32, "I32"}, {DType::i64, "I64"},
-                                     {DType::f16, "F16"},   {DType::bf16, "BF16"}, {DType::f32, "F32"},
-                                     {DType::f64, "F64"}};
+constexpr DTypeName dtype_names[] = {
+    {DType::u8, "U8"},   {DType::i8, "I8"},   {DType::u16, "U16"},   {DType::i16, "I16"}, {DType::i32, "I32"},
+    {DType::i64, "I64"}, {DType::f16, "F16"}, {DType::bf16, "BF16"}, {DType::f32, "F32"}, {DType::f64, "F64"}};
 
 const char* safetensors_dtype(DType t) {
     for (const auto& d : dtype_names)

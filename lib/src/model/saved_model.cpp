@@ -137,8 +137,7 @@ TensorFile to_tensor_file(const SavedModel& m) {
     std::vector<std::string> counters;
     for (const auto& s : slots_of(plan, &counters)) {
         const auto& src = s.state ? m.states : m.params;
-        f.tensors.push_back(
-            f32_tensor(s.name, s.shape, std::span<const float>(src).subspan(s.offset, numel(s.shape))));
+        f.tensors.push_back(f32_tensor(s.name, s.shape, std::span<const float>(src).subspan(s.offset, numel(s.shape))));
     }
     for (const auto& c : counters) f.tensors.push_back(i64_scalar(c, static_cast<std::int64_t>(m.steps)));
     f.metadata = {{"format", format_name},
@@ -247,7 +246,8 @@ void check_replaceable(const fs::path& path) {
     std::error_code ec;
     const auto st = fs::symlink_status(path, ec);
     if (fs::exists(st) && !fs::is_regular_file(st))
-        throw usage_error("'" + path.string() + "' exists and is not a regular file (a model replaces only a file); "
+        throw usage_error("'" + path.string() +
+                          "' exists and is not a regular file (a model replaces only a file); "
                           "--save elsewhere");
 }
 

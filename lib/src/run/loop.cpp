@@ -279,22 +279,22 @@ class Loop {
 } // namespace
 
 Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d)
-    : d_(d), seed_(e.seed),
-      command_line_(e.command_line), given_options_(e.given_options), run_{
-                                         {"dataset_samples", std::to_string(s.train_split->samples)},
-                                         {"dataset_checksum", s.x->checksum},
-                                         {"model", train::to_spec_string(s.spec)},
-                                         {"batch", std::to_string(e.batch)},
-                                         {"epochs", std::to_string(e.epochs)},
-                                         {"optimizer", std::string(train::optimizer_name(e.optimizer))},
-                                         {"lr", fixed(s.tc.optimizer.lr, 6)},
-                                         {"schedule", std::string(train::schedule_name(e.schedule))},
-                                         {"order", d.order},
-                                         {"window", std::to_string(d.window)},
-                                         {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
-                                         {"seed", std::to_string(e.seed)},
-                                         {"precision", std::string(train::precision_name(s.precision))},
-                                     } {}
+    : d_(d), seed_(e.seed), command_line_(e.command_line),
+      given_options_(e.given_options), run_{
+                                           {"dataset_samples", std::to_string(s.train_split->samples)},
+                                           {"dataset_checksum", s.x->checksum},
+                                           {"model", train::to_spec_string(s.spec)},
+                                           {"batch", std::to_string(e.batch)},
+                                           {"epochs", std::to_string(e.epochs)},
+                                           {"optimizer", std::string(train::optimizer_name(e.optimizer))},
+                                           {"lr", fixed(s.tc.optimizer.lr, 6)},
+                                           {"schedule", std::string(train::schedule_name(e.schedule))},
+                                           {"order", d.order},
+                                           {"window", std::to_string(d.window)},
+                                           {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
+                                           {"seed", std::to_string(e.seed)},
+                                           {"precision", std::string(train::precision_name(s.precision))},
+                                       } {}
 
 CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& out) const {
     if (!d_.resume) {

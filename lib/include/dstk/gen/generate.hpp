@@ -16,7 +16,7 @@ struct GenerateOptions {
     std::uint64_t train = 50'000, test = 10'000;
     SynthParams synth;
     bool dtype_given = false, noise_given = false;
-    unsigned threads = 0; // 0: one per hardware thread
+    unsigned threads = 0;                 // 0: one per hardware thread
     Layout layout = Layout::sample_major; // feature_major: also the v28b .bin files
     bool force = false;
     OutputOptions out;

@@ -64,7 +64,8 @@ std::string eval_report_json(const EvalReport& r);
 struct PredictOptions {
     std::filesystem::path input; // dataset directory, .npy file, or "-" (a .npy on stdin)
     std::string split = "test";  // for a dataset
-    std::filesystem::path output; // empty or "-": JSON lines on stdout; *.npy: probabilities [N, classes] f32; else JSON lines
+    std::filesystem::path
+        output; // empty or "-": JSON lines on stdout; *.npy: probabilities [N, classes] f32; else JSON lines
     bool force = false;
 };
 // Returns the number of samples predicted.

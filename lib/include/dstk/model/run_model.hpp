@@ -16,8 +16,8 @@ namespace dstk::model {
 
 struct ModelRunOptions {
     std::vector<std::filesystem::path> save; // empty: the default path (save_paths)
-    std::filesystem::path init_from; // empty: initialise from the seed
-    bool force = false;              // replace an existing --save file
+    std::filesystem::path init_from;         // empty: initialise from the seed
+    bool force = false;                      // replace an existing --save file
 };
 
 // Adds --save, --init-from and --force to `app`.
