@@ -19,6 +19,16 @@ inline constexpr const char* manifest_file_name = "dataset.json";
 enum class Storage { npy, zstd_chunked };
 std::string_view storage_name(Storage s); // "npy", "zstd-chunked"
 
+// One file of a field stored in parts (dsconvert --merge of --shard outputs):
+// the part holds `samples` consecutive samples, in the field's storage, dtype
+// and shape, after the samples of the parts before it.
+struct FieldPart {
+    std::string file;        // relative to the dataset directory
+    std::uint64_t samples = 0;
+    std::uint64_t bytes = 0; // file size
+    std::string checksum;    // "xxh64:<hex>" of the whole part file
+};
+
 struct FieldInfo {
     std::string name; // "x", "y"
     DType dtype = DType::u8;
@@ -28,6 +38,9 @@ struct FieldInfo {
     std::uint64_t bytes = 0;         // file size
     std::string checksum;            // "xxh64:<hex>" of the whole file
     std::uint64_t chunk_samples = 0; // zstd-chunked: samples per chunk
+    // Empty for a field in one file (`file`, `bytes`, `checksum` describe it);
+    // otherwise the field's files in sample order, and `file` is empty.
+    std::vector<FieldPart> parts;
 
     std::uint64_t sample_bytes() const { return dstk::sample_bytes(shape, dtype); }
 };

@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,10 @@
 #include "dstk/dtype.hpp"
 #include "dstk/train/model.hpp"
 #include "dstk/train/optimizer.hpp"
+
+namespace dstk::dist {
+class Reducer;
+}
 
 namespace dstk::train {
 
@@ -155,6 +160,18 @@ class Trainer {
 
     virtual std::vector<std::uint8_t> save_state() = 0;
     virtual void load_state(std::span<const std::uint8_t> blob) = 0; // runtime error on a mismatched blob
+
+    // Data-parallel training (dstk/dist/reducer.hpp). After set_reducer the
+    // parameters are rank 0's (broadcast) and every train_step averages the
+    // gradients over the ranks before the update; nullptr returns to one
+    // process. average_states averages the BN running statistics (before an
+    // evaluation, a checkpoint or a saved model). The reducer outlives the
+    // trainer's use of it.
+    // The defaults are those of a backend without data-parallel support.
+    virtual void set_reducer(dist::Reducer* reducer) {
+        if (reducer) throw std::logic_error("this training backend has no data-parallel support");
+    }
+    virtual void average_states() {}
 
     // Inspection, for tests and tools: one forward + backward in training mode
     // without the update; then read tensors back as NCHW float.
