@@ -50,18 +50,17 @@ Fields check_fields(const Dataset& ds, std::string_view split_name, const Source
         throw usage_error("split '" + f.split->name + "' of " + ds.dir().string() +
                           " is empty (no samples to train on); regenerate the dataset with samples in it");
     if (c.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
-    if (c.drop_last && c.batch > f.split->samples)
-        throw usage_error("--batch " + std::to_string(c.batch) + " is larger than split '" + f.split->name + "' (" +
-                          format_count(f.split->samples) + " samples); use a smaller --batch");
+    if (c.drop_last && std::uint64_t{c.batch} * c.slice.world > f.split->samples)
+        throw usage_error((c.slice.world > 1 ? "the global batch " + std::to_string(c.slice.world) + " x --batch " +
+                                                   std::to_string(c.batch)
+                                             : "--batch " + std::to_string(c.batch)) +
+                          " is larger than split '" + f.split->name + "' (" + format_count(f.split->samples) +
+                          " samples); use a smaller --batch");
     return f;
 }
 
 std::uint64_t round_up_page(std::uint64_t v) {
     return (v + 4095) / 4096 * 4096;
-}
-
-std::uint64_t batches_of(std::uint64_t samples, std::uint32_t batch, bool drop_last) {
-    return drop_last ? samples / batch : (samples + batch - 1) / batch;
 }
 
 // The order's chunk: the storage's chunk for chunked files, else the config's.
@@ -111,7 +110,7 @@ struct StreamParts {
         : x(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
           y(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
           plan(plan_host_memory(*f.split, *f.x, c, available_host_memory())), cache(make_cache(*x, *y, c, plan)),
-          ring(std::make_unique<HostRing>(*x, *y, c.batch, c.drop_last, effective_order(c, x->storage_chunk_samples()),
+          ring(std::make_unique<HostRing>(*x, *y, c.batch, c.drop_last, c.slice, effective_order(c, x->storage_chunk_samples()),
                                           slots, c.readers, std::move(memory), cache.get())) {}
 
     void take_times(StageTimes& t) {
@@ -211,11 +210,11 @@ class ResidentSource : public BatchSource {
   protected:
     ResidentSource(const SourceConfig& c, std::uint64_t samples, std::uint64_t sample_bytes)
         : config_(c), samples_(samples), sample_bytes_(sample_bytes),
-          batches_(batches_of(samples, c.batch, c.drop_last)) {}
+          batches_(c.slice.batches(samples, c.batch, c.drop_last)) {}
     // Advances to the next batch of the epoch: its first position and size.
     bool take(std::uint64_t& first, std::uint32_t& count) {
         if (next_ >= batches_) return false;
-        first = next_ * config_.batch;
+        first = config_.slice.first_position(next_, config_.batch);
         count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
         ++next_;
         times_.batches += 1;
@@ -517,7 +516,7 @@ class ManagedSource final : public ResidentSource {
     Placement placement() const override { return Placement::managed; }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         ResidentSource::start_epoch(epoch, first_batch);
-        prefetched_until_ = next_ * config_.batch;
+        prefetched_until_ = config_.slice.first_position(next_, config_.batch);
     }
     bool next(train::Batch& out) override {
         std::uint64_t first;
