@@ -65,12 +65,12 @@ TEST(RankSlice, AWorldOfOneIsThePlainOrderAndKeepsAPartialBatchWhenAsked) {
 
 TEST(RankSlice, SourcesDeliverTheRanksSlicesOfTheSameGlobalBatches) {
     const std::uint64_t n = 700, sb = 16;
-    const fs::path dir = test_support::write_u8_dataset(
-        test_support::temp_path("dstk_dist", "slices"), Shape{{sb}}, {{"train", n}}, static_cast<std::uint32_t>(n),
-        [](std::uint64_t i, std::span<std::uint8_t> b) {
-            std::fill(b.begin(), b.end(), static_cast<std::uint8_t>(i));
-            return static_cast<std::int32_t>(i);
-        });
+    const fs::path dir =
+        test_support::write_u8_dataset(test_support::temp_path("dstk_dist", "slices"), Shape{{sb}}, {{"train", n}},
+                                       static_cast<std::uint32_t>(n), [](std::uint64_t i, std::span<std::uint8_t> b) {
+                                           std::fill(b.begin(), b.end(), static_cast<std::uint8_t>(i));
+                                           return static_cast<std::int32_t>(i);
+                                       });
     const Dataset ds = Dataset::open(dir);
     for (const Placement p : {Placement::device, Placement::stream}) {
         for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
@@ -141,10 +141,10 @@ TEST(Launch, ReadsEachLaunchersVariables) {
     EXPECT_EQ(l.local_rank, 1);
     EXPECT_EQ(l.local_size, 8);
     EXPECT_EQ(l.job, "42.3");
-    for (const auto& bad : std::vector<std::map<std::string, std::string>>{
-             {{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}},
-             {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}},
-             {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}}) {
+    for (const auto& bad :
+         std::vector<std::map<std::string, std::string>>{{{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}},
+                                                         {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}},
+                                                         {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}}) {
         try {
             (void)dist::detect_launch(env_of(bad));
             ADD_FAILURE() << "accepted " << bad.begin()->second;

@@ -3,6 +3,7 @@
 
 #include "dstk/checkpoint.hpp"
 #include "dstk/cli.hpp"
+#include "dstk/dist/world.hpp"
 #include "dstk/error.hpp"
 #include "dstk/model/commands.hpp"
 #include "dstk/run/train_run.hpp"
@@ -83,7 +84,8 @@ int main(int argc, char** argv) {
     return run_tool(app, argc, argv, [&] {
         if (model::run_model_command(commands)) return;
         o.batch_given = app.count("--batch") > 0; // before --resume adds the recorded options
-        o.given_options = resume_options(app, d.checkpoint, d.resume, out.quiet);
+        // Under a launcher, rank 0 alone says which options --resume took.
+        o.given_options = resume_options(app, d.checkpoint, d.resume, out.quiet || dist::detect_launch().rank != 0);
         if (dataset.empty())
             throw usage_error(d.resume ? "no DATASET, and no checkpoint in '" + d.checkpoint.string() +
                                              "' to take it from; give the --checkpoint DIR of the run to resume"

@@ -37,8 +37,8 @@ struct RingSlot {
 class HostRing {
   public:
     HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, RankSlice slice,
-             const OrderConfig& order,
-             unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache = nullptr);
+             const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory,
+             WindowCache* cache = nullptr);
     ~HostRing();
     HostRing(const HostRing&) = delete;
     HostRing& operator=(const HostRing&) = delete;

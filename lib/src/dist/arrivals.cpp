@@ -15,10 +15,10 @@ Arrivals::Arrivals(const Launch& launch) : launch_(launch) {
     std::string job = launch.job;
     for (char& c : job)
         if (c == '/') c = '_';
-    const std::filesystem::path dir = std::filesystem::path(tmp && *tmp ? tmp : "/tmp") /
-                                      ("dstk-ranks-" + std::to_string(::getuid()) + "-" + job);
+    const std::filesystem::path dir =
+        std::filesystem::path(tmp && *tmp ? tmp : "/tmp") / ("dstk-ranks-" + std::to_string(::getuid()) + "-" + job);
     ::mkdir(dir.c_str(), 0700);
-    struct stat st{};
+    struct stat st {};
     // Only a directory of ours: another user's could hold any names.
     if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) return;
     std::ofstream(dir / std::to_string(launch.rank));
@@ -31,7 +31,8 @@ std::string Arrivals::missing_text() const {
                "gives no job id): the launcher's log names them";
     std::string missing;
     for (int r = 0; r < launch_.size; ++r)
-        if (!std::filesystem::exists(dir_ / std::to_string(r))) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (!std::filesystem::exists(dir_ / std::to_string(r)))
+            missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     if (missing.empty()) return "every rank started dstrain, but not every rank reached MPI_Init";
     return "rank(s) " + missing + " never started dstrain";
 }

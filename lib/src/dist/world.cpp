@@ -60,8 +60,7 @@ class Watchdog {
     Watchdog(double seconds, std::function<std::string()> message)
         : thread_([this, seconds, message = std::move(message)] {
               std::unique_lock lock(mutex_);
-              if (changed_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return disarmed_; }))
-                  return;
+              if (changed_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return disarmed_; })) return;
               std::fprintf(stderr, "dstrain: error: %s\n", message().c_str());
               std::fflush(stderr);
               std::_Exit(1);
@@ -95,7 +94,8 @@ void mpi_check(int rc, const char* what) {
 // Counts above INT_MAX go in pieces.
 template <class F> void in_pieces(std::size_t count, F&& piece) {
     constexpr std::size_t most = std::size_t{1} << 28;
-    for (std::size_t first = 0; first < count; first += most) piece(first, static_cast<int>(std::min(most, count - first)));
+    for (std::size_t first = 0; first < count; first += most)
+        piece(first, static_cast<int>(std::min(most, count - first)));
 }
 
 constexpr int rendezvous_tag = 0x4453;
@@ -198,8 +198,9 @@ std::unique_ptr<World> World::join(const Launch& launch, double timeout_s) {
     if (launch.size <= 1) return w;
     if (!(timeout_s > 0)) throw usage_error("invalid --dist-timeout (must be positive seconds)");
 #if defined(DSTK_HAVE_MPI)
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                 std::chrono::duration<double>(timeout_s));
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
     Arrivals arrivals(launch);
     {
         Watchdog watchdog(timeout_s, [&] {
@@ -282,6 +283,12 @@ bool World::any(bool flag) {
     return out != 0;
 #else
     return flag;
+#endif
+}
+
+void World::barrier() {
+#if defined(DSTK_HAVE_MPI)
+    if (mpi_) mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
 #endif
 }
 

@@ -283,8 +283,9 @@ class Loop {
         for (std::uint64_t k = first; k < end; ++k) {
             for (std::uint64_t i = 0; i < g; ++i) indices[i] = order[k * g + i];
             char hex[17];
-            std::snprintf(hex, sizeof hex, "%016llx",
-                          static_cast<unsigned long long>(xxh64(indices.data(), indices.size() * sizeof(std::uint64_t))));
+            std::snprintf(
+                hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(xxh64(indices.data(), indices.size() * sizeof(std::uint64_t))));
             hashes.push_back(hex);
         }
         log_.emit({{"event", "batches"},
@@ -324,22 +325,22 @@ class Loop {
 } // namespace
 
 Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d)
-    : world_(*s.world), d_(d), seed_(e.seed), command_line_(e.command_line),
-      given_options_(e.given_options), run_{
-                                           {"dataset_samples", std::to_string(s.train_split->samples)},
-                                           {"dataset_checksum", s.x->checksum},
-                                           {"model", train::to_spec_string(s.spec)},
-                                           {"batch", std::to_string(s.global_batch())}, // the global batch: a resume may change the rank count
-                                           {"epochs", std::to_string(e.epochs)},
-                                           {"optimizer", std::string(train::optimizer_name(e.optimizer))},
-                                           {"lr", fixed(s.tc.optimizer.lr, 6)},
-                                           {"schedule", std::string(train::schedule_name(e.schedule))},
-                                           {"order", d.order},
-                                           {"window", std::to_string(d.window)},
-                                           {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
-                                           {"seed", std::to_string(e.seed)},
-                                           {"precision", std::string(train::precision_name(s.precision))},
-                                       } {}
+    : world_(*s.world), d_(d), seed_(e.seed), command_line_(e.command_line), given_options_(e.given_options),
+      run_{
+          {"dataset_samples", std::to_string(s.train_split->samples)},
+          {"dataset_checksum", s.x->checksum},
+          {"model", train::to_spec_string(s.spec)},
+          {"batch", std::to_string(s.global_batch())}, // the global batch: a resume may change the rank count
+          {"epochs", std::to_string(e.epochs)},
+          {"optimizer", std::string(train::optimizer_name(e.optimizer))},
+          {"lr", fixed(s.tc.optimizer.lr, 6)},
+          {"schedule", std::string(train::schedule_name(e.schedule))},
+          {"order", d.order},
+          {"window", std::to_string(d.window)},
+          {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
+          {"seed", std::to_string(e.seed)},
+          {"precision", std::string(train::precision_name(s.precision))},
+      } {}
 
 CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& out) const {
     if (!d_.resume) {
@@ -364,7 +365,13 @@ CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& o
 void Checkpointer::write(train::Trainer& t, const CheckpointPosition& p) const {
     if (d_.checkpoint.empty()) return;
     t.average_states();
-    if (!world_.root()) return;
+    if (world_.root()) save(t, p);
+    // A rank that went on (or exited, on SIGINT) before the file is in place
+    // could have the launcher end rank 0 mid-write.
+    world_.barrier();
+}
+
+void Checkpointer::save(train::Trainer& t, const CheckpointPosition& p) const {
     Checkpoint c;
     c.position = p;
     c.seed = seed_;

@@ -84,8 +84,7 @@ std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutco
     if (s.on_gpu())
         line << "  GPU mem " << format_bytes(o.peak)
              << (s.ranks() > 1 ? " (largest of " + std::to_string(s.ranks()) + " ranks," : std::string(" ("))
-             << "ceiling " << format_bytes(c.bytes)
-             << (c.managed ? " + managed pages" : "") << ")";
+             << "ceiling " << format_bytes(c.bytes) << (c.managed ? " + managed pages" : "") << ")";
     line << "  host RSS " << format_bytes(peak_rss_bytes()) << " (ceiling " << format_bytes(c.host_bytes) << ")";
     line << "  [" << stage_text(o.stages) << "; limited by " << data::limiting_stage(o.stages) << "]";
     if (step_times_wanted()) line << "  [" << loop_text(o.loop) << "]";

@@ -144,10 +144,10 @@ void open_dataset(Session& s, const TrainOptions& e) {
     const std::uint64_t global = std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks());
     if (global > s.train_split->samples)
         throw usage_error("the train split has " + format_count(s.train_split->samples) + " samples, fewer than " +
-                          (s.ranks() > 1 ? "the global batch " + std::to_string(global) + " (" +
-                                               std::to_string(s.ranks()) + " ranks x --batch " +
-                                               std::to_string(e.batch) + ")"
-                                         : "--batch " + std::to_string(e.batch)) +
+                          (s.ranks() > 1
+                               ? "the global batch " + std::to_string(global) + " (" + std::to_string(s.ranks()) +
+                                     " ranks x --batch " + std::to_string(e.batch) + ")"
+                               : "--batch " + std::to_string(e.batch)) +
                           " (use a smaller --batch)");
     s.classes = *m.num_classes;
 }
@@ -159,10 +159,9 @@ train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     tc.max_batch = e.batch;
     tc.precision = s.precision;
     tc.optimizer.kind = e.optimizer;
-    tc.optimizer.lr =
-        e.lr.value_or(e.optimizer == train::OptimizerKind::sgd
-                          ? 0.05f * static_cast<float>(e.batch) * static_cast<float>(s.ranks()) / 256.0f
-                          : 0.002f);
+    tc.optimizer.lr = e.lr.value_or(e.optimizer == train::OptimizerKind::sgd
+                                        ? 0.05f * static_cast<float>(e.batch) * static_cast<float>(s.ranks()) / 256.0f
+                                        : 0.002f);
     tc.optimizer.momentum = e.momentum;
     tc.optimizer.nesterov = e.nesterov;
     tc.optimizer.weight_decay = e.weight_decay;

@@ -42,7 +42,7 @@ struct Session {
     std::uint32_t classes = 0;
     train::ModelSpec spec;
     train::TrainerConfig tc;
-    std::uint64_t steps_per_epoch = 0; // global steps; a partial last global batch is skipped
+    std::uint64_t steps_per_epoch = 0;      // global steps; a partial last global batch is skipped
     std::unique_ptr<dist::Reducer> reducer; // world larger than one: the trainer's (outlives it)
     std::unique_ptr<train::Trainer> trainer;
     data::Order order = data::Order::chunk;
@@ -112,10 +112,10 @@ struct EpochOutcome {
     EpochReport report;
     data::StageTimes stages;
     LoopTimes loop;
-    std::uint64_t steps = 0; // in total, after the epoch
-    std::uint64_t peak = 0;  // cuda: measured over the epoch (the largest of the ranks')
+    std::uint64_t steps = 0;          // in total, after the epoch
+    std::uint64_t peak = 0;           // cuda: measured over the epoch (the largest of the ranks')
     std::vector<std::uint64_t> peaks; // each rank's, in rank order
-    bool whole = true;       // the epoch ran from its first batch to its last
+    bool whole = true;                // the epoch ran from its first batch to its last
 };
 void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c, JsonLog& log,
                   const OutputOptions& out);
@@ -136,6 +136,7 @@ class Checkpointer {
     void write(train::Trainer& t, const CheckpointPosition& p) const;
 
   private:
+    void save(train::Trainer& t, const CheckpointPosition& p) const;
     dist::World& world_;
     const DataOptions& d_;
     std::uint64_t seed_;

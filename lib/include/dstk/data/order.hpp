@@ -59,9 +59,7 @@ struct OrderConfig {
 struct RankSlice {
     std::uint32_t rank = 0, world = 1;
     // First position of this rank's batch `k`.
-    std::uint64_t first_position(std::uint64_t k, std::uint32_t batch) const {
-        return (k * world + rank) * batch;
-    }
+    std::uint64_t first_position(std::uint64_t k, std::uint32_t batch) const { return (k * world + rank) * batch; }
     // Batches (global steps) per epoch; a partial last batch is kept with
     // drop_last false, which only a world of one may ask.
     std::uint64_t batches(std::uint64_t samples, std::uint32_t batch, bool drop_last) const;

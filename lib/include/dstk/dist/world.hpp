@@ -71,6 +71,8 @@ class World {
     void broadcast(std::span<std::byte> bytes);
     // True on every rank when any rank passes true.
     bool any(bool flag);
+    // Returns once every rank has called it.
+    void barrier();
     // The MPI Reducer of host memory (the cpu backend), in a fixed order:
     // bitwise the same result on every rank and in every run.
     std::unique_ptr<Reducer> host_reducer();
