@@ -63,7 +63,7 @@ index_hashes() { python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
     j = json.loads(line)
-    if j.get("event") == "batches":
+    if j.get("event") == "epoch":
         print(j["epoch"], j["first_batch"], " ".join(j["index_hashes"]))' "$1"; }
 state_of() {
     local file=$1/checkpoint.dstk n

@@ -42,6 +42,7 @@ void Arrivals::done() {
     std::error_code ec;
     std::filesystem::remove(dir_ / std::to_string(launch_.rank), ec);
     std::filesystem::remove(dir_, ec); // fails while other ranks' marks remain
+    dir_.clear();
 }
 
 } // namespace dstk::dist

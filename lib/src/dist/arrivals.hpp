@@ -14,9 +14,14 @@ namespace dstk::dist {
 class Arrivals {
   public:
     explicit Arrivals(const Launch& launch);
+    ~Arrivals() { done(); }
+    Arrivals(const Arrivals&) = delete;
+    Arrivals& operator=(const Arrivals&) = delete;
     // "rank(s) 1, 3 never started" or why they cannot be named.
     std::string missing_text() const;
-    // After the rendezvous: this rank's mark (and the directory, once empty) removed.
+    // After the rendezvous (or on its failure): this rank's mark, and the
+    // directory once empty, removed. The watchdog leaves them: another rank's
+    // watchdog may still be reading them.
     void done();
 
   private:

@@ -3,6 +3,8 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "clock.hpp"
@@ -168,7 +170,7 @@ class Loop {
         std::uint64_t batch_index = first;
         train::Batch b;
         EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
-                               s_.steps_per_epoch - first, e_.batch, out_);
+                               s_.steps_per_epoch - first, static_cast<std::uint32_t>(s_.global_batch()), out_);
         for (auto h0 = Clock::now(); s_.train_src->next(b); h0 = Clock::now()) {
             const auto h1 = Clock::now();
             compute_.time([&] { s_.trainer->train_step(b); });
@@ -201,7 +203,8 @@ class Loop {
         o.report.samples_per_second =
             static_cast<double>(o.report.train.samples) / std::max(1e-9, o.report.train_seconds);
         world_figures(o.report);
-        if (!e_.log_json.empty() && s_.root()) log_batch_hashes(epoch, first, batch_index);
+        if (!e_.log_json.empty() && s_.root()) o.index_hashes = batch_hashes(epoch, first, batch_index);
+        o.first_batch = first;
         o.report.seconds = seconds_since(t0);
         const bool epoch_done = batch_index >= s_.steps_per_epoch;
         ck_.write(*s_.trainer, epoch_done ? CheckpointPosition{epoch + 1, 0, steps_}
@@ -275,25 +278,20 @@ class Loop {
     // --log-json: for each global step of the epoch taken here, an XXH64 of
     // its sample indices (the global batch, all ranks' slices), so that runs
     // at different rank counts can be compared step by step.
-    void log_batch_hashes(std::uint64_t epoch, std::uint64_t first, std::uint64_t end) {
+    std::vector<std::string> batch_hashes(std::uint64_t epoch, std::uint64_t first, std::uint64_t end) const {
         const data::EpochOrder order(s_.sc.order, s_.train_split->samples, epoch);
         const std::uint64_t g = s_.global_batch();
         std::vector<std::uint64_t> indices(g);
-        nlohmann::json hashes = nlohmann::json::array();
+        std::vector<std::string> hashes;
         for (std::uint64_t k = first; k < end; ++k) {
             for (std::uint64_t i = 0; i < g; ++i) indices[i] = order[k * g + i];
             char hex[17];
             std::snprintf(
                 hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(xxh64(indices.data(), indices.size() * sizeof(std::uint64_t))));
-            hashes.push_back(hex);
+            hashes.emplace_back(hex);
         }
-        log_.emit({{"event", "batches"},
-                   {"epoch", epoch + 1},
-                   {"first_batch", first},
-                   {"global_batch", g},
-                   {"ranks", s_.ranks()},
-                   {"index_hashes", hashes}});
+        return hashes;
     }
 
     // The epoch's peak: samples every 0.25 s of training and one after evaluation and checkpoint.

@@ -217,6 +217,11 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
     if (s.on_gpu()) j["gpu_memory_peak"] = o.peak;
     if (s.on_gpu() && s.ranks() > 1) j["gpu_memory_peak_per_rank"] = o.peaks;
     if (s.ranks() > 1) j["ranks"] = s.ranks();
+    if (!o.index_hashes.empty()) {
+        j["global_batch"] = s.global_batch();
+        j["first_batch"] = o.first_batch;
+        j["index_hashes"] = o.index_hashes;
+    }
     log.emit(j);
 }
 

@@ -115,7 +115,10 @@ struct EpochOutcome {
     std::uint64_t steps = 0;          // in total, after the epoch
     std::uint64_t peak = 0;           // cuda: measured over the epoch (the largest of the ranks')
     std::vector<std::uint64_t> peaks; // each rank's, in rank order
-    bool whole = true;                // the epoch ran from its first batch to its last
+    // --log-json: per global step from first_batch on, the XXH64 of its sample indices (16 hex digits)
+    std::vector<std::string> index_hashes;
+    std::uint64_t first_batch = 0;
+    bool whole = true; // the epoch ran from its first batch to its last
 };
 void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c, JsonLog& log,
                   const OutputOptions& out);
