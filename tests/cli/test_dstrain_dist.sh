@@ -37,7 +37,7 @@ if ! "${MPIRUN[@]}" -np 2 "$DSTRAIN" "$WORK/ds" "${RUN[@]}" --batch 24 --max-ste
     finish
 fi
 
-# max |a - b| / (1 + |a|) over every tensor of two safetensors files, under 1e-4.
+# max |a - b| / (1 + |a|) over every tensor of two safetensors files, under 1e-5.
 weights_close() {
     python3 - "$1" "$2" <<'PY'
 import json, struct, sys
@@ -55,7 +55,7 @@ def tensors(path):
 x, y = tensors(sys.argv[1]), tensors(sys.argv[2])
 assert x.keys() == y.keys() and x, "different tensors"
 worst = max(abs(p - q) / (1 + abs(p)) for k in x for p, q in zip(x[k], y[k]))
-sys.exit(0 if worst < 1e-4 else print("largest relative difference", worst) or 1)
+sys.exit(0 if worst < 1e-5 else print("largest relative difference", worst) or 1)
 PY
 }
 # The per-step hashes of the global batches' sample indices in a --log-json file.
