@@ -198,12 +198,14 @@ std::unique_ptr<World> World::join(const Launch& launch, double timeout_s) {
     if (launch.size <= 1) return w;
     if (!(timeout_s > 0)) throw usage_error("invalid --dist-timeout (must be positive seconds)");
 #if defined(DSTK_HAVE_MPI)
+    // A year at most: a longer wait does not fit the clock's ticks.
+    const double wait_s = std::min(timeout_s, 3.2e7);
     const auto deadline =
         std::chrono::steady_clock::now() +
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wait_s));
     Arrivals arrivals(launch);
     {
-        Watchdog watchdog(timeout_s, [&] {
+        Watchdog watchdog(wait_s, [&] {
             return "rank " + std::to_string(launch.rank) + " of " + std::to_string(launch.size) +
                    ": MPI_Init did not complete within --dist-timeout " + timeout_text(timeout_s) +
                    " s (it waits for every rank): " + arrivals.missing_text() + "; " + what_to_do();
