@@ -1,0 +1,150 @@
+// The NCCL reducer on one GPU (N = 1, the unique id made in this process) and
+// the cuda trainer's data-parallel path: with a reducer of size 1, training
+// gives weights bit-equal to training without one, through the captured graph
+// (full batches) and the eager path (a partial batch), in tf32 and bf16.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "dstk/dist/nccl.hpp"
+#include "dstk/error.hpp"
+#include "dstk/gpu_info.hpp"
+#include "dstk/rng.hpp"
+#include "dstk/train/trainer.hpp"
+
+using namespace dstk;
+using namespace dstk::train;
+
+namespace {
+
+bool gpu_and_nccl(std::string& why) {
+#if !defined(DSTK_HAVE_CUDA)
+    why = "built without CUDA support";
+    return false;
+#else
+    if (!dist::nccl_available()) {
+        why = "built without NCCL";
+        return false;
+    }
+    return !detect_gpus(&why).empty();
+#endif
+}
+
+#define REQUIRE_GPU_AND_NCCL()                                                                                         \
+    do {                                                                                                               \
+        std::string why_;                                                                                              \
+        if (!gpu_and_nccl(why_)) GTEST_SKIP() << "no GPU or NCCL: " << why_;                                           \
+    } while (0)
+
+std::unique_ptr<dist::Reducer> single_rank_reducer() {
+    return dist::make_nccl_reducer(dist::nccl_unique_id(), 0, 1, 0, 60.0);
+}
+
+const TensorShape in_shape{3, 16, 16};
+constexpr std::uint32_t classes = 10, max_batch = 32;
+
+TrainerConfig config(Precision p) {
+    TrainerConfig c;
+    c.plan = plan_network(resolve_model("conv3x3:8,bn,relu,res(conv3x3:8,bn,relu),maxpool2,conv3x3:16:bias,bn,relu,"
+                                        "flatten,dropout:0.2,fc:32,relu,fc:10",
+                                        classes),
+                          in_shape, classes);
+    c.input_dtype = DType::f32;
+    c.mean.assign(in_shape.c, 0.5f);
+    c.std.assign(in_shape.c, 2.0f);
+    c.max_batch = max_batch;
+    c.precision = p;
+    c.device = {Backend::cuda, 0};
+    c.seed = 5;
+    c.optimizer.kind = OptimizerKind::adamw;
+    c.optimizer.lr = 0.002f;
+    c.schedule.kind = ScheduleKind::cosine;
+    c.schedule.total_steps = 20;
+    c.schedule.warmup_steps = 2;
+    // The same kernels in both trainers, none that adds with atomics: any
+    // difference is then the reducer's.
+    c.deterministic = true;
+    c.kernels = KernelMode::heuristic;
+    return c;
+}
+
+// Random f32 samples and labels in device memory.
+struct DeviceData {
+    std::unique_ptr<BackendBuffer> x, y;
+    explicit DeviceData(std::uint32_t n) {
+        CounterRng rng(23, 1);
+        std::vector<float> hx(std::uint64_t{n} * in_shape.numel());
+        std::vector<std::int32_t> hy(n);
+        for (auto& v : hx) v = static_cast<float>(rng.normal() * 2.0 + 0.5);
+        for (auto& v : hy) v = static_cast<std::int32_t>(rng.below(classes));
+        x = make_backend_buffer({Backend::cuda, 0}, hx.size() * 4);
+        y = make_backend_buffer({Backend::cuda, 0}, hy.size() * 4);
+        x->upload(0, hx.data(), hx.size() * 4);
+        y->upload(0, hy.data(), hy.size() * 4);
+    }
+    // Batch k of size n (batches laid end to end at max_batch spacing).
+    Batch batch(std::uint32_t k, std::uint32_t n) const {
+        const std::uint64_t first = std::uint64_t{k} * max_batch;
+        return {static_cast<const float*>(x->data()) + first * in_shape.numel(),
+                static_cast<const std::int32_t*>(y->data()) + first, n};
+    }
+};
+
+// Four full batches (the graph), one partial batch (eager), two full ones.
+void run_steps(Trainer& t, const DeviceData& d) {
+    for (std::uint32_t k = 0; k < 4; ++k) t.train_step(d.batch(k, max_batch));
+    t.train_step(d.batch(4, max_batch - 7));
+    for (std::uint32_t k = 5; k < 7; ++k) t.train_step(d.batch(k, max_batch));
+    t.synchronize();
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+} // namespace
+
+TEST(DistNccl, SingleRankCollectivesReturnTheirInputBitForBit) {
+    REQUIRE_GPU_AND_NCCL();
+    auto r = single_rank_reducer();
+    EXPECT_EQ(r->rank(), 0);
+    EXPECT_EQ(r->size(), 1);
+    std::vector<float> v(1000);
+    CounterRng rng(3, 3);
+    for (auto& x : v) x = static_cast<float>(rng.normal());
+    auto w = v;
+    r->average_host(w.data(), w.size());
+    EXPECT_TRUE(bit_equal(v, w));
+    r->broadcast_host(w.data(), w.size());
+    EXPECT_TRUE(bit_equal(v, w));
+    r->average_host(w.data(), 0); // nothing to do, no error
+}
+
+TEST(DistNccl, SingleRankTrainingIsBitEqualToNoReducer) {
+    REQUIRE_GPU_AND_NCCL();
+    const DeviceData d(7 * max_batch);
+    auto reducer = single_rank_reducer();
+    for (const Precision p : {Precision::tf32, Precision::bf16}) {
+        SCOPED_TRACE(std::string(precision_name(p)));
+        auto plain = make_trainer(config(p));
+        auto reduced = make_trainer(config(p));
+        const auto initial = plain->read_parameters();
+        reduced->set_reducer(reducer.get());
+        EXPECT_TRUE(bit_equal(initial, reduced->read_parameters())) << "the broadcast from rank 0 changed parameters";
+        run_steps(*plain, d);
+        run_steps(*reduced, d);
+        const auto trained = plain->read_parameters();
+        EXPECT_FALSE(bit_equal(initial, trained)) << "training did not move the weights: the test proves nothing";
+        EXPECT_TRUE(bit_equal(trained, reduced->read_parameters())) << "weights differ with a reducer of size 1";
+        const auto states = plain->read_states();
+        reduced->average_states();
+        EXPECT_TRUE(bit_equal(states, reduced->read_states())) << "BN running statistics differ";
+        EXPECT_EQ(plain->take_train_metrics().loss_sum, reduced->take_train_metrics().loss_sum);
+
+        // Back to one process: the plain graph again, still in step.
+        reduced->set_reducer(nullptr);
+        run_steps(*plain, d);
+        run_steps(*reduced, d);
+        EXPECT_TRUE(bit_equal(plain->read_parameters(), reduced->read_parameters())) << "after set_reducer(nullptr)";
+    }
+}
