@@ -4,6 +4,9 @@
 // (full batches) and the eager path (a partial batch), in tf32 and bf16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "dstk/dist/nccl.hpp"
@@ -147,4 +150,92 @@ TEST(DistNccl, SingleRankTrainingIsBitEqualToNoReducer) {
         run_steps(*reduced, d);
         EXPECT_TRUE(bit_equal(plain->read_parameters(), reduced->read_parameters())) << "after set_reducer(nullptr)";
     }
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Milliseconds per train_step over `steps` full batches (the captured graph),
+// cycling through `batches`.
+double step_ms(Trainer& t, const std::vector<Batch>& batches, int steps) {
+    t.synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int k = 0; k < steps; ++k) t.train_step(batches[static_cast<std::size_t>(k) % batches.size()]);
+    t.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+}
+
+} // namespace
+
+// For scripts/bench-dist.sh (run with --gtest_also_run_disabled_tests): the
+// speed of dstrain's training step, ref-cnn, batch 256, u8 3x32x32 input in
+// GPU memory, without a reducer and with an NCCL reducer of size 1,
+// interleaved in rounds; and one gradient-sized all-reduce. Prints lines
+// "bench ..." that the script tabulates.
+TEST(DistNcclBench, DISABLED_StepTimeWithAndWithoutReducer) {
+    REQUIRE_GPU_AND_NCCL();
+    const std::uint32_t batch = 256, nbatches = 8;
+    const TensorShape in{3, 32, 32};
+    std::vector<std::uint8_t> hx(std::uint64_t{batch} * nbatches * in.numel());
+    std::vector<std::int32_t> hy(std::uint64_t{batch} * nbatches);
+    CounterRng rng(7, 7);
+    for (auto& v : hx) v = static_cast<std::uint8_t>(rng.below(256));
+    for (auto& v : hy) v = static_cast<std::int32_t>(rng.below(10));
+    auto x = make_backend_buffer({Backend::cuda, 0}, hx.size());
+    auto y = make_backend_buffer({Backend::cuda, 0}, hy.size() * 4);
+    x->upload(0, hx.data(), hx.size());
+    y->upload(0, hy.data(), hy.size() * 4);
+    std::vector<Batch> batches;
+    for (std::uint32_t k = 0; k < nbatches; ++k)
+        batches.push_back({static_cast<const std::uint8_t*>(x->data()) + std::uint64_t{k} * batch * in.numel(),
+                           static_cast<const std::int32_t*>(y->data()) + std::uint64_t{k} * batch, batch});
+    auto reducer = single_rank_reducer();
+    const int rounds = 7, steps = 150;
+    std::unique_ptr<Trainer> t; // a trainer's compute stream for the all-reduce below, as in training
+    for (const Precision p : {Precision::tf32, Precision::bf16}) {
+        TrainerConfig c;
+        c.plan = plan_network(resolve_model("ref-cnn", 10), in, 10);
+        c.input_dtype = DType::u8;
+        c.mean.assign(3, 127.5f);
+        c.std.assign(3, 64.0f);
+        c.max_batch = batch;
+        c.precision = p;
+        c.device = {Backend::cuda, 0};
+        c.schedule.total_steps = 100000;
+        auto plain = make_trainer(c);
+        auto reduced = make_trainer(c);
+        reduced->set_reducer(reducer.get());
+        step_ms(*plain, batches, 30); // warm-up: clocks, caches
+        step_ms(*reduced, batches, 30);
+        std::vector<double> a, b;
+        for (int r = 0; r < rounds; ++r) {
+            a.push_back(step_ms(*plain, batches, steps));
+            b.push_back(step_ms(*reduced, batches, steps));
+        }
+        std::printf("bench %s plain_ms %.4f nccl1_ms %.4f params %llu\n", std::string(precision_name(p)).c_str(),
+                    median(a), median(b), static_cast<unsigned long long>(c.plan.params));
+        t = std::move(plain);
+    }
+    // One all-reduce of the gradient vector's size, enqueued 20 at a time: the
+    // median over 60 groups of the time per call.
+    const std::uint64_t count = plan_network(resolve_model("ref-cnn", 10), in, 10).params;
+    auto g = make_backend_buffer({Backend::cuda, 0}, count * 4);
+    std::vector<float> zeros(count, 0.0f);
+    g->upload(0, zeros.data(), count * 4);
+    std::vector<double> us;
+    for (int r = 0; r < 63; ++r) {
+        t->synchronize();
+        const auto start = std::chrono::steady_clock::now();
+        for (int k = 0; k < 20; ++k)
+            reducer->average_device(static_cast<float*>(g->data()), count, t->compute_stream());
+        t->synchronize();
+        if (r >= 3)
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+                         20);
+    }
+    std::printf("bench allreduce_us %.2f bytes %llu ranks 1\n", median(us), static_cast<unsigned long long>(count * 4));
 }

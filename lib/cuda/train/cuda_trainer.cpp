@@ -4,11 +4,14 @@
 // Activations are NHWC for tf32 and bf16 (cuDNN's tensor-core convolutions
 // read it without transposes) and NCHW for fp32 (cuDNN's NHWC float kernels
 // round like TF32); parameters, gradients and optimiser state are fp32 in the
-// cpu backend's layout, so checkpoints are the same on both backends; the
+// cpu backend's layout, so checkpoints are the same on both backends, and
+// every weight gradient lies in one vector (grads_), which data-parallel
+// training averages over the ranks with one collective per step; the
 // convolutions read compute copies of their weights that the optimiser step
 // refreshes. One arena holds every buffer; the training step and evaluation
-// are captured once as CUDA graphs. DSTK_PROFILE_LAYERS=N times each
-// operation over N steps outside the graph at start-up (man dstrain).
+// are captured as CUDA graphs (the step again when a reducer is set or
+// removed). DSTK_PROFILE_LAYERS=N times each operation over N steps outside
+// the graph at start-up (man dstrain).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
