@@ -1,7 +1,8 @@
 // The NCCL reducer on one GPU (N = 1, the unique id made in this process) and
 // the cuda trainer's data-parallel path: with a reducer of size 1, training
 // gives weights bit-equal to training without one, through the captured graph
-// (full batches) and the eager path (a partial batch), in tf32 and bf16.
+// (full batches) and the eager path (a partial batch), in tf32 and bf16; a
+// rank that never arrives is a timely error, not a hang.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -150,6 +151,26 @@ TEST(DistNccl, SingleRankTrainingIsBitEqualToNoReducer) {
         run_steps(*reduced, d);
         EXPECT_TRUE(bit_equal(plain->read_parameters(), reduced->read_parameters())) << "after set_reducer(nullptr)";
     }
+}
+
+// Rank 0 of a world of two whose rank 1 never starts: creation gives up at
+// the timeout with a message naming the rank, and does not hang.
+TEST(DistNccl, MissingRankTimesOutWithAClearError) {
+    REQUIRE_GPU_AND_NCCL();
+    const double timeout_s = 3.0;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        dist::make_nccl_reducer(dist::nccl_unique_id(), 0, 2, 0, timeout_s);
+        FAIL() << "a communicator of two ranks was created with one";
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_EQ(e.code(), ExitCode::failure) << what;
+        EXPECT_NE(what.find("rank 0 of 2"), std::string::npos) << what;
+        EXPECT_NE(what.find("did not complete within"), std::string::npos) << what;
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_GE(waited, timeout_s);
+    EXPECT_LT(waited, timeout_s + 20.0) << "the abort took too long";
 }
 
 namespace {

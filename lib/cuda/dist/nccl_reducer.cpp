@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -27,6 +28,12 @@ std::string nccl_version() {
     int v = 0;
     ncclGetVersion(&v);
     return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+std::string seconds(double s) {
+    std::ostringstream o;
+    o << s << " s";
+    return o.str();
 }
 
 class NcclReducer final : public Reducer {
@@ -65,7 +72,7 @@ NcclReducer::NcclReducer(const NcclId& id, int rank, int size, int device, doubl
     if (size < 1 || rank < 0 || rank >= size)
         throw runtime_error("NCCL rank " + std::to_string(rank) + " of " + std::to_string(size) +
                             " (a rank must lie in [0, size)) check the launcher's environment");
-    if (!(timeout_s > 0.0)) throw usage_error("NCCL timeout of " + std::to_string(timeout_s) + " s (must be positive)");
+    if (!(timeout_s > 0.0)) throw usage_error("NCCL timeout of " + seconds(timeout_s) + " (must be positive)");
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
         cudaGetLastError();
@@ -123,10 +130,11 @@ void NcclReducer::finish(ncclResult_t r, const char* what) {
         if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
         if (state != ncclInProgress) break;
         if (Clock::now() > deadline)
-            fail(what, "did not complete within " + std::to_string(timeout_s_) +
-                           " s (a rank did not arrive, or cannot reach the others) check that all " +
+            fail(what, "did not complete within " + seconds(timeout_s_) +
+                           " (a rank did not arrive, or cannot reach the others) check that all " +
                            std::to_string(size_) +
-                           " ranks started and see each other's network (NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN)");
+                           " ranks started and can reach each other (NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN), or allow "
+                           "more time (--dist-timeout)");
         std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (state != ncclSuccess)
