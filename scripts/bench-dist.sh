@@ -14,10 +14,15 @@
 #     in 7 rounds of 150 steps, median per process; and one all-reduce of the
 #     model's gradient vector (2.7 MB) at N = 1 on the compute stream, the
 #     median over 60 groups of 20 calls.
+#  4. Only with NP set (e.g. NP="2 4 8") on a machine with that many GPUs and
+#     mpirun: dstrain under `mpirun -np N` (NCCL, NCCL_NVLS_ENABLE=0) against
+#     one process, both on TRAIN x the largest N samples so that every rank
+#     keeps full epochs: the world's samples/s and the scaling efficiency
+#     (samples/s at N / (N x samples/s at 1)); one process group each.
 # Logs go to LOG_DIR (default $OUT, else BIN_DIR/../logs)/dist; the table is
 # printed last. Exit 1 when a step of part 1 or 3 fails.
 # Usage: scripts/bench-dist.sh BIN_DIR [LOG_DIR]
-#   RUNS (default 3), TRAIN (50000), EPOCHS (3)
+#   RUNS (default 3), TRAIN (50000), EPOCHS (3), NP (unset: no multi-GPU part)
 set -uo pipefail
 bin=${1:?usage: bench-dist.sh BIN_DIR [LOG_DIR]}
 bin=$(cd "$bin" && pwd) || exit 1
@@ -32,6 +37,11 @@ trap 'rm -rf "$work"' EXIT
 export XDG_CACHE_HOME="$log/cache" # kernel choices: timed by the first process, reused by the others
 status=0
 
+# The samples/s of one dstrain run (the median of its epochs after the first) or nothing.
+epoch_median() {
+  python3 -c 'import json,sys,statistics as s; e=[x["samples_per_second"] for x in json.load(open(sys.argv[1]))["epochs"]]; print(f"{s.median(e[1:] or e):.0f}")' "$1" 2>/dev/null
+}
+
 "$bin/gpu_dist_nccl_test" >"$log/correctness.log" 2>&1 || status=1
 correct=$(grep -Eq '^\[  PASSED  \] [1-9]' "$log/correctness.log" && [ $status = 0 ] && echo "passed" || echo "FAILED")
 if grep -q '  SKIPPED ' "$log/correctness.log"; then correct="skipped ($(grep -m1 -o 'no GPU.*' "$log/correctness.log"))"; status=1; fi
@@ -42,8 +52,7 @@ for r in $(seq 1 "$runs"); do
   for p in tf32 bf16; do
     if "$bin/dstrain" "$work/u8" --model ref-cnn --batch 256 --epochs "$epochs" --precision "$p" --device cuda:0 \
         --data device --json >"$log/dstrain-$p-$r.json" 2>"$log/dstrain-$p-$r.err"; then
-      python3 -c 'import json,sys,statistics as s; e=[x["samples_per_second"] for x in json.load(open(sys.argv[1]))["epochs"]]; print(f"dstrain\t{sys.argv[2]}\t{sys.argv[3]}\t{s.median(e[1:] or e):.0f}")' \
-          "$log/dstrain-$p-$r.json" "$p" "$r" >>"$log/runs.tsv"
+      printf 'dstrain\t%s\t%s\t%s\n' "$p" "$r" "$(epoch_median "$log/dstrain-$p-$r.json")" >>"$log/runs.tsv"
     else
       status=1
     fi
@@ -55,6 +64,24 @@ for r in $(seq 1 "$runs"); do
       "$log/step-$r.log" >>"$log/runs.tsv"
 done
 
+if [ -n "${NP:-}" ]; then
+  largest=$(printf '%s\n' $NP | sort -n | tail -1)
+  "$bin/dsgen" "$work/u8-multi" --train $((train * largest)) --test 1000 --shape 3x32x32 --dtype u8 --classes 10 \
+      --quiet || exit 1
+  root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+  for p in tf32 bf16; do
+    for n in 1 $NP; do
+      launch=(); [ "$n" -gt 1 ] && launch=(mpirun "${root[@]}" --bind-to none -np "$n" -x NCCL_NVLS_ENABLE=0)
+      if "${launch[@]}" "$bin/dstrain" "$work/u8-multi" --model ref-cnn --batch 256 --epochs "$epochs" \
+          --precision "$p" --device cuda --data device --json >"$log/multi-$p-$n.json" 2>"$log/multi-$p-$n.err"; then
+        printf 'multi\t%s\t%s\t%s\n' "$p" "$n" "$(epoch_median "$log/multi-$p-$n.json")" >>"$log/runs.tsv"
+      else
+        status=1
+      fi
+    done
+  done
+fi
+
 echo
 echo "NCCL path at N = 1 on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), ref-cnn, batch 256, u8 3x32x32 in GPU memory"
 echo "correctness (gpu_dist_nccl_test: bit-equal weights with and without the reducer): $correct"
@@ -64,7 +91,7 @@ rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 print(f"{'precision':9s} {'process':>7s} {'dstrain samples/s':>17s} {'step ms plain':>13s} {'step ms NCCL N=1':>16s} {'NCCL/plain':>10s}")
 for p in ("tf32", "bf16"):
     ratios = []
-    procs = sorted({r[2] for r in rows if r[1] == p}, key=int)
+    procs = sorted({r[2] for r in rows if r[0] in ("dstrain", "step") and r[1] == p}, key=int)
     for proc in procs:
         d = [r[3] for r in rows if r[0] == "dstrain" and r[1] == p and r[2] == proc]
         s = [r[3].split() for r in rows if r[0] == "step" and r[1] == p and r[2] == proc]
@@ -77,10 +104,17 @@ for p in ("tf32", "bf16"):
         print(f"{p}: NCCL N=1 step time / plain, median of {len(ratios)} processes: {100 * m:.1f}% "
               f"({'within' if abs(m - 1) <= 0.02 else 'OUTSIDE'} +-2%); plain step = "
               f"{256e3 / st.median([float(r[3].split()[0]) for r in rows if r[0] == 'step' and r[1] == p]):.0f} samples/s")
+multi = {(r[1], int(r[2])): float(r[3]) for r in rows if r[0] == "multi" and r[3]}
+if multi:
+    print(f"\n{'precision':9s} {'GPUs':>4s} {'world samples/s':>15s} {'scaling efficiency':>18s}  (dstrain, mpirun -np N)")
+    for (p, n), v in sorted(multi.items(), key=lambda kv: (kv[0][0] != "tf32", kv[0][1])):
+        one = multi.get((p, 1))
+        print(f"{p:9s} {n:4d} {v:15.0f} {(f'{100 * v / (n * one):17.1f}%') if one else '-':>18s}")
 ar = [r[3].split() for r in rows if r[0] == "allreduce"]
 if ar:
     us = st.median(float(a[0]) for a in ar)
     print(f"all-reduce of the gradient vector ({int(ar[0][1]) / 1e6:.2f} MB float, N=1, in place, on the compute "
           f"stream): {us:.2f} us per call (median of {len(ar)} processes)")
 EOF
+[ "$status" = 0 ] || echo "bench-dist: a step failed or was skipped: see the logs in $log" >&2
 exit $status
