@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "cuda_check.hpp"
-#include "dist/divide.hpp"
+#include "dist/scale.hpp"
 #include "dstk/dist/nccl.hpp"
 
 namespace dstk::dist {
@@ -145,7 +145,7 @@ void NcclReducer::average_device(float* data, std::size_t count, void* stream) {
     if (count == 0) return;
     const auto s = static_cast<cudaStream_t>(stream);
     finish(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, s), "all-reduce");
-    if (size_ > 1) cuda::launch_divide(data, count, static_cast<float>(size_), s);
+    if (size_ > 1) cuda::launch_scale(data, count, 1.0f / static_cast<float>(size_), s);
 }
 
 void NcclReducer::broadcast_device(float* data, std::size_t count, void* stream) {

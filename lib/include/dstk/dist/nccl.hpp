@@ -27,8 +27,9 @@ NcclId nccl_unique_id();
 // runtime error naming this rank, never a hang. The reducer's device
 // operations run on the stream they are given; they are capturable in a CUDA
 // graph once one collective has run outside it (connections are set up
-// lazily). average_* divides the sum by size() after the all-reduce, skipped
-// for size 1 so that one rank's values come back bit for bit.
+// lazily). average_* multiplies the sum by 1/size() after the all-reduce (as
+// the MPI reducer does), skipped for size 1 so that one rank's values come
+// back bit for bit.
 std::unique_ptr<Reducer> make_nccl_reducer(const NcclId& id, int rank, int size, int device, double timeout_s);
 
 } // namespace dstk::dist
