@@ -79,14 +79,14 @@ TrainerConfig config(Precision p) {
 // Random f32 samples and labels in device memory.
 struct DeviceData {
     std::unique_ptr<BackendBuffer> x, y;
-    explicit DeviceData(std::uint32_t n) {
-        CounterRng rng(23, 1);
+    explicit DeviceData(std::uint32_t n, int device = 0, std::uint64_t seed = 23) {
+        CounterRng rng(seed, 1);
         std::vector<float> hx(std::uint64_t{n} * in_shape.numel());
         std::vector<std::int32_t> hy(n);
         for (auto& v : hx) v = static_cast<float>(rng.normal() * 2.0 + 0.5);
         for (auto& v : hy) v = static_cast<std::int32_t>(rng.below(classes));
-        x = make_backend_buffer({Backend::cuda, 0}, hx.size() * 4);
-        y = make_backend_buffer({Backend::cuda, 0}, hy.size() * 4);
+        x = make_backend_buffer({Backend::cuda, device}, hx.size() * 4);
+        y = make_backend_buffer({Backend::cuda, device}, hy.size() * 4);
         x->upload(0, hx.data(), hx.size() * 4);
         y->upload(0, hy.data(), hy.size() * 4);
     }
@@ -186,6 +186,47 @@ TEST(DistNccl, MissingRankTimesOutWithAClearError) {
     const std::string what = done.get();
     EXPECT_EQ(what.rfind("rank 0 of 2: NCCL communicator creation did not complete within 3 s", 0), 0u) << what;
     EXPECT_GE(waited, timeout_s);
+}
+
+// Two ranks as two threads of this process, one GPU each (on a machine with
+// two or more): different initial weights and different batches, yet after
+// the broadcast and the averaged steps both hold the same bits, BN running
+// statistics included once averaged.
+TEST(DistNccl, TwoRanksOnTwoGpusHoldTheSameWeights) {
+    REQUIRE_GPU_AND_NCCL();
+    if (detect_gpus().size() < 2) GTEST_SKIP() << "needs two GPUs (" << detect_gpus().size() << " visible)";
+    for (const Precision p : {Precision::tf32, Precision::bf16}) {
+        SCOPED_TRACE(std::string(precision_name(p)));
+        const auto id = dist::nccl_unique_id(); // one per communicator
+        std::vector<float> params[2], states[2], initial[2];
+        std::string errors[2];
+        auto rank_main = [&](int rank) {
+            try {
+                auto reducer = dist::make_nccl_reducer(id, rank, 2, rank, 60.0);
+                TrainerConfig c = config(p);
+                c.device = {Backend::cuda, rank};
+                c.seed = 5 + static_cast<std::uint64_t>(rank);
+                const DeviceData d(7 * max_batch, rank, 23 + static_cast<std::uint64_t>(rank));
+                auto t = make_trainer(c);
+                initial[rank] = t->read_parameters();
+                t->set_reducer(reducer.get());
+                run_steps(*t, d);
+                t->average_states();
+                params[rank] = t->read_parameters();
+                states[rank] = t->read_states();
+            } catch (const std::exception& e) {
+                errors[rank] = e.what();
+            }
+        };
+        std::thread r0(rank_main, 0), r1(rank_main, 1);
+        r0.join();
+        r1.join();
+        ASSERT_EQ(errors[0] + errors[1], "");
+        EXPECT_FALSE(bit_equal(initial[0], initial[1])) << "the ranks began equal: the broadcast is untested";
+        EXPECT_FALSE(bit_equal(initial[0], params[0])) << "training did not move the weights";
+        EXPECT_TRUE(bit_equal(params[0], params[1])) << "the ranks' weights differ";
+        EXPECT_TRUE(bit_equal(states[0], states[1])) << "the ranks' averaged BN statistics differ";
+    }
 }
 
 namespace {
