@@ -122,11 +122,15 @@ void NcclReducer::fail(const std::string& what, const std::string& why) {
     throw runtime_error(who() + ": NCCL " + what + " " + why + (detail.empty() ? "" : " [" + detail + "]"));
 }
 
+// A nonblocking communicator enqueues each collective from a thread of its
+// own and says ncclInProgress until it has: the caller's next kernel must wait
+// for that (stream order, and a graph capture's order), so this spins briefly,
+// then sleeps between polls.
 void NcclReducer::finish(ncclResult_t r, const char* what) {
     if (!comm_) throw runtime_error(who() + ": NCCL " + what + " on a communicator aborted after an earlier error");
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
     ncclResult_t state = r;
-    while (state == ncclInProgress) {
+    for (int polls = 0; state == ncclInProgress; ++polls) {
         if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
         if (state != ncclInProgress) break;
         if (Clock::now() > deadline)
@@ -135,7 +139,10 @@ void NcclReducer::finish(ncclResult_t r, const char* what) {
                            std::to_string(size_) +
                            " ranks started and can reach each other (NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN), or allow "
                            "more time (--dist-timeout)");
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (polls < 1000)
+            std::this_thread::yield();
+        else
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (state != ncclSuccess)
         fail(what, std::string("failed (") + ncclGetErrorString(state) + ") run with NCCL_DEBUG=WARN to see why");
