@@ -10,6 +10,7 @@
 #include "clock.hpp"
 #include "dstk/bench/results.hpp"
 #include "dstk/checkpoint.hpp"
+#include "dstk/dist/nccl.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/run/tuning.hpp"
@@ -18,12 +19,6 @@
 #include "dstk/units.hpp"
 #include "run/random_reads.hpp"
 #include "run/stages.hpp"
-// The NCCL reducer comes with the CUDA backend's data-parallel support; a
-// tree without it still builds, and says so when a GPU run has several ranks.
-#if __has_include("dstk/dist/nccl.hpp")
-#include "dstk/dist/nccl.hpp"
-#define DSTK_RUN_HAS_NCCL 1
-#endif
 
 namespace dstk::run {
 namespace {
@@ -346,19 +341,15 @@ void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource*
 // (its id broadcast from rank 0 over MPI) on GPUs.
 std::unique_ptr<dist::Reducer> make_reducer(Session& s, double timeout_s) {
     if (!s.on_gpu()) return s.world->host_reducer();
-#if defined(DSTK_RUN_HAS_NCCL)
-    if (dist::nccl_available()) {
-        std::array<std::byte, 128> id{};
-        if (s.root()) id = dist::nccl_unique_id();
-        s.world->broadcast(id);
-        return dist::make_nccl_reducer(id, s.world->rank(), s.ranks(), s.device.index, timeout_s);
-    }
-#else
-    (void)timeout_s;
-#endif
-    throw no_fit_error("data-parallel training on GPUs (" + std::to_string(s.ranks()) +
-                       " ranks) needs NCCL, and this build has none; rebuild with NCCL installed, or train the ranks "
-                       "on the CPU with --device cpu");
+    // Every rank finds the same build: none waits in the broadcast for a rank 0 that threw.
+    if (!dist::nccl_available())
+        throw no_fit_error("data-parallel training on GPUs (" + std::to_string(s.ranks()) +
+                           " ranks) needs NCCL, and this build has none; rebuild with CUDA and NCCL found, or train "
+                           "the ranks on the CPU with --device cpu");
+    dist::NcclId id{};
+    if (s.root()) id = dist::nccl_unique_id();
+    s.world->broadcast(id);
+    return dist::make_nccl_reducer(id, s.world->rank(), s.ranks(), s.device.index, timeout_s);
 }
 
 } // namespace
