@@ -117,13 +117,13 @@ int main(int argc, char** argv) {
                 throw usage_error("--merge takes all its paths itself: dsconvert --merge PART... OUTPUT");
             o.output = t.merge.back();
             o.merge_parts.assign(t.merge.begin(), t.merge.end() - 1);
-            o.command_line = command_line(argc, argv);
-            return run_merge(o);
+        } else if (o.move) {
+            throw usage_error("--move goes with --merge (it moves the parts' files into the merged dataset)");
         }
-        if (o.move) throw usage_error("--move goes with --merge (it moves the parts' files into the merged dataset)");
         if (!t.shard.empty()) o.shard = parse_shard(t.shard);
         o.input = t.input;
-        if (t.input.empty() && !o.benchmark) throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
+        if (t.input.empty() && !o.benchmark && o.merge_parts.empty())
+            throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
         if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
         o.from = parse_input_format(t.from);
         if (!t.to.empty()) o.to = parse_output_format(t.to);

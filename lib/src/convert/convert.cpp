@@ -414,6 +414,7 @@ void commit_output(Job& j) {
 void run_convert(const ConvertOptions& o) {
     if (o.verify_only) return convert::run_verify(o);
     if (o.benchmark) return run_convert_benchmark(o);
+    if (!o.merge_parts.empty()) return run_merge(o);
     const auto start = std::chrono::steady_clock::now();
     convert::Job job(o, convert::check_settings(o));
     convert::open_input(job);

@@ -41,7 +41,9 @@ std::string part_label(std::uint64_t i, std::uint64_t n) {
 void check_merge_options(const ConvertOptions& o) {
     const bool other = o.shard || o.dtype || o.scale || o.offset || !o.range.empty() || o.compress != "none" ||
                        o.chunk_samples || o.chunk_bytes || o.shuffle_seed || !o.split.empty() || !o.select.empty() ||
-                       o.resume || o.to || o.verify_only || o.benchmark;
+                       o.resume || o.to || o.verify_only || o.benchmark || o.from != InputFormat::automatic ||
+                       o.raw.shape || o.raw.dtype || !o.raw.labels.empty() || !o.raw.x_array.empty() ||
+                       !o.raw.y_array.empty() || o.num_classes || !o.report_json.empty();
     if (other)
         throw usage_error("--merge only joins parts (their samples are not rewritten); drop the conversion options, "
                           "and convert the merged dataset afterwards if needed");
