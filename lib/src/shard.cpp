@@ -38,7 +38,8 @@ SampleRange shard_range(std::uint64_t samples, std::uint64_t chunk_samples, Shar
         return static_cast<std::uint64_t>(static_cast<unsigned __int128>(i) * chunks / s.count);
     };
     const auto sample_at = [&](std::uint64_t chunk) {
-        return static_cast<std::uint64_t>(std::min<unsigned __int128>(samples, static_cast<unsigned __int128>(chunk) * chunk_samples));
+        return static_cast<std::uint64_t>(
+            std::min<unsigned __int128>(samples, static_cast<unsigned __int128>(chunk) * chunk_samples));
     };
     const std::uint64_t first = sample_at(cut(s.index)), end = sample_at(cut(s.index + 1));
     return {first, end - first};

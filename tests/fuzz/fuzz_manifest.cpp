@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 const auto& g = again.splits[i].fields[j];
                 if (g.parts.size() != f.parts.size() || g.file != f.file) __builtin_trap();
                 for (std::size_t k = 0; k < f.parts.size(); ++k)
-                    if (g.parts[k].file != f.parts[k].file || g.parts[k].samples != f.parts[k].samples) __builtin_trap();
+                    if (g.parts[k].file != f.parts[k].file || g.parts[k].samples != f.parts[k].samples)
+                        __builtin_trap();
             }
     } catch (const dstk::Error&) {
     }

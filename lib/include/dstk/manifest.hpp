@@ -23,7 +23,7 @@ std::string_view storage_name(Storage s); // "npy", "zstd-chunked"
 // the part holds `samples` consecutive samples, in the field's storage, dtype
 // and shape, after the samples of the parts before it.
 struct FieldPart {
-    std::string file;        // relative to the dataset directory
+    std::string file; // relative to the dataset directory
     std::uint64_t samples = 0;
     std::uint64_t bytes = 0; // file size
     std::string checksum;    // "xxh64:<hex>" of the whole part file

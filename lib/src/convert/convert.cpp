@@ -213,11 +213,11 @@ std::uint64_t chunk_samples_of(const Job& j) {
 // parts of a zstd-chunked output are whole chunks of the single run's file.
 void shard_source(Job& j) {
     const ConvertOptions& o = j.o;
-    const char* why = !o.split.empty()              ? "--split re-splits the whole input"
-                      : o.shuffle_seed              ? "--shuffle permutes the whole input"
+    const char* why = !o.split.empty()                         ? "--split re-splits the whole input"
+                      : o.shuffle_seed                         ? "--shuffle permutes the whole input"
                       : j.settings.to != OutputFormat::dataset ? "a single .npy/raw output cannot be merged"
-                      : !j.count_known              ? "raw stdin has no sample count to cut"
-                                                    : nullptr;
+                      : !j.count_known                         ? "raw stdin has no sample count to cut"
+                                                               : nullptr;
     if (why)
         throw usage_error(std::string("--shard cannot be used here (") + why +
                           "); convert whole, or shard a plain dataset conversion and --shuffle/--split the merged "

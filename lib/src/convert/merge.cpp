@@ -185,8 +185,7 @@ std::optional<ChannelStats> merged_stats(const std::vector<Part>& parts, const M
                                 split.name + "', which has " +
                                 std::to_string(chunk_count(split.samples, p0.m.shard->chunk_samples)) +
                                 " (a part's dataset.json edited?); re-run the parts");
-        const double per_channel =
-            static_cast<double>(split.field(whole.input_field).shape.numel() / sums.channels());
+        const double per_channel = static_cast<double>(split.field(whole.input_field).shape.numel() / sums.channels());
         return sums.stats(static_cast<double>(split.samples) * per_channel);
     }
     for (const Part& p : parts) {
@@ -226,21 +225,20 @@ class Placer {
             if (::link(from.c_str(), to.c_str()) == 0) return;
             const int err = errno;
             if (err == EXDEV)
-                throw runtime_error("cannot hard-link '" + from.string() + "' into '" +
-                                    dir_.final_path().string() +
+                throw runtime_error("cannot hard-link '" + from.string() + "' into '" + dir_.final_path().string() +
                                     "' (they are on different filesystems, and --merge never copies samples); "
                                     "give an OUTPUT on the parts' filesystem");
-            throw runtime_error("cannot hard-link '" + from.string() + "' into '" + dir_.final_path().string() +
-                                "' (" + std::strerror(err) +
-                                "); give --move to rename the parts' files instead (on filesystems without hard links)");
+            throw runtime_error(
+                "cannot hard-link '" + from.string() + "' into '" + dir_.final_path().string() + "' (" +
+                std::strerror(err) +
+                "); give --move to rename the parts' files instead (on filesystems without hard links)");
         }
         const fs::path to = dir_.tmp_path() / name; // not registered: a signal must not delete moved samples
         if (::rename(from.c_str(), to.c_str()) != 0) {
             const int err = errno;
-            throw runtime_error("cannot move '" + from.string() + "' into '" + dir_.final_path().string() + "' (" +
-                                std::strerror(err) + ")" +
-                                (err == EXDEV ? "; give an OUTPUT on the parts' filesystem (--merge never copies)"
-                                              : ""));
+            throw runtime_error(
+                "cannot move '" + from.string() + "' into '" + dir_.final_path().string() + "' (" + std::strerror(err) +
+                ")" + (err == EXDEV ? "; give an OUTPUT on the parts' filesystem (--merge never copies)" : ""));
         }
         moved_.emplace_back(from, to);
     }
@@ -322,8 +320,12 @@ void report_merge(const ConvertOptions& o, const std::vector<Part>& parts, const
     }
     const char* how = o.move ? "moved" : "hard-linked";
     if (o.out.json) {
-        const nlohmann::json j = {{"tool", "dsconvert"}, {"merged", o.output.string()}, {"parts", parts.size()},
-                                  {"samples", samples},  {"bytes", bytes},              {"files", files},
+        const nlohmann::json j = {{"tool", "dsconvert"},
+                                  {"merged", o.output.string()},
+                                  {"parts", parts.size()},
+                                  {"samples", samples},
+                                  {"bytes", bytes},
+                                  {"files", files},
                                   {"method", o.move ? "move" : "link"}};
         std::printf("%s\n", j.dump(2).c_str());
         return;

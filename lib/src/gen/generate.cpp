@@ -171,8 +171,8 @@ struct GenRun {
     ThreadPool pool;
     Progress& progress;
     std::uint64_t block_samples = 1, blocks_per_round = 1;
-    ChannelSums sums;                           // train split
-    std::vector<std::vector<double>> sum_rows;  // train split, per block: kept for a --shard manifest
+    ChannelSums sums;                          // train split
+    std::vector<std::vector<double>> sum_rows; // train split, per block: kept for a --shard manifest
 };
 
 std::vector<SplitPlan> plan_splits(const GenerateOptions& o) {
