@@ -121,6 +121,14 @@ expect_exit 1 "$C" --merge g-u8-0-of-2 cut bad
 expect_stderr "cut/train_x.npy' has .* bytes but 'cut' says"
 expect_no_file bad
 expect_exit 0 "$C" --merge g-u8-0-of-2 g-u8-1-of-2 g-u8-m2 --force -q
+# Another filesystem: no hard link (nor rename) reaches it, and nothing is copied.
+if [ -d /dev/shm ] && [ -w /dev/shm ] && [ "$(stat -c %d /dev/shm)" != "$(stat -c %d .)" ]; then
+    other=$(mktemp -d /dev/shm/dstk-shard.XXXXXX)
+    expect_exit 1 "$C" --merge g-u8-0-of-2 g-u8-1-of-2 "$other/m"
+    expect_stderr "different filesystems, and --merge never copies samples"
+    expect_no_file "$other/m"
+    rm -rf "$other"
+fi
 
 # ---- --move: the parts' files move into OUTPUT, the part directories go ----
 cp -r g-u8-0-of-2 mv-0 && cp -r g-u8-1-of-2 mv-1
