@@ -14,7 +14,8 @@
 #   zstd        --data stream on a zstd-chunked copy
 # Each row is one epoch in a fresh process; columns: samples/s, % of device,
 # read wait, peak RSS and the host ceiling dstrain printed (from --log-json).
-# The disk's own rates (dsbench cold sequential and random chunk reads, zstd
+# The disk's own rates (dsbench cold sequential and random chunk reads, 2 GiB
+# a pass so that they are sustained rates as an epoch gets them, and zstd
 # decoding) are measured in the same cgroup; "% disk" is a row's input bytes
 # per second over the best random-chunk rate, "% 16t" over the rate at the 16
 # reads in flight that dstrain's window cache keeps in the chunk order.
@@ -168,7 +169,7 @@ for storage in $storages; do
     # The disk's own rates, cold, in the same cgroup.
     evict "$ds"
     in_cgroup "$bin/dsbench" all "$ds" --cases io.seq.pread.cold,io.rand.chunk.pread.cold,decode.zstd --threads 1,4,16 \
-        --size 4G --chunk-size 4M --zstd-level 1 --repetitions 3 --min-time 0 --drop-caches \
+        --size 2G --chunk-size 4M --zstd-level 1 --repetitions 3 --min-time 0 --drop-caches \
         --json "$log/$storage-disk.json" --force >"$log/$storage-dsbench.log" 2>&1
     disk_seq=$(jq '[.results[] | select(.case == "io.seq.pread.cold" and .status == "ok") | .metrics.rate.median] | max // 0' \
         "$log/$storage-disk.json" 2>/dev/null || echo 0)
