@@ -169,7 +169,7 @@ for storage in $storages; do
     # The disk's own rates, cold, in the same cgroup.
     evict "$ds"
     in_cgroup "$bin/dsbench" all "$ds" --cases io.seq.pread.cold,io.rand.chunk.pread.cold,decode.zstd --threads 1,4,16 \
-        --size 2G --chunk-size 4M --zstd-level 1 --repetitions 3 --min-time 0 --drop-caches \
+        --size 2G --chunk-size 4M --zstd-level 1 --repetitions 2 --min-time 0 --drop-caches \
         --json "$log/$storage-disk.json" --force >"$log/$storage-dsbench.log" 2>&1
     disk_seq=$(jq '[.results[] | select(.case == "io.seq.pread.cold" and .status == "ok") | .metrics.rate.median] | max // 0' \
         "$log/$storage-disk.json" 2>/dev/null || echo 0)
