@@ -607,9 +607,9 @@ unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
 
 std::string_view stage_name(Stage s) {
     static constexpr EnumNames<Stage, 4> names{{{{Stage::compute, "compute"},
-                                                  {Stage::read, "read (disk)"},
-                                                  {Stage::decode, "decode (zstd)"},
-                                                  {Stage::h2d, "h2d (host to device)"}}}};
+                                                 {Stage::read, "read (disk)"},
+                                                 {Stage::decode, "decode (zstd)"},
+                                                 {Stage::h2d, "h2d (host to device)"}}}};
     return names.name(s);
 }
 

@@ -348,8 +348,8 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates
         const std::optional<double> rate = random_order ? r.random_read : r.chunk_read ? r.chunk_read : r.seq_read;
         if (rate && *rate > 0) e.read_seconds = static_cast<double>(e.read_bytes) / *rate;
         if (d.compressed && r.decode && *r.decode > 0)
-            e.decode_seconds = static_cast<double>(checked_mul(d.train, input_bytes_per_sample(d), "epoch bytes")) /
-                               *r.decode;
+            e.decode_seconds =
+                static_cast<double>(checked_mul(d.train, input_bytes_per_sample(d), "epoch bytes")) / *r.decode;
     }
     if (p != Fit::device) {
         e.transfer_bytes = checked_mul(d.train, bytes_per_sample(d), "epoch bytes");
@@ -360,9 +360,9 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates
 
     // Ties go to compute: a data stage as fast as the GPU does not limit it.
     const std::pair<data::Stage, std::optional<double>> terms[] = {{data::Stage::compute, e.compute_seconds},
-                                                                  {data::Stage::read, e.read_seconds},
-                                                                  {data::Stage::decode, e.decode_seconds},
-                                                                  {data::Stage::h2d, e.transfer_seconds}};
+                                                                   {data::Stage::read, e.read_seconds},
+                                                                   {data::Stage::decode, e.decode_seconds},
+                                                                   {data::Stage::h2d, e.transfer_seconds}};
     std::optional<double> data;
     for (const auto& [stage, t] : terms) {
         if (!t) continue;

@@ -590,7 +590,9 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
             {"gpu_checked", v->gpu_checked},     {"reasons", v->reasons},       {"fixes", v->fixes}};
     doc["epoch"] = nullptr;
     if (e && path != Fit::none)
-        doc["epoch"] = {{"data", path == Fit::device ? "device" : path == Fit::ram ? "ram" : "disk"},
+        doc["epoch"] = {{"data", path == Fit::device ? "device"
+                                 : path == Fit::ram  ? "ram"
+                                                     : "disk"},
                         {"read_bytes", e->read_bytes},
                         {"transfer_bytes", e->transfer_bytes},
                         {"read_seconds", opt(e->read_seconds)},

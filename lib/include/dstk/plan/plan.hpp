@@ -168,17 +168,17 @@ struct Rates {
 };
 
 struct EpochEstimate {
-    std::uint64_t read_bytes = 0;       // bytes read from disk per epoch (disk placement)
-    std::uint64_t transfer_bytes = 0;   // bytes copied to the GPU per epoch (ram and disk placements)
-    std::optional<double> read_seconds; // read_bytes / read rate
+    std::uint64_t read_bytes = 0;         // bytes read from disk per epoch (disk placement)
+    std::uint64_t transfer_bytes = 0;     // bytes copied to the GPU per epoch (ram and disk placements)
+    std::optional<double> read_seconds;   // read_bytes / read rate
     std::optional<double> decode_seconds; // zstd-chunked input read from disk: decoded bytes / decode rate
     std::optional<double> transfer_seconds;
-    std::optional<double> compute_seconds;  // train samples / compute rate
-    std::optional<double> epoch_seconds;    // the largest of the known terms
-    std::optional<data::Stage> limited_by;  // the stage of that term
-    bool io_bound = false;                  // a data term is larger than compute
-    std::optional<std::uint32_t> prefetch;  // recommended ring depth K
-    std::uint64_t chunk_samples = 0;        // recommended samples per chunk (zstd-chunked storage)
+    std::optional<double> compute_seconds; // train samples / compute rate
+    std::optional<double> epoch_seconds;   // the largest of the known terms
+    std::optional<data::Stage> limited_by; // the stage of that term
+    bool io_bound = false;                 // a data term is larger than compute
+    std::optional<std::uint32_t> prefetch; // recommended ring depth K
+    std::uint64_t chunk_samples = 0;       // recommended samples per chunk (zstd-chunked storage)
 };
 // The stages run concurrently (readers, decoders, copies and the GPU overlap
 // through the window cache and the ring), so the epoch takes the slowest.
