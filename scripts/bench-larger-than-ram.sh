@@ -18,7 +18,9 @@
 # a pass so that they are sustained rates as an epoch gets them, and zstd
 # decoding) are measured in the same cgroup; "% disk" is a row's input bytes
 # per second over the best random-chunk rate, "% 16t" over the rate at the 16
-# reads in flight that dstrain's window cache keeps in the chunk order.
+# reads in flight that dstrain's window cache keeps in the chunk order. For
+# f32, dsbench's loader.stream.chunk and loader.stream.direct.chunk (the same
+# data path, no model) are timed in the cgroup too, beside the disk's rates.
 # "predicted" is dsplan's epoch time for the row (--data stream: from disk,
 # cold page cache; --bench the disk measurement, --compute-rate the device
 # row's samples/s) beside the measured train time, with the error in %
@@ -181,6 +183,19 @@ for storage in $storages; do
         "random 4 MiB chunks $(awk -v r="$disk_rand" 'BEGIN { printf "%.2f GB/s", r / 1e9 }') (best of 1/4/16 threads)," \
         "$(awk -v r="$disk_rand16" 'BEGIN { printf "%.2f GB/s", r / 1e9 }') at 16 threads" \
         >>"$log/disk.txt"
+    # f32 (disk-bound): dstrain's data path alone (dsbench loader cases, no
+    # model), to tell a data-path shortfall from one of the training loop.
+    if [ "$storage" = f32 ]; then
+        for c in loader.stream.chunk loader.stream.direct.chunk; do
+            evict "$ds"
+            in_cgroup "$bin/dsbench" all "$ds" --cases "$c" --size 4G --chunk-size 4M --repetitions 1 --min-time 0 \
+                --json "$log/$storage-$c.json" --force >>"$log/$storage-dsbench.log" 2>&1
+            jq -r --arg d "$disk_rand16" '.results[] | select(.status == "ok") |
+                "\(.case) (no model, 4 GiB): \(.metrics.rate.median / 1e9 * 100 | round / 100) GB/s, " +
+                "\(.metrics.rate.median / ($d | tonumber) * 1000 | round / 10)% of the 16-thread random-chunk rate"' \
+                "$log/$storage-$c.json" 2>/dev/null >>"$log/disk.txt"
+        done
+    fi
 
     ref_rate=0
     echo "== $storage rows ($((SECONDS - t0)) s)" >&2
