@@ -38,7 +38,7 @@
 #   FULL_STEPS   steps of the full-order row (default 1500)
 #   CHECK_PREDICTION  1: exit 1 when a predicted epoch is off by more than 15%
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bin=$(realpath "${1:-build-gpu/bin}")
 log=${2:-${OUT:+$OUT/ltr}}
 log=${log:-build-gpu/logs/ltr}
