@@ -22,9 +22,20 @@ void add_data_options(CLI::App& app, DataOptions& d) {
     app.add_option("--bench", d.bench,
                    "dsbench results (dsbench all DATA --json FILE): choose --prefetch and --readers from its "
                    "random-read, sequential-read and host-to-device figures (explicit options win)");
-    app.add_flag("--direct", d.direct,
-                 "Stream: read .npy inputs with O_DIRECT, bypassing the page cache (where the filesystem refuses it, "
-                 "through the page cache: with a notice at open, with a warning mid-run)");
+    CLI::Option* direct =
+        app.add_flag("--direct", d.direct,
+                     "Stream: read .npy inputs with O_DIRECT, bypassing the page cache (the default where the data "
+                     "does not fit in available memory beside the stream's own; where the filesystem refuses it, "
+                     "through the page cache: with a notice at open, with a warning mid-run)")
+            ->each([&d](const std::string&) { d.direct_given = true; });
+    app.add_flag_function(
+           "--no-direct",
+           [&d](std::int64_t) {
+               d.direct = false;
+               d.direct_given = true;
+           },
+           "Stream: read through the page cache even where the data does not fit in available memory")
+        ->excludes(direct);
     app.add_option("--host-mem", d.host_mem,
                    "Stream: host memory for the ring and the window cache of whole chunks, e.g. 2G (default: a "
                    "quarter of available memory, at most four windows); printed as the host ceiling");

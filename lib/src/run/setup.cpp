@@ -275,6 +275,18 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
         s.placement_why += "; host memory " + format_bytes(hp.total()) + " (ring + window cache) of " +
                            format_bytes(avail) + " available";
     }
+    if (sc.placement == Placement::stream && !d.direct_given && x.storage == Storage::npy) {
+        // Data larger than memory: buffered reads under reclaim reached well
+        // under the disk's rate where O_DIRECT reached it (bench-larger-than-ram).
+        const std::uint64_t avail = data::available_host_memory();
+        const data::HostPlan hp = data::plan_host_memory(*s.train_split, x, sc, avail);
+        if (split_bytes + hp.total() > avail) {
+            sc.direct = true;
+            note(out, "dstrain: reading with O_DIRECT: the data (" + format_bytes(split_bytes) +
+                          ") does not fit in the memory available beside the stream (" + format_bytes(avail) +
+                          "), so the page cache cannot hold it; --no-direct reads through the page cache");
+        }
+    }
     if (d.direct && sc.placement != Placement::stream)
         note(out, "dstrain: --direct applies to --data stream only; the " +
                       std::string(data::placement_name(sc.placement)) + " placement loads the split once");

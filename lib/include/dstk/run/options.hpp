@@ -59,6 +59,7 @@ struct DataOptions {
     bool readers_given = false;
     std::filesystem::path bench; // dsbench results: K and readers from its figures (run/tuning.hpp)
     bool direct = false;         // stream: O_DIRECT reads of the inputs
+    bool direct_given = false;   // --direct or --no-direct typed; else chosen by the split's size
     std::string host_mem;        // stream: host memory for ring + window cache ("2G"); empty: from available memory
     std::string managed_policy = "prefetch";
     bool oversubscribe = false;
