@@ -159,7 +159,7 @@ class NpyFieldReader final : public FilesReader {
         }
     }
 
-    void read(std::uint64_t first, std::uint64_t count, void* dst) const override {
+    void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool*) const override {
         check_range(first, count);
         auto* out = static_cast<std::uint8_t*>(dst);
         pieces(first, count, [&](std::size_t i, std::uint64_t in, std::uint64_t n, std::uint64_t done) {
@@ -168,7 +168,7 @@ class NpyFieldReader final : public FilesReader {
         });
     }
 
-    void verify() const override {
+    void verify(ThreadPool*) const override {
         for (const FileSpec& f : files_) verify_file(f);
     }
 
@@ -437,18 +437,18 @@ class ChunkedFieldReader final : public FilesReader {
         }
     }
 
-    void read(std::uint64_t first, std::uint64_t count, void* dst) const override {
+    void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool) const override {
         check_range(first, count);
         auto* out = static_cast<std::uint8_t*>(dst);
         pieces(first, count, [&](std::size_t i, std::uint64_t in, std::uint64_t n, std::uint64_t done) {
-            readers_[i]->read(in, n, out + done * sample_bytes());
+            readers_[i]->read(in, n, out + done * sample_bytes(), pool);
         });
     }
 
     // Chunk by chunk first, so that a corruption is reported with its chunk.
-    void verify() const override {
+    void verify(ThreadPool* pool) const override {
         for (std::size_t i = 0; i < files_.size(); ++i) {
-            readers_[i]->verify();
+            readers_[i]->verify(pool);
             verify_file(files_[i]);
         }
     }

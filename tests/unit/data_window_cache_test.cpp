@@ -44,8 +44,10 @@ class MemoryField final : public FieldReader {
   public:
     MemoryField(std::uint64_t samples, std::uint64_t sample_bytes, bool labels)
         : FieldReader("memory", memory_field_info(labels ? 4 : sample_bytes), samples), labels_(labels) {}
-    void read(std::uint64_t, std::uint64_t, void*) const override { ADD_FAILURE() << "dataset read in a stream"; }
-    void verify() const override {}
+    void read(std::uint64_t, std::uint64_t, void*, ThreadPool*) const override {
+        ADD_FAILURE() << "dataset read in a stream";
+    }
+    void verify(ThreadPool*) const override {}
     void gather(std::span<const std::uint64_t>, std::uint8_t*) override { FAIL() << "sample gather in a cached order"; }
     std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) override {
         if (first == fail_first_)

@@ -183,6 +183,12 @@ TEST(FieldReader, AFieldInPartsReadsAsOneRunOfSamples) {
             expect_samples(got, first, sb, std::string(l.name) + " read_range");
         }
         EXPECT_NO_THROW(x->verify()) << l.name;
+        // dsconvert's reads: the whole field, zstd chunks decoded on a pool.
+        ThreadPool pool(2);
+        got.assign(n * sb, 0);
+        x->read(0, n, got.data(), &pool);
+        expect_samples(got, 0, sb, std::string(l.name) + " read on a pool");
+        EXPECT_NO_THROW(x->verify(&pool)) << l.name;
         EXPECT_NE(error_of([&] { x->read(n - 1, 2, got.data()); }).find("outside"), std::string::npos);
         fs::remove_all(dir);
     }

@@ -22,6 +22,8 @@
 
 namespace dstk {
 
+class ThreadPool;
+
 // Reads issued to the files since the last take_io(): what --log-json reports
 // so that a test (or a user) can see the size of the reads.
 struct IoCounters {
@@ -50,12 +52,13 @@ class FieldReader {
     }
 
     // Copies samples [first, first + count) into dst (count * sample_bytes
-    // bytes), through the page cache whatever set_direct says.
-    virtual void read(std::uint64_t first, std::uint64_t count, void* dst) const = 0;
+    // bytes), through the page cache whatever set_direct says; zstd chunks
+    // decoded on `pool` when given (dsconvert's large sequential reads).
+    virtual void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool = nullptr) const = 0;
     // Re-reads every file and checks its size and checksum against the
     // manifest; throws naming the file (and the first bad chunk where the
-    // storage has chunks).
-    virtual void verify() const = 0;
+    // storage has chunks, decoded on `pool` when given).
+    virtual void verify(ThreadPool* pool = nullptr) const = 0;
 
     // --- The stream placement's reads (counted in take_io) ---
     // Copies samples[indices[i]] to dst + i * sample_bytes; consecutive indices
@@ -93,6 +96,8 @@ class FieldReader {
     // Decoded chunks kept for gathers of zstd-chunked storage (at least the
     // order's window plus one per reader, so that a window is decoded once).
     virtual void set_decoded_chunks(std::uint64_t) {}
+    // The counters are the reader's: with two stream sources on one reader
+    // at once, each takes the other's reads too.
     IoCounters take_io();
     // Seconds spent decoding chunks (reading a compressed frame and
     // decompressing it) since the last call; 0 for .npy storage.
