@@ -41,7 +41,7 @@ def worker(a):
     import torch
     import torch.nn.functional as F
     sys.path.insert(0, HERE)
-    from torch_baseline import MemmapSamples, ref_cnn
+    from torch_baseline import MemmapSamples, build_model
     import dstk
 
     torch.backends.cudnn.allow_tf32 = True
@@ -54,7 +54,7 @@ def worker(a):
     mean = torch.tensor(ds.manifest["stats"]["mean"], device="cuda").view(1, c, 1, 1)
     std = torch.tensor(ds.manifest["stats"]["std"], device="cuda").view(1, c, 1, 1)
     torch.manual_seed(0)
-    model = ref_cnn(c, classes, h, w).cuda()
+    model = build_model("ref-cnn", (c, h, w), classes)[0].cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=True)
 
     def step(xb, yb):
@@ -76,10 +76,12 @@ def worker(a):
             step(*next(it))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(steps):
+        done = 0
+        while done < steps and not (a.max_seconds and time.perf_counter() - t0 > a.max_seconds):
             step(*next(it))
+            done += 1
         torch.cuda.synchronize()
-        return steps * a.batch / (time.perf_counter() - t0)
+        return done * a.batch / (time.perf_counter() - t0)
 
     def forever(make):
         while True:
@@ -104,6 +106,23 @@ def worker(a):
                          30)
             info["times"] = loader.times
             del loader
+        elif way == "loader":
+            # The loader alone (batches taken through DLPack, no training): its
+            # own cost per batch, which adds to the step where the step is
+            # bound by the CPU (CUDA graphs' replay).
+            loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
+                                 device="cuda:0", readers=a.readers)
+            it = forever(lambda: ((torch.from_dlpack(x), torch.from_dlpack(y).long()) for x, y in loader))
+            for _ in range(30):
+                next(it)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                next(it)
+            torch.cuda.synchronize()
+            rate = steps * a.batch / (time.perf_counter() - t0)
+            info["us_per_batch"] = 1e6 * a.batch / rate
+            del it, loader
         else:
             xpath = os.path.join(a.dataset, ds.manifest["splits"][0]["fields"][0]["file"])
             ypath = os.path.join(a.dataset, ds.manifest["splits"][0]["fields"][1]["file"])
@@ -122,9 +141,10 @@ def worker(a):
 
 # ---- driver ------------------------------------------------------------------
 
-def run_worker(a, dataset, ways, steps, log, prefix=None):
+def run_worker(a, dataset, ways, steps, log, prefix=None, max_seconds=0):
+    """One worker process; max_seconds caps each way's timed loop (the slow memmap from disk)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", dataset, "--ways", ways, "--batch", str(a.batch),
-           "--steps", str(steps), "--readers", str(a.readers)]
+           "--steps", str(steps), "--readers", str(a.readers), "--max-seconds", str(max_seconds)]
     if prefix:
         cmd = prefix + cmd
     with open(log, "w") as err:
@@ -141,11 +161,11 @@ def gib(b):
 def in_ram(a, dsgen):
     data = os.path.join(a.work, "ram")
     subprocess.run([dsgen, data, "--train", str(a.train), "--test", "0", "--force", "-q"], check=True)
-    results = [run_worker(a, data, "reference,dstk,memmap", 0, os.path.join(a.out, f"run{r}.log"))
+    results = [run_worker(a, data, "reference,dstk,memmap,loader", 0, os.path.join(a.out, f"run{r}.log"))
                for r in range(a.runs)]
     json.dump(results, open(os.path.join(a.out, "bench-python-loader.json"), "w"), indent=1)
     rows = {}
-    for way in ("reference", "dstk", "memmap"):
+    for way in ("reference", "dstk", "memmap", "loader"):
         rates = [r["ways"][way]["samples_per_s"] for r in results]
         rows[way] = (statistics.median(rates), min(rates), max(rates))
     d = results[-1]["ways"]["dstk"]
@@ -155,6 +175,7 @@ def in_ram(a, dsgen):
         lines.append(f"  {way:10s} {med:12,.0f}  [{lo:,.0f}, {hi:,.0f}]")
     lines.append(f"  dstk / reference {rows['dstk'][0] / rows['reference'][0]:.1%}   "
                  f"dstk / memmap {rows['dstk'][0] / rows['memmap'][0]:.2f}x")
+    lines.append(f"  the loader alone (no training): {results[-1]['ways']['loader']['us_per_batch']:.0f} us per batch")
     lines.append(f"  dstk ceilings: GPU {gib(d['device_bytes'])} (taken {gib(d['gpu_taken'])}), "
                  f"host {gib(d['host_bytes'])}; process peak RSS {gib(d['peak_rss'])}")
     return lines
@@ -171,9 +192,10 @@ def cgroup(a, dsgen):
     os.makedirs(group, exist_ok=True)
     open(os.path.join(group, "memory.max"), "w").write(str(limit))
     shell = ["bash", "-c", f'echo $BASHPID > {group}/cgroup.procs && exec "$@"', "bash"]
-    r = run_worker(a, data, "dstk,memmap", a.cgroup_steps, os.path.join(a.out, "cgroup.log"), shell)
+    r = run_worker(a, data, "dstk,memmap", a.cgroup_steps, os.path.join(a.out, "cgroup.log"), shell, 45)
     d, m = r["ways"]["dstk"], r["ways"]["memmap"]
-    return [f"cgroup {gib(limit)}, data {gib(samples * (3 * 32 * 32 + 4))} on disk, {r['steps']} steps, one run:",
+    return [f"cgroup {gib(limit)}, data {gib(samples * (3 * 32 * 32 + 4))} on disk, up to {r['steps']} steps "
+            f"or 45 s per way, one run:",
             f"  dstk       {d['samples_per_s']:12,.0f}   memmap {m['samples_per_s']:12,.0f}   "
             f"dstk / memmap {d['samples_per_s'] / m['samples_per_s']:.2f}x; dstk host ceiling {gib(d['host_bytes'])}"]
 
@@ -192,6 +214,7 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--ways", default="reference,dstk,memmap", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--max-seconds", type=float, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         a.dataset = a.worker

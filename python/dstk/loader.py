@@ -14,20 +14,14 @@ class DeviceArray:
     dstk.Loader's batch lifetime). ``shape`` and ``dtype`` describe it.
     """
 
-    __slots__ = ("_array", "_loader", "_slot")
+    __slots__ = ("_array", "_loader", "_slot", "shape", "dtype")
 
-    def __init__(self, array, loader, slot):
+    def __init__(self, array, loader, slot, shape, dtype):
         self._array = array
         self._loader = loader
         self._slot = slot
-
-    @property
-    def shape(self):
-        return tuple(self._array.shape)
-
-    @property
-    def dtype(self):
-        return self._array.dtype
+        self.shape = shape  # tuple of ints
+        self.dtype = dtype  # NumPy's name: "float32", "uint8", ...; bf16 raw as "uint16"
 
     def __dlpack_device__(self):
         return self._array.__dlpack_device__()
@@ -91,8 +85,8 @@ class Loader:
     split); ``load_state_dict(sd)`` on a loader of the same dataset and
     settings continues with exactly the batch that would have come next.
 
-    After an epoch, ``times`` holds the seconds per stage summed over the
-    epoch's batches (read_wait: the consumer waiting; read, decode: reader
+    ``times`` holds the seconds per stage summed over the batches of the
+    current (or, between epochs, the last) epoch taken so far (read_wait: the consumer waiting; read, decode: reader
     threads; h2d: copies), with batch, sample and byte counts;
     ``device_bytes`` and ``host_bytes`` are the memory ceilings (GPU slots or
     the resident split; ring, reader buffers and decoded chunks).
@@ -125,7 +119,17 @@ class Loader:
         self._impl = _dstk._Loader(a)
         self.split, self.batch, self.order, self.seed = split, int(batch), order, int(seed)
         self.epoch, self.next_batch = int(epoch), 0
-        self.times = {}
+        self._times = {}
+
+    @property
+    def times(self):
+        """Seconds per stage and counts, summed over this epoch's batches so far (see the class doc)."""
+        self._collect_times()
+        return dict(self._times)
+
+    def _collect_times(self):
+        for k, v in self._impl.take_times().items():
+            self._times[k] = self._times.get(k, 0) + v
 
     def __len__(self):
         return self._impl.batches_per_epoch
@@ -173,19 +177,21 @@ class Loader:
 
     def __iter__(self):
         self._impl.start_epoch(self.epoch, self.next_batch)
-        totals = {}
+        self._impl.take_times()  # what an abandoned iteration left behind
+        self._times = {}
         while True:
             item = self._impl.next()
             if item is None:
                 break
-            x, y, slot = item
-            if slot >= 0:
-                x, y = DeviceArray(x, self._impl, slot), DeviceArray(y, self._impl, slot)
+            if len(item) == 5:  # a GPU batch: arrays, slot, x's shape and dtype
+                x, y, slot, shape, dtype = item
+                x = DeviceArray(x, self._impl, slot, shape, dtype)
+                y = DeviceArray(y, self._impl, slot, (shape[0],), "int32")
+            else:
+                x, y, _ = item
             self.next_batch += 1
             yield x, y
-        for k, v in self._impl.take_times().items():
-            totals[k] = totals.get(k, 0) + v
-        self.times = totals
+        self._collect_times()  # the epoch's last figures, before the next epoch starts
         self.epoch += 1
         self.next_batch = 0
 

@@ -688,19 +688,9 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
 }
 
 std::uint64_t available_host_memory() {
-    const SystemInfo sys = detect_system();
-    std::uint64_t avail = sys.memory.available;
-    if (sys.cgroup_memory_limit) {
-        std::uint64_t anon = 0;
-        std::ifstream stat(own_cgroup_dir() / "memory.stat");
-        std::string key;
-        std::uint64_t value = 0;
-        while (stat >> key >> value)
-            if (key == "anon") anon = value;
-        const std::uint64_t limit = *sys.cgroup_memory_limit;
-        avail = std::min(avail, limit > anon ? limit - anon : 0);
-    }
-    return avail;
+    const MemoryReading m = read_host_memory();
+    if (!m.cgroup_limit) return m.available;
+    return std::min(m.available, *m.cgroup_limit > m.cgroup_anon ? *m.cgroup_limit - m.cgroup_anon : 0);
 }
 
 std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_view split, const SourceConfig& c) {
