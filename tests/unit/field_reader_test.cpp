@@ -98,6 +98,7 @@ SplitInfo write_parts(const fs::path& dir, Storage storage, const std::vector<st
                 part.bytes = w.file_bytes();
             }
             f->parts.push_back(part);
+            f->bytes += part.bytes; // the manifest's size of a field in parts: its parts' sum
         }
         first += sizes[p];
     }
@@ -326,4 +327,50 @@ TEST(FieldReader, AStreamRunOpensEachFileOnce) {
         EXPECT_EQ(descriptors_of(yf), 1);
     }
     fs::remove_all(dir);
+}
+
+// A dataset whose fields are in parts, through its manifest (as dsconvert
+// --merge writes it): Dataset::open validates every part, and the stream
+// placement (window cache, and the full order's gathers) delivers the batches
+// of the device placement.
+TEST(FieldReader, ADatasetInPartsStreamsTheDeviceBatches) {
+    for (const Layout& l : layouts) {
+        const fs::path dir = test_support::temp_path("dstk_parts_dataset", l.name);
+        Manifest m;
+        m.splits = {write_parts(dir, l.storage, l.sizes, sb, chunk)};
+        const std::uint64_t n = m.splits[0].samples;
+        m.num_classes = static_cast<std::uint32_t>(n);
+        m.provenance.tool = "field_reader_test";
+        std::ofstream(dir / manifest_file_name) << serialize_manifest(m);
+        const Dataset ds = Dataset::open(dir);
+        ASSERT_EQ(ds.manifest().split("train").field("x").parts.size(), l.sizes.size()) << l.name;
+        for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
+            std::vector<std::vector<std::int32_t>> labels;
+            for (const Placement p : {Placement::stream, Placement::device}) {
+                SourceConfig c;
+                c.placement = p;
+                c.device = {train::Backend::cpu, 0};
+                c.order = {o, 7, chunk, 2};
+                c.batch = 16;
+                c.drop_last = false;
+                auto s = make_batch_source(ds, "train", c);
+                s->start_epoch(1, 0);
+                train::Batch b;
+                labels.emplace_back();
+                while (s->next(b)) {
+                    const auto* x = static_cast<const std::uint8_t*>(b.x);
+                    for (std::uint32_t i = 0; i < b.size; ++i) {
+                        labels.back().push_back(b.y[i]);
+                        std::vector<std::uint8_t> one(x + i * sb, x + (i + 1) * sb);
+                        expect_samples(one, static_cast<std::uint64_t>(b.y[i]), sb, l.name);
+                    }
+                    s->release();
+                }
+            }
+            EXPECT_EQ(labels[0].size(), n) << l.name << " " << order_name(o);
+            EXPECT_EQ(labels[0], labels[1]) << l.name << " " << order_name(o);
+        }
+        EXPECT_NO_THROW(verify_dataset(dir)) << l.name;
+        fs::remove_all(dir);
+    }
 }
