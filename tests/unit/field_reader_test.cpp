@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dstk/bench/case.hpp"
 #include "dstk/chunked_file.hpp"
 #include "dstk/data/batch_source.hpp"
 #include "dstk/data/window_cache.hpp"
@@ -344,6 +345,10 @@ TEST(FieldReader, ADatasetInPartsStreamsTheDeviceBatches) {
         std::ofstream(dir / manifest_file_name) << serialize_manifest(m);
         const Dataset ds = Dataset::open(dir);
         ASSERT_EQ(ds.manifest().split("train").field("x").parts.size(), l.sizes.size()) << l.name;
+        // dsbench's file cases read the first part; its loader cases, the dataset.
+        const bench::Target t = bench::open_target(dir, 0);
+        EXPECT_EQ(t.file, dir / m.splits[0].fields[0].parts[0].file) << l.name;
+        if (l.storage == Storage::npy) EXPECT_EQ(t.samples(), l.sizes[0]) << l.name;
         for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
             std::vector<std::vector<std::int32_t>> labels;
             for (const Placement p : {Placement::stream, Placement::device}) {
