@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
-#include "dstk/data/field_access.hpp"
+#include "dstk/field_reader.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/error.hpp"
 #include "support/test_dataset.hpp"
@@ -31,16 +31,24 @@ std::uint8_t byte_of(std::uint64_t sample, std::uint64_t j) {
     return static_cast<std::uint8_t>(sample * 13 + j * 7 + 1);
 }
 
+FieldInfo memory_field_info(std::uint64_t sample_bytes) {
+    FieldInfo f;
+    f.name = "memory";
+    f.shape = Shape{{sample_bytes}};
+    return f;
+}
+
 // A field in memory: x bytes byte_of(i, j), labels i; counts whole-range
 // reads per first sample; throws for one chosen chunk.
-class MemoryField final : public FieldAccess {
+class MemoryField final : public FieldReader {
   public:
     MemoryField(std::uint64_t samples, std::uint64_t sample_bytes, bool labels)
-        : FieldAccess(samples, labels ? 4 : sample_bytes), labels_(labels) {}
-    std::uint64_t storage_chunk_samples() const override { return 0; }
+        : FieldReader("memory", memory_field_info(labels ? 4 : sample_bytes), samples), labels_(labels) {}
+    void read(std::uint64_t, std::uint64_t, void*, ThreadPool*) const override {
+        ADD_FAILURE() << "dataset read in a stream";
+    }
+    void verify(ThreadPool*) const override {}
     void gather(std::span<const std::uint64_t>, std::uint8_t*) override { FAIL() << "sample gather in a cached order"; }
-    void will_need(std::span<const std::uint64_t>, std::uint64_t) override {}
-    std::uint64_t cache_bytes() const override { return 0; }
     std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) override {
         if (first == fail_first_)
             throw runtime_error("cannot read 'memory' (injected error at sample " + std::to_string(first) + ")");

@@ -17,6 +17,7 @@
 #include "dstk/signals.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/thread_pool.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/units.hpp"
 
 namespace dstk::bench {
@@ -26,19 +27,14 @@ constexpr std::uint64_t direct_align = 4096;
 
 class File {
   public:
-    File(const std::filesystem::path& p, int flags) : path_(p), fd_(::open(p.c_str(), flags | O_CLOEXEC)) {
-        if (fd_ < 0) throw_errno("cannot open", p.string());
-    }
-    ~File() { ::close(fd_); }
-    File(const File&) = delete;
-    File& operator=(const File&) = delete;
-    int fd() const { return fd_; }
+    File(const std::filesystem::path& p, int flags) : path_(p), fd_(UniqueFd::open(p, flags, "cannot open")) {}
+    int fd() const { return fd_.get(); }
 
     // Reads exactly `len` bytes at `offset` (fewer only at the end of the file).
     void read(void* dst, std::uint64_t len, std::uint64_t offset) const {
         auto* p = static_cast<char*>(dst);
         while (len > 0) {
-            const ssize_t n = ::pread(fd_, p, len, static_cast<off_t>(offset));
+            const ssize_t n = ::pread(fd_.get(), p, len, static_cast<off_t>(offset));
             if (n < 0) {
                 if (errno == EINTR) continue;
                 throw_errno("cannot read", path_.string());
@@ -50,7 +46,7 @@ class File {
 
   private:
     std::filesystem::path path_;
-    int fd_;
+    UniqueFd fd_;
 };
 
 class Mapping {
@@ -279,17 +275,16 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
 
 std::optional<std::string> direct_unsupported(const CaseContext& ctx) {
     if (auto why = needs_target(ctx)) return why;
-    const int fd = ::open(ctx.target->file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (fd < 0) {
+    const UniqueFd fd = UniqueFd::try_open(ctx.target->file, O_RDONLY | O_DIRECT);
+    if (!fd) {
         const int err = errno;
         const DiskInfo d = disk_info(ctx.target->file);
         return "O_DIRECT is not supported " + (d.filesystem.empty() ? std::string("here") : "on " + d.filesystem) +
                " (" + std::strerror(err) + ")";
     }
     AlignedBuffer buf(direct_align);
-    const ssize_t n = ::pread(fd, buf.data(), direct_align, 0);
+    const ssize_t n = ::pread(fd.get(), buf.data(), direct_align, 0);
     const int err = errno;
-    ::close(fd);
     if (n < 0) return std::string("O_DIRECT reads fail on this file (") + std::strerror(err) + ")";
     if (ctx.target->file_bytes < direct_align) return "the file is smaller than one O_DIRECT block (4 KiB)";
     return std::nullopt;

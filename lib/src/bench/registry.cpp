@@ -95,7 +95,9 @@ Target open_target(const std::filesystem::path& path, std::uint64_t sample_bytes
         t.dataset_dir = path;
         t.field = field;
         t.split = split.name;
-        t.file = path / field.file;
+        // A field in parts (dsconvert --merge): the file cases read its first
+        // part, a file like the others on the same disk; loader cases read all.
+        t.file = path / (field.parts.empty() ? field.file : field.parts.front().file);
         t.sample_bytes = field.sample_bytes();
         t.file_bytes = fs::file_size(t.file, ec);
         if (ec) throw_errno("cannot read the size of", t.file.string());

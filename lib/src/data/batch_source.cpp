@@ -16,7 +16,7 @@
 #include "dstk/output.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/units.hpp"
-#include "dstk/data/field_access.hpp"
+#include "dstk/field_reader.hpp"
 #include "host_ring.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/sysinfo.hpp"
@@ -80,40 +80,51 @@ std::uint64_t storage_chunk_of(const FieldInfo& x) {
 
 // The window cache of a stream source: none for the full order, whose reads
 // are single samples wherever they fall.
-std::unique_ptr<WindowCache> make_cache(FieldAccess& x, FieldAccess& y, const SourceConfig& c, const HostPlan& plan) {
+std::unique_ptr<WindowCache> make_cache(FieldReader& x, FieldReader& y, const SourceConfig& c, const HostPlan& plan) {
     if (c.order.kind == Order::full) return nullptr;
     return std::make_unique<WindowCache>(x, y, plan.cache, io_threads_for(c, x.storage_chunk_samples()),
                                          plan.drop_pages);
 }
 
+// The dataset's reader of a field, set to read as the stream source reads:
+// its files are the ones the dataset opened, not a second descriptor of each.
+FieldReader& stream_reader(const Dataset& ds, const Fields& f, const FieldInfo& field, const SourceConfig& c) {
+    FieldReader& r = ds.reader(f.split->name, field.name);
+    r.set_decoded_chunks(cache_chunks_for(c));
+    r.set_direct(c.direct && &field == f.x, c.notice, c.warn); // labels stay buffered
+    (void)r.take_io();
+    (void)r.take_decode_seconds();
+    return r;
+}
+
 // What the stream sources share: the fields, the window cache and the ring.
 struct StreamParts {
-    std::unique_ptr<FieldAccess> x, y;
+    FieldReader &x, &y;
     HostPlan plan;
     std::unique_ptr<WindowCache> cache;
     std::unique_ptr<HostRing> ring;
 
     StreamParts(const Dataset& ds, const Fields& f, const SourceConfig& c, unsigned slots, HostMemory memory)
-        : x(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
-          y(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
-          plan(plan_host_memory(*f.split, *f.x, c, available_host_memory())), cache(make_cache(*x, *y, c, plan)),
-          ring(std::make_unique<HostRing>(*x, *y, c.batch, c.drop_last, c.slice, effective_order(c, x->storage_chunk_samples()),
-                                          slots, c.readers, std::move(memory), cache.get())) {}
+        : x(stream_reader(ds, f, *f.x, c)), y(stream_reader(ds, f, *f.y, c)),
+          plan(plan_host_memory(*f.split, *f.x, c, available_host_memory())), cache(make_cache(x, y, c, plan)),
+          ring(std::make_unique<HostRing>(x, y, c.batch, c.drop_last, c.slice,
+                                          effective_order(c, x.storage_chunk_samples()), slots, c.readers,
+                                          std::move(memory), cache.get())) {}
 
     void take_times(StageTimes& t) {
         t.read_wait = ring->take_wait_seconds();
         if (cache) {
             const CacheStats cs = cache->take_stats();
-            t.decode = x->take_decode_seconds() + y->take_decode_seconds();
+            t.decode = x.take_decode_seconds() + y.take_decode_seconds();
             t.read = std::max(0.0, cs.io_seconds - t.decode);
             t.io = cs.x;
             t.cache_peak = cs.peak;
         } else {
             t.decode = ring->take_decode_seconds();
             t.read = std::max(0.0, ring->take_read_seconds() - t.decode);
-            t.io = x->take_io();
+            t.io = x.take_io();
         }
-        (void)y->take_io();
+        (void)y.take_io();
     }
     std::uint64_t host_bytes() const { return plan.total(); }
     std::uint64_t host_allocated() const { return ring->host_bytes() + (cache ? cache->allocated_bytes() : 0); }
@@ -146,7 +157,7 @@ class HostStreamSource final : public BatchSource {
     }
 
     Placement placement() const override { return Placement::stream; }
-    std::uint64_t samples() const override { return parts_.x->samples(); }
+    std::uint64_t samples() const override { return parts_.x.samples(); }
     std::uint64_t batches_per_epoch() const override { return parts_.ring->batches(); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         parts_.ring->start(epoch, first_batch);
@@ -155,10 +166,10 @@ class HostStreamSource final : public BatchSource {
         const RingSlot* s = parts_.ring->acquire();
         if (!s) return false;
         out = {s->x, s->y, s->size};
-        hash_.add(out, parts_.x->sample_bytes());
+        hash_.add(out, parts_.x.sample_bytes());
         times_.batches += 1;
         times_.samples += s->size;
-        times_.bytes += s->size * (parts_.x->sample_bytes() + 4);
+        times_.bytes += s->size * (parts_.x.sample_bytes() + 4);
         return true;
     }
     void release() override { parts_.ring->release(); }
@@ -407,7 +418,7 @@ class DeviceStreamSource final : public BatchSource {
     }
 
     Placement placement() const override { return Placement::stream; }
-    std::uint64_t samples() const override { return parts_.x->samples(); }
+    std::uint64_t samples() const override { return parts_.x.samples(); }
     std::uint64_t batches_per_epoch() const override { return ring_.batches(); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         drain();

@@ -28,7 +28,7 @@ HostMemory plain_host_memory() {
             [](void* p) { std::free(p); }};
 }
 
-HostRing::HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, RankSlice slice,
+HostRing::HostRing(FieldReader& x, FieldReader& y, std::uint32_t batch, bool drop_last, RankSlice slice,
                    const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache)
     : x_(x), y_(y), batch_(batch), slice_(slice), order_config_(order), samples_(x.samples()),
       batches_(slice.batches(x.samples(), batch, drop_last)), readers_(std::max(readers, 1u)),

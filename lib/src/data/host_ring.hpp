@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dstk/data/order.hpp"
-#include "dstk/data/field_access.hpp"
+#include "dstk/field_reader.hpp"
 #include "dstk/data/window_cache.hpp"
 
 namespace dstk::data {
@@ -36,7 +36,7 @@ struct RingSlot {
 
 class HostRing {
   public:
-    HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, RankSlice slice,
+    HostRing(FieldReader& x, FieldReader& y, std::uint32_t batch, bool drop_last, RankSlice slice,
              const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory,
              WindowCache* cache = nullptr);
     ~HostRing();
@@ -67,7 +67,7 @@ class HostRing {
     void fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64_t>& indices);
     void hint(std::uint64_t end_position);
 
-    FieldAccess &x_, &y_;
+    FieldReader &x_, &y_;
     std::uint32_t batch_;
     RankSlice slice_;
     OrderConfig order_config_;

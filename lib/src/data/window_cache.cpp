@@ -64,7 +64,7 @@ std::uint64_t min_window_cache_bytes(const OrderConfig& order, std::uint64_t sam
     return 2 * window_group_bytes(order, sample_bytes, direct);
 }
 
-WindowCache::WindowCache(FieldAccess& x, FieldAccess& y, std::uint64_t capacity, unsigned io_threads, bool drop_pages)
+WindowCache::WindowCache(FieldReader& x, FieldReader& y, std::uint64_t capacity, unsigned io_threads, bool drop_pages)
     : x_(x), y_(y), capacity_(capacity), drop_pages_(drop_pages) {
     for (unsigned t = 0; t < std::max(io_threads, 1u); ++t) threads_.emplace_back([this] { io_loop(); });
 }

@@ -63,8 +63,11 @@ RandomReadRate predict_random_reads(const Dataset& ds, const FieldInfo& x, const
                                     unsigned readers) {
     readers = std::max(readers, 1u);
     const std::uint64_t sb = x.sample_bytes();
-    const std::filesystem::path path = ds.dir() / x.file;
-    const std::uint64_t samples = ds.manifest().split("train").samples;
+    // A field in parts (dsconvert --merge): the probe reads its first part;
+    // random reads of one file measure the disk as well as of all of them.
+    const FieldPart* first_part = x.parts.empty() ? nullptr : &x.parts.front();
+    const std::filesystem::path path = ds.dir() / (first_part ? first_part->file : x.file);
+    const std::uint64_t samples = first_part ? first_part->samples : ds.manifest().split("train").samples;
     if (!bench.empty() && x.storage == Storage::npy) {
         const auto fig = bench::best_random_read(bench::load_results(bench), "sample");
         if (fig && fig->rate > 0 && fig->threads > 0) {

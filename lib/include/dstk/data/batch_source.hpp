@@ -26,7 +26,7 @@
 #include <string>
 #include <string_view>
 
-#include "dstk/data/field_access.hpp"
+#include "dstk/field_reader.hpp"
 #include "dstk/data/order.hpp"
 #include "dstk/data/stage.hpp"
 #include "dstk/dataset.hpp"

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "dstk/data/field_access.hpp"
+#include "dstk/field_reader.hpp"
 #include "dstk/data/order.hpp"
 
 namespace dstk::data {
@@ -48,7 +48,7 @@ class WindowCache {
   public:
     // x, y: the input and label fields (y read alongside x, chunk by chunk).
     // `drop_pages`: tell the kernel to forget a chunk's input pages once it is read.
-    WindowCache(FieldAccess& x, FieldAccess& y, std::uint64_t capacity, unsigned io_threads, bool drop_pages);
+    WindowCache(FieldReader& x, FieldReader& y, std::uint64_t capacity, unsigned io_threads, bool drop_pages);
     ~WindowCache();
     WindowCache(const WindowCache&) = delete;
     WindowCache& operator=(const WindowCache&) = delete;
@@ -86,7 +86,7 @@ class WindowCache {
     void load(Chunk& c);
     void reset_locked();
 
-    FieldAccess &x_, &y_;
+    FieldReader &x_, &y_;
     std::uint64_t capacity_, chunk_samples_ = 0;
     bool drop_pages_;
     const EpochOrder* order_ = nullptr;

@@ -1,8 +1,7 @@
 // A dataset directory as input.
 #include "formats.hpp"
 
-#include "dstk/chunked_file.hpp"
-#include "../parts.hpp"
+#include "dstk/field_reader.hpp"
 #include "dstk/thread_pool.hpp"
 
 namespace dstk::import {
@@ -12,16 +11,16 @@ namespace dstk::import {
 class DatasetField final : public FieldStream {
   public:
     DatasetField(const fs::path& dir, const SplitInfo& split, const FieldInfo& field, ThreadPool& pool)
-        : field_(dir, split, field), sample_bytes_(field.sample_bytes()), pool_(&pool) {}
+        : field_(open_field_reader(dir, split, field)), sample_bytes_(field.sample_bytes()), pool_(&pool) {}
     void read(std::uint64_t count, void* dst) override {
-        field_.read(pos_, count, dst, pool_);
+        field_->read(pos_, count, dst, pool_);
         pos_ += count;
     }
     void skip(std::uint64_t count) override { pos_ += count; }
     std::uint64_t sample_bytes() const override { return sample_bytes_; }
 
   private:
-    convert::PartedField field_;
+    std::unique_ptr<FieldReader> field_;
     std::uint64_t sample_bytes_, pos_ = 0;
     ThreadPool* pool_;
 };
