@@ -42,8 +42,8 @@ std::string cpu_model_name() {
     return "unknown";
 }
 
-std::optional<std::uint64_t> cgroup_limit() {
-    std::ifstream in(own_cgroup_dir() / "memory.max");
+std::optional<std::uint64_t> cgroup_limit(const fs::path& dir) {
+    std::ifstream in(dir / "memory.max");
     std::string v;
     if (!(in >> v) || v == "max") return std::nullopt;
     try {
@@ -51,6 +51,17 @@ std::optional<std::uint64_t> cgroup_limit() {
     } catch (...) {
         return std::nullopt;
     }
+}
+
+// memory.stat's "anon" (bytes), 0 where the file or the key is missing.
+std::uint64_t cgroup_anon(const fs::path& dir) {
+    std::uint64_t anon = 0;
+    std::ifstream stat(dir / "memory.stat");
+    std::string key;
+    std::uint64_t value = 0;
+    while (stat >> key >> value)
+        if (key == "anon") anon = value;
+    return anon;
 }
 
 } // namespace
@@ -81,7 +92,9 @@ SystemInfo detect_system() {
     s.physical_cores = s.logical_cores;
     s.memory.total = meminfo_kib("MemTotal").value_or(0);
     s.memory.available = meminfo_kib("MemAvailable").value_or(0);
-    s.cgroup_memory_limit = cgroup_limit();
+    const fs::path cgroup = own_cgroup_dir();
+    s.cgroup_memory_limit = cgroup_limit(cgroup);
+    if (s.cgroup_memory_limit) s.cgroup_anon = cgroup_anon(cgroup);
 
     hwloc_topology_t topo;
     if (hwloc_topology_init(&topo) == 0) {

@@ -21,7 +21,10 @@ struct SystemInfo {
     unsigned logical_cores = 0, physical_cores = 0, numa_nodes = 1;
     bool hwloc_ok = false;
     MemoryInfo memory;
-    std::optional<std::uint64_t> cgroup_memory_limit; // cgroup v2 memory.max when set
+    // This process's cgroup v2 (own_cgroup_dir()): memory.max when set, and
+    // then its memory.stat "anon", the anonymous memory of every process in it.
+    std::optional<std::uint64_t> cgroup_memory_limit;
+    std::uint64_t cgroup_anon = 0;
 };
 
 SystemInfo detect_system();

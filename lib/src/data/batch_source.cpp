@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <thread>
 #include <utility>
 #include <string>
@@ -681,13 +680,7 @@ std::uint64_t available_host_memory() {
     const SystemInfo sys = detect_system();
     std::uint64_t avail = sys.memory.available;
     if (sys.cgroup_memory_limit) {
-        std::uint64_t anon = 0;
-        std::ifstream stat(own_cgroup_dir() / "memory.stat");
-        std::string key;
-        std::uint64_t value = 0;
-        while (stat >> key >> value)
-            if (key == "anon") anon = value;
-        const std::uint64_t limit = *sys.cgroup_memory_limit;
+        const std::uint64_t limit = *sys.cgroup_memory_limit, anon = sys.cgroup_anon;
         avail = std::min(avail, limit > anon ? limit - anon : 0);
     }
     return avail;
