@@ -227,7 +227,7 @@ __device__ __forceinline__ void multiply_row_bf16(const std::uint32_t* arow, con
 // The end of the block's work: the two warps of each filter row add their
 // sums in shared memory, and the block writes its result in rows of 32
 // channels.
-__device__ __forceinline__ void store_block_sums(const float (&acc)[3][2][4][4], std::uint32_t* sm, const Geometry& g,
+__device__ __forceinline__ void store_block_sums(float (&acc)[3][2][4][4], std::uint32_t* sm, const Geometry& g,
                                                  unsigned k0, unsigned c0, unsigned r, unsigned rg, unsigned lane,
                                                  unsigned gid, unsigned t4, float* partials) {
     const unsigned K = g.s.k, C = g.s.c;
