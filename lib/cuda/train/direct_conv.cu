@@ -94,20 +94,6 @@ template <int ST> __device__ __forceinline__ void load_span(const float4* row, f
     for (int j = 0; j < span<ST>; ++j) v[j] = row[j];
 }
 
-// One filter row's taps over px output pixels: f(o, s, c, in) for output
-// pixel o, tap s and channel c, `in` the input under it in the row's span.
-// Inlined and unrolled, so the kernels compile as if written out.
-template <int ST, int C, class F> __device__ __forceinline__ void for_each_tap(const float4* row, F&& f) {
-    float4 v[span<ST>];
-    load_span<ST>(row, v);
-#pragma unroll
-    for (int o = 0; o < px; ++o)
-#pragma unroll
-        for (int s = 0; s < 3; ++s)
-#pragma unroll
-            for (int c = 0; c < C; ++c) f(o, s, c, channel(v[o * ST + s], c));
-}
-
 template <class T, int C, int ST>
 __global__ void __launch_bounds__(block_target)
     direct_conv_forward_kernel(const T* x, const float* wt, T* y, Params p) {
@@ -129,9 +115,20 @@ __global__ void __launch_bounds__(block_target)
         const unsigned ty = p.dgroups.div(q), ox0 = (q - ty * p.groups_per_row) * px;
         float acc[px] = {};
 #pragma unroll
-        for (int r = 0; r < 3; ++r)
-            for_each_tap<ST, C>(tile + (ty * ST + r) * p.cols_in + ox0 * ST,
-                                [&](int o, int s, int c, float in) { acc[o] = fmaf(w[r][s][c], in, acc[o]); });
+        for (int r = 0; r < 3; ++r) {
+            float4 v[span<ST>];
+            load_span<ST>(tile + (ty * ST + r) * p.cols_in + ox0 * ST, v);
+#pragma unroll
+            for (int o = 0; o < px; ++o)
+#pragma unroll
+                for (int s = 0; s < 3; ++s)
+#pragma unroll
+                    for (int c = 0; c < C; ++c) {
+                        const float4& u = v[o * ST + s];
+                        const float in = channel(u, c);
+                        acc[o] = fmaf(w[r][s][c], in, acc[o]);
+                    }
+        }
 #pragma unroll
         for (int o = 0; o < px; ++o)
             if (ox0 + o < p.s.ow) st(y, out_index(p, img, k, oy0 + ty, ox0 + o), acc[o]);
@@ -161,10 +158,20 @@ __global__ void __launch_bounds__(block_target)
             for (int o = 0; o < px; ++o)
                 g[o] = ox0 + o < p.s.ow ? ld(dy, out_index(p, img, k, oy0 + ty, ox0 + o)) : 0.0f;
 #pragma unroll
-            for (int r = 0; r < 3; ++r)
-                for_each_tap<ST, C>(sh4 + (ty * ST + r) * p.cols_in + ox0 * ST, [&](int o, int s, int c, float in) {
-                    acc[r][s][c] = fmaf(g[o], in, acc[r][s][c]);
-                });
+            for (int r = 0; r < 3; ++r) {
+                float4 v[span<ST>];
+                load_span<ST>(sh4 + (ty * ST + r) * p.cols_in + ox0 * ST, v);
+#pragma unroll
+                for (int o = 0; o < px; ++o)
+#pragma unroll
+                    for (int s = 0; s < 3; ++s)
+#pragma unroll
+                        for (int c = 0; c < C; ++c) {
+                            const float4& u = v[o * ST + s];
+                            const float in = channel(u, c);
+                            acc[r][s][c] = fmaf(g[o], in, acc[r][s][c]);
+                        }
+            }
         }
     }
     // The block's sum over its lanes, per (j, k), in lane order.

@@ -224,43 +224,13 @@ __device__ __forceinline__ void multiply_row_bf16(const std::uint32_t* arow, con
     }
 }
 
-// The end of the block's work: the two warps of each filter row add their
-// sums in shared memory, and the block writes its result in rows of 32
-// channels.
-__device__ __forceinline__ void store_block_sums(float (&acc)[3][2][4][4], std::uint32_t* sm, const Geometry& g,
-                                                 unsigned k0, unsigned c0, unsigned r, unsigned rg, unsigned lane,
-                                                 unsigned gid, unsigned t4, float* partials) {
-    const unsigned K = g.s.k, C = g.s.c;
-    // The second row group's sums into shared memory, lane-major (conflict-free).
-    constexpr int per_warp = 3 * 2 * 4 * 4; // acc[s][mi][ni][q], flat
-    auto* red = reinterpret_cast<float*>(sm);
-    float* result = red + 3 * per_warp * 32; // [k][tap][c], rows of result_stride words
-    const float(&flat)[per_warp] = reinterpret_cast<const float(&)[per_warp]>(acc);
-    if (rg == 1)
-#pragma unroll
-        for (int i = 0; i < per_warp; ++i) red[(r * per_warp + i) * 32 + lane] = flat[i];
-    __syncthreads();
-    if (rg == 0)
-#pragma unroll
-        for (int i = 0; i < per_warp; ++i) {
-            const int s = i / 32, mi = i / 16 % 2, ni = i / 4 % 4, q = i % 4;
-            const unsigned k = 4 * gid + 2 * mi + (q >> 1), c = 4 * (2 * t4 + (q & 1)) + ni;
-            result[(k * taps + r * 3 + s) * result_stride + c] = flat[i] + red[(r * per_warp + i) * 32 + lane];
-        }
-    __syncthreads();
-    float* out = partials + std::uint64_t{blockIdx.x} * K * taps * C;
-    for (unsigned e = threadIdx.x; e < chan * taps * chan; e += threads) {
-        const unsigned row = e / chan, c = e % chan, k = row / taps, tap = row % taps;
-        out[(std::uint64_t{k0 + k} * taps + tap) * C + c0 + c] = result[row * result_stride + c];
-    }
-}
-
 template <class T, unsigned LogW>
 __global__ void __launch_bounds__(threads, blocks_per_sm)
     tc_wgrad_kernel(const T* x, const T* dy, Geometry g, float* partials) {
     constexpr unsigned W = 1u << LogW;
     extern __shared__ std::uint32_t sm[];
     const unsigned buf_words = (tile_pixels + g.xrows * g.xcols) * pixel_words;
+    const unsigned K = g.s.k, C = g.s.c;
     const unsigned k0 = blockIdx.y / g.sub_c * chan, c0 = blockIdx.y % g.sub_c * chan;
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     const unsigned r = warp % 3, rg = warp / 3;
@@ -294,7 +264,28 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
         __syncthreads(); // done with this buffer before it is refilled
     }
     cp_async_wait<0>();
-    store_block_sums(acc, sm, g, k0, c0, r, rg, lane, gid, t4, partials);
+    // The second row group's sums into shared memory, lane-major (conflict-free).
+    constexpr int per_warp = 3 * 2 * 4 * 4; // acc[s][mi][ni][q], flat
+    auto* red = reinterpret_cast<float*>(sm);
+    float* result = red + 3 * per_warp * 32; // [k][tap][c], rows of result_stride words
+    const float(&flat)[per_warp] = reinterpret_cast<const float(&)[per_warp]>(acc);
+    if (rg == 1)
+#pragma unroll
+        for (int i = 0; i < per_warp; ++i) red[(r * per_warp + i) * 32 + lane] = flat[i];
+    __syncthreads();
+    if (rg == 0)
+#pragma unroll
+        for (int i = 0; i < per_warp; ++i) {
+            const int s = i / 32, mi = i / 16 % 2, ni = i / 4 % 4, q = i % 4;
+            const unsigned k = 4 * gid + 2 * mi + (q >> 1), c = 4 * (2 * t4 + (q & 1)) + ni;
+            result[(k * taps + r * 3 + s) * result_stride + c] = flat[i] + red[(r * per_warp + i) * 32 + lane];
+        }
+    __syncthreads();
+    float* out = partials + std::uint64_t{blockIdx.x} * K * taps * C;
+    for (unsigned e = threadIdx.x; e < chan * taps * chan; e += threads) {
+        const unsigned row = e / chan, c = e % chan, k = row / taps, tap = row % taps;
+        out[(std::uint64_t{k0 + k} * taps + tap) * C + c0 + c] = result[row * result_stride + c];
+    }
 }
 
 } // namespace

@@ -12,6 +12,9 @@ namespace {
 
 using nlohmann::json;
 
+constexpr EnumNames<CaseStatus, 3> status_names{
+    {{{CaseStatus::ok, "ok"}, {CaseStatus::waived, "waived"}, {CaseStatus::failed, "failed"}}}};
+
 const json& member(const json& o, const char* name, const std::string& where) {
     if (!o.is_object()) throw std::invalid_argument((where.empty() ? "the document" : where) + " is not an object");
     auto it = o.find(name);
