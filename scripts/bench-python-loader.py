@@ -41,7 +41,7 @@ def worker(a):
     import torch
     import torch.nn.functional as F
     sys.path.insert(0, HERE)
-    from torch_baseline import MemmapSamples, ref_cnn
+    from torch_baseline import MemmapSamples, build_model
     import dstk
 
     torch.backends.cudnn.allow_tf32 = True
@@ -54,7 +54,7 @@ def worker(a):
     mean = torch.tensor(ds.manifest["stats"]["mean"], device="cuda").view(1, c, 1, 1)
     std = torch.tensor(ds.manifest["stats"]["std"], device="cuda").view(1, c, 1, 1)
     torch.manual_seed(0)
-    model = ref_cnn(c, classes, h, w).cuda()
+    model = build_model("ref-cnn", (c, h, w), classes)[0].cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=True)
 
     def step(xb, yb):

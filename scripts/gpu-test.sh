@@ -75,12 +75,15 @@ if [ "$benches" != none ]; then
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
     if named python-loader; then
         # The package into the python3 that holds PyTorch, offline (no build
-        # isolation); nanobind, scikit-build-core, pytest from .whl/ only where
-        # that python3 lacks them.
+        # isolation); nanobind (2 or newer) and scikit-build-core from .whl/ where
+        # that python3 lacks them (it holds pytest).
         export PIP_BREAK_SYSTEM_PACKAGES=1
         SUMMARY_RE='Successfully|rror' step python-install 300 bash -c '
-            python3 -c "import nanobind, scikit_build_core, pytest" 2>/dev/null ||
-                python3 -m pip install -q --no-index --find-links .whl nanobind scikit-build-core pytest || exit 1
+            wheel() { python3 -m pip install -q --no-index --find-links .whl "$1"; }
+            python3 -c "import nanobind, sys; sys.exit(int(nanobind.__version__.split(chr(46))[0]) < 2)" ||
+                wheel "nanobind>=2" || exit 1
+            python3 -c "import scikit_build_core" || wheel scikit-build-core || exit 1
+            python3 -c "import nanobind, pytest; print(nanobind.__version__)" || exit 1
             python3 -m pip install -v --no-build-isolation --no-deps --no-index \
                 -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
         SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests

@@ -1,6 +1,8 @@
 #include "dstk/sysinfo.hpp"
 
+#include <charconv>
 #include <cmath>
+#include <fcntl.h>
 #include <fstream>
 #include <hwloc.h>
 #include <sstream>
@@ -9,19 +11,43 @@
 #include <thread>
 #include <unistd.h>
 
+#include "dstk/fd.hpp"
+
 namespace fs = std::filesystem;
 
 namespace dstk {
 namespace {
 
-std::optional<std::uint64_t> meminfo_kib(const std::string& key) {
-    std::ifstream in("/proc/meminfo");
-    std::string name;
-    std::uint64_t value;
-    std::string unit;
-    while (in >> name >> value) {
-        std::getline(in, unit);
-        if (name == key + ":") return value * 1024;
+// The whole of a small /proc or /sys file, read with plain read(2): these
+// files are parsed without iostreams or locales.
+std::string read_small_file(const fs::path& path) {
+    std::string text;
+    const UniqueFd fd = UniqueFd::try_open(path, O_RDONLY);
+    if (!fd) return text;
+    char buf[4096];
+    for (;;) {
+        const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+        if (n <= 0) break;
+        text.append(buf, static_cast<std::size_t>(n));
+    }
+    return text;
+}
+
+// The number after `key` at the start of a line of `text` ("MemTotal:", "anon").
+std::optional<std::uint64_t> field_value(std::string_view text, std::string_view key) {
+    for (std::size_t at = 0; at < text.size();) {
+        const std::size_t end = std::min(text.find('\n', at), text.size());
+        const std::string_view line = text.substr(at, end - at);
+        if (line.size() > key.size() && line.substr(0, key.size()) == key &&
+            (line[key.size()] == ' ' || line[key.size()] == '\t')) {
+            std::size_t p = key.size();
+            while (p < line.size() && (line[p] == ' ' || line[p] == '\t')) ++p;
+            std::uint64_t v = 0;
+            const auto r = std::from_chars(line.data() + p, line.data() + line.size(), v);
+            if (r.ec == std::errc()) return v;
+            return std::nullopt;
+        }
+        at = end + 1;
     }
     return std::nullopt;
 }
@@ -42,26 +68,13 @@ std::string cpu_model_name() {
     return "unknown";
 }
 
-std::optional<std::uint64_t> cgroup_limit(const fs::path& dir) {
-    std::ifstream in(dir / "memory.max");
-    std::string v;
-    if (!(in >> v) || v == "max") return std::nullopt;
-    try {
-        return std::stoull(v);
-    } catch (...) {
-        return std::nullopt;
-    }
-}
-
-// memory.stat's "anon" (bytes), 0 where the file or the key is missing.
-std::uint64_t cgroup_anon(const fs::path& dir) {
-    std::uint64_t anon = 0;
-    std::ifstream stat(dir / "memory.stat");
-    std::string key;
-    std::uint64_t value = 0;
-    while (stat >> key >> value)
-        if (key == "anon") anon = value;
-    return anon;
+std::optional<std::uint64_t> cgroup_limit() {
+    std::string v = read_small_file(own_cgroup_dir() / "memory.max");
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    std::uint64_t limit = 0;
+    const auto r = std::from_chars(v.data(), v.data() + v.size(), limit);
+    if (v.empty() || v == "max" || r.ec != std::errc() || r.ptr != v.data() + v.size()) return std::nullopt;
+    return limit;
 }
 
 } // namespace
@@ -73,11 +86,23 @@ bool MemoryInfo::sources_disagree() const {
 }
 
 std::filesystem::path own_cgroup_dir() {
-    std::ifstream in("/proc/self/cgroup");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("0::", 0) == 0) return std::filesystem::path("/sys/fs/cgroup") / line.substr(3).substr(1);
+    const std::string text = read_small_file("/proc/self/cgroup");
+    for (std::size_t at = 0; at < text.size();) {
+        const std::size_t end = std::min(text.find('\n', at), text.size());
+        if (text.compare(at, 4, "0::/") == 0) return fs::path("/sys/fs/cgroup") / text.substr(at + 4, end - at - 4);
+        at = end + 1;
+    }
     return "/sys/fs/cgroup";
+}
+
+MemoryReading read_host_memory() {
+    MemoryReading m;
+    const std::string meminfo = read_small_file("/proc/meminfo");
+    m.total = field_value(meminfo, "MemTotal:").value_or(0) * 1024;
+    m.available = field_value(meminfo, "MemAvailable:").value_or(0) * 1024;
+    m.cgroup_limit = cgroup_limit();
+    if (m.cgroup_limit) m.cgroup_anon = field_value(read_small_file(own_cgroup_dir() / "memory.stat"), "anon").value_or(0);
+    return m;
 }
 
 SystemInfo detect_system() {
@@ -90,11 +115,10 @@ SystemInfo detect_system() {
     s.cpu_model = cpu_model_name();
     s.logical_cores = std::thread::hardware_concurrency();
     s.physical_cores = s.logical_cores;
-    s.memory.total = meminfo_kib("MemTotal").value_or(0);
-    s.memory.available = meminfo_kib("MemAvailable").value_or(0);
-    const fs::path cgroup = own_cgroup_dir();
-    s.cgroup_memory_limit = cgroup_limit(cgroup);
-    if (s.cgroup_memory_limit) s.cgroup_anon = cgroup_anon(cgroup);
+    const MemoryReading m = read_host_memory();
+    s.memory.total = m.total;
+    s.memory.available = m.available;
+    s.cgroup_memory_limit = m.cgroup_limit;
 
     hwloc_topology_t topo;
     if (hwloc_topology_init(&topo) == 0) {

@@ -9,11 +9,12 @@
   handed over through DLPack (``torch.from_dlpack``, CuPy, JAX); NumPy arrays
   without a GPU. Exact mid-epoch resume with ``state_dict()``.
 - ``dstk.order_indices(...)``: the sample order of one epoch.
+- ``dstk.host_memory()``: host memory as the loader plans it.
 - ``dstk.Error``: every library error (a RuntimeError with ``exit_code``).
 """
-from ._dstk import Error, built_with_cuda, order_indices, __version__
+from ._dstk import Error, built_with_cuda, host_memory, order_indices, __version__
 from .dataset import Dataset, Field, Split, open
 from .loader import DeviceArray, Loader
 
-__all__ = ["Dataset", "DeviceArray", "Error", "Field", "Loader", "Split", "built_with_cuda", "open",
+__all__ = ["Dataset", "DeviceArray", "Error", "Field", "Loader", "Split", "built_with_cuda", "host_memory", "open",
            "order_indices", "__version__"]

@@ -14,20 +14,14 @@ class DeviceArray:
     dstk.Loader's batch lifetime). ``shape`` and ``dtype`` describe it.
     """
 
-    __slots__ = ("_array", "_loader", "_slot")
+    __slots__ = ("_array", "_loader", "_slot", "shape", "dtype")
 
-    def __init__(self, array, loader, slot):
+    def __init__(self, array, loader, slot, shape, dtype):
         self._array = array
         self._loader = loader
         self._slot = slot
-
-    @property
-    def shape(self):
-        return tuple(self._array.shape)
-
-    @property
-    def dtype(self):
-        return self._array.dtype
+        self.shape = shape  # tuple of ints
+        self.dtype = dtype  # NumPy's name: "float32", "uint8", ...; bf16 raw as "uint16"
 
     def __dlpack_device__(self):
         return self._array.__dlpack_device__()
@@ -178,9 +172,12 @@ class Loader:
             item = self._impl.next()
             if item is None:
                 break
-            x, y, slot = item
-            if slot >= 0:
-                x, y = DeviceArray(x, self._impl, slot), DeviceArray(y, self._impl, slot)
+            if len(item) == 5:  # a GPU batch: arrays, slot, x's shape and dtype
+                x, y, slot, shape, dtype = item
+                x = DeviceArray(x, self._impl, slot, shape, dtype)
+                y = DeviceArray(y, self._impl, slot, (shape[0],), "int32")
+            else:
+                x, y, _ = item
             self.next_batch += 1
             yield x, y
         for k, v in self._impl.take_times().items():

@@ -86,6 +86,32 @@ nb::object next_host(Loader& l) {
     return nb::make_tuple(xs, ys, -1);
 }
 
+// The NumPy name of a dtype, for DeviceArray.dtype ("float32", "uint8"; bf16 as its raw "uint16").
+const char* numpy_name(DType t) {
+    switch (t) {
+    case DType::u8:
+        return "uint8";
+    case DType::i8:
+        return "int8";
+    case DType::u16:
+    case DType::bf16:
+        return "uint16";
+    case DType::i16:
+        return "int16";
+    case DType::i32:
+        return "int32";
+    case DType::i64:
+        return "int64";
+    case DType::f16:
+        return "float16";
+    case DType::f32:
+        return "float32";
+    case DType::f64:
+        return "float64";
+    }
+    return "uint8";
+}
+
 nb::object next_device(Loader& l) {
     DeviceBatch b;
     if (!without_gil([&] { return l.next_device(b); })) return nb::none();
@@ -96,10 +122,13 @@ nb::object next_device(Loader& l) {
     };
     const auto xshape = batch_shape(l.x_field(), b.size);
     const std::size_t yshape[1] = {b.size};
-    nb::ndarray<> xs(b.x, xshape.size(), xshape.data(), owner(), nullptr, dlpack_dtype(l.out_dtype()),
+    nb::ndarray<nb::array_api> xs(b.x, xshape.size(), xshape.data(), owner(), nullptr, dlpack_dtype(l.out_dtype()),
                      nb::device::cuda::value, dev);
-    nb::ndarray<> ys(b.y, 1, yshape, owner(), nullptr, nb::dtype<std::int32_t>(), nb::device::cuda::value, dev);
-    return nb::make_tuple(xs, ys, b.slot);
+    nb::ndarray<nb::array_api> ys(b.y, 1, yshape, owner(), nullptr, nb::dtype<std::int32_t>(), nb::device::cuda::value, dev);
+    // nanobind's array-API objects carry no shape or dtype attributes: they go along for DeviceArray.
+    nb::list xdims;
+    for (const std::size_t d : xshape) xdims.append(d);
+    return nb::make_tuple(xs, ys, b.slot, nb::tuple(xdims), numpy_name(l.out_dtype()));
 }
 
 nb::dict times_dict(const data::StageTimes& t) {

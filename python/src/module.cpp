@@ -4,7 +4,9 @@
 #include <Python.h>
 
 #include "bindings.hpp"
+#include "dstk/data/batch_source.hpp"
 #include "dstk/error.hpp"
+#include "dstk/sysinfo.hpp"
 
 namespace dstk::py {
 
@@ -78,6 +80,20 @@ NB_MODULE(_dstk, m) {
     m.attr("built_with_cuda") = false;
 #endif
     m.attr("__version__") = DSTK_VERSION;
+    m.def(
+        "host_memory",
+        [] {
+            const dstk::MemoryReading m = dstk::read_host_memory();
+            nb::dict d;
+            d["total"] = m.total;
+            d["available"] = m.available;
+            d["cgroup_limit"] = m.cgroup_limit ? nb::cast(*m.cgroup_limit) : nb::none();
+            d["for_data"] = dstk::data::available_host_memory();
+            return d;
+        },
+        "Host memory in bytes, as the loader plans it: total and available (/proc/meminfo), the memory "
+        "cgroup's limit (None without one) and for_data, what a stream placement may take (available, "
+        "less what the cgroup's processes already hold under its limit).");
     dstk::py::bind_dataset(m);
     dstk::py::bind_order(m);
     dstk::py::bind_loader(m);

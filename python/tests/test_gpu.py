@@ -24,6 +24,7 @@ def test_gpu_batches_equal_host_batches(images, placement):
     got = 0
     for (hx, hy), (x, y) in zip(expect, loader):
         assert x.__dlpack_device__() == (2, 0)
+        assert x.shape == hx.shape and x.dtype == "float32" and y.shape == hy.shape and y.dtype == "int32"
         tx, ty = torch.from_dlpack(x), torch.from_dlpack(y)
         assert tx.is_cuda and tx.dtype == torch.float32 and tuple(tx.shape) == hx.shape
         assert ty.dtype == torch.int32

@@ -1,4 +1,5 @@
 // System facts read from /proc, hwloc and statvfs.
+#include <cstdio>
 #include <gtest/gtest.h>
 
 #include "dstk/gpu_info.hpp"
@@ -52,4 +53,26 @@ TEST(SysInfo, GpuDetectionSaysWhyWhenThereIsNone) {
         EXPECT_FALSE(gpus[0].name.empty());
     }
     EXPECT_GT(peak_rss_bytes(), 0u);
+}
+
+// The data path's reading equals /proc/meminfo's own lines (parsed here
+// independently, with sscanf), and detect_system reports the same figures.
+TEST(SysInfo, HostMemoryReadingMatchesProcMeminfo) {
+    const MemoryReading m = read_host_memory();
+    std::FILE* f = std::fopen("/proc/meminfo", "r");
+    ASSERT_NE(f, nullptr);
+    char line[256];
+    unsigned long long total = 0, available = 0, v = 0;
+    while (std::fgets(line, sizeof line, f)) {
+        if (std::sscanf(line, "MemTotal: %llu", &v) == 1) total = v * 1024;
+        if (std::sscanf(line, "MemAvailable: %llu", &v) == 1) available = v * 1024;
+    }
+    std::fclose(f);
+    EXPECT_EQ(m.total, total);
+    EXPECT_GT(m.available, 0u);
+    EXPECT_LE(m.available, m.total);
+    // MemAvailable moves between the two reads; within 1 GiB is the same reading.
+    EXPECT_LT(m.available > available ? m.available - available : available - m.available, 1ull << 30);
+    EXPECT_EQ(detect_system().memory.total, m.total);
+    if (m.cgroup_limit) EXPECT_GT(*m.cgroup_limit, 0u);
 }

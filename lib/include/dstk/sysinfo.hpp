@@ -21,13 +21,19 @@ struct SystemInfo {
     unsigned logical_cores = 0, physical_cores = 0, numa_nodes = 1;
     bool hwloc_ok = false;
     MemoryInfo memory;
-    // This process's cgroup v2 (own_cgroup_dir()): memory.max when set, and
-    // then its memory.stat "anon", the anonymous memory of every process in it.
-    std::optional<std::uint64_t> cgroup_memory_limit;
-    std::uint64_t cgroup_anon = 0;
+    std::optional<std::uint64_t> cgroup_memory_limit; // cgroup v2 memory.max when set
 };
 
 SystemInfo detect_system();
+
+// The host memory figures alone (/proc/meminfo and the cgroup), without
+// hwloc's topology: what the data path plans with, cheap to call often.
+struct MemoryReading {
+    std::uint64_t total = 0, available = 0;           // /proc/meminfo MemTotal, MemAvailable
+    std::optional<std::uint64_t> cgroup_limit;        // cgroup v2 memory.max when set
+    std::uint64_t cgroup_anon = 0;                    // memory.stat "anon" of that cgroup
+};
+MemoryReading read_host_memory();
 
 // This process's cgroup v2 directory (/proc/self/cgroup's "0::" line under
 // /sys/fs/cgroup): where its memory.max and memory.stat are.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <thread>
 #include <utility>
 #include <string>
@@ -677,13 +678,9 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
 }
 
 std::uint64_t available_host_memory() {
-    const SystemInfo sys = detect_system();
-    std::uint64_t avail = sys.memory.available;
-    if (sys.cgroup_memory_limit) {
-        const std::uint64_t limit = *sys.cgroup_memory_limit, anon = sys.cgroup_anon;
-        avail = std::min(avail, limit > anon ? limit - anon : 0);
-    }
-    return avail;
+    const MemoryReading m = read_host_memory();
+    if (!m.cgroup_limit) return m.available;
+    return std::min(m.available, *m.cgroup_limit > m.cgroup_anon ? *m.cgroup_limit - m.cgroup_anon : 0);
 }
 
 std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_view split, const SourceConfig& c) {
