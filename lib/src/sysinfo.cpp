@@ -101,7 +101,8 @@ MemoryReading read_host_memory() {
     m.total = field_value(meminfo, "MemTotal:").value_or(0) * 1024;
     m.available = field_value(meminfo, "MemAvailable:").value_or(0) * 1024;
     m.cgroup_limit = cgroup_limit();
-    if (m.cgroup_limit) m.cgroup_anon = field_value(read_small_file(own_cgroup_dir() / "memory.stat"), "anon").value_or(0);
+    if (m.cgroup_limit)
+        m.cgroup_anon = field_value(read_small_file(own_cgroup_dir() / "memory.stat"), "anon").value_or(0);
     return m;
 }
 

@@ -12,6 +12,7 @@
 
 #include "dstk/bench/case.hpp"
 #include "dstk/bench/page_cache.hpp"
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
 #include "dstk/signals.hpp"
@@ -88,9 +89,10 @@ enum class Method { pread, direct, mmap };
 enum class Cache { cold, warm };
 enum class Grain { sample, batch, chunk };
 
-const char* grain_name(Grain g) {
-    return g == Grain::sample ? "sample" : g == Grain::batch ? "batch" : "chunk";
-}
+// The names in each result's params.
+constexpr EnumNames<Cache, 2> cache_names{{{{Cache::cold, "cold"}, {Cache::warm, "warm"}}}};
+constexpr EnumNames<Grain, 3> grain_names{
+    {{{Grain::sample, "sample"}, {Grain::batch, "batch"}, {Grain::chunk, "chunk"}}}};
 
 // Cold cases drop the file's pages before each repetition, and record how
 // much of the region was still resident afterwards (the proof of coldness).
@@ -166,10 +168,8 @@ std::vector<CaseResult> run_sequential(const CaseContext& ctx, Method method, Ca
     };
     const auto seconds = time_repetitions(ctx.settings.repeat, prepare, pass);
     CaseResult r;
-    r.params = {{"bytes_per_repetition", region},
-                {"block_bytes", block},
-                {"threads", 1},
-                {"cache", cache == Cache::cold ? "cold" : "warm"}};
+    r.params = {
+        {"bytes_per_repetition", region}, {"block_bytes", block}, {"threads", 1}, {"cache", cache_names.name(cache)}};
     if (cache == Cache::cold) cooler.record(r);
     r.repetitions = static_cast<unsigned>(seconds.size());
     r.metrics["rate"] = rate_metric(double(region), seconds, "B/s");
@@ -250,8 +250,8 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
         r.params = {{"threads", threads},
                     {"read_bytes", op_bytes},
                     {"reads_per_repetition", per_thread * threads},
-                    {"granularity", grain_name(grain)},
-                    {"cache", cache == Cache::cold ? "cold" : "warm"}};
+                    {"granularity", grain_names.name(grain)},
+                    {"cache", cache_names.name(cache)}};
         if (cache == Cache::cold) cooler.record(r);
         r.repetitions = static_cast<unsigned>(seconds.size());
         r.metrics["rate"] = rate_metric(double(bytes), seconds, "B/s");
