@@ -89,7 +89,9 @@ enum class Method { pread, direct, mmap };
 enum class Cache { cold, warm };
 enum class Grain { sample, batch, chunk };
 
-// The names in each result's params.
+// The names in the cases' keys and their results' params.
+constexpr EnumNames<Method, 3> method_names{
+    {{{Method::pread, "pread"}, {Method::direct, "direct"}, {Method::mmap, "mmap"}}}};
 constexpr EnumNames<Cache, 2> cache_names{{{{Cache::cold, "cold"}, {Cache::warm, "warm"}}}};
 constexpr EnumNames<Grain, 3> grain_names{
     {{{Grain::sample, "sample"}, {Grain::batch, "batch"}, {Grain::chunk, "chunk"}}}};
@@ -321,12 +323,11 @@ void add_io_cases(CaseRegistry& reg) {
         for (Method m : {Method::pread, Method::mmap})
             for (Cache cache : {Cache::cold, Cache::warm}) {
                 Case c;
-                const std::string method = m == Method::pread ? "pread" : "mmap";
-                c.key =
-                    std::string("io.rand.") + grain_name(g) + "." + method + (cache == Cache::cold ? ".cold" : ".warm");
-                c.description = std::string("random ") + grain_name(g) + " reads with " +
+                const std::string grain(grain_names.name(g)), cached(cache_names.name(cache));
+                c.key = "io.rand." + grain + "." + std::string(method_names.name(m)) + "." + cached;
+                c.description = "random " + grain + " reads with " +
                                 (m == Method::pread ? "pread + fadvise(RANDOM)" : "mmap + madvise(RANDOM)") + ", " +
-                                (cache == Cache::cold ? "cold" : "warm") + " page cache, --threads sweep";
+                                cached + " page cache, --threads sweep";
                 c.in_default = cache == Cache::cold || g == Grain::sample;
                 c.waive = [cache](const CaseContext& ctx) -> std::optional<std::string> {
                     if (auto why = needs_target(ctx)) return why;
