@@ -106,6 +106,8 @@ def function_name(head):
     # A constructor's initialiser list: cut at the ':' that follows the parameter list.
     m = re.search(r"\)\s*(noexcept(\s*\([^()]*\))?\s*)?:(?!:)", h)
     if m and not re.search(r"\b(case|public|private|protected)\s*:", h):
+        if not h.endswith((")", "}")):
+            return None  # a member's braced initialiser inside the list, not the body
         h = h[: m.start() + 1]
     h = QUALIFIER.sub("", h)
     # A trailing return type.
