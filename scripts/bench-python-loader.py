@@ -104,6 +104,23 @@ def worker(a):
                          30)
             info["times"] = loader.times
             del loader
+        elif way == "loader":
+            # The loader alone (batches taken through DLPack, no training): its
+            # own cost per batch, which adds to the step where the step is
+            # bound by the CPU (CUDA graphs' replay).
+            loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
+                                 device="cuda:0", readers=a.readers)
+            it = forever(lambda: ((torch.from_dlpack(x), torch.from_dlpack(y).long()) for x, y in loader))
+            for _ in range(30):
+                next(it)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                next(it)
+            torch.cuda.synchronize()
+            rate = steps * a.batch / (time.perf_counter() - t0)
+            info["us_per_batch"] = 1e6 * a.batch / rate
+            del it, loader
         else:
             xpath = os.path.join(a.dataset, ds.manifest["splits"][0]["fields"][0]["file"])
             ypath = os.path.join(a.dataset, ds.manifest["splits"][0]["fields"][1]["file"])
@@ -141,11 +158,11 @@ def gib(b):
 def in_ram(a, dsgen):
     data = os.path.join(a.work, "ram")
     subprocess.run([dsgen, data, "--train", str(a.train), "--test", "0", "--force", "-q"], check=True)
-    results = [run_worker(a, data, "reference,dstk,memmap", 0, os.path.join(a.out, f"run{r}.log"))
+    results = [run_worker(a, data, "reference,dstk,memmap,loader", 0, os.path.join(a.out, f"run{r}.log"))
                for r in range(a.runs)]
     json.dump(results, open(os.path.join(a.out, "bench-python-loader.json"), "w"), indent=1)
     rows = {}
-    for way in ("reference", "dstk", "memmap"):
+    for way in ("reference", "dstk", "memmap", "loader"):
         rates = [r["ways"][way]["samples_per_s"] for r in results]
         rows[way] = (statistics.median(rates), min(rates), max(rates))
     d = results[-1]["ways"]["dstk"]
@@ -155,6 +172,7 @@ def in_ram(a, dsgen):
         lines.append(f"  {way:10s} {med:12,.0f}  [{lo:,.0f}, {hi:,.0f}]")
     lines.append(f"  dstk / reference {rows['dstk'][0] / rows['reference'][0]:.1%}   "
                  f"dstk / memmap {rows['dstk'][0] / rows['memmap'][0]:.2f}x")
+    lines.append(f"  the loader alone (no training): {results[-1]['ways']['loader']['us_per_batch']:.0f} us per batch")
     lines.append(f"  dstk ceilings: GPU {gib(d['device_bytes'])} (taken {gib(d['gpu_taken'])}), "
                  f"host {gib(d['host_bytes'])}; process peak RSS {gib(d['peak_rss'])}")
     return lines

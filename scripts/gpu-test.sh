@@ -87,7 +87,7 @@ if [ "$benches" != none ]; then
             python3 -m pip install -v --no-build-isolation --no-deps --no-index \
                 -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
         SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
-        SUMMARY_RE='dstk / reference' step python-loader 330 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
+        SUMMARY_RE='dstk / reference' step python-loader 450 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
             ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"}
     fi
     want model-check && SUMMARY_RE='model-check' step model-check 150 scripts/model-check.sh "$DSTK_BIN" "$work/model" "$log"

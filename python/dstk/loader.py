@@ -85,8 +85,8 @@ class Loader:
     split); ``load_state_dict(sd)`` on a loader of the same dataset and
     settings continues with exactly the batch that would have come next.
 
-    After an epoch, ``times`` holds the seconds per stage summed over the
-    epoch's batches (read_wait: the consumer waiting; read, decode: reader
+    ``times`` holds the seconds per stage summed over the batches of the
+    current (or, between epochs, the last) epoch taken so far (read_wait: the consumer waiting; read, decode: reader
     threads; h2d: copies), with batch, sample and byte counts;
     ``device_bytes`` and ``host_bytes`` are the memory ceilings (GPU slots or
     the resident split; ring, reader buffers and decoded chunks).
@@ -119,7 +119,17 @@ class Loader:
         self._impl = _dstk._Loader(a)
         self.split, self.batch, self.order, self.seed = split, int(batch), order, int(seed)
         self.epoch, self.next_batch = int(epoch), 0
-        self.times = {}
+        self._times = {}
+
+    @property
+    def times(self):
+        """Seconds per stage and counts, summed over this epoch's batches so far (see the class doc)."""
+        self._collect_times()
+        return dict(self._times)
+
+    def _collect_times(self):
+        for k, v in self._impl.take_times().items():
+            self._times[k] = self._times.get(k, 0) + v
 
     def __len__(self):
         return self._impl.batches_per_epoch
@@ -167,7 +177,8 @@ class Loader:
 
     def __iter__(self):
         self._impl.start_epoch(self.epoch, self.next_batch)
-        totals = {}
+        self._impl.take_times()  # what an abandoned iteration left behind
+        self._times = {}
         while True:
             item = self._impl.next()
             if item is None:
@@ -180,9 +191,7 @@ class Loader:
                 x, y, _ = item
             self.next_batch += 1
             yield x, y
-        for k, v in self._impl.take_times().items():
-            totals[k] = totals.get(k, 0) + v
-        self.times = totals
+        self._collect_times()  # the epoch's last figures, before the next epoch starts
         self.epoch += 1
         self.next_batch = 0
 

@@ -200,8 +200,11 @@ bool Loader::next_device(DeviceBatch& out) {
 }
 
 void Loader::wait_ready(unsigned slot, std::uintptr_t stream) {
+    if (slot == waited_slot_ && stream == consumer_ && taken_ == waited_taken_) return;
     consumer_ = stream;
     data::gpu::stream_wait_event(reinterpret_cast<void*>(stream), slots_->ready.at(slot));
+    waited_slot_ = slot;
+    waited_taken_ = taken_;
 }
 
 std::uint64_t Loader::device_bytes() const {

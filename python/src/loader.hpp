@@ -90,6 +90,9 @@ class Loader {
     std::unique_ptr<data::BatchSource> source_;
     std::uint64_t taken_ = 0;     // batches taken since construction (cuda slot turns)
     std::uintptr_t consumer_ = 0; // cuda: the consumer's stream (0: the legacy default stream)
+    // The last wait_ready: x and y of one batch share a slot, so the second wait is skipped.
+    std::uint64_t waited_taken_ = 0;
+    unsigned waited_slot_ = ~0u;
 };
 
 } // namespace dstk::py
