@@ -76,10 +76,12 @@ def worker(a):
             step(*next(it))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(steps):
+        done = 0
+        while done < steps and not (a.max_seconds and time.perf_counter() - t0 > a.max_seconds):
             step(*next(it))
+            done += 1
         torch.cuda.synchronize()
-        return steps * a.batch / (time.perf_counter() - t0)
+        return done * a.batch / (time.perf_counter() - t0)
 
     def forever(make):
         while True:
@@ -139,9 +141,10 @@ def worker(a):
 
 # ---- driver ------------------------------------------------------------------
 
-def run_worker(a, dataset, ways, steps, log, prefix=None):
+def run_worker(a, dataset, ways, steps, log, prefix=None, max_seconds=0):
+    """One worker process; max_seconds caps each way's timed loop (the slow memmap from disk)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", dataset, "--ways", ways, "--batch", str(a.batch),
-           "--steps", str(steps), "--readers", str(a.readers)]
+           "--steps", str(steps), "--readers", str(a.readers), "--max-seconds", str(max_seconds)]
     if prefix:
         cmd = prefix + cmd
     with open(log, "w") as err:
@@ -189,9 +192,10 @@ def cgroup(a, dsgen):
     os.makedirs(group, exist_ok=True)
     open(os.path.join(group, "memory.max"), "w").write(str(limit))
     shell = ["bash", "-c", f'echo $BASHPID > {group}/cgroup.procs && exec "$@"', "bash"]
-    r = run_worker(a, data, "dstk,memmap", a.cgroup_steps, os.path.join(a.out, "cgroup.log"), shell)
+    r = run_worker(a, data, "dstk,memmap", a.cgroup_steps, os.path.join(a.out, "cgroup.log"), shell, 45)
     d, m = r["ways"]["dstk"], r["ways"]["memmap"]
-    return [f"cgroup {gib(limit)}, data {gib(samples * (3 * 32 * 32 + 4))} on disk, {r['steps']} steps, one run:",
+    return [f"cgroup {gib(limit)}, data {gib(samples * (3 * 32 * 32 + 4))} on disk, up to {r['steps']} steps "
+            f"or 45 s per way, one run:",
             f"  dstk       {d['samples_per_s']:12,.0f}   memmap {m['samples_per_s']:12,.0f}   "
             f"dstk / memmap {d['samples_per_s'] / m['samples_per_s']:.2f}x; dstk host ceiling {gib(d['host_bytes'])}"]
 
@@ -210,6 +214,7 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--ways", default="reference,dstk,memmap", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--max-seconds", type=float, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         a.dataset = a.worker
