@@ -4,11 +4,14 @@
 // Activations are NHWC for tf32 and bf16 (cuDNN's tensor-core convolutions
 // read it without transposes) and NCHW for fp32 (cuDNN's NHWC float kernels
 // round like TF32); parameters, gradients and optimiser state are fp32 in the
-// cpu backend's layout, so checkpoints are the same on both backends; the
+// cpu backend's layout, so checkpoints are the same on both backends, and
+// every weight gradient lies in one vector (grads_), which data-parallel
+// training averages over the ranks with one collective per step; the
 // convolutions read compute copies of their weights that the optimiser step
 // refreshes. One arena holds every buffer; the training step and evaluation
-// are captured once as CUDA graphs. DSTK_PROFILE_LAYERS=N times each
-// operation over N steps outside the graph at start-up (man dstrain).
+// are captured as CUDA graphs (the step again when a reducer is set or
+// removed). DSTK_PROFILE_LAYERS=N times each operation over N steps outside
+// the graph at start-up (man dstrain).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +23,7 @@
 
 #include <cuda_profiler_api.h>
 
+#include "dstk/dist/reducer.hpp"
 #include "dstk/train/choice_cache.hpp"
 #include "dstk/units.hpp"
 #include "train/backends.hpp"
@@ -152,6 +156,8 @@ class CudaTrainer final : public Trainer {
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
     void* compute_stream() const override { return stream_; }
     std::vector<KernelReport> kernel_choices() const override { return reports_; }
+    void set_reducer(dist::Reducer* reducer) override;
+    void average_states() override;
 
     std::vector<std::uint8_t> save_state() override;
     void load_state(std::span<const std::uint8_t> blob) override;
@@ -212,6 +218,7 @@ class CudaTrainer final : public Trainer {
     }
     std::vector<float> download_act(const void* p, std::uint64_t count);
     void capture(cudaGraphExec_t& exec, const std::function<void()>& body);
+    void capture_train_graph();
     void mark(std::size_t layer, const char* what);
     void profile_layers(int steps);
 
@@ -251,6 +258,7 @@ class CudaTrainer final : public Trainer {
     std::vector<KernelReport> reports_;
     std::map<std::uint32_t, BatchDescs> descs_;
     cudaGraphExec_t train_graph_ = nullptr, eval_graph_ = nullptr;
+    dist::Reducer* reducer_ = nullptr; // data-parallel: averages grads_ over the ranks every step
     std::uint64_t step_ = 0, train_samples_ = 0, eval_samples_ = 0;
     std::uint32_t last_n_ = 0;
     // Profiling (DSTK_PROFILE_LAYERS): events recorded after each operation.
@@ -341,7 +349,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     descs(cfg_.max_batch);
 
     const std::uint32_t n = cfg_.max_batch;
-    capture(train_graph_, [&] { step_body(n); });
+    capture_train_graph();
     capture(eval_graph_, [&] {
         forward(n, false, true);
         launch_softmax_xent(dev_.back().out, at_, labels_, n, cfg_.plan.classes, 0.0f, nullptr, eval_m_, step_dev_,
@@ -447,6 +455,35 @@ void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& bo
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+void CudaTrainer::capture_train_graph() {
+    if (train_graph_) CUDA_CHECK(cudaGraphExecDestroy(train_graph_));
+    train_graph_ = nullptr;
+    capture(train_graph_, [&] { step_body(cfg_.max_batch); });
+}
+
+// Rank 0's parameters everywhere, then the training graph captured again with
+// (or without) the gradient all-reduce. The reducer's first collective runs
+// before the capture: NCCL sets up its connections on first use, with calls
+// a capture does not allow.
+void CudaTrainer::set_reducer(dist::Reducer* reducer) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (reducer) {
+        reducer->broadcast_device(params_, cfg_.plan.params, stream_);
+        reducer->average_device(grads_, cfg_.plan.params, stream_); // grads_ is overwritten by every backward pass
+        refresh_copies();
+    }
+    reducer_ = reducer;
+    capture_train_graph();
+}
+
+// BN running statistics are updated from each rank's own batches; their mean
+// over the ranks is what evaluation and saved models use.
+void CudaTrainer::average_states() {
+    if (!reducer_ || cfg_.plan.states == 0) return;
+    reducer_->average_device(states_, cfg_.plan.states, stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 CudaTrainer::~CudaTrainer() {
@@ -973,6 +1010,10 @@ void CudaTrainer::step_body(std::uint32_t n) {
                         step_dev_, stream_);
     mark(~std::size_t{0}, "loss");
     backward(n, false, true);
+    if (reducer_) { // grads_ holds every weight gradient: one collective
+        reducer_->average_device(grads_, cfg_.plan.params, stream_);
+        mark(~std::size_t{0}, "gradient all-reduce");
+    }
     launch_optimizer(cfg_.optimizer, cfg_.schedule, params_, grads_, slots_, cfg_.plan.params, step_dev_, inv_, wcopy_,
                      at_, stream_);
     launch_advance_step(step_dev_, stream_);
