@@ -78,6 +78,106 @@ std::vector<double> parse_doubles(const Reader& r, const json& v, const std::str
 
 Manifest manifest_from_json(const Reader& r, const json& doc);
 
+std::string plain_file_name(const Reader& r, const json& obj, const std::string& path) {
+    std::string file = r.string(obj, path, "file");
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        r.fail(path + ".file", "must be a plain file name inside the dataset directory");
+    return file;
+}
+
+// "parts": a field stored in several files (dsconvert --merge); their samples
+// add up to the split's and their bytes to the field's.
+std::vector<FieldPart> parse_parts(const Reader& r, const json& v, const std::string& path, const FieldInfo& f,
+                                   std::uint64_t split_samples) {
+    if (!v.is_array() || v.empty()) r.fail(path, "expected a non-empty array of parts");
+    std::vector<FieldPart> parts;
+    std::set<std::string> files;
+    std::uint64_t samples = 0, bytes = 0;
+    for (std::size_t k = 0; k < v.size(); ++k) {
+        const std::string pp = path + "[" + std::to_string(k) + "]";
+        FieldPart part;
+        part.file = plain_file_name(r, v[k], pp);
+        if (!files.insert(part.file).second) r.fail(pp + ".file", "names the same file as an earlier part");
+        part.samples = r.uint(v[k], pp, "samples");
+        part.bytes = r.uint(v[k], pp, "bytes");
+        if (v[k].contains("checksum")) part.checksum = r.string(v[k], pp, "checksum");
+        if (part.samples > ~samples || part.bytes > ~bytes) r.fail(pp, "sample or byte count overflows 64 bits");
+        samples += part.samples;
+        bytes += part.bytes;
+        parts.push_back(std::move(part));
+    }
+    if (samples != split_samples)
+        r.fail(path, "the parts hold " + std::to_string(samples) + " samples, the split " +
+                         std::to_string(split_samples) + " (a part missing or extra?)");
+    if (bytes != f.bytes)
+        r.fail(path, "the parts hold " + std::to_string(bytes) + " bytes, the field says " + std::to_string(f.bytes));
+    return parts;
+}
+
+FieldInfo parse_field(const Reader& r, const json& fj, const std::string& fp, std::uint64_t split_samples) {
+    FieldInfo f;
+    f.name = r.string(fj, fp, "name");
+    if (f.name.empty()) r.fail(fp + ".name", "field names must be non-empty and unique within a split");
+    const std::string dt = r.string(fj, fp, "dtype");
+    const auto dtype = dtype_from_name(dt);
+    if (!dtype) r.fail(fp + ".dtype", "unknown dtype '" + dt + "'");
+    f.dtype = *dtype;
+    f.shape = parse_dims(r, r.member(fj, fp, "shape"), fp + ".shape");
+    const std::string storage = r.string(fj, fp, "storage");
+    if (storage == "npy")
+        f.storage = Storage::npy;
+    else if (storage == "zstd-chunked")
+        f.storage = Storage::zstd_chunked;
+    else
+        r.fail(fp + ".storage", "unknown storage '" + storage + "' (expected npy or zstd-chunked)");
+    const bool in_parts = fj.is_object() && fj.contains("parts");
+    if (in_parts && fj.contains("file")) r.fail(fp, "has both \"file\" and \"parts\" (a field is one or the other)");
+    if (!in_parts) f.file = plain_file_name(r, fj, fp);
+    f.bytes = r.uint(fj, fp, "bytes");
+    if (fj.contains("checksum")) f.checksum = r.string(fj, fp, "checksum");
+    if (fj.contains("chunk_samples")) f.chunk_samples = r.uint(fj, fp, "chunk_samples");
+    if (f.storage == Storage::zstd_chunked && f.chunk_samples == 0)
+        r.fail(fp + ".chunk_samples", "zstd-chunked storage needs a positive chunk_samples");
+    try {
+        (void)checked_sample_total(f, split_samples);
+    } catch (const Error&) {
+        r.fail(fp, "samples x sample size overflows 64 bits");
+    }
+    if (in_parts) f.parts = parse_parts(r, fj["parts"], fp + ".parts", f, split_samples);
+    return f;
+}
+
+// "shard": what part of a whole a --shard output holds (ShardInfo).
+ShardInfo parse_shard(const Reader& r, const json& v, const Manifest& m) {
+    ShardInfo sh;
+    sh.count = r.uint(v, "shard", "count");
+    sh.index = r.uint(v, "shard", "index");
+    if (sh.count == 0 || sh.index >= sh.count) r.fail("shard", "index must be below count (0-based)");
+    sh.chunk_samples = r.uint(v, "shard", "chunk_samples");
+    if (sh.chunk_samples == 0) r.fail("shard.chunk_samples", "must be positive");
+    sh.settings = r.string(v, "shard", "settings");
+    const json& splits = r.member(v, "shard", "splits");
+    if (!splits.is_array() || splits.size() != m.splits.size())
+        r.fail("shard.splits", "expected one entry per split of the manifest");
+    for (std::size_t i = 0; i < splits.size(); ++i) {
+        const std::string sp = "shard.splits[" + std::to_string(i) + "]";
+        ShardSplit s;
+        s.name = r.string(splits[i], sp, "name");
+        if (s.name != m.splits[i].name) r.fail(sp + ".name", "expected '" + m.splits[i].name + "' (the splits' order)");
+        s.first = r.uint(splits[i], sp, "first");
+        s.total = r.uint(splits[i], sp, "total");
+        if (s.first > s.total || m.splits[i].samples > s.total - s.first)
+            r.fail(sp, "the range [first, first + samples) ends after the whole split's total");
+        if (splits[i].contains("chunk_sums")) {
+            const json& cs = splits[i]["chunk_sums"];
+            if (!cs.is_array()) r.fail(sp + ".chunk_sums", "expected an array of arrays of numbers");
+            for (const auto& row : cs) s.chunk_sums.push_back(parse_doubles(r, row, sp + ".chunk_sums"));
+        }
+        sh.splits.push_back(std::move(s));
+    }
+    return sh;
+}
+
 } // namespace
 
 std::string_view storage_name(Storage s) {
@@ -178,36 +278,9 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
         std::set<std::string> field_names;
         for (std::size_t j = 0; j < fields.size(); ++j) {
             const std::string fp = sp + ".fields[" + std::to_string(j) + "]";
-            const json& fj = fields[j];
-            FieldInfo f;
-            f.name = r.string(fj, fp, "name");
-            if (f.name.empty() || !field_names.insert(f.name).second)
+            FieldInfo f = parse_field(r, fields[j], fp, split.samples);
+            if (!field_names.insert(f.name).second)
                 r.fail(fp + ".name", "field names must be non-empty and unique within a split");
-            const std::string dt = r.string(fj, fp, "dtype");
-            const auto dtype = dtype_from_name(dt);
-            if (!dtype) r.fail(fp + ".dtype", "unknown dtype '" + dt + "'");
-            f.dtype = *dtype;
-            f.shape = parse_dims(r, r.member(fj, fp, "shape"), fp + ".shape");
-            const std::string storage = r.string(fj, fp, "storage");
-            if (storage == "npy")
-                f.storage = Storage::npy;
-            else if (storage == "zstd-chunked")
-                f.storage = Storage::zstd_chunked;
-            else
-                r.fail(fp + ".storage", "unknown storage '" + storage + "' (expected npy or zstd-chunked)");
-            f.file = r.string(fj, fp, "file");
-            if (f.file.empty() || f.file.find('/') != std::string::npos || f.file == "." || f.file == "..")
-                r.fail(fp + ".file", "must be a plain file name inside the dataset directory");
-            f.bytes = r.uint(fj, fp, "bytes");
-            if (fj.contains("checksum")) f.checksum = r.string(fj, fp, "checksum");
-            if (fj.contains("chunk_samples")) f.chunk_samples = r.uint(fj, fp, "chunk_samples");
-            if (f.storage == Storage::zstd_chunked && f.chunk_samples == 0)
-                r.fail(fp + ".chunk_samples", "zstd-chunked storage needs a positive chunk_samples");
-            try {
-                (void)checked_sample_total(f, split.samples);
-            } catch (const Error&) {
-                r.fail(fp, "samples x sample size overflows 64 bits");
-            }
             split.fields.push_back(std::move(f));
         }
         m.splits.push_back(std::move(split));
@@ -223,6 +296,7 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
             r.fail("stats", "mean and std must have the same, non-zero, number of channels");
         m.stats = std::move(cs);
     }
+    if (doc.contains("shard")) m.shard = parse_shard(r, doc["shard"], m);
     if (doc.contains("provenance")) {
         const json& p = doc["provenance"];
         if (!p.is_object()) r.fail("provenance", "expected an object");
@@ -244,6 +318,24 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
 std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples) {
     return checked_mul(f.sample_bytes(), samples, "field '" + f.name + "' size");
 }
+
+namespace {
+
+json shard_json(const ShardInfo& sh) {
+    json j = {{"index", sh.index},
+              {"count", sh.count},
+              {"chunk_samples", sh.chunk_samples},
+              {"settings", sh.settings},
+              {"splits", json::array()}};
+    for (const auto& s : sh.splits) {
+        json sj = {{"name", s.name}, {"first", s.first}, {"total", s.total}};
+        if (!s.chunk_sums.empty()) sj["chunk_sums"] = s.chunk_sums;
+        j["splits"].push_back(std::move(sj));
+    }
+    return j;
+}
+
+} // namespace
 
 std::string serialize_manifest(const Manifest& m) {
     Manifest checked = m;
@@ -270,15 +362,21 @@ std::string serialize_manifest(const Manifest& m) {
             fj["dtype"] = std::string(dtype_name(f.dtype));
             fj["shape"] = f.shape.dims;
             fj["storage"] = std::string(storage_name(f.storage));
-            fj["file"] = f.file;
+            if (f.parts.empty()) fj["file"] = f.file;
             fj["bytes"] = f.bytes;
-            if (!f.checksum.empty()) fj["checksum"] = f.checksum;
+            if (!f.checksum.empty() && f.parts.empty()) fj["checksum"] = f.checksum;
             if (f.storage == Storage::zstd_chunked) fj["chunk_samples"] = f.chunk_samples;
+            for (const auto& part : f.parts) {
+                json pj = {{"file", part.file}, {"samples", part.samples}, {"bytes", part.bytes}};
+                if (!part.checksum.empty()) pj["checksum"] = part.checksum;
+                fj["parts"].push_back(std::move(pj));
+            }
             sj["fields"].push_back(std::move(fj));
         }
         doc["splits"].push_back(std::move(sj));
     }
     if (m.stats) doc["stats"] = {{"mean", m.stats->mean}, {"std", m.stats->std}};
+    if (m.shard) doc["shard"] = shard_json(*m.shard);
     json p;
     p["tool"] = m.provenance.tool;
     p["version"] = m.provenance.version;

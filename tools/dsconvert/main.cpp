@@ -9,7 +9,8 @@ namespace {
 // The option texts as typed, parsed in main once CLI11 has filled them.
 struct Texts {
     std::string input, from = "auto", to, dtype, shape, in_dtype, label_dtype = "i32", layout = "sample-major";
-    std::string out_layout = "sample-major", chunk_samples, chunk_size, shuffle, in_layout = "auto";
+    std::string out_layout = "sample-major", chunk_samples, chunk_size, shuffle, in_layout = "auto", shard;
+    std::vector<std::string> merge;
 };
 
 void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
@@ -81,6 +82,16 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
                    "Worker threads (0: one per hardware thread); output is identical "
                    "whatever the count")
         ->capture_default_str();
+    app.add_option("--shard", t.shard,
+                   "Write only part I of N (I counted from 0) of each split: whole chunks (--chunk-samples, "
+                   "--chunk-size) of consecutive samples; join the parts with --merge");
+    app.add_option("--merge", t.merge,
+                   "PART... OUTPUT: join the --shard parts 0..N-1, given in order, into the dataset OUTPUT "
+                   "without copying samples (hard links; see --move)")
+        ->expected(2, -1);
+    app.add_flag("--move", o.move,
+                 "With --merge: rename the parts' files into OUTPUT instead of hard-linking them (filesystems "
+                 "without hard links); the emptied part directories are removed");
     app.add_flag("--resume", o.resume,
                  "Stage the dataset in .OUTPUT.partial/ and keep it if interrupted; run the "
                  "same command with --resume again to continue after the last complete chunk");
@@ -101,8 +112,18 @@ int main(int argc, char** argv) {
     add_options(app, o, t);
 
     return run_tool(app, argc, argv, [&] {
+        if (!t.merge.empty()) {
+            if (!t.input.empty() || !o.output.empty())
+                throw usage_error("--merge takes all its paths itself: dsconvert --merge PART... OUTPUT");
+            o.output = t.merge.back();
+            o.merge_parts.assign(t.merge.begin(), t.merge.end() - 1);
+        } else if (o.move) {
+            throw usage_error("--move goes with --merge (it moves the parts' files into the merged dataset)");
+        }
+        if (!t.shard.empty()) o.shard = parse_shard(t.shard);
         o.input = t.input;
-        if (t.input.empty() && !o.benchmark) throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
+        if (t.input.empty() && !o.benchmark && o.merge_parts.empty())
+            throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
         if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
         o.from = parse_input_format(t.from);
         if (!t.to.empty()) o.to = parse_output_format(t.to);

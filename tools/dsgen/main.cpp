@@ -8,7 +8,7 @@
 int main(int argc, char** argv) {
     using namespace dstk;
     GenerateOptions o;
-    std::string train = "50K", test = "10K", shape = "3x32x32", dtype, kind = "images", layout = "sample-major";
+    std::string train = "50K", test = "10K", shape = "3x32x32", dtype, kind = "images", layout = "sample-major", shard;
 
     CLI::App app{"Generate a synthetic dataset directory (dataset.json + .npy files), deterministically and out of "
                  "core.",
@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
                    "images_<split>.bin (f32) and labels_<split>.bin (i32); the old spellings sample and feature "
                    "are deprecated")
         ->capture_default_str();
+    app.add_option("--shard", shard,
+                   "Write only part I of N (I counted from 0) of each split, whole chunks of consecutive samples; "
+                   "join the parts with dsconvert --merge");
     app.add_flag("-f,--force", o.force, "Replace an existing OUT_DIR and skip the free-disk check");
     add_output_options(app, o.out);
 
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
         if (o.dtype_given) o.synth.dtype = parse_dtype(dtype, "--dtype");
         o.noise_given = app.count("--noise") > 0;
         o.layout = parse_layout(layout, "--layout");
+        if (!shard.empty()) o.shard = parse_shard(shard);
         o.command_line = command_line(argc, argv);
         finalize_options(o);
         const GenerateResult r = generate_dataset(o);

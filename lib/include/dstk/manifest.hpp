@@ -23,7 +23,7 @@ std::string_view storage_name(Storage s); // "npy", "zstd-chunked"
 // the part holds `samples` consecutive samples, in the field's storage, dtype
 // and shape, after the samples of the parts before it.
 struct FieldPart {
-    std::string file;        // relative to the dataset directory
+    std::string file; // relative to the dataset directory
     std::uint64_t samples = 0;
     std::uint64_t bytes = 0; // file size
     std::string checksum;    // "xxh64:<hex>" of the whole part file
@@ -64,6 +64,27 @@ struct Provenance {
     std::map<std::string, std::string> params; // tool-specific settings (kind, noise, ...)
 };
 
+// A dataset written with --shard I/N (dsgen, dsconvert): part `index` (0-based)
+// of `count` of the dataset that the same command without --shard writes.
+// Each split holds the whole split's samples [first, first + samples), a range
+// cut at multiples of `chunk_samples` (shard_range in shard.hpp); dsconvert
+// --merge checks that its parts are complete, disjoint, in order and share
+// `settings`.
+struct ShardSplit {
+    std::string name;
+    std::uint64_t first = 0, total = 0; // total: the whole split's samples
+    // dsgen's train split: per chunk of the range, in order, the sum of each
+    // channel's values then the sum of their squares, so that a merge adds
+    // them in the order of a single run (identical stats).
+    std::vector<std::vector<double>> chunk_sums;
+};
+
+struct ShardInfo {
+    std::uint64_t index = 0, count = 1, chunk_samples = 1;
+    std::string settings;           // "xxh64:<hex>" of the settings that decide the bytes
+    std::vector<ShardSplit> splits; // in the manifest's split order
+};
+
 struct Manifest {
     int format_version = manifest_format_version;
     std::vector<SplitInfo> splits;
@@ -71,6 +92,7 @@ struct Manifest {
     std::optional<ChannelStats> stats;
     std::string input_field = "x", label_field = "y";
     Provenance provenance;
+    std::optional<ShardInfo> shard; // set in a --shard output only
 
     const SplitInfo* find(std::string_view split) const;
     const SplitInfo& split(std::string_view split) const; // runtime error listing the splits if absent

@@ -10,6 +10,7 @@
 
 #include "convert_job.hpp"
 #include "dstk/atomic_output.hpp"
+#include "dstk/checksum.hpp"
 #include "dstk/convert/bench.hpp"
 #include "dstk/error.hpp"
 #include "dstk/signals.hpp"
@@ -190,7 +191,45 @@ std::string resume_fingerprint(Job& j) {
                                {"compress", o.compress},
                                {"chunk_samples", j.chunk_samples},
                                {"split", o.split}};
-    return fp.dump() + "\n";
+    if (!o.shard) return fp.dump() + "\n";
+    nlohmann::json with_shard = fp;
+    with_shard["shard"] = std::to_string(o.shard->index) + "/" + std::to_string(o.shard->count);
+    return with_shard.dump() + "\n";
+}
+
+// --chunk-samples, or the samples of the widest output field that fit in
+// --chunk-size (default 4 MiB).
+std::uint64_t chunk_samples_of(const Job& j) {
+    if (j.o.chunk_samples) return j.o.chunk_samples;
+    std::uint64_t widest = 1;
+    for (const auto& p : j.fields) widest = std::max(widest, sample_bytes(p.shape, p.out));
+    const std::uint64_t target = j.o.chunk_bytes ? j.o.chunk_bytes : chunked_default_chunk_bytes;
+    return std::max<std::uint64_t>(1, target / widest);
+}
+
+// --shard I/N: each source split shrinks to part I's range of it, so every
+// later stage (resume, progress, sinks) sees only that part. The ranges are
+// cut at chunks of the zstd chunk size, also for .npy storage, so that the
+// parts of a zstd-chunked output are whole chunks of the single run's file.
+void shard_source(Job& j) {
+    const ConvertOptions& o = j.o;
+    const char* why = !o.split.empty()                         ? "--split re-splits the whole input"
+                      : o.shuffle_seed                         ? "--shuffle permutes the whole input"
+                      : j.settings.to != OutputFormat::dataset ? "a single .npy/raw output cannot be merged"
+                      : !j.count_known                         ? "raw stdin has no sample count to cut"
+                                                               : nullptr;
+    if (why)
+        throw usage_error(std::string("--shard cannot be used here (") + why +
+                          "); convert whole, or shard a plain dataset conversion and --shuffle/--split the merged "
+                          "dataset");
+    j.shard_chunk = chunk_samples_of(j);
+    for (auto& sp : j.src.splits) {
+        const SampleRange r = shard_range(sp.samples, j.shard_chunk, *o.shard);
+        for (auto& f : sp.fields) f.stream->skip(r.first);
+        j.shard_ranges.push_back(r);
+        j.shard_totals.push_back(sp.samples);
+        sp.samples = r.count;
+    }
 }
 
 // Chunk size, the staging directory (or the overwrite check of a single
@@ -203,13 +242,7 @@ void prepare_output(Job& j) {
         for (std::size_t f = 0; f < j.fields.size(); ++f)
             if (st.to == OutputFormat::dataset || (j.only_split == i && f == j.only_field))
                 estimate += checked_mul(j.outs[i].samples, j.fields[f].out_bytes, "output size");
-    j.chunk_samples = o.chunk_samples;
-    if (st.zstd && j.chunk_samples == 0) {
-        std::uint64_t widest = 1;
-        for (const auto& p : j.fields) widest = std::max(widest, p.out_bytes);
-        const std::uint64_t target = o.chunk_bytes ? o.chunk_bytes : chunked_default_chunk_bytes;
-        j.chunk_samples = std::max<std::uint64_t>(1, target / widest);
-    }
+    if (st.zstd) j.chunk_samples = chunk_samples_of(j);
     j.out_dir = o.output.parent_path().empty() ? fs::path(".") : o.output.parent_path();
     if (o.resume) {
         if (st.to != OutputFormat::dataset)
@@ -289,6 +322,31 @@ void make_sinks(Job& j) {
             for (std::size_t f = 0; f < j.fields.size(); ++f) s.sinks.push_back(make_null_sink());
 }
 
+// The settings that decide the bytes, shared by the parts of one dataset:
+// those a --resume run must share, less the part itself, plus the importers'.
+ShardInfo shard_info(Job& j) {
+    const ConvertOptions& o = j.o;
+    nlohmann::json settings = nlohmann::json::parse(resume_fingerprint(j));
+    settings.erase("shard");
+    settings["shard_chunk"] = j.shard_chunk;
+    settings["in_layout"] = static_cast<int>(o.raw.in_layout);
+    settings["x_array"] = o.raw.x_array;
+    settings["y_array"] = o.raw.y_array;
+    settings["labels"] = o.raw.labels.empty() ? "" : fs::absolute(o.raw.labels).lexically_normal().string();
+    settings["num_classes"] = o.num_classes ? static_cast<std::int64_t>(*o.num_classes) : -1;
+    const std::string text = settings.dump();
+    Xxh64 h;
+    h.update(text.data(), text.size());
+    ShardInfo sh;
+    sh.index = o.shard->index;
+    sh.count = o.shard->count;
+    sh.chunk_samples = j.shard_chunk;
+    sh.settings = h.hex();
+    for (std::size_t i = 0; i < j.outs.size(); ++i)
+        sh.splits.push_back({j.outs[i].name, j.shard_ranges[i].first, j.shard_totals[i], {}});
+    return sh;
+}
+
 Manifest output_manifest(Job& j, Manifest m) {
     const ConvertOptions& o = j.o;
     const FieldPlan* xp = j.x();
@@ -317,6 +375,7 @@ Manifest output_manifest(Job& j, Manifest m) {
         m.provenance.params["scale"] = std::to_string(xp->map.scale);
         m.provenance.params["offset"] = std::to_string(xp->map.offset);
     }
+    if (o.shard) m.shard = shard_info(j);
     return m;
 }
 
@@ -355,11 +414,13 @@ void commit_output(Job& j) {
 void run_convert(const ConvertOptions& o) {
     if (o.verify_only) return convert::run_verify(o);
     if (o.benchmark) return run_convert_benchmark(o);
+    if (!o.merge_parts.empty()) return run_merge(o);
     const auto start = std::chrono::steady_clock::now();
     convert::Job job(o, convert::check_settings(o));
     convert::open_input(job);
     convert::plan_fields(job);
     if (job.settings.range_auto) convert::scan_range(job);
+    if (o.shard) convert::shard_source(job);
     convert::plan_output_splits(job);
     convert::select_single_output(job);
     convert::prepare_output(job);

@@ -1,6 +1,6 @@
 #pragma once
 // The state of one dsconvert run, passed through its stages in order:
-// check_settings -> open_input -> plan_fields -> scan_range ->
+// check_settings -> open_input -> plan_fields -> scan_range -> shard_source ->
 // plan_output_splits -> select_single_output -> prepare_output -> make_sinks
 // -> stream_input -> commit_output -> report.
 #include <cstdint>
@@ -51,6 +51,11 @@ struct Job {
     std::size_t only_field = 0;
 
     std::uint64_t chunk_samples = 0; // zstd-chunked outputs
+    // --shard: the chunk its ranges are cut at, and per source split the
+    // whole split's samples and where this part's range starts.
+    std::uint64_t shard_chunk = 0;
+    std::vector<SampleRange> shard_ranges;
+    std::vector<std::uint64_t> shard_totals;
     std::optional<DatasetWriter> writer;
     std::unique_ptr<ResumableOutput> resumable;
     std::filesystem::path out_dir;

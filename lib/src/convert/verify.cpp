@@ -4,7 +4,7 @@
 
 #include "convert_job.hpp"
 #include "dstk/chunked_file.hpp"
-#include "dstk/dataset.hpp"
+#include "parts.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/units.hpp"
 
@@ -12,15 +12,18 @@ namespace dstk::convert {
 
 void run_verify(const ConvertOptions& o) {
     const auto start = std::chrono::steady_clock::now();
-    const Dataset d = Dataset::open(o.input);
+    const Manifest m = load_manifest(o.input);
+    std::vector<std::unique_ptr<PartedField>> fields; // all opened (and checked against the manifest) first
+    for (const auto& split : m.splits)
+        for (const auto& field : split.fields) fields.push_back(std::make_unique<PartedField>(o.input, split, field));
     ThreadPool pool(o.threads);
     std::uint64_t files = 0, bytes = 0;
-    for (const auto& split : d.manifest().splits)
+    std::size_t next = 0;
+    for (const auto& split : m.splits)
         for (const auto& field : split.fields) {
             throw_if_interrupted();
-            if (field.storage == Storage::zstd_chunked) ChunkedReader(o.input / field.file).verify(&pool);
-            d.reader(split.name, field.name).verify();
-            ++files;
+            fields[next++]->verify(&pool);
+            files += std::max<std::size_t>(1, field.parts.size());
             bytes += field.bytes;
         }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dstk/atomic_output.hpp"
+#include "dstk/checksum.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
@@ -35,7 +36,8 @@ struct Block {
 
 struct SplitPlan {
     std::string name;
-    std::uint64_t stream, samples;
+    std::uint64_t stream, samples; // samples: the whole split's
+    SampleRange range;             // what this run writes: all, or its --shard part
 };
 
 // The seeds' v28b layout: images_<split>.bin holds f32 features column-major
@@ -141,6 +143,14 @@ void finalize_options(GenerateOptions& o) {
         throw usage_error("--noise has no meaning for --kind bytes (random bytes); drop it");
     if (o.train == 0 && o.test == 0) throw usage_error("--train and --test are both 0 (nothing to generate)");
     if (o.out_dir.empty()) throw usage_error("missing OUT_DIR");
+    if (o.shard && o.layout == Layout::feature_major)
+        throw usage_error("--shard writes sample-major parts; the column-major v28b files of --layout feature-major "
+                          "cannot be cut into parts: generate them in one run, or convert the merged dataset with "
+                          "dsconvert --to raw --out-layout feature-major");
+}
+
+std::uint64_t generate_chunk_samples(std::uint64_t sample_bytes) {
+    return std::max<std::uint64_t>(1, block_target_bytes / sample_bytes);
 }
 
 namespace {
@@ -150,8 +160,8 @@ struct GenRun {
     GenRun(const GenerateOptions& options, Progress& p)
         : o(options), gen(options.synth), sb(sample_bytes(options.synth.shape, options.synth.dtype)),
           features(options.synth.shape.numel()), channels(gen.channels()), per_channel(features / channels),
-          pool(options.threads), progress(p), ch_sum(channels, 0), ch_sumsq(channels, 0) {
-        block_samples = std::max<std::uint64_t>(1, block_target_bytes / sb);
+          pool(options.threads), progress(p), sums(channels) {
+        block_samples = generate_chunk_samples(sb);
         blocks_per_round =
             std::clamp<std::uint64_t>(round_budget_bytes / (block_samples * sb), 1, 4 * std::uint64_t{pool.size()});
     }
@@ -161,13 +171,18 @@ struct GenRun {
     ThreadPool pool;
     Progress& progress;
     std::uint64_t block_samples = 1, blocks_per_round = 1;
-    std::vector<double> ch_sum, ch_sumsq; // train split, per channel
+    ChannelSums sums;                          // train split
+    std::vector<std::vector<double>> sum_rows; // train split, per block: kept for a --shard manifest
 };
 
 std::vector<SplitPlan> plan_splits(const GenerateOptions& o) {
     std::vector<SplitPlan> splits;
-    if (o.train) splits.push_back({"train", 0, o.train});
-    if (o.test) splits.push_back({"test", 1, o.test});
+    if (o.train) splits.push_back({"train", 0, o.train, {0, o.train}});
+    if (o.test) splits.push_back({"test", 1, o.test, {0, o.test}});
+    if (o.shard) {
+        const std::uint64_t chunk = generate_chunk_samples(sample_bytes(o.synth.shape, o.synth.dtype));
+        for (auto& s : splits) s.range = shard_range(s.samples, chunk, *o.shard);
+    }
     return splits;
 }
 
@@ -176,8 +191,8 @@ std::uint64_t planned_bytes(const GenerateOptions& o, const std::vector<SplitPla
     const std::uint64_t sb = sample_bytes(o.synth.shape, o.synth.dtype), features = o.synth.shape.numel();
     std::uint64_t total = 0;
     for (const auto& s : splits) {
-        std::uint64_t b = checked_mul(s.samples, sb, "dataset size");
-        b = checked_add(b, checked_mul(s.samples, 4, "label size"), "dataset size");
+        std::uint64_t b = checked_mul(s.range.count, sb, "dataset size");
+        b = checked_add(b, checked_mul(s.range.count, 4, "label size"), "dataset size");
         if (o.layout == Layout::feature_major)
             b = checked_add(b,
                             checked_mul(checked_mul(s.samples, features, "v28b size"), 4, "v28b size") + s.samples * 4,
@@ -208,12 +223,13 @@ void generate_round(GenRun& r, const SplitPlan& split, std::vector<Block>& set, 
                 accumulate_stats(dst, r.o.synth.dtype, r.channels, r.per_channel, f, blk.sum.data(), blk.sumsq.data());
         }
     });
-    if (stats)
-        for (std::uint64_t k = 0; k < nb; ++k)
-            for (std::uint64_t c = 0; c < r.channels; ++c) {
-                r.ch_sum[c] += set[k].sum[c];
-                r.ch_sumsq[c] += set[k].sumsq[c];
-            }
+    if (!stats || r.o.synth.kind == SynthKind::bytes) return;
+    for (std::uint64_t k = 0; k < nb; ++k) {
+        std::vector<double> row = set[k].sum;
+        row.insert(row.end(), set[k].sumsq.begin(), set[k].sumsq.end());
+        r.sums.add(row);
+        if (r.o.shard) r.sum_rows.push_back(std::move(row));
+    }
 }
 
 struct SplitWriters {
@@ -238,20 +254,22 @@ void write_round(GenRun& r, SplitWriters& w, const std::vector<Block>& set, std:
 
 SplitInfo write_split(GenRun& r, DatasetWriter& dw, const SplitPlan& split) {
     SplitWriters w;
-    w.x = dw.npy_field(split.name, "x", r.o.synth.dtype, r.o.synth.shape, split.samples);
-    w.y = dw.npy_field(split.name, "y", DType::i32, Shape{}, split.samples);
+    w.x = dw.npy_field(split.name, "x", r.o.synth.dtype, r.o.synth.shape, split.range.count);
+    w.y = dw.npy_field(split.name, "y", DType::i32, Shape{}, split.range.count);
     if (r.o.layout == Layout::feature_major)
         w.v28b = std::make_unique<FeatureMajorWriter>(dw, split.name, split.samples, r.features);
     const bool stats = split.name == "train";
-    const std::uint64_t nblocks = (split.samples + r.block_samples - 1) / r.block_samples;
+    // A --shard range starts on a block boundary (shard_range cuts at blocks).
+    const std::uint64_t bfirst = split.range.first / r.block_samples;
+    const std::uint64_t bend = (split.range.first + split.range.count + r.block_samples - 1) / r.block_samples;
     // Two sets of blocks: one is generated while the other is written.
     std::vector<Block> sets[2];
     for (auto& set : sets) set.resize(r.blocks_per_round);
     std::future<void> writing;
     int cur = 0;
-    for (std::uint64_t b0 = 0; b0 < nblocks; b0 += r.blocks_per_round) {
+    for (std::uint64_t b0 = bfirst; b0 < bend; b0 += r.blocks_per_round) {
         throw_if_interrupted();
-        const std::uint64_t nb = std::min(r.blocks_per_round, nblocks - b0);
+        const std::uint64_t nb = std::min(r.blocks_per_round, bend - b0);
         generate_round(r, split, sets[cur], b0, nb, stats);
         if (writing.valid()) writing.get();
         writing = std::async(std::launch::async, [&, nb, cur] { write_round(r, w, sets[cur], nb); });
@@ -260,24 +278,49 @@ SplitInfo write_split(GenRun& r, DatasetWriter& dw, const SplitPlan& split) {
     if (writing.valid()) writing.get();
     SplitInfo info;
     info.name = split.name;
-    info.samples = split.samples;
+    info.samples = split.range.count;
     info.fields.push_back(w.x->finish());
     info.fields.push_back(w.y->finish());
     return info;
 }
 
-void describe_run(const GenRun& r, Manifest& m) {
-    const GenerateOptions& o = r.o;
-    if (o.train && o.synth.kind != SynthKind::bytes) {
-        ChannelStats st;
-        const double n = static_cast<double>(o.train) * static_cast<double>(r.per_channel);
-        for (std::uint64_t c = 0; c < r.channels; ++c) {
-            const double mean = r.ch_sum[c] / n;
-            st.mean.push_back(mean);
-            st.std.push_back(std::sqrt(std::max(0.0, r.ch_sumsq[c] / n - mean * mean)));
-        }
-        m.stats = std::move(st);
+// The settings that decide the bytes: the parts of one dataset share them.
+std::string generate_settings(const GenerateOptions& o) {
+    const nlohmann::json j = {{"tool", "dsgen"},
+                              {"kind", std::string(synth_kind_name(o.synth.kind))},
+                              {"shape", o.synth.shape.dims},
+                              {"dtype", std::string(dtype_name(o.synth.dtype))},
+                              {"classes", o.synth.classes},
+                              {"noise", o.synth.noise},
+                              {"seed", o.synth.seed},
+                              {"train", o.train},
+                              {"test", o.test}};
+    const std::string text = j.dump();
+    Xxh64 h;
+    h.update(text.data(), text.size());
+    return h.hex();
+}
+
+void describe_shard(const GenRun& r, const std::vector<SplitPlan>& splits, Manifest& m) {
+    ShardInfo sh;
+    sh.index = r.o.shard->index;
+    sh.count = r.o.shard->count;
+    sh.chunk_samples = r.block_samples;
+    sh.settings = generate_settings(r.o);
+    for (const auto& s : splits) {
+        ShardSplit ss{s.name, s.range.first, s.samples, {}};
+        if (s.name == "train") ss.chunk_sums = r.sum_rows;
+        sh.splits.push_back(std::move(ss));
     }
+    m.shard = std::move(sh);
+}
+
+void describe_run(const GenRun& r, const std::vector<SplitPlan>& splits, Manifest& m) {
+    const GenerateOptions& o = r.o;
+    const std::uint64_t train = o.train ? splits.front().range.count : 0;
+    if (train && o.synth.kind != SynthKind::bytes)
+        m.stats = r.sums.stats(static_cast<double>(train) * static_cast<double>(r.per_channel));
+    if (o.shard) describe_shard(r, splits, m);
     m.num_classes = o.synth.classes;
     m.provenance.tool = "dsgen";
     m.provenance.version = DSTK_VERSION;
@@ -296,7 +339,7 @@ GenerateResult generate_dataset(const GenerateOptions& o) {
     const std::vector<SplitPlan> splits = plan_splits(o);
     const std::uint64_t total_bytes = planned_bytes(o, splits);
     std::uint64_t total_samples = 0;
-    for (const auto& s : splits) total_samples += s.samples;
+    for (const auto& s : splits) total_samples += s.range.count;
     Progress progress("dsgen", total_samples, total_bytes, o.out);
     GenRun run(o, progress);
     fs::path parent = o.out_dir.parent_path();
@@ -306,7 +349,7 @@ GenerateResult generate_dataset(const GenerateOptions& o) {
     Manifest m;
     for (const auto& split : splits) m.splits.push_back(write_split(run, dw, split));
     progress.finish();
-    describe_run(run, m);
+    describe_run(run, splits, m);
     dw.commit(m);
 
     GenerateResult r;

@@ -12,5 +12,9 @@ namespace dstk {
 // the report on stderr (or one JSON document on stdout with --json). Throws
 // Error.
 void run_convert(const ConvertOptions& o);
+// dsconvert --merge: checks that o.merge_parts are the parts 0..N-1 of one
+// --shard run, then makes o.output a dataset whose fields list the parts'
+// files (FieldInfo::parts), hard-linked (or, with o.move, renamed) into it.
+void run_merge(const ConvertOptions& o);
 
 } // namespace dstk

@@ -10,6 +10,7 @@
 #include "dstk/convert/importers.hpp"
 #include "dstk/dtype.hpp"
 #include "dstk/output.hpp"
+#include "dstk/shard.hpp"
 
 namespace dstk {
 
@@ -45,6 +46,12 @@ struct ConvertOptions {
     std::string split;  // "train=0.9,test=0.1"
     std::string select; // SPLIT/FIELD for npy/raw outputs
     std::filesystem::path report_json;
+    // --shard I/N: part I of each split (whole chunks of consecutive samples).
+    std::optional<ShardSpec> shard;
+    // --merge PART... OUTPUT: the --shard outputs joined into the dataset
+    // OUTPUT by hard links (or renames with --move), never copies.
+    std::vector<std::filesystem::path> merge_parts;
+    bool move = false;
     bool resume = false; // keep .OUTPUT.partial/ when interrupted; continue from it
     bool force = false;
     unsigned threads = 0; // 0: all cores

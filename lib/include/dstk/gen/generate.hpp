@@ -3,10 +3,12 @@
 // (same options and seed, same bytes, whatever the thread count).
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "dstk/layout.hpp"
 #include "dstk/output.hpp"
+#include "dstk/shard.hpp"
 #include "dstk/gen/synth.hpp"
 
 namespace dstk {
@@ -19,6 +21,9 @@ struct GenerateOptions {
     unsigned threads = 0;                 // 0: one per hardware thread
     Layout layout = Layout::sample_major; // feature_major: also the v28b .bin files
     bool force = false;
+    // --shard I/N: only part I of each split (whole chunks of
+    // generate_chunk_samples), with the records dsconvert --merge needs.
+    std::optional<ShardSpec> shard;
     OutputOptions out;
     std::string command_line;
 };
@@ -29,6 +34,11 @@ struct GenerateResult {
     double seconds = 0;
     unsigned threads = 0;
 };
+
+// The chunk of dsgen's work and of its --shard ranges: a fixed number of
+// samples per sample size (never the thread count), so per-chunk statistics
+// add up in the same order in every run.
+std::uint64_t generate_chunk_samples(std::uint64_t sample_bytes);
 
 // Fills defaults that depend on the kind (dtype, noise) and validates.
 void finalize_options(GenerateOptions& o);
