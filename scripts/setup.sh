@@ -4,7 +4,9 @@
 # network but has everything). Usage: scripts/setup.sh [--test]
 set -euo pipefail
 
-packages=(build-essential cmake pkg-config libcli11-dev libzstd-dev libhwloc-dev zlib1g-dev nlohmann-json3-dev zstd)
+# Open MPI: data-parallel dstrain (mpirun); the build works without it, in one process.
+packages=(build-essential cmake pkg-config libcli11-dev libzstd-dev libhwloc-dev zlib1g-dev nlohmann-json3-dev zstd
+          openmpi-bin libopenmpi-dev)
 if [ "${1:-}" = "--test" ]; then
     # Tests: GoogleTest, numpy for interop checks, clang for the fuzzers, xxhsum
     # to cross-check checksums, jq for the CLI tests that read JSON.
@@ -27,6 +29,8 @@ provided() {
         libclang-rt-dev) compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null ;;
         xxhash) command -v xxhsum >/dev/null 2>&1 ;;
         jq) command -v jq >/dev/null 2>&1 ;;
+        openmpi-bin) command -v mpirun >/dev/null 2>&1 ;;
+        libopenmpi-dev) command -v mpicc >/dev/null 2>&1 || header mpi.h ;;
         libcli11-dev) header CLI/CLI.hpp ;;
         libzstd-dev) header zstd.h ;;
         libhwloc-dev) header hwloc.h ;;

@@ -23,6 +23,11 @@ SKIP=(
 # dsbench's h2d cases need a GPU: without one they are waived (exit 3).
 [ -e /dev/nvidia0 ] || SKIP+=("--cases h2d.pinned,h2d.pageable")
 command -v fio >/dev/null || SKIP+=("scripts/fio-compare.sh") # needs fio, not installed here
+SKIP+=("srun ") # needs a Slurm cluster
+command -v mpirun >/dev/null || SKIP+=("mpirun ") # needs Open MPI (scripts/setup.sh)
+# mpirun as root in CI's container, with more ranks than its 2 cores.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 # Small sizes for big ones; every dstrain line trains 1 epoch on 2 CPU threads;
 # (eval and predict keep their lines); dsbench measures once, briefly, on 4 MiB (as its own tests do).

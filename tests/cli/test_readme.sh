@@ -18,6 +18,10 @@ SKIP=(
     "scripts/fio-compare.sh"      # needs fio; scripts are tested on their own
     "dstrain big/ --data managed" # needs a GPU (cudaMallocManaged)
 )
+command -v mpirun >/dev/null || SKIP+=("mpirun ") # needs Open MPI (scripts/setup.sh)
+# mpirun as root in CI's container, with more ranks than its 2 cores.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
 # Small sizes for big ones; every dstrain line trains 1 epoch on 2 CPU threads;
 # dsbench measures once, briefly, on 4 MiB (as its own tests do).
 rewrite() {

@@ -3,6 +3,7 @@
 
 #include "dstk/checkpoint.hpp"
 #include "dstk/cli.hpp"
+#include "dstk/dist/world.hpp"
 #include "dstk/error.hpp"
 #include "dstk/model/commands.hpp"
 #include "dstk/run/train_run.hpp"
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
                    "such as conv3x3:32,bn,relu,maxpool2,flatten,fc:10 (man dstrain)")
         ->capture_default_str();
     app.add_option("-e,--epochs", o.epochs, "Epochs")->capture_default_str();
-    app.add_option("-b,--batch", o.batch, "Batch size (the last partial training batch of an epoch is skipped)")
+    app.add_option("-b,--batch", o.batch,
+                   "Batch size, per rank under mpirun or srun (the last partial training batch of an epoch is skipped)")
         ->capture_default_str();
     app.add_option("--lr", lr, "Peak learning rate (default 0.05 x batch/256 for sgd, 0.002 for adamw)")
         ->check(number_in(0, unbounded, true, true));
@@ -67,6 +69,11 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--log-json", o.log_json,
                    "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
+    app.add_option("--dist-timeout", o.dist_timeout,
+                   "Under mpirun or srun: seconds every rank has to reach the start-up rendezvous (a rank that does "
+                   "not ends the run with exit 1, naming it)")
+        ->capture_default_str()
+        ->check(number_in(0, unbounded, true));
     run::DataOptions d;
     run::add_data_options(app, d);
     model::add_model_run_options(app, o.files);
@@ -76,7 +83,9 @@ int main(int argc, char** argv) {
 
     return run_tool(app, argc, argv, [&] {
         if (model::run_model_command(commands)) return;
-        o.given_options = resume_options(app, d.checkpoint, d.resume, out.quiet);
+        o.batch_given = app.count("--batch") > 0; // before --resume adds the recorded options
+        // Under a launcher, rank 0 alone says which options --resume took.
+        o.given_options = resume_options(app, d.checkpoint, d.resume, out.quiet || dist::detect_launch().rank != 0);
         if (dataset.empty())
             throw usage_error(d.resume ? "no DATASET, and no checkpoint in '" + d.checkpoint.string() +
                                              "' to take it from; give the --checkpoint DIR of the run to resume"
@@ -93,6 +102,6 @@ int main(int argc, char** argv) {
         o.kernels = parse_kernel_mode(kernels);
         o.command_line = command_line(argc, argv);
         const run::RunReport r = run::run_training(o, d, out);
-        if (out.json) std::fputs(run::run_report_json(r).c_str(), stdout);
+        if (out.json && r.rank == 0) std::fputs(run::run_report_json(r).c_str(), stdout);
     });
 }

@@ -50,18 +50,17 @@ Fields check_fields(const Dataset& ds, std::string_view split_name, const Source
         throw usage_error("split '" + f.split->name + "' of " + ds.dir().string() +
                           " is empty (no samples to train on); regenerate the dataset with samples in it");
     if (c.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
-    if (c.drop_last && c.batch > f.split->samples)
-        throw usage_error("--batch " + std::to_string(c.batch) + " is larger than split '" + f.split->name + "' (" +
-                          format_count(f.split->samples) + " samples); use a smaller --batch");
+    if (c.drop_last && std::uint64_t{c.batch} * c.slice.world > f.split->samples)
+        throw usage_error((c.slice.world > 1 ? "the global batch " + std::to_string(c.slice.world) + " x --batch " +
+                                                   std::to_string(c.batch)
+                                             : "--batch " + std::to_string(c.batch)) +
+                          " is larger than split '" + f.split->name + "' (" + format_count(f.split->samples) +
+                          " samples); use a smaller --batch");
     return f;
 }
 
 std::uint64_t round_up_page(std::uint64_t v) {
     return (v + 4095) / 4096 * 4096;
-}
-
-std::uint64_t batches_of(std::uint64_t samples, std::uint32_t batch, bool drop_last) {
-    return drop_last ? samples / batch : (samples + batch - 1) / batch;
 }
 
 // The order's chunk: the storage's chunk for chunked files, else the config's.
@@ -73,19 +72,6 @@ OrderConfig effective_order(const SourceConfig& c, std::uint64_t storage_chunk) 
 
 std::uint64_t cache_chunks_for(const SourceConfig& c) {
     return c.order.window_chunks * 2 + c.readers + 1;
-}
-
-// Chunk reads in flight. A disk reaches its random-chunk rate only with a deep
-// queue (a few reads leave it idle between completions), so raw chunks get as
-// many threads as the capacity's two groups hold chunks, up to 16: the threads
-// wait in pread, and the cache's capacity, not the thread count, bounds the
-// bytes in flight. zstd chunks are decoded by the same threads, so there they
-// are also held to the cores (more would only add compressed frames).
-unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
-    const std::uint64_t group = c.order.kind == Order::chunk ? std::max<std::uint64_t>(c.order.window_chunks, 1) : 1;
-    std::uint64_t want = std::clamp<std::uint64_t>(2 * group, 4, 16);
-    if (storage_chunk) want = std::min<std::uint64_t>(want, std::max(4u, std::thread::hardware_concurrency()));
-    return std::max(c.readers, static_cast<unsigned>(want));
 }
 
 std::uint64_t storage_chunk_of(const FieldInfo& x) {
@@ -111,7 +97,7 @@ struct StreamParts {
         : x(open_field_access(ds.dir(), *f.split, *f.x, cache_chunks_for(c), c.direct, c.notice, c.warn)),
           y(open_field_access(ds.dir(), *f.split, *f.y, cache_chunks_for(c))),
           plan(plan_host_memory(*f.split, *f.x, c, available_host_memory())), cache(make_cache(*x, *y, c, plan)),
-          ring(std::make_unique<HostRing>(*x, *y, c.batch, c.drop_last, effective_order(c, x->storage_chunk_samples()),
+          ring(std::make_unique<HostRing>(*x, *y, c.batch, c.drop_last, c.slice, effective_order(c, x->storage_chunk_samples()),
                                           slots, c.readers, std::move(memory), cache.get())) {}
 
     void take_times(StageTimes& t) {
@@ -211,11 +197,11 @@ class ResidentSource : public BatchSource {
   protected:
     ResidentSource(const SourceConfig& c, std::uint64_t samples, std::uint64_t sample_bytes)
         : config_(c), samples_(samples), sample_bytes_(sample_bytes),
-          batches_(batches_of(samples, c.batch, c.drop_last)) {}
+          batches_(c.slice.batches(samples, c.batch, c.drop_last)) {}
     // Advances to the next batch of the epoch: its first position and size.
     bool take(std::uint64_t& first, std::uint32_t& count) {
         if (next_ >= batches_) return false;
-        first = next_ * config_.batch;
+        first = config_.slice.first_position(next_, config_.batch);
         count = static_cast<std::uint32_t>(std::min<std::uint64_t>(config_.batch, samples_ - first));
         ++next_;
         times_.batches += 1;
@@ -517,7 +503,7 @@ class ManagedSource final : public ResidentSource {
     Placement placement() const override { return Placement::managed; }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         ResidentSource::start_epoch(epoch, first_batch);
-        prefetched_until_ = next_ * config_.batch;
+        prefetched_until_ = config_.slice.first_position(next_, config_.batch);
     }
     bool next(train::Batch& out) override {
         std::uint64_t first;
@@ -605,12 +591,33 @@ std::string_view managed_policy_name(ManagedPolicy p) {
     return managed_policy_names.name(p);
 }
 
+// Chunk reads in flight. A disk reaches its random-chunk rate only with a deep
+// queue (a few reads leave it idle between completions), so raw chunks get as
+// many threads as the capacity's two groups hold chunks, up to 16: the threads
+// wait in pread, and the cache's capacity, not the thread count, bounds the
+// bytes in flight. zstd chunks are decoded by the same threads, so there they
+// are also held to the cores (more would only add compressed frames).
+unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
+    const std::uint64_t group = c.order.kind == Order::chunk ? std::max<std::uint64_t>(c.order.window_chunks, 1) : 1;
+    std::uint64_t want = std::clamp<std::uint64_t>(2 * group, 4, 16);
+    if (storage_chunk) want = std::min<std::uint64_t>(want, std::max(4u, std::thread::hardware_concurrency()));
+    return std::max(c.readers, static_cast<unsigned>(want));
+}
+
+std::string_view stage_name(Stage s) {
+    static constexpr EnumNames<Stage, 4> names{{{{Stage::compute, "compute"},
+                                                 {Stage::read, "read (disk)"},
+                                                 {Stage::decode, "decode (zstd)"},
+                                                 {Stage::h2d, "h2d (host to device)"}}}};
+    return names.name(s);
+}
+
 std::string_view limiting_stage(const StageTimes& t) {
     const double loop = t.read_wait + t.compute;
-    if (loop <= 0 || t.read_wait < 0.1 * loop) return "compute";
-    if (t.decode > t.read && t.decode >= t.h2d) return "decode (zstd)";
-    if (t.h2d > t.read) return "h2d (host to device)";
-    return "read (disk)";
+    if (loop <= 0 || t.read_wait < 0.1 * loop) return stage_name(Stage::compute);
+    if (t.decode > t.read && t.decode >= t.h2d) return stage_name(Stage::decode);
+    if (t.h2d > t.read) return stage_name(Stage::h2d);
+    return stage_name(Stage::read);
 }
 
 std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c) {

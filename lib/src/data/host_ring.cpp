@@ -28,10 +28,10 @@ HostMemory plain_host_memory() {
             [](void* p) { std::free(p); }};
 }
 
-HostRing::HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, const OrderConfig& order,
-                   unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache)
-    : x_(x), y_(y), batch_(batch), order_config_(order), samples_(x.samples()),
-      batches_(drop_last ? x.samples() / batch : (x.samples() + batch - 1) / batch), readers_(std::max(readers, 1u)),
+HostRing::HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, RankSlice slice,
+                   const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache)
+    : x_(x), y_(y), batch_(batch), slice_(slice), order_config_(order), samples_(x.samples()),
+      batches_(slice.batches(x.samples(), batch, drop_last)), readers_(std::max(readers, 1u)),
       memory_(std::move(memory)), cache_(cache) {
     const std::uint64_t xb = checked_mul(batch, x.sample_bytes(), "batch bytes");
     const std::uint64_t yb = std::uint64_t{batch} * sizeof(std::int32_t);
@@ -81,8 +81,8 @@ void HostRing::start(std::uint64_t epoch, std::uint64_t first_batch) {
     }
     error_ = nullptr;
     stop_ = false;
-    hinted_until_ = first_ * batch_;
-    if (cache_) cache_->start(*order_, std::min(first_ * batch_, samples_));
+    hinted_until_ = std::min(slice_.first_position(first_, batch_), samples_);
+    if (cache_) cache_->start(*order_, hinted_until_);
     for (unsigned r = 0; r < readers_; ++r) threads_.emplace_back([this, r] { reader_loop(r); });
 }
 
@@ -117,7 +117,7 @@ void HostRing::reader_loop(unsigned reader) {
 }
 
 void HostRing::fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64_t>& indices) {
-    const std::uint64_t first = batch * batch_;
+    const std::uint64_t first = slice_.first_position(batch, batch_);
     const std::uint64_t count = std::min<std::uint64_t>(batch_, samples_ - first);
     slot.size = static_cast<std::uint32_t>(count);
     slot.batch = batch;
@@ -169,7 +169,7 @@ void HostRing::release() {
         ++next_release_;
     }
     changed_.notify_all();
-    if (cache_) cache_->consumed(std::min(next_release_ * batch_, samples_));
+    if (cache_) cache_->consumed(std::min(slice_.first_position(next_release_, batch_), samples_));
 }
 
 double HostRing::take_wait_seconds() {

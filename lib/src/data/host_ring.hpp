@@ -36,8 +36,9 @@ struct RingSlot {
 
 class HostRing {
   public:
-    HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, const OrderConfig& order,
-             unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache = nullptr);
+    HostRing(FieldAccess& x, FieldAccess& y, std::uint32_t batch, bool drop_last, RankSlice slice,
+             const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory,
+             WindowCache* cache = nullptr);
     ~HostRing();
     HostRing(const HostRing&) = delete;
     HostRing& operator=(const HostRing&) = delete;
@@ -68,6 +69,7 @@ class HostRing {
 
     FieldAccess &x_, &y_;
     std::uint32_t batch_;
+    RankSlice slice_;
     OrderConfig order_config_;
     std::uint64_t samples_, batches_;
     unsigned readers_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <stdexcept>
 #include <string>
 
 #include "dstk/enum_names.hpp"
@@ -87,6 +88,12 @@ std::uint64_t Permutation::inverse(std::uint64_t j) const {
     std::uint64_t x = backward_once(j);
     while (x >= n_) x = backward_once(x);
     return x;
+}
+
+std::uint64_t RankSlice::batches(std::uint64_t samples, std::uint32_t batch, bool drop_last) const {
+    if (world > 1 && !drop_last) throw std::logic_error("a sliced order drops its partial last batch");
+    if (drop_last) return samples / (std::uint64_t{batch} * world);
+    return (samples + batch - 1) / batch;
 }
 
 EpochOrder::EpochOrder(const OrderConfig& config, std::uint64_t samples, std::uint64_t epoch)

@@ -2,9 +2,13 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "clock.hpp"
+#include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
 #include "dstk/signals.hpp"
@@ -166,7 +170,7 @@ class Loop {
         std::uint64_t batch_index = first;
         train::Batch b;
         EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
-                               s_.steps_per_epoch - first, e_.batch, out_);
+                               s_.steps_per_epoch - first, static_cast<std::uint32_t>(s_.global_batch()), out_);
         for (auto h0 = Clock::now(); s_.train_src->next(b); h0 = Clock::now()) {
             const auto h1 = Clock::now();
             compute_.time([&] { s_.trainer->train_step(b); });
@@ -196,9 +200,12 @@ class Loop {
         const auto t1 = Clock::now();
         if (d_.eval_every == 0 || stopped_) o.report.test = evaluate();
         o.report.train_seconds = std::chrono::duration<double>(t1 - t0).count();
-        o.report.seconds = seconds_since(t0);
         o.report.samples_per_second =
             static_cast<double>(o.report.train.samples) / std::max(1e-9, o.report.train_seconds);
+        world_figures(o.report);
+        if (!e_.log_json.empty() && s_.root()) o.index_hashes = batch_hashes(epoch, first, batch_index);
+        o.first_batch = first;
+        o.report.seconds = seconds_since(t0);
         const bool epoch_done = batch_index >= s_.steps_per_epoch;
         ck_.write(*s_.trainer, epoch_done ? CheckpointPosition{epoch + 1, 0, steps_}
                                           : CheckpointPosition{epoch, batch_index, steps_});
@@ -206,7 +213,9 @@ class Loop {
         o.steps = steps_;
         o.whole = epoch_done && first == 0;
         o.peak = epoch_peak();
-        report_epoch(s_, e_, o, c_, log_, out_);
+        o.peaks = s_.world->gather(o.peak);
+        o.peak = *std::max_element(o.peaks.begin(), o.peaks.end());
+        if (s_.root()) report_epoch(s_, e_, o, c_, log_, out_);
         if (s_.on_gpu() && !c_.managed && !warned_ceiling_ && o.peak > c_.bytes) {
             warned_ceiling_ = true;
             warn_over_ceiling(o.peak, c_, r_);
@@ -220,7 +229,9 @@ class Loop {
             s_.meter->sample();
             sampled_ = Clock::now();
         }
-        if (interrupted()) {
+        // One decision for all ranks: a rank that stopped alone would leave
+        // the others waiting in the next step's reduction.
+        if (s_.world->any(interrupted())) {
             s_.trainer->synchronize();
             ck_.write(*s_.trainer, here);
             throw Error(
@@ -240,6 +251,7 @@ class Loop {
 
     train::Metrics evaluate() {
         if (!s_.test_src) return {};
+        s_.trainer->average_states(); // the ranks' BN statistics differ; every rank evaluates the whole test split
         s_.test_src->start_epoch(0, 0);
         train::Batch b;
         while (s_.test_src->next(b)) {
@@ -248,6 +260,38 @@ class Loop {
         }
         (void)s_.test_src->take_times();
         return s_.trainer->take_eval_metrics();
+    }
+
+    // The world's training figures: metrics and samples/s summed over the
+    // ranks (each rank trained its slice of every global batch).
+    void world_figures(EpochReport& er) {
+        if (s_.ranks() == 1) return;
+        std::array<double, 4> v{static_cast<double>(er.train.samples), static_cast<double>(er.train.correct),
+                                er.train.loss_sum, er.samples_per_second};
+        s_.world->sum(v);
+        er.train.samples = static_cast<std::uint64_t>(v[0]);
+        er.train.correct = static_cast<std::uint64_t>(v[1]);
+        er.train.loss_sum = v[2];
+        er.samples_per_second = v[3];
+    }
+
+    // --log-json: for each global step of the epoch taken here, an XXH64 of
+    // its sample indices (the global batch, all ranks' slices), so that runs
+    // at different rank counts can be compared step by step.
+    std::vector<std::string> batch_hashes(std::uint64_t epoch, std::uint64_t first, std::uint64_t end) const {
+        const data::EpochOrder order(s_.sc.order, s_.train_split->samples, epoch);
+        const std::uint64_t g = s_.global_batch();
+        std::vector<std::uint64_t> indices(g);
+        std::vector<std::string> hashes;
+        for (std::uint64_t k = first; k < end; ++k) {
+            for (std::uint64_t i = 0; i < g; ++i) indices[i] = order[k * g + i];
+            char hex[17];
+            std::snprintf(
+                hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(xxh64(indices.data(), indices.size() * sizeof(std::uint64_t))));
+            hashes.emplace_back(hex);
+        }
+        return hashes;
     }
 
     // The epoch's peak: samples every 0.25 s of training and one after evaluation and checkpoint.
@@ -279,22 +323,22 @@ class Loop {
 } // namespace
 
 Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d)
-    : d_(d), seed_(e.seed), command_line_(e.command_line),
-      given_options_(e.given_options), run_{
-                                           {"dataset_samples", std::to_string(s.train_split->samples)},
-                                           {"dataset_checksum", s.x->checksum},
-                                           {"model", train::to_spec_string(s.spec)},
-                                           {"batch", std::to_string(e.batch)},
-                                           {"epochs", std::to_string(e.epochs)},
-                                           {"optimizer", std::string(train::optimizer_name(e.optimizer))},
-                                           {"lr", fixed(s.tc.optimizer.lr, 6)},
-                                           {"schedule", std::string(train::schedule_name(e.schedule))},
-                                           {"order", d.order},
-                                           {"window", std::to_string(d.window)},
-                                           {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
-                                           {"seed", std::to_string(e.seed)},
-                                           {"precision", std::string(train::precision_name(s.precision))},
-                                       } {}
+    : world_(*s.world), d_(d), seed_(e.seed), command_line_(e.command_line), given_options_(e.given_options),
+      run_{
+          {"dataset_samples", std::to_string(s.train_split->samples)},
+          {"dataset_checksum", s.x->checksum},
+          {"model", train::to_spec_string(s.spec)},
+          {"batch", std::to_string(s.global_batch())}, // the global batch: a resume may change the rank count
+          {"epochs", std::to_string(e.epochs)},
+          {"optimizer", std::string(train::optimizer_name(e.optimizer))},
+          {"lr", fixed(s.tc.optimizer.lr, 6)},
+          {"schedule", std::string(train::schedule_name(e.schedule))},
+          {"order", d.order},
+          {"window", std::to_string(d.window)},
+          {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
+          {"seed", std::to_string(e.seed)},
+          {"precision", std::string(train::precision_name(s.precision))},
+      } {}
 
 CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& out) const {
     if (!d_.resume) {
@@ -318,6 +362,14 @@ CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& o
 
 void Checkpointer::write(train::Trainer& t, const CheckpointPosition& p) const {
     if (d_.checkpoint.empty()) return;
+    t.average_states();
+    if (world_.root()) save(t, p);
+    // A rank that went on (or exited, on SIGINT) before the file is in place
+    // could have the launcher end rank 0 mid-write.
+    world_.barrier();
+}
+
+void Checkpointer::save(train::Trainer& t, const CheckpointPosition& p) const {
     Checkpoint c;
     c.position = p;
     c.seed = seed_;

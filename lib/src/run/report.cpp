@@ -82,8 +82,9 @@ std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutco
          << format_duration(er.seconds) << "  " << format_count(static_cast<std::uint64_t>(er.samples_per_second))
          << " samples/s";
     if (s.on_gpu())
-        line << "  GPU mem " << format_bytes(o.peak) << " (ceiling " << format_bytes(c.bytes)
-             << (c.managed ? " + managed pages" : "") << ")";
+        line << "  GPU mem " << format_bytes(o.peak)
+             << (s.ranks() > 1 ? " (largest of " + std::to_string(s.ranks()) + " ranks," : std::string(" ("))
+             << "ceiling " << format_bytes(c.bytes) << (c.managed ? " + managed pages" : "") << ")";
     line << "  host RSS " << format_bytes(peak_rss_bytes()) << " (ceiling " << format_bytes(c.host_bytes) << ")";
     line << "  [" << stage_text(o.stages) << "; limited by " << data::limiting_stage(o.stages) << "]";
     if (step_times_wanted()) line << "  [" << loop_text(o.loop) << "]";
@@ -118,6 +119,9 @@ RunReport first_report(const Session& s) {
     r.parameters = s.tc.plan.params;
     r.planned = s.trainer->memory_plan();
     r.measured_device_bytes = s.trainer->measured_device_bytes();
+    r.rank = s.world->rank();
+    r.ranks = s.ranks();
+    r.global_batch = static_cast<std::uint32_t>(s.global_batch());
     return r;
 }
 
@@ -134,6 +138,12 @@ void describe_session(const Session& s, const DataOptions& d, const RunReport& r
                                                        std::to_string(d.window) + " chunks per window)"
                                                  : std::string()) +
                   ", " + format_count(s.steps_per_epoch) + " steps per epoch");
+    if (s.ranks() > 1)
+        note(out, "dstrain: data parallel: " + std::to_string(s.ranks()) + " ranks (" + s.world->launch().launcher +
+                      "), global batch " + std::to_string(s.global_batch()) + " = " + std::to_string(s.ranks()) +
+                      " x " + std::to_string(s.tc.max_batch) + ", gradients averaged with " +
+                      (s.on_gpu() ? "NCCL, each rank on cuda:LOCAL_RANK" : "MPI in rank order") +
+                      "; figures below are the world's");
     for (const auto& line : train::kernel_choice_lines(s.trainer->kernel_choices(), s.tc.plan))
         note(out, "dstrain: kernels (--kernels " + std::string(train::kernel_mode_name(s.tc.kernels)) + ") " + line);
 }
@@ -205,6 +215,13 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
                      {"host_ceiling", c.host_bytes},
                      {"host_peak_rss", peak_rss_bytes()}};
     if (s.on_gpu()) j["gpu_memory_peak"] = o.peak;
+    if (s.on_gpu() && s.ranks() > 1) j["gpu_memory_peak_per_rank"] = o.peaks;
+    if (s.ranks() > 1) j["ranks"] = s.ranks();
+    if (!o.index_hashes.empty()) {
+        j["global_batch"] = s.global_batch();
+        j["first_batch"] = o.first_batch;
+        j["index_hashes"] = o.index_hashes;
+    }
     log.emit(j);
 }
 
@@ -228,6 +245,8 @@ std::string run_report_json(const RunReport& r) {
                         {"device", r.device},
                         {"precision", r.precision},
                         {"parameters", r.parameters},
+                        {"ranks", r.ranks},
+                        {"global_batch", r.global_batch},
                         {"gpu_memory",
                          {{"planned", r.device == "cpu" ? 0 : r.planned.total()},
                           {"planned_parameters", r.planned.parameters},

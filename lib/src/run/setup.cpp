@@ -1,11 +1,16 @@
 // dstrain's setup: dataset, device, trainer, sources, and the memory ceiling.
 #include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdlib>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "clock.hpp"
 #include "dstk/bench/results.hpp"
+#include "dstk/checkpoint.hpp"
+#include "dstk/dist/nccl.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/run/tuning.hpp"
@@ -131,9 +136,14 @@ void open_dataset(Session& s, const TrainOptions& e) {
                             " has no num_classes (labels unknown); re-create the dataset with dsgen or dsconvert");
     if (s.train_split->samples == 0)
         throw usage_error("split 'train' of " + s.ds->dir().string() + " is empty (nothing to train on)");
-    if (e.batch > s.train_split->samples)
-        throw usage_error("the train split has " + format_count(s.train_split->samples) +
-                          " samples, fewer than --batch " + std::to_string(e.batch) + " (use a smaller --batch)");
+    const std::uint64_t global = std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks());
+    if (global > s.train_split->samples)
+        throw usage_error("the train split has " + format_count(s.train_split->samples) + " samples, fewer than " +
+                          (s.ranks() > 1
+                               ? "the global batch " + std::to_string(global) + " (" + std::to_string(s.ranks()) +
+                                     " ranks x --batch " + std::to_string(e.batch) + ")"
+                               : "--batch " + std::to_string(e.batch)) +
+                          " (use a smaller --batch)");
     s.classes = *m.num_classes;
 }
 
@@ -144,8 +154,9 @@ train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     tc.max_batch = e.batch;
     tc.precision = s.precision;
     tc.optimizer.kind = e.optimizer;
-    tc.optimizer.lr =
-        e.lr.value_or(e.optimizer == train::OptimizerKind::sgd ? 0.05f * static_cast<float>(e.batch) / 256.0f : 0.002f);
+    tc.optimizer.lr = e.lr.value_or(e.optimizer == train::OptimizerKind::sgd
+                                        ? 0.05f * static_cast<float>(e.batch) * static_cast<float>(s.ranks()) / 256.0f
+                                        : 0.002f);
     tc.optimizer.momentum = e.momentum;
     tc.optimizer.nesterov = e.nesterov;
     tc.optimizer.weight_decay = e.weight_decay;
@@ -234,6 +245,7 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
         d.chunk_samples ? d.chunk_samples : std::max<std::uint64_t>(1, default_chunk_bytes / x.sample_bytes());
     if (x.storage == Storage::zstd_chunked && x.chunk_samples) sc.order.chunk_samples = x.chunk_samples;
     sc.batch = s.tc.max_batch;
+    sc.slice = {static_cast<std::uint32_t>(s.world->rank()), static_cast<std::uint32_t>(s.ranks())};
     sc.prefetch = d.prefetch;
     sc.readers = d.readers;
     if (!d.bench.empty()) {
@@ -274,6 +286,7 @@ void open_sources(Session& s) {
     data::SourceConfig test_sc = s.sc;
     test_sc.order.kind = data::Order::sequential;
     test_sc.drop_last = false;
+    test_sc.slice = {}; // every rank evaluates the whole test split
     test_sc.host_mem = 0;
     data::SourceConfig train_sc = s.sc;
     if (s.sc.placement == Placement::stream && s.test_split) {
@@ -324,9 +337,43 @@ void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource*
     (void)train_src.take_times();
 }
 
+// The trainer's reducer in a world of several ranks: MPI on the CPU, NCCL
+// (its id broadcast from rank 0 over MPI) on GPUs.
+std::unique_ptr<dist::Reducer> make_reducer(Session& s, double timeout_s) {
+    if (!s.on_gpu()) return s.world->host_reducer();
+    // Every rank finds the same build: none waits in the broadcast for a rank 0 that threw.
+    if (!dist::nccl_available())
+        throw no_fit_error("data-parallel training on GPUs (" + std::to_string(s.ranks()) +
+                           " ranks) needs NCCL, and this build has none; rebuild with CUDA and NCCL found, or train "
+                           "the ranks on the CPU with --device cpu");
+    dist::NcclId id{};
+    if (s.root()) id = dist::nccl_unique_id();
+    s.world->broadcast(id);
+    return dist::make_nccl_reducer(id, s.world->rank(), s.ranks(), s.device.index, timeout_s);
+}
+
 } // namespace
 
+void join_world(Session& s, TrainOptions& e, const DataOptions& d, const OutputOptions& out) {
+    s.world = dist::World::join(dist::detect_launch(), e.dist_timeout);
+    s.out = out;
+    if (!s.root()) s.out = {true, false, false};
+    if (!d.resume || e.batch_given || d.checkpoint.empty() || !checkpoint_exists(d.checkpoint)) return;
+    const Checkpoint c = load_checkpoint(d.checkpoint);
+    const auto it = c.run.find("batch");
+    if (it == c.run.end()) return;
+    const std::uint64_t global = std::strtoull(it->second.c_str(), nullptr, 10);
+    const auto n = static_cast<std::uint64_t>(s.ranks());
+    if (global == 0 || global % n != 0)
+        throw usage_error("cannot resume from '" + checkpoint_path(d.checkpoint).string() + "' with " +
+                          std::to_string(n) + " ranks (its global batch " + it->second +
+                          " = ranks x --batch does not split into " + std::to_string(n) +
+                          " equal batches) resume with a number of ranks that divides " + it->second);
+    e.batch = static_cast<std::uint32_t>(global / n);
+}
+
 void check_options(const TrainOptions& e, const DataOptions& d) {
+    if (!(e.dist_timeout > 0)) throw usage_error("invalid --dist-timeout (must be positive seconds)");
     if (e.epochs == 0) throw usage_error("invalid --epochs 0 (must be positive)");
     if (e.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
     if (d.resume && d.checkpoint.empty()) throw usage_error("--resume needs --checkpoint DIR (where to resume from)");
@@ -341,6 +388,7 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     s.order = data::parse_order(d.order);
     (void)data::parse_managed_policy(d.managed_policy); // a usage error before the dataset is opened
     s.device = choose_device(e, out);
+    if (s.on_gpu() && s.ranks() > 1) s.device.index = s.world->local_rank(); // one GPU per rank of the host
     if (s.on_gpu()) require_gpu(s.device);
     s.precision = e.precision.value_or(s.on_gpu() ? train::Precision::tf32 : train::Precision::fp32);
     if (!s.on_gpu() && s.precision != train::Precision::fp32) {
@@ -352,13 +400,17 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
 
     open_dataset(s, e);
     s.spec = train::resolve_model(e.model, s.classes);
-    s.steps_per_epoch = s.train_split->samples / e.batch;
+    s.steps_per_epoch = s.train_split->samples / (std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks()));
     s.tc = trainer_config(s, e);
     std::optional<model::SavedModel> init;
     if (!e.files.init_from.empty()) init = model::prepare_init_from(e.files, s.tc, out);
     if (s.on_gpu()) s.meter->attach(s.device.index);
     s.trainer = train::make_trainer(s.tc);
     if (init) model::load_weights(*s.trainer, *init);
+    if (s.ranks() > 1) {
+        s.reducer = make_reducer(s, e.dist_timeout);
+        s.trainer->set_reducer(s.reducer.get());
+    }
 
     s.sc = source_config(s, d, asked, out);
     s.sc.hash_batches = !s.on_gpu() && !e.log_json.empty();

@@ -16,6 +16,8 @@
 #include "dstk/checkpoint.hpp"
 #include "dstk/data/batch_source.hpp"
 #include "dstk/dataset.hpp"
+#include "dstk/dist/reducer.hpp"
+#include "dstk/dist/world.hpp"
 #include "dstk/output.hpp"
 #include "dstk/run/options.hpp"
 #include "dstk/run/report.hpp"
@@ -26,6 +28,10 @@ namespace dstk::run {
 // Everything a run builds before its first step. Built in place and never
 // moved: the sources refer to the dataset.
 struct Session {
+    // Data parallel: this process among the ranks (a world of one for a plain
+    // run). First member: it outlives everything else (MPI_Finalize last).
+    std::unique_ptr<dist::World> world;
+    OutputOptions out; // what this rank prints: rank 0 the run's, the others errors and warnings only
     std::optional<data::DeviceMemoryMeter> meter; // cuda (or device not chosen yet)
     train::Device device;
     train::Precision precision = train::Precision::fp32;
@@ -36,7 +42,8 @@ struct Session {
     std::uint32_t classes = 0;
     train::ModelSpec spec;
     train::TrainerConfig tc;
-    std::uint64_t steps_per_epoch = 0; // a partial last batch is skipped
+    std::uint64_t steps_per_epoch = 0;      // global steps; a partial last global batch is skipped
+    std::unique_ptr<dist::Reducer> reducer; // world larger than one: the trainer's (outlives it)
     std::unique_ptr<train::Trainer> trainer;
     data::Order order = data::Order::chunk;
     data::SourceConfig sc;
@@ -45,6 +52,9 @@ struct Session {
     std::uint64_t rss_before_sources = 0; // resident memory once the trainer is built
 
     bool on_gpu() const { return device.backend == train::Backend::cuda; }
+    bool root() const { return world->root(); }
+    int ranks() const { return world->size(); }
+    std::uint64_t global_batch() const { return std::uint64_t{tc.max_batch} * static_cast<std::uint64_t>(ranks()); }
 };
 
 // The GPU (or host) memory the run may hold, known before the first step.
@@ -63,6 +73,10 @@ struct Ceiling {
 // --- setup.cpp ---
 // Usage errors found from the options alone, before anything is opened.
 void check_options(const TrainOptions& e, const DataOptions& d);
+// The world of ranks (dstk/dist/world.hpp) and what this rank prints; the
+// per-rank batch: --batch, or on a resume without it the checkpoint's global
+// batch over this run's ranks (a resume at another rank count).
+void join_world(Session& s, TrainOptions& e, const DataOptions& d, const OutputOptions& out);
 // Meter, device, dataset, trainer, sources, in that order (the meter reads
 // the device before this process has a CUDA context).
 void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out);
@@ -98,9 +112,13 @@ struct EpochOutcome {
     EpochReport report;
     data::StageTimes stages;
     LoopTimes loop;
-    std::uint64_t steps = 0; // in total, after the epoch
-    std::uint64_t peak = 0;  // cuda: measured over the epoch
-    bool whole = true;       // the epoch ran from its first batch to its last
+    std::uint64_t steps = 0;          // in total, after the epoch
+    std::uint64_t peak = 0;           // cuda: measured over the epoch (the largest of the ranks')
+    std::vector<std::uint64_t> peaks; // each rank's, in rank order
+    // --log-json: per global step from first_batch on, the XXH64 of its sample indices (16 hex digits)
+    std::vector<std::string> index_hashes;
+    std::uint64_t first_batch = 0;
+    bool whole = true; // the epoch ran from its first batch to its last
 };
 void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c, JsonLog& log,
                   const OutputOptions& out);
@@ -116,9 +134,13 @@ class Checkpointer {
     Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d);
     // The position to start from: a loaded checkpoint's (with --resume), else the start.
     CheckpointPosition start(train::Trainer& t, const OutputOptions& out) const;
-    void write(train::Trainer& t, const CheckpointPosition& p) const; // nothing without --checkpoint
+    // Nothing without --checkpoint. Every rank calls it: the BN statistics
+    // are averaged over the ranks, then rank 0 writes.
+    void write(train::Trainer& t, const CheckpointPosition& p) const;
 
   private:
+    void save(train::Trainer& t, const CheckpointPosition& p) const;
+    dist::World& world_;
     const DataOptions& d_;
     std::uint64_t seed_;
     std::string command_line_;

@@ -5,9 +5,12 @@
 
 namespace dstk::run {
 
-RunReport run_training(const TrainOptions& e, const DataOptions& d, const OutputOptions& out) {
-    check_options(e, d);
+RunReport run_training(const TrainOptions& given, const DataOptions& d, const OutputOptions& given_out) {
+    check_options(given, d);
     Session s;
+    TrainOptions e = given;
+    join_world(s, e, d, given_out);
+    const OutputOptions& out = s.out;
     open_session(s, e, d, out);
     RunReport r = first_report(s);
     describe_session(s, d, r, out);
@@ -21,11 +24,12 @@ RunReport run_training(const TrainOptions& e, const DataOptions& d, const Output
                       " to train further");
         return r;
     }
-    JsonLog log(e.log_json, d.resume);
+    JsonLog log(s.root() ? e.log_json : std::string(), d.resume);
     const Ceiling c = measure_ceiling(s, pos.epoch, r);
     report_ceiling(s, c, r, log, out);
     train_epochs(s, e, d, out, ck, pos, c, log, r);
-    model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, out);
+    s.trainer->average_states(); // every rank: a collective
+    if (s.root()) model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, out);
     return r;
 }
 

@@ -10,6 +10,7 @@
 
 #include "backends.hpp"
 #include "cpu_ops.hpp"
+#include "dstk/dist/reducer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
 #include "dstk/thread_pool.hpp"
@@ -57,6 +58,20 @@ class CpuTrainer final : public Trainer {
         return {input_grad_.begin(),
                 input_grad_.begin() + static_cast<std::ptrdiff_t>(last_n_ * cfg_.plan.input.numel())};
     }
+    // Data parallel: rank 0's parameters (and optimiser slots, for a resume
+    // whose ranks read the checkpoint) everywhere; gradients averaged in
+    // train_step.
+    void set_reducer(dist::Reducer* reducer) override {
+        reducer_ = reducer;
+        if (!reducer_) return;
+        reducer_->broadcast_host(params_.data(), params_.size());
+        reducer_->broadcast_host(states_.data(), states_.size());
+        reducer_->broadcast_host(slots_.data(), slots_.size());
+    }
+    void average_states() override {
+        if (reducer_ && !states_.empty()) reducer_->average_host(states_.data(), states_.size());
+    }
+
     std::vector<float> read_gradients() override { return grads_; }
     std::vector<float> read_parameters() override { return params_; }
     std::vector<float> read_states() override { return states_; }
@@ -103,6 +118,7 @@ class CpuTrainer final : public Trainer {
     bool need_input_grad_ = false;
     Metrics train_metrics_, eval_metrics_;
     std::optional<std::uint64_t> nonfinite_;
+    dist::Reducer* reducer_ = nullptr;
 };
 
 CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
@@ -581,6 +597,9 @@ void CpuTrainer::run_forward_backward(const Batch& b, bool update) {
     train_metrics_.samples += m.samples;
     train_metrics_.correct += m.correct;
     train_metrics_.loss_sum += m.loss_sum;
+    // Each rank's gradient is the mean over its batch; their mean is the
+    // global batch's (the ranks' batches are equal).
+    if (reducer_) reducer_->average_host(grads_.data(), grads_.size());
     const float lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_);
     const std::uint64_t np = params_.size();
     parallel_ranges(np, parts(), [&](std::uint64_t j0, std::uint64_t j1) {

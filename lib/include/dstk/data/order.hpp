@@ -49,6 +49,22 @@ struct OrderConfig {
     std::uint64_t window_chunks = 8;    // chunk order: chunks mixed together
 };
 
+// Data-parallel training: `world` ranks each train on `batch` samples per
+// step, one global batch of world x batch positions of the epoch's order.
+// Global step k covers positions [k*world*batch, (k+1)*world*batch) and rank
+// r takes [k*world*batch + r*batch, k*world*batch + (r+1)*batch), so a global
+// step holds the same samples whatever the world size (for the same global
+// batch); positions that fill no global batch are dropped. A world of one is
+// the plain run: batch k at position k*batch.
+struct RankSlice {
+    std::uint32_t rank = 0, world = 1;
+    // First position of this rank's batch `k`.
+    std::uint64_t first_position(std::uint64_t k, std::uint32_t batch) const { return (k * world + rank) * batch; }
+    // Batches (global steps) per epoch; a partial last batch is kept with
+    // drop_last false, which only a world of one may ask.
+    std::uint64_t batches(std::uint64_t samples, std::uint32_t batch, bool drop_last) const;
+};
+
 // The sample visited at each position of one epoch.
 class EpochOrder {
   public:

@@ -20,7 +20,8 @@ struct TrainOptions {
     std::filesystem::path dataset;
     std::string model = "ref-cnn";
     std::uint32_t epochs = 5;
-    std::uint32_t batch = 256;
+    std::uint32_t batch = 256; // per rank; the global batch is ranks x batch
+    bool batch_given = false;  // typed on this command line (a resume at another rank count derives it otherwise)
     std::optional<float> lr; // default: 0.05 sgd, 0.002 adamw (times batch/256 for sgd)
     train::OptimizerKind optimizer = train::OptimizerKind::sgd;
     float momentum = 0.9f;
@@ -44,6 +45,7 @@ struct TrainOptions {
     // --resume (dstk/checkpoint.hpp, resume_options).
     std::map<std::string, std::vector<std::string>> given_options;
     model::ModelRunOptions files; // --save, --init-from, --force
+    double dist_timeout = 120.0;  // data parallel: seconds every rank has to reach the start-up rendezvous
 };
 
 struct DataOptions {

@@ -26,6 +26,10 @@ struct RunReport {
     std::uint64_t memory_ceiling = 0, runtime_overhead = 0, data_device_bytes = 0, peak_device_bytes = 0;
     std::string memory_method;
     std::vector<EpochReport> epochs;
+    // Data parallel: this process's rank and the world size (figures above
+    // are the world's: summed metrics and samples/s, the largest rank's peak).
+    int rank = 0, ranks = 1;
+    std::uint32_t global_batch = 0;
 };
 
 std::string run_report_json(const RunReport& r); // the --json document
