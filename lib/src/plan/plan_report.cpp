@@ -26,7 +26,7 @@ namespace {
 // the CPU backend (weights, gradients, optimiser slots, activations kept for
 // the backward pass at this batch), plus the cuDNN workspace bound the GPU
 // backend allocates at most. The GPU backend's own plan differs from it by a
-// few percent (dstrain prints both; README records them).
+// few percent (dsplan and dstrain each print theirs).
 std::uint64_t model_footprint(const train::NetworkPlan& net, DType dtype, std::uint32_t batch) {
     train::TrainerConfig tc;
     tc.plan = net;
