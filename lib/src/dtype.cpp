@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cstring>
+#include <utility>
 
 #include "dstk/error.hpp"
 
@@ -23,6 +24,13 @@ constexpr DTypeRow rows[] = {
     {DType::f16, "f16", 2, "<f2", true, true},   {DType::bf16, "bf16", 2, "<u2", true, true},
     {DType::f32, "f32", 4, "<f4", true, true},   {DType::f64, "f64", 8, "<f8", true, true},
 };
+
+// Common spellings from numpy and PyTorch, read as well as the names above.
+constexpr std::pair<std::string_view, DType> aliases[] = {
+    {"uint8", DType::u8},      {"int8", DType::i8},     {"uint16", DType::u16},  {"int16", DType::i16},
+    {"int32", DType::i32},     {"int64", DType::i64},   {"float16", DType::f16}, {"half", DType::f16},
+    {"bfloat16", DType::bf16}, {"float32", DType::f32}, {"float", DType::f32},   {"float64", DType::f64},
+    {"double", DType::f64}};
 
 const DTypeRow& row(DType t) {
     return rows[static_cast<int>(t)];
@@ -49,17 +57,8 @@ std::string npy_descr(DType t) {
 std::optional<DType> dtype_from_name(std::string_view name) {
     for (const auto& r : rows)
         if (name == r.name) return r.type;
-    // Common spellings from numpy and PyTorch.
-    if (name == "uint8") return DType::u8;
-    if (name == "int8") return DType::i8;
-    if (name == "uint16") return DType::u16;
-    if (name == "int16") return DType::i16;
-    if (name == "int32") return DType::i32;
-    if (name == "int64") return DType::i64;
-    if (name == "float16" || name == "half") return DType::f16;
-    if (name == "bfloat16") return DType::bf16;
-    if (name == "float32" || name == "float") return DType::f32;
-    if (name == "float64" || name == "double") return DType::f64;
+    for (const auto& [alias, type] : aliases)
+        if (name == alias) return type;
     return std::nullopt;
 }
 

@@ -1,7 +1,10 @@
 #include "dstk/npy.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <iterator>
+#include <utility>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -140,28 +143,14 @@ std::optional<DescrInfo> parse_descr(const std::string& d) {
     if (d.size() < 3) return std::nullopt;
     const char order = d[0];
     if (order != '<' && order != '>' && order != '|' && order != '=') return std::nullopt;
-    const std::string code = d.substr(1);
-    DType t;
-    if (code == "u1" || code == "b1")
-        t = DType::u8;
-    else if (code == "i1")
-        t = DType::i8;
-    else if (code == "u2")
-        t = DType::u16;
-    else if (code == "i2")
-        t = DType::i16;
-    else if (code == "i4")
-        t = DType::i32;
-    else if (code == "i8")
-        t = DType::i64;
-    else if (code == "f2")
-        t = DType::f16;
-    else if (code == "f4")
-        t = DType::f32;
-    else if (code == "f8")
-        t = DType::f64;
-    else
-        return std::nullopt;
+    // The type codes read ('b1', numpy's bool, reads as u8); bf16 has none of its own.
+    static constexpr std::pair<std::string_view, DType> codes[] = {
+        {"u1", DType::u8},  {"b1", DType::u8},  {"i1", DType::i8},  {"u2", DType::u16}, {"i2", DType::i16},
+        {"i4", DType::i32}, {"i8", DType::i64}, {"f2", DType::f16}, {"f4", DType::f32}, {"f8", DType::f64}};
+    const std::string_view code = std::string_view(d).substr(1);
+    const auto* hit = std::find_if(std::begin(codes), std::end(codes), [&](const auto& c) { return c.first == code; });
+    if (hit == std::end(codes)) return std::nullopt;
+    const DType t = hit->second;
     const bool big = order == '>' && dtype_size(t) > 1;
     return DescrInfo{t, big};
 }

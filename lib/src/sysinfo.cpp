@@ -11,6 +11,8 @@
 #include <thread>
 #include <unistd.h>
 
+#include "dstk/fd.hpp"
+
 namespace fs = std::filesystem;
 
 namespace dstk {
@@ -20,15 +22,14 @@ namespace {
 // files are parsed without iostreams or locales.
 std::string read_small_file(const fs::path& path) {
     std::string text;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return text;
+    const UniqueFd fd = UniqueFd::try_open(path, O_RDONLY);
+    if (!fd) return text;
     char buf[4096];
     for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof buf);
+        const ssize_t n = ::read(fd.get(), buf, sizeof buf);
         if (n <= 0) break;
         text.append(buf, static_cast<std::size_t>(n));
     }
-    ::close(fd);
     return text;
 }
 
@@ -100,7 +101,8 @@ MemoryReading read_host_memory() {
     m.total = field_value(meminfo, "MemTotal:").value_or(0) * 1024;
     m.available = field_value(meminfo, "MemAvailable:").value_or(0) * 1024;
     m.cgroup_limit = cgroup_limit();
-    if (m.cgroup_limit) m.cgroup_anon = field_value(read_small_file(own_cgroup_dir() / "memory.stat"), "anon").value_or(0);
+    if (m.cgroup_limit)
+        m.cgroup_anon = field_value(read_small_file(own_cgroup_dir() / "memory.stat"), "anon").value_or(0);
     return m;
 }
 

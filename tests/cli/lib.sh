@@ -70,6 +70,59 @@ print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 
 skip() { echo "SKIP: $*" >&2; exit 77; }
 
+# ---- Documented command lines (test_readme.sh, test_man_examples.sh) ----
+# Such a test defines SKIP (substrings of the lines that cannot run here, each
+# with its reason) and rewrite (a line -> the same line at test size), then
+# calls run_doc_line on each line.
+
+# need_doc_tools WHY: skips unless the five tools, a python3 with numpy (set as
+# PY) and MNIST in the shared folder (set as MNIST; WHY says what needs it) are here.
+need_doc_tools() {
+    local t
+    for t in dsgen dsconvert dsplan dsbench dstrain; do [ -x "$BIN/$t" ] || skip "no $t binary in $BIN"; done
+    PY=$(numpy_python)
+    [ -n "$PY" ] || skip "numpy is needed for the .npz fixtures"
+    MNIST=${SHARED:+$SHARED/data/mnist}
+    [ -n "$MNIST" ] && [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] || skip "no MNIST in DSTK_SHARED_DIR ($1)"
+}
+
+# Shell lines on stdin without their comments and blank lines.
+strip_shell_comments() { sed -E 's/[[:space:]]+#[[:space:]].*$//' | grep -v '^[[:space:]]*$'; }
+
+# The sed script that makes every dstrain line (but eval and predict) train 1 epoch on 2 CPU threads.
+DSTRAIN_ONE_EPOCH='/(^|[ &])dstrain (eval|predict) /!{/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}}'
+
+# make_npz_fixtures [PYTHON]: data.npz (x_train, y_train) and cols.bin in the
+# current directory, then PYTHON (with np and r, a seeded generator) for the
+# test's own fixtures.
+make_npz_fixtures() {
+    "$PY" -c '
+import numpy as np
+r = np.random.default_rng(1)
+np.savez("data.npz", x_train=r.random((200, 1, 8, 8), dtype=np.float32), y_train=r.integers(0, 4, 200).astype(np.int32))
+r.random((784 * 64,), dtype=np.float32).tofile("cols.bin")
+'"${1:-}"
+}
+
+# run_doc_line LINE: returns 1 (and says so) if LINE is listed in SKIP; else
+# runs $(rewrite LINE) through bash, set as DOC_CMD, and expects exit 0 (a
+# `--check ... || exit` gate answers with its exit status: 0 or 3).
+run_doc_line() {
+    local line=$1 s
+    for s in "${SKIP[@]}"; do
+        if [[ "$line" == *"$s"* ]]; then
+            echo "skipped (listed): $line"
+            return 1
+        fi
+    done
+    DOC_CMD=$(rewrite "$line")
+    if [[ "$line" == *"--check"*"|| exit" ]]; then
+        expect_exit 0 bash -c "( $DOC_CMD ); r=\$?; [ \$r -eq 0 ] || [ \$r -eq 3 ]"
+    else
+        expect_exit 0 bash -c "$DOC_CMD"
+    fi
+}
+
 finish() {
     if [ "$FAILED" -gt 0 ]; then
         echo "$FAILED of $CHECKS checks failed" >&2

@@ -7,11 +7,7 @@
 # that cannot run here are listed in SKIP with the reason; a line in neither
 # list that fails, fails the test.
 source "$(dirname "$0")/lib.sh"
-for t in dsgen dsconvert dsplan dsbench dstrain; do [ -x "$BIN/$t" ] || skip "no $t binary in $BIN"; done
-PY=$(numpy_python)
-[ -n "$PY" ] || skip "numpy is needed for the .npz fixtures"
-MNIST=${SHARED:+$SHARED/data/mnist}
-[ -n "$MNIST" ] && [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] || skip "no MNIST in DSTK_SHARED_DIR (dsconvert's IDX examples)"
+need_doc_tools "dsconvert's IDX examples"
 MAN="$(cd "$(dirname "$0")/../../man" && pwd)"
 SCRIPTS="$(cd "$(dirname "$0")/../../scripts" && pwd)"
 # 'producer' stands for any program writing raw samples: 64 u8 3x32x32 ones.
@@ -38,7 +34,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 rewrite() {
     sed -E -e 's/--train (1M|10M|100K|50K)/--train 1K/' -e '/dsgen /s/--test 10K/--test 256/' \
         -e 's/--kind bytes --shape 1048576 --train 10K/--kind bytes --shape 4096 --train 64/' \
-        -e '/(^|[ &])dstrain (eval|predict) /!{/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}}' \
+        -e "$DSTRAIN_ONE_EPOCH" \
         -e 's/(dsbench all( [^ -][^ ]*)?)/\1 --repetitions 1 --min-time 0 --size 4M/g' <<<"$1"
 }
 
@@ -49,7 +45,7 @@ examples() {
          /^\.(nf|EX)/{b=1;next} /^\.(fi|EE)/{b=0;next}
          b&&!/^\./{print;next} /^\.B /{sub(/^\.B /,"");print}' "$MAN/$1.1" |
         sed -E -e 's/\\-/-/g' -e 's/\\e/\\/g' | sed -e ':a' -e '/\\$/{N;s/\\\n[[:space:]]*/ /;ba' -e '}' |
-        sed -E 's/[[:space:]]+#[[:space:]].*$//' | grep -v '^[[:space:]]*$'
+        strip_shell_comments
 }
 
 # Fixtures each page names, made in its fresh directory.
@@ -66,11 +62,7 @@ fixtures() {
         dsgen big/ --train 256 --test 64 --shape 3x16x16 --dtype f32 -q
         dsgen cifar/ --train 256 --test 64 --shape 3x16x16 --dtype u8 -q
         dsgen huge/ --train 512 --test 64 --shape 3x16x16 --dtype u8 -q
-        "$PY" -c '
-import numpy as np
-r = np.random.default_rng(1)
-np.savez("data.npz", x_train=r.random((200, 1, 8, 8), dtype=np.float32), y_train=r.integers(0, 4, 200).astype(np.int32))
-r.random((784 * 64,), dtype=np.float32).tofile("cols.bin")
+        make_npz_fixtures '
 np.savez("images.npz", r.integers(0, 256, (100, 8, 8, 3)).astype(np.uint8))
 np.savez("labels.npz", r.integers(0, 10, 100).astype(np.int64))
 r.integers(0, 256, 1 << 20).astype(np.uint8).tofile("data.raw")
@@ -88,19 +80,7 @@ for page in dsgen dsconvert dsplan dsbench dstrain; do
     cd "$WORK/$page" || exit 1
     fixtures "$page"
     for line in "${LINES[@]}"; do
-        skipped=""
-        for s in "${SKIP[@]}"; do [[ "$line" == *"$s"* ]] && skipped=1; done
-        if [ -n "$skipped" ]; then
-            echo "skipped (listed): $line"
-            continue
-        fi
-        cmd=$(rewrite "$line")
-        if [[ "$line" == *"--check"*"|| exit" ]]; then # a gate: its exit status is the answer, 0 or 3
-            expect_exit 0 bash -c "( $cmd ); r=\$?; [ \$r -eq 0 ] || [ \$r -eq 3 ]"
-        else
-            expect_exit 0 bash -c "$cmd"
-        fi
-        echo "ran ($page): $cmd"
+        run_doc_line "$line" && echo "ran ($page): $DOC_CMD"
     done
 done
 

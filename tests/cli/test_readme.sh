@@ -8,11 +8,7 @@
 # that is in neither list and fails, fails the test. Then the bench-then-train
 # line runs a second time: README's commands must run twice in a row.
 source "$(dirname "$0")/lib.sh"
-for t in dsgen dsconvert dsplan dsbench dstrain; do [ -x "$BIN/$t" ] || skip "no $t binary in $BIN"; done
-PY=$(numpy_python)
-[ -n "$PY" ] || skip "numpy is needed for the .npz fixture"
-MNIST=${SHARED:+$SHARED/data/mnist}
-[ -n "$MNIST" ] && [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] || skip "no MNIST in DSTK_SHARED_DIR (README's dsconvert line)"
+need_doc_tools "README's dsconvert line"
 README="$(dirname "$0")/../../README.md"
 
 # Lines that cannot run on this machine (substring match), with the reason.
@@ -30,13 +26,13 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 # dsbench measures once, briefly, on 4 MiB (as its own tests do).
 rewrite() {
     sed -E -e 's/--train (1M|10M)/--train 2K/' \
-        -e '/(^|[ &])dstrain (eval|predict) /!{/(^|[ &])dstrain /{s/ --epochs [0-9]+//g; s/(dstrain [^ ]+)/\1 --epochs 1 -T 2/g}}' \
+        -e "$DSTRAIN_ONE_EPOCH" \
         -e 's/(dsbench all [^ ]+)/\1 --repetitions 1 --min-time 0 --size 4M/g' <<<"$1"
 }
 
 # The Tour's sh blocks, comments off.
 mapfile -t LINES < <(awk '/^## Tour/{t=1} /^## Measured/{t=0} t&&/^```sh/{b=1;next} t&&/^```/{b=0} b' "$README" |
-    sed -E 's/[[:space:]]+#[[:space:]].*$//' | grep -v '^[[:space:]]*$')
+    strip_shell_comments)
 expect_true "README's Tour has command lines" test "${#LINES[@]}" -gt 30
 
 # Fixtures, in a directory whose ../shared is the shared folder.
@@ -48,11 +44,7 @@ ln -s "$MNIST/t10k-images-idx3-ubyte.gz" "$MNIST/t10k-labels-idx1-ubyte.gz" .
 export PATH="$BIN:$PATH"
 dsgen data/ --train 512 --test 128 --shape 3x16x16 --classes 10 -q
 dsgen big/ --train 1024 --test 128 --shape 3x16x16 --classes 10 -q
-"$PY" -c '
-import numpy as np
-r = np.random.default_rng(1)
-np.savez("data.npz", x_train=r.random((200, 1, 8, 8), dtype=np.float32), y_train=r.integers(0, 4, 200).astype(np.int32))
-r.random((784 * 64,), dtype=np.float32).tofile("cols.bin")
+make_npz_fixtures '
 import os
 os.mkdir("cifar-10-batches-bin")
 def batch(n):
@@ -64,19 +56,7 @@ dsbench all data/ --cases io.seq --repetitions 1 --min-time 0 --json before.json
 
 ran=0
 for line in "${LINES[@]}"; do
-    skipped=""
-    for s in "${SKIP[@]}"; do [[ "$line" == *"$s"* ]] && skipped=1; done
-    if [ -n "$skipped" ]; then
-        echo "skipped (listed): $line"
-        continue
-    fi
-    cmd=$(rewrite "$line")
-    if [[ "$line" == *"--check"*"|| exit" ]]; then # a gate: its exit status is the answer, 0 or 3
-        expect_exit 0 bash -c "( $cmd ); r=\$?; [ \$r -eq 0 ] || [ \$r -eq 3 ]"
-    else
-        expect_exit 0 bash -c "$cmd"
-    fi
-    ran=$((ran + 1))
+    run_doc_line "$line" && ran=$((ran + 1))
 done
 echo "ran $ran README lines"
 

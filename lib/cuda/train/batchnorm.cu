@@ -356,14 +356,35 @@ __global__ void bn_apply_backward_kernel(const T* x, const T* dy, T* dx, std::ui
 // The element-wise passes over NHWC tensors with 16-byte accesses: each
 // thread keeps to one group of V channels (blockDim.x a multiple of c / V),
 // its coefficients in registers.
+// V channels' coefficients from c0 (coef holds five rows of `channels`
+// floats, written by the finalize kernels): forward scale, shift and mean.
+template <int V>
+__device__ __forceinline__ void load_forward_coefs(const float* coef, std::uint32_t channels, std::uint32_t c0,
+                                                   float (&a)[V], float (&b)[V], float (&m)[V]) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = coef[c0 + k], b[k] = coef[channels + c0 + k], m[k] = coef[3 * channels + c0 + k];
+}
+
+// Backward: k, c1, c2, mean and beta.
+template <int V>
+__device__ __forceinline__ void load_backward_coefs(const float* coef, std::uint32_t channels, std::uint32_t c0,
+                                                    float (&kk)[V], float (&c1)[V], float (&c2)[V], float (&m)[V],
+                                                    float (&b)[V]) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const std::uint32_t c = c0 + k;
+        kk[k] = coef[c], c1[k] = coef[channels + c], c2[k] = coef[2 * channels + c], m[k] = coef[3 * channels + c],
+        b[k] = coef[4 * channels + c];
+    }
+}
+
 template <class T, int V>
 __global__ void bn_apply_vec_kernel(const T* x, T* y, std::uint64_t groups, std::uint32_t channels, const float* coef,
                                     bool relu) {
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % (channels / V)) * V;
     float a[V], b[V], m[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) a[k] = coef[c0 + k], b[k] = coef[channels + c0 + k], m[k] = coef[3 * channels + c0 + k];
+    load_forward_coefs<V>(coef, channels, c0, a, b, m);
     for (std::uint64_t g = g0; g < groups; g += std::uint64_t{gridDim.x} * blockDim.x) {
         float v[V];
         ldv<V>(x, g * V, v);
@@ -382,12 +403,7 @@ __global__ void bn_apply_backward_vec_kernel(const T* x, const T* dy, T* dx, std
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % (channels / V)) * V;
     float kk[V], c1[V], c2[V], m[V], b[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-        const std::uint32_t c = c0 + k;
-        kk[k] = coef[c], c1[k] = coef[channels + c], c2[k] = coef[2 * channels + c], m[k] = coef[3 * channels + c],
-        b[k] = coef[4 * channels + c];
-    }
+    load_backward_coefs<V>(coef, channels, c0, kk, c1, c2, m, b);
     for (std::uint64_t g = g0; g < groups; g += std::uint64_t{gridDim.x} * blockDim.x) {
         float xv[V], gv[V];
         ldv<V>(x, g * V, xv);
@@ -468,8 +484,7 @@ template <class T, int V> __global__ void bn_apply_pool_kernel(const T* x, T* y,
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % p.groups) * V;
     float a[V], b[V], m[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) a[k] = coef[c0 + k], b[k] = coef[p.c + c0 + k], m[k] = coef[3 * p.c + c0 + k];
+    load_forward_coefs<V>(coef, p.c, c0, a, b, m);
     for (std::uint64_t o = g0; o < p.count; o += std::uint64_t{gridDim.x} * blockDim.x) {
         float xv[4][V], best[V];
         int arg[V];
@@ -528,14 +543,9 @@ __global__ void bn_reduce_pool_kernel(const T* x, const T* dp, BnRefs r, PoolWin
 template <class T, int V>
 __global__ void bn_apply_backward_pool_kernel(const T* x, const T* dp, T* dx, PoolWindows p, const float* coef) {
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
-    const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % p.groups) * V, ch = p.c;
+    const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % p.groups) * V;
     float kk[V], c1[V], c2[V], m[V], b[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-        const std::uint32_t c = c0 + k;
-        kk[k] = coef[c], c1[k] = coef[ch + c], c2[k] = coef[2 * ch + c], m[k] = coef[3 * ch + c],
-        b[k] = coef[4 * ch + c];
-    }
+    load_backward_coefs<V>(coef, p.c, c0, kk, c1, c2, m, b);
     for (std::uint64_t o = g0; o < p.count; o += std::uint64_t{gridDim.x} * blockDim.x) {
         const std::uint64_t base = p.base(static_cast<std::uint32_t>(o), V);
         float xv[4][V], best[V], gp[V];

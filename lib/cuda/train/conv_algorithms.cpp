@@ -308,36 +308,31 @@ ConvAlgos fit_conv_algorithms(const ConvSearch& s, const ConvCall& c, ConvAlgos 
         return runtime_error(std::string("no ") + which + " convolution algorithm for layer " + std::to_string(layer) +
                              " at batch " + std::to_string(batch) + " fits the workspace bound");
     };
-    std::size_t need = 0;
-    cudnnMathType_t math;
     std::optional<Ranked> r;
     auto ranked = [&]() -> const Ranked& {
         if (!r) r = heuristic_lists(s, c);
         return *r;
     };
-    if (cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, c.x, c.w, c.fwd, c.y, a.fwd, &need) != CUDNN_STATUS_SUCCESS ||
-        need > s.workspace_bytes) {
-        CUDNN_CHECK(cudnnGetConvolutionMathType(c.fwd, &math));
-        const auto* f = first_usable(ranked().fwd, ranked().fwd_count, s, &math);
-        if (!f) throw none("forward");
-        a.fwd = f->algo;
-    }
-    if (cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn, c.w, c.y, c.bwd_data, c.x, a.bwd_data, &need) !=
-            CUDNN_STATUS_SUCCESS ||
-        need > s.workspace_bytes) {
-        CUDNN_CHECK(cudnnGetConvolutionMathType(c.bwd_data, &math));
-        const auto* g = first_usable(ranked().data, ranked().data_count, s, &math);
-        if (!g) throw none("backward-data");
-        a.bwd_data = g->algo;
-    }
-    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn, c.x, c.y, c.bwd_filter, c.w, a.bwd_filter, &need) !=
-            CUDNN_STATUS_SUCCESS ||
-        need > s.workspace_bytes) {
-        CUDNN_CHECK(cudnnGetConvolutionMathType(c.bwd_filter, &math));
-        const auto* w = first_usable(ranked().filter, ranked().filter_count, s, &math);
-        if (!w) throw none("weight-gradient");
-        a.bwd_filter = w->algo;
-    }
+    std::size_t need = 0;
+    // One direction: the algorithm stays if cuDNN sized its workspace within the bound, else the first usable one
+    // of cuDNN's ranked list with the descriptor's math type replaces it.
+    auto refit = [&](auto& algo, cudnnStatus_t sized, cudnnConvolutionDescriptor_t conv, auto list, int Ranked::*count,
+                     const char* which) {
+        if (sized == CUDNN_STATUS_SUCCESS && need <= s.workspace_bytes) return;
+        cudnnMathType_t math;
+        CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &math));
+        const auto* p = first_usable(ranked().*list, ranked().*count, s, &math);
+        if (!p) throw none(which);
+        algo = p->algo;
+    };
+    refit(a.fwd, cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, c.x, c.w, c.fwd, c.y, a.fwd, &need), c.fwd,
+          &Ranked::fwd, &Ranked::fwd_count, "forward");
+    refit(a.bwd_data,
+          cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn, c.w, c.y, c.bwd_data, c.x, a.bwd_data, &need),
+          c.bwd_data, &Ranked::data, &Ranked::data_count, "backward-data");
+    refit(a.bwd_filter,
+          cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn, c.x, c.y, c.bwd_filter, c.w, a.bwd_filter, &need),
+          c.bwd_filter, &Ranked::filter, &Ranked::filter_count, "weight-gradient");
     return a;
 }
 

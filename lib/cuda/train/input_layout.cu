@@ -33,22 +33,24 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
 
 // ---- layouts and weight copies ----
 
+// A batched transpose, out[n][a][b] = in[n][b][a] with a < rows, b < cols:
+// NHWC to NCHW is rows = C, cols = HW; NCHW to NHWC is rows = HW, cols = C.
 template <class T>
-__global__ void nhwc_to_nchw_kernel(const T* in, T* out, std::uint64_t count, std::uint32_t channels,
-                                    std::uint64_t hw) {
+__global__ void transpose_kernel(const T* in, T* out, std::uint64_t count, std::uint64_t rows, std::uint64_t cols) {
     GRID_LOOP(i, count) {
-        const std::uint64_t j = i % hw, c = (i / hw) % channels, n = i / (hw * channels);
-        out[i] = in[(n * hw + j) * channels + c];
+        const std::uint64_t b = i % cols, a = (i / cols) % rows, n = i / (cols * rows);
+        out[i] = in[(n * cols + b) * rows + a];
     }
 }
 
-template <class T>
-__global__ void nchw_to_nhwc_kernel(const T* in, T* out, std::uint64_t count, std::uint32_t channels,
-                                    std::uint64_t hw) {
-    GRID_LOOP(i, count) {
-        const std::uint64_t c = i % channels, j = (i / channels) % hw, n = i / (hw * channels);
-        out[i] = in[(n * channels + c) * hw + j];
-    }
+void launch_transpose(const void* in, void* out, ActType t, std::uint64_t count, std::uint64_t rows, std::uint64_t cols,
+                      cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        transpose_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
+                                                                  count, rows, cols);
+    });
+    check_launch();
 }
 
 template <class T>
@@ -96,24 +98,12 @@ void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels
 
 void launch_nhwc_to_nchw(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
                          cudaStream_t s) {
-    const std::uint64_t count = n * c * hw;
-    dispatch(t, [&](auto tag) {
-        using T = DSTK_T;
-        nhwc_to_nchw_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
-                                                                     count, c, hw);
-    });
-    check_launch();
+    launch_transpose(in, out, t, n * c * hw, c, hw, s);
 }
 
 void launch_nchw_to_nhwc(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
                          cudaStream_t s) {
-    const std::uint64_t count = n * c * hw;
-    dispatch(t, [&](auto tag) {
-        using T = DSTK_T;
-        nchw_to_nhwc_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
-                                                                     count, c, hw);
-    });
-    check_launch();
+    launch_transpose(in, out, t, n * c * hw, hw, c, s);
 }
 
 void launch_gather_weights(const float* params, const std::uint32_t* map, void* copy, ActType t, std::uint64_t count,

@@ -164,10 +164,70 @@ __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
 // cores read their TF32 part (the low 13 mantissa bits are dropped, not
 // rounded). At the end the two warps of each filter row add their sums in
 // shared memory and the block writes its result in rows of 32 channels.
+// One filter row's products over one tile row, fp32 (m16n8k4, TF32): lane
+// quarter t4 walks columns col .. col + run - 1. Inlined, so the kernel's
+// registers and code are those of one body.
+template <unsigned LogW>
+__device__ __forceinline__ void multiply_row_tf32(const std::uint32_t* arow, const std::uint32_t* brow, unsigned gid,
+                                                  unsigned t4, float (&acc)[3][2][4][4]) {
+    constexpr unsigned run = (1u << LogW) / 4;
+    const unsigned col = t4 * run;
+    // Window: input columns col + j + 0..2 (padded: the left halo is column 0).
+    uint4 u[3];
+    u[0] = chunk_at(brow, col, gid, t4);
+    u[1] = chunk_at(brow, col + 1, gid, t4 + (1 >= run));
+#pragma unroll
+    for (unsigned j = 0; j < run; ++j) {
+        u[(j + 2) % 3] = chunk_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
+        const uint4 v = chunk_at(arow, col + j, gid, t4);
+#pragma unroll
+        for (unsigned s = 0; s < 3; ++s)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi)
+                    mma_tf32(acc[s][mi][ni], word(v, 2 * mi), word(v, 2 * mi + 1), word(u[(j + s) % 3], ni));
+    }
+}
+
+// The same for bf16 (m16n8k8): lane quarter t4's k slots are columns col + 2j
+// and col + 2j + 1, packed in pairs per channel.
+template <unsigned LogW>
+__device__ __forceinline__ void multiply_row_bf16(const std::uint32_t* arow, const std::uint32_t* brow, unsigned gid,
+                                                  unsigned t4, float (&acc)[3][2][4][4]) {
+    constexpr unsigned run = (1u << LogW) / 4;
+    const unsigned col = t4 * run;
+    // Window: input columns col + 2j + 0..3.
+    uint2 u[4];
+    u[0] = unit_at(brow, col, gid, t4);
+    u[1] = unit_at(brow, col + 1, gid, t4 + (1 >= run));
+#pragma unroll
+    for (unsigned j = 0; j < run; j += 2) {
+        u[(j + 2) % 4] = unit_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
+        u[(j + 3) % 4] = unit_at(brow, col + j + 3, gid, t4 + (j + 3 >= run));
+        const uint2 va = unit_at(arow, col + j, gid, t4), vb = unit_at(arow, col + j + 1, gid, t4);
+        std::uint32_t a[2][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) a[mi][i] = pair(mi ? va.y : va.x, mi ? vb.y : vb.x, i != 0);
+#pragma unroll
+        for (unsigned s = 0; s < 3; ++s) {
+            const uint2 pa = u[(j + s) % 4], pb = u[(j + s + 1) % 4];
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const std::uint32_t b = pair(ni < 2 ? pa.x : pa.y, ni < 2 ? pb.x : pb.y, (ni & 1) != 0);
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[s][mi][ni], a[mi][0], a[mi][1], b);
+            }
+        }
+    }
+}
+
 template <class T, unsigned LogW>
 __global__ void __launch_bounds__(threads, blocks_per_sm)
     tc_wgrad_kernel(const T* x, const T* dy, Geometry g, float* partials) {
-    constexpr unsigned W = 1u << LogW, run = W / 4;
+    constexpr unsigned W = 1u << LogW;
     extern __shared__ std::uint32_t sm[];
     const unsigned buf_words = (tile_pixels + g.xrows * g.xcols) * pixel_words;
     const unsigned K = g.s.k, C = g.s.c;
@@ -196,53 +256,10 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
         for (unsigned ty = rg; ty < rows; ty += row_groups) {
             const std::uint32_t* arow = dys + ty * W * pixel_words;
             const std::uint32_t* brow = xt + (ty + r) * g.xcols * pixel_words;
-            const unsigned col = t4 * run;
-            if constexpr (std::is_same_v<T, float>) {
-                // Window: input columns col + j + 0..2 (padded: the left halo is column 0).
-                uint4 u[3];
-                u[0] = chunk_at(brow, col, gid, t4);
-                u[1] = chunk_at(brow, col + 1, gid, t4 + (1 >= run));
-#pragma unroll
-                for (unsigned j = 0; j < run; ++j) {
-                    u[(j + 2) % 3] = chunk_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
-                    const uint4 v = chunk_at(arow, col + j, gid, t4);
-#pragma unroll
-                    for (unsigned s = 0; s < 3; ++s)
-#pragma unroll
-                        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                            for (int mi = 0; mi < 2; ++mi)
-                                mma_tf32(acc[s][mi][ni], word(v, 2 * mi), word(v, 2 * mi + 1),
-                                         word(u[(j + s) % 3], ni));
-                }
-            } else {
-                // bf16, m16n8k8: lane quarter t4's k slots are columns col + 2j and col + 2j + 1, packed in
-                // pairs per channel; window: input columns col + 2j + 0..3.
-                uint2 u[4];
-                u[0] = unit_at(brow, col, gid, t4);
-                u[1] = unit_at(brow, col + 1, gid, t4 + (1 >= run));
-#pragma unroll
-                for (unsigned j = 0; j < run; j += 2) {
-                    u[(j + 2) % 4] = unit_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
-                    u[(j + 3) % 4] = unit_at(brow, col + j + 3, gid, t4 + (j + 3 >= run));
-                    const uint2 va = unit_at(arow, col + j, gid, t4), vb = unit_at(arow, col + j + 1, gid, t4);
-                    std::uint32_t a[2][2];
-#pragma unroll
-                    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                        for (int i = 0; i < 2; ++i) a[mi][i] = pair(mi ? va.y : va.x, mi ? vb.y : vb.x, i != 0);
-#pragma unroll
-                    for (unsigned s = 0; s < 3; ++s) {
-                        const uint2 pa = u[(j + s) % 4], pb = u[(j + s + 1) % 4];
-#pragma unroll
-                        for (int ni = 0; ni < 4; ++ni) {
-                            const std::uint32_t b = pair(ni < 2 ? pa.x : pa.y, ni < 2 ? pb.x : pb.y, (ni & 1) != 0);
-#pragma unroll
-                            for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[s][mi][ni], a[mi][0], a[mi][1], b);
-                        }
-                    }
-                }
-            }
+            if constexpr (std::is_same_v<T, float>)
+                multiply_row_tf32<LogW>(arow, brow, gid, t4, acc);
+            else
+                multiply_row_bf16<LogW>(arow, brow, gid, t4, acc);
         }
         __syncthreads(); // done with this buffer before it is refilled
     }

@@ -8,6 +8,7 @@
 //   std::string_view order_name(Order o) { return order_names.name(o); }
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,10 +20,15 @@ namespace dstk {
 template <typename E, std::size_t N> struct EnumNames {
     std::array<std::pair<E, std::string_view>, N> entries;
 
-    // Usage error naming the option and every accepted spelling otherwise.
-    E parse(std::string_view text, std::string_view option) const {
+    // The value spelt `text`, if any (for readers with errors of their own).
+    std::optional<E> find(std::string_view text) const {
         for (const auto& [value, name] : entries)
             if (name == text) return value;
+        return std::nullopt;
+    }
+    // Usage error naming the option and every accepted spelling otherwise.
+    E parse(std::string_view text, std::string_view option) const {
+        if (const auto value = find(text)) return *value;
         throw usage_error("invalid " + std::string(option) + " '" + std::string(text) + "' (expected " + choices() +
                           ")");
     }

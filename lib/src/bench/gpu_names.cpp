@@ -1,23 +1,21 @@
 #include "dstk/bench/gpu.hpp"
+#include "dstk/enum_names.hpp"
 
 namespace dstk::bench {
+namespace {
+
+// The names are the keys of dsbench's h2d cases ("h2d." + name).
+constexpr EnumNames<Transfer, 6> transfer_names{{{{Transfer::pageable, "pageable"},
+                                                  {Transfer::pinned, "pinned"},
+                                                  {Transfer::managed_fault, "managed.fault"},
+                                                  {Transfer::managed_prefetch, "managed.prefetch"},
+                                                  {Transfer::managed_accessed_by, "managed.accessed_by"},
+                                                  {Transfer::zero_copy, "zero_copy"}}}};
+
+} // namespace
 
 std::string_view transfer_name(Transfer t) {
-    switch (t) {
-    case Transfer::pageable:
-        return "pageable";
-    case Transfer::pinned:
-        return "pinned";
-    case Transfer::managed_fault:
-        return "managed.fault";
-    case Transfer::managed_prefetch:
-        return "managed.prefetch";
-    case Transfer::managed_accessed_by:
-        return "managed.accessed_by";
-    case Transfer::zero_copy:
-        return "zero_copy";
-    }
-    return "?";
+    return transfer_names.name(t);
 }
 
 bool transfer_is_managed(Transfer t) {

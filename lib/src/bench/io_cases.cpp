@@ -12,6 +12,7 @@
 
 #include "dstk/bench/case.hpp"
 #include "dstk/bench/page_cache.hpp"
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
 #include "dstk/signals.hpp"
@@ -84,9 +85,12 @@ enum class Method { pread, direct, mmap };
 enum class Cache { cold, warm };
 enum class Grain { sample, batch, chunk };
 
-const char* grain_name(Grain g) {
-    return g == Grain::sample ? "sample" : g == Grain::batch ? "batch" : "chunk";
-}
+// The names in the cases' keys and their results' params.
+constexpr EnumNames<Method, 3> method_names{
+    {{{Method::pread, "pread"}, {Method::direct, "direct"}, {Method::mmap, "mmap"}}}};
+constexpr EnumNames<Cache, 2> cache_names{{{{Cache::cold, "cold"}, {Cache::warm, "warm"}}}};
+constexpr EnumNames<Grain, 3> grain_names{
+    {{{Grain::sample, "sample"}, {Grain::batch, "batch"}, {Grain::chunk, "chunk"}}}};
 
 // Cold cases drop the file's pages before each repetition, and record how
 // much of the region was still resident afterwards (the proof of coldness).
@@ -162,10 +166,8 @@ std::vector<CaseResult> run_sequential(const CaseContext& ctx, Method method, Ca
     };
     const auto seconds = time_repetitions(ctx.settings.repeat, prepare, pass);
     CaseResult r;
-    r.params = {{"bytes_per_repetition", region},
-                {"block_bytes", block},
-                {"threads", 1},
-                {"cache", cache == Cache::cold ? "cold" : "warm"}};
+    r.params = {
+        {"bytes_per_repetition", region}, {"block_bytes", block}, {"threads", 1}, {"cache", cache_names.name(cache)}};
     if (cache == Cache::cold) cooler.record(r);
     r.repetitions = static_cast<unsigned>(seconds.size());
     r.metrics["rate"] = rate_metric(double(region), seconds, "B/s");
@@ -251,8 +253,8 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
         r.params = {{"threads", threads},
                     {"read_bytes", op_bytes},
                     {"reads_per_repetition", per_thread * threads},
-                    {"granularity", grain_name(grain)},
-                    {"cache", cache == Cache::cold ? "cold" : "warm"}};
+                    {"granularity", grain_names.name(grain)},
+                    {"cache", cache_names.name(cache)}};
         if (cache == Cache::cold) cooler.record(r);
         r.repetitions = static_cast<unsigned>(seconds.size());
         r.metrics["rate"] = rate_metric(double(bytes), seconds, "B/s");
@@ -321,12 +323,11 @@ void add_io_cases(CaseRegistry& reg) {
         for (Method m : {Method::pread, Method::mmap})
             for (Cache cache : {Cache::cold, Cache::warm}) {
                 Case c;
-                const std::string method = m == Method::pread ? "pread" : "mmap";
-                c.key =
-                    std::string("io.rand.") + grain_name(g) + "." + method + (cache == Cache::cold ? ".cold" : ".warm");
-                c.description = std::string("random ") + grain_name(g) + " reads with " +
+                const std::string grain(grain_names.name(g)), cached(cache_names.name(cache));
+                c.key = "io.rand." + grain + "." + std::string(method_names.name(m)) + "." + cached;
+                c.description = "random " + grain + " reads with " +
                                 (m == Method::pread ? "pread + fadvise(RANDOM)" : "mmap + madvise(RANDOM)") + ", " +
-                                (cache == Cache::cold ? "cold" : "warm") + " page cache, --threads sweep";
+                                cached + " page cache, --threads sweep";
                 c.in_default = cache == Cache::cold || g == Grain::sample;
                 c.waive = [cache](const CaseContext& ctx) -> std::optional<std::string> {
                     if (auto why = needs_target(ctx)) return why;

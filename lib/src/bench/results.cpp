@@ -12,6 +12,9 @@ namespace {
 
 using nlohmann::json;
 
+constexpr EnumNames<CaseStatus, 3> status_names{
+    {{{CaseStatus::ok, "ok"}, {CaseStatus::waived, "waived"}, {CaseStatus::failed, "failed"}}}};
+
 const json& member(const json& o, const char* name, const std::string& where) {
     if (!o.is_object()) throw std::invalid_argument((where.empty() ? "the document" : where) + " is not an object");
     auto it = o.find(name);
@@ -155,14 +158,9 @@ CaseResult result_from_json(const json& j, std::size_t index) {
     r.variant = get_string(j, "variant", w);
     r.description = get_string(j, "description", w);
     const std::string status = get_string(j, "status", w, true);
-    if (status == "ok")
-        r.status = CaseStatus::ok;
-    else if (status == "waived")
-        r.status = CaseStatus::waived;
-    else if (status == "failed")
-        r.status = CaseStatus::failed;
-    else
-        throw std::invalid_argument(w + ".status \"" + status + "\" is not ok, waived or failed");
+    const auto parsed = status_names.find(status);
+    if (!parsed) throw std::invalid_argument(w + ".status \"" + status + "\" is not " + status_names.choices());
+    r.status = *parsed;
     r.reason = get_string(j, "reason", w);
     if (j.contains("params") && !j["params"].is_null()) {
         if (!j["params"].is_object()) throw std::invalid_argument(w + ".params is not an object");
@@ -206,9 +204,7 @@ std::optional<double> ok_median(const CaseResult* r, std::string_view metric) {
 } // namespace
 
 std::string_view status_name(CaseStatus s) {
-    static constexpr EnumNames<CaseStatus, 3> names{
-        {{{CaseStatus::ok, "ok"}, {CaseStatus::waived, "waived"}, {CaseStatus::failed, "failed"}}}};
-    return names.name(s);
+    return status_names.name(s);
 }
 
 const Metric* CaseResult::metric(std::string_view name) const {

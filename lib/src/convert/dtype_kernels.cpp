@@ -140,7 +140,7 @@ void loop(const void* src, void* dst, std::uint64_t n, const ValueMapping& map, 
     s.add_to(stats, n, sizeof(In), sizeof(Out));
 }
 
-// f32 -> bf16 without a mapping (the >= 1 GB/s path). Branch-free so that
+// f32 -> bf16 without a mapping (the fast path). Branch-free so that
 // the compiler vectorises it: integer rounding, selects instead of branches,
 // and the error maxima taken on the bit patterns of non-negative floats (the
 // same order as the values), which needs no float max reduction. Integer ops

@@ -35,16 +35,9 @@ train::Device default_device(const InferenceOptions& o, const OutputOptions& out
 }
 
 void check_input_dtype(DType given, const SavedModel& m, const std::string& source, const OutputOptions& out) {
-    switch (given) {
-    case DType::u8:
-    case DType::bf16:
-    case DType::f16:
-    case DType::f32:
-        break;
-    default:
+    if (!train::is_input_dtype(given))
         throw usage_error(source + " holds " + std::string(dtype_name(given)) +
                           " samples (the model reads u8, bf16, f16 or f32); convert them with dsconvert --dtype");
-    }
     if (given != m.input_dtype)
         note(out, "dstrain: " + source + " holds " + std::string(dtype_name(given)) +
                       " samples, the model was trained "

@@ -25,8 +25,8 @@ namespace {
 // The model's training footprint from dstrain's own memory plan, taken from
 // the CPU backend (weights, gradients, optimiser slots, activations kept for
 // the backward pass at this batch), plus the cuDNN workspace bound the GPU
-// backend allocates at most. For ref-cnn at batch 256 this gives 662.1 MiB; the
-// GPU backend planned 674.4 MiB on the H100 (and measured 676.0 MiB).
+// backend allocates at most. The GPU backend's own plan differs from it by a
+// few percent (dsplan and dstrain each print theirs).
 std::uint64_t model_footprint(const train::NetworkPlan& net, DType dtype, std::uint32_t batch) {
     train::TrainerConfig tc;
     tc.plan = net;

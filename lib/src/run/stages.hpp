@@ -97,8 +97,8 @@ class JsonLog {
 RunReport first_report(const Session& s);
 void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out);
 void report_ceiling(const Session& s, const Ceiling& c, const RunReport& r, JsonLog& log, const OutputOptions& out);
-// Where a training step's time goes outside the GPU's own step (the bimodal
-// bf16 speed of issue 18 lost ~1.3 ms per step outside the captured graph):
+// Where a training step's time goes outside the GPU's own step (issue 18's
+// bimodal bf16 speed was time lost outside the captured graph):
 // host time in the source's next() (waiting for a batch or a free slot,
 // gathering), in train_step() (launching the conversion and the graph), and
 // in the rest of the loop (release, checks); and the GPU time between steps

@@ -5,11 +5,26 @@
 #include <cmath>
 #include <sstream>
 
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
 
 namespace dstk::train {
 namespace {
+
+// The kinds' names in messages and in dstrain's per-layer lines (the spec's
+// own spelling is parse_layer's and layer_string's).
+constexpr EnumNames<LayerKind, 11> layer_kind_names{{{{LayerKind::conv, "conv"},
+                                                      {LayerKind::batchnorm, "batchnorm"},
+                                                      {LayerKind::relu, "relu"},
+                                                      {LayerKind::maxpool, "maxpool"},
+                                                      {LayerKind::avgpool, "avgpool"},
+                                                      {LayerKind::global_avgpool, "global-avgpool"},
+                                                      {LayerKind::linear, "linear"},
+                                                      {LayerKind::flatten, "flatten"},
+                                                      {LayerKind::dropout, "dropout"},
+                                                      {LayerKind::residual_begin, "residual"},
+                                                      {LayerKind::residual_end, "residual-add"}}}};
 
 constexpr std::uint32_t max_dim = 1u << 20;
 
@@ -167,31 +182,7 @@ std::string layer_string(const LayerSpec& l) {
 } // namespace
 
 std::string_view layer_kind_name(LayerKind k) {
-    switch (k) {
-    case LayerKind::conv:
-        return "conv";
-    case LayerKind::batchnorm:
-        return "batchnorm";
-    case LayerKind::relu:
-        return "relu";
-    case LayerKind::maxpool:
-        return "maxpool";
-    case LayerKind::avgpool:
-        return "avgpool";
-    case LayerKind::global_avgpool:
-        return "global-avgpool";
-    case LayerKind::linear:
-        return "linear";
-    case LayerKind::flatten:
-        return "flatten";
-    case LayerKind::dropout:
-        return "dropout";
-    case LayerKind::residual_begin:
-        return "residual";
-    case LayerKind::residual_end:
-        return "residual-add";
-    }
-    return "?";
+    return layer_kind_names.name(k);
 }
 
 ModelSpec parse_model_spec(std::string_view text) {

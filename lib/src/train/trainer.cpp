@@ -23,19 +23,16 @@ std::string_view precision_name(Precision p) {
     return precision_names.name(p);
 }
 
+bool is_input_dtype(DType t) {
+    return t == DType::u8 || t == DType::bf16 || t == DType::f16 || t == DType::f32;
+}
+
 void validate_config(const TrainerConfig& c) {
     if (c.max_batch == 0 || c.max_batch > (1u << 20))
         throw usage_error("invalid batch size " + std::to_string(c.max_batch) + " (must be 1 to 1048576)");
-    switch (c.input_dtype) {
-    case DType::u8:
-    case DType::bf16:
-    case DType::f16:
-    case DType::f32:
-        break;
-    default:
+    if (!is_input_dtype(c.input_dtype))
         throw usage_error("input dtype " + std::string(dtype_name(c.input_dtype)) +
                           " is not supported for training (convert to u8, bf16, f16 or f32 with dsconvert)");
-    }
     if (c.mean.size() != c.plan.input.c || c.std.size() != c.plan.input.c)
         throw usage_error("normalisation needs " + std::to_string(c.plan.input.c) + " per-channel means and stds");
     for (const float s : c.std)

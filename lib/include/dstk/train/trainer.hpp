@@ -86,6 +86,8 @@ Device parse_device(std::string_view text); // "cpu", "cuda", "cuda:N"; usage er
 std::string device_name(const Device& d);
 Precision parse_precision(std::string_view text);
 std::string_view precision_name(Precision p);
+// The sample dtypes a model reads (its input conversion's): u8, bf16, f16, f32.
+bool is_input_dtype(DType t);
 
 struct TrainerConfig {
     NetworkPlan plan;
