@@ -98,7 +98,7 @@ if [ "$benches" != none ]; then
     # Not part of "all": it needs root and most of a call's 10 minutes.
     named bench-larger-than-ram && SUMMARY_RE='u8 .*chunk|f32 .*chunk' \
         step bench-larger-than-ram 540 scripts/bench-larger-than-ram.sh build-gpu/bin "$log/ltr"
-    [ -f "$log/ltr/table.txt" ] && cat "$log/ltr/disk.txt" "$log/ltr/table.txt" 2>/dev/null
+    [ -f "$log/ltr/table.txt" ] && cat "$log/ltr/disk.txt" "$log/ltr/table.txt" "$log/ltr/prediction.txt" 2>/dev/null
 fi
 
 echo

@@ -189,12 +189,42 @@ expect_exit 0 "$P" --ram 16G --disk 1T --shape 3x32x32 --dtype u8 --samples 10M 
 expect_stdout "^verdict: disk"
 expect_stdout "disk read +30.76 s \(28.6 GiB at the sequential read rate"
 expect_stdout "compute +20.00 s"
-expect_stdout "epoch +30.76 s at least, bound by disk read: I/O-bound"
+expect_stdout "epoch +30.76 s at least, limited by read \(disk\): I/O-bound"
 expect_stdout "recommended --prefetch 3"
 expect_stdout "recommended chunk size 1,536 samples"
 expect_exit 0 "$P" --ram 128G --disk 1T --shape 3x32x32 --dtype u8 --samples 10M --bench "$WORK/bench.json" \
     --compute-rate 100K
-expect_stdout "bound by compute$"
+expect_stdout "limited by compute$"
+# --data stream: the epoch from disk (cold page cache) even where the data
+# fits in RAM, the chunk reads timed at the thread count the window cache
+# runs (16 in the chunk order, 4 in the sequential), not the sweep's best.
+cat >"$WORK/bench-threads.json" <<'EOF'
+{"schema_version": 1, "context": {"dstk_version": "0.1.0"},
+ "results": [
+  {"case": "io.seq.pread.cold", "status": "ok", "metrics": {"rate": {"unit": "B/s", "median": 1e9}}},
+  {"case": "io.rand.chunk.pread.cold", "variant": "threads=1", "status": "ok", "params": {"threads": 1},
+   "metrics": {"rate": {"unit": "B/s", "median": 0.5e9}}},
+  {"case": "io.rand.chunk.pread.cold", "variant": "threads=4", "status": "ok", "params": {"threads": 4},
+   "metrics": {"rate": {"unit": "B/s", "median": 2e9}}},
+  {"case": "io.rand.chunk.pread.cold", "variant": "threads=16", "status": "ok", "params": {"threads": 16},
+   "metrics": {"rate": {"unit": "B/s", "median": 1.5e9}}}]}
+EOF
+expect_exit 0 "$P" --ram 128G --disk 1T --shape 3x32x32 --dtype u8 --samples 10M --bench "$WORK/bench-threads.json" \
+    --compute-rate 100K --data stream
+expect_stdout "streamed from disk, cold page cache"
+expect_stdout "disk read +20.51 s \(28.6 GiB at the random chunk read rate at 16 threads"
+expect_stdout "limited by compute$"
+expect_exit 0 "$P" --ram 128G --disk 1T --shape 3x32x32 --dtype u8 --samples 10M --bench "$WORK/bench-threads.json" \
+    --compute-rate 1M --data stream --order sequential
+expect_stdout "disk read +15.38 s \(28.6 GiB at the random chunk read rate at 4 threads"
+expect_stdout "limited by read \(disk\): I/O-bound"
+expect_exit 0 "$P" --ram 128G --disk 1T --shape 3x32x32 --dtype u8 --samples 10M --bench "$WORK/bench-threads.json" \
+    --compute-rate 1M --data stream --order sequential --json
+expect_true "JSON names the limiting stage and the thread count" "$PY" -c \
+    "import json,sys; e=json.load(open(sys.argv[1]))['epoch']; assert e['limited_by'] == 'read (disk)' and e['chunk_read_threads'] == 4 and e['data'] == 'disk', e" \
+    "$OUT"
+expect_exit 2 "$P" --ram 16G --shape 3x32x32 --samples 1M --data managed
+expect_stderr "--data managed is not estimated"
 echo 'not json' >"$WORK/bad-bench.json"
 expect_exit 1 "$P" --ram 16G --shape 3x32x32 --samples 1M --bench "$WORK/bad-bench.json"
 expect_stderr "not a dsbench results file"

@@ -150,3 +150,23 @@ TEST(BenchOptionsParsing, Lists) {
     EXPECT_THROW(parse_thread_list("1,,2"), dstk::Error);
     EXPECT_THROW(parse_size_list("1M,0"), dstk::Error);
 }
+
+TEST(BenchResults, RateAtThreadsTakesTheSweepPointAReaderRuns) {
+    Results r;
+    for (const auto& [threads, rate] : {std::pair{1u, 1.28e9}, std::pair{4u, 1.77e9}, std::pair{16u, 1.67e9}}) {
+        CaseResult c;
+        c.key = "io.rand.chunk.pread.cold";
+        c.params = {{"threads", threads}};
+        c.metrics["rate"] = Metric{"B/s", rate, rate, rate};
+        r.results.push_back(c);
+    }
+    // Not the best of the sweep (4 threads): the count the reader keeps in flight.
+    EXPECT_DOUBLE_EQ(rate_at_threads(r, "io.rand.chunk.pread.cold", 16)->rate, 1.67e9);
+    EXPECT_EQ(rate_at_threads(r, "io.rand.chunk.pread.cold", 8)->threads, 4u); // at most 8: 4
+    EXPECT_EQ(rate_at_threads(r, "io.rand.chunk.pread.cold", 64)->threads, 16u);
+    r.results.erase(r.results.begin()); // below every count measured: the smallest
+    EXPECT_EQ(rate_at_threads(r, "io.rand.chunk.pread.cold", 2)->threads, 4u);
+    r.results[0].status = CaseStatus::failed;
+    EXPECT_EQ(rate_at_threads(r, "io.rand.chunk.pread.cold", 8)->threads, 16u);
+    EXPECT_FALSE(rate_at_threads(r, "decode.zstd", 8));
+}

@@ -264,7 +264,7 @@ TEST(PlanModel, EpochFromDiskIsIoBound) {
     EXPECT_DOUBLE_EQ(*e.transfer_seconds, 3.076 / 50);
     EXPECT_DOUBLE_EQ(*e.compute_seconds, 2.0);
     EXPECT_DOUBLE_EQ(*e.epoch_seconds, 3.076);
-    EXPECT_EQ(e.bound_by, "disk read");
+    EXPECT_EQ(e.limited_by, data::Stage::read);
     EXPECT_TRUE(e.io_bound);
     EXPECT_EQ(e.prefetch, 3u); // 2 + floor(3.076 / 2)
     // 256 x 3,072 B = 768 KiB per batch: 6 batches reach 4 MiB.
@@ -278,7 +278,7 @@ TEST(PlanModel, EpochFromRamIsComputeBound) {
     const EpochEstimate e = estimate_epoch(d, Job{}, Fit::ram, r, 50'000, false);
     EXPECT_EQ(e.read_bytes, 0u);
     EXPECT_FALSE(e.read_seconds);
-    EXPECT_EQ(e.bound_by, "compute");
+    EXPECT_EQ(e.limited_by, data::Stage::compute);
     EXPECT_FALSE(e.io_bound);
     EXPECT_EQ(e.prefetch, 2u);
     EXPECT_EQ(e.chunk_samples, 512u); // 3 MiB per batch: 2 batches
@@ -306,4 +306,39 @@ TEST(PlanModel, EpochFromDiskInChunkOrderReadsAtTheRandomChunkRate) {
     EXPECT_DOUBLE_EQ(*e.read_seconds, 3.076);
     r.chunk_read.reset();
     EXPECT_DOUBLE_EQ(*estimate_epoch(d, Job{}, Fit::disk, r, 0, false).read_seconds, 3.076 / 1.57);
+}
+
+TEST(PlanModel, EpochFromDiskOfZstdDataIsLimitedByTheSlowestStage) {
+    // 1M u8 samples stored at 2:1: the disk reads half the bytes, the decoder
+    // writes all of them; the stages overlap, so the slowest one is the epoch.
+    DataSpec d = cifar(DType::u8, 1'000'000);
+    d.stored_bytes = 1'538'000'000;
+    d.on_disk = true;
+    d.compressed = true;
+    Rates r;
+    r.chunk_read = 1e9;
+    r.decode = 0.5e9;
+    r.h2d_pinned = 50e9;
+    EpochEstimate e = estimate_epoch(d, Job{}, Fit::disk, r, 500'000, false);
+    ASSERT_TRUE(e.read_seconds && e.decode_seconds && e.epoch_seconds);
+    EXPECT_DOUBLE_EQ(*e.read_seconds, 1.538);
+    EXPECT_DOUBLE_EQ(*e.decode_seconds, 3.072e9 / 0.5e9);
+    EXPECT_DOUBLE_EQ(*e.epoch_seconds, *e.decode_seconds);
+    EXPECT_EQ(e.limited_by, data::Stage::decode);
+    EXPECT_TRUE(e.io_bound);
+    // A decoder that keeps up leaves the GPU the limit; ties go to compute.
+    r.decode = 3.072e9 / 2.0;
+    e = estimate_epoch(d, Job{}, Fit::disk, r, 500'000, false);
+    EXPECT_EQ(e.limited_by, data::Stage::compute);
+    EXPECT_FALSE(e.io_bound);
+    // From host memory nothing is read or decoded.
+    e = estimate_epoch(d, Job{}, Fit::ram, r, 500'000, false);
+    EXPECT_FALSE(e.read_seconds || e.decode_seconds);
+}
+
+TEST(PlanModel, StageNamesAreDstrainsEpochLineNames) {
+    EXPECT_EQ(data::stage_name(data::Stage::compute), "compute");
+    EXPECT_EQ(data::stage_name(data::Stage::read), "read (disk)");
+    EXPECT_EQ(data::stage_name(data::Stage::decode), "decode (zstd)");
+    EXPECT_EQ(data::stage_name(data::Stage::h2d), "h2d (host to device)");
 }

@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
         ->type_name("SIZE");
     all->add_option_function<std::string>(
            "--size", [&](const std::string& s) { o.settings.size_bytes = dstk::parse_size(s, "--size"); },
-           "Bytes read per sequential pass, from the start of the file (default 1G, at most the file)")
+           "Bytes read per sequential pass (from the start of the file), random chunk pass and loader pass (default "
+           "1G, at most the file)")
         ->type_name("SIZE");
     all->add_option_function<std::string>(
            "--batch", [&](const std::string& s) { o.settings.batch_samples = dstk::parse_count(s, "--batch"); },

@@ -31,7 +31,11 @@ int main(int argc, char** argv) {
     app.add_option("--compute-rate", o.compute_rate, "Training samples/s of the GPU (from a dstrain run), e.g. 70K");
     app.add_option("--order", o.order, "Sample order: sequential, chunk or full (full reads at random)")
         ->capture_default_str();
-    app.add_option("--bench", o.bench, "dsbench JSON results: measured read and host-to-device rates");
+    app.add_option("--data", o.data,
+                   "Placement the epoch time is estimated for: auto (the verdict's), device, or stream (from disk, "
+                   "cold page cache)")
+        ->capture_default_str();
+    app.add_option("--bench", o.bench, "dsbench JSON results: measured read, decode and host-to-device rates");
     app.add_option("--os-reserve", o.os_reserve, "RAM kept for the OS and other processes")->capture_default_str();
     app.add_option("--headroom", o.headroom, "Share of each budget kept free, in percent")->capture_default_str();
     app.add_flag("--table", o.table, "Print the quick-reference table: RAM sizes 16G to 1T as rows");

@@ -190,7 +190,12 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
     const std::uint64_t op_bytes = grain_bytes(ctx, grain);
     if (op_bytes == 0) throw runtime_error(t.file.string() + ": holds less than one sample");
     // Enough reads for a stable figure, few enough that a cold pass stays short.
-    const std::uint64_t ops_total = std::clamp<std::uint64_t>((128ull << 20) / op_bytes, 64, 2048);
+    // Chunk reads are what a training epoch streams for seconds on end: they
+    // read --size bytes a pass, so that a disk whose short bursts outrun its
+    // sustained rate is timed at the rate an epoch gets.
+    const std::uint64_t pass_bytes =
+        grain == Grain::chunk ? std::min(ctx.settings.size_bytes, t.data_bytes) : std::uint64_t{128} << 20;
+    const std::uint64_t ops_total = std::clamp<std::uint64_t>(pass_bytes / op_bytes, 64, 2048);
     const std::uint64_t op_samples = op_bytes / t.sample_bytes;
     const std::uint64_t positions =
         grain == Grain::chunk ? t.data_bytes / op_bytes : t.samples() - op_samples + 1; // start samples or chunks

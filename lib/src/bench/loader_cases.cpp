@@ -4,7 +4,8 @@
 // batch once (as a model's first layer does; without it a resident split in
 // sequential order would be slices that nothing reads, and its "rate" the
 // speed of pointer arithmetic): the ceiling the data path sets for training.
-// Metrics follow every other case: rate (B/s) and samples_rate.
+// A timed pass delivers --size bytes (at most an epoch). Metrics follow every
+// other case: rate (B/s) and samples_rate.
 // Registered by add_loader_cases (registry.cpp lists the groups).
 #include <algorithm>
 #include <chrono>
@@ -24,8 +25,6 @@
 
 namespace dstk::bench {
 namespace {
-
-constexpr std::uint64_t max_bytes_per_pass = 1ull << 30; // one timed pass reads at most this much
 
 bool have_gpu() {
     return built_with_cuda() && !detect_gpus().empty();
@@ -115,7 +114,7 @@ std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, da
     auto src = data::make_batch_source(ds, ctx.target->split, c);
     const std::uint64_t batch_bytes = std::uint64_t{c.batch} * (ctx.target->sample_bytes + 4);
     const std::uint64_t batches =
-        std::max<std::uint64_t>(1, std::min(src->batches_per_epoch(), max_bytes_per_pass / batch_bytes));
+        std::max<std::uint64_t>(1, std::min(src->batches_per_epoch(), ctx.settings.size_bytes / batch_bytes));
     std::uint64_t epoch = 0, samples = 0;
     const auto seconds = time_repetitions(
         ctx.settings.repeat, [&] { src->start_epoch(epoch++, 0); },

@@ -304,4 +304,18 @@ std::optional<RandomReadFigure> best_random_read(const Results& r, std::string_v
     return best;
 }
 
+std::optional<ThreadedRate> rate_at_threads(const Results& r, std::string_view key, unsigned threads) {
+    std::optional<ThreadedRate> at_most, smallest;
+    for (const auto& c : r.results) {
+        if (c.key != key) continue;
+        const auto rate = ok_median(&c, "rate");
+        if (!rate) continue;
+        const ThreadedRate f{static_cast<unsigned>(std::min<std::uint64_t>(param_u64(c.params, "threads"), 1u << 20)),
+                             *rate};
+        if (f.threads <= threads && (!at_most || f.threads > at_most->threads)) at_most = f;
+        if (!smallest || f.threads < smallest->threads) smallest = f;
+    }
+    return at_most ? at_most : smallest;
+}
+
 } // namespace dstk::bench

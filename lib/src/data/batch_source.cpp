@@ -74,19 +74,6 @@ std::uint64_t cache_chunks_for(const SourceConfig& c) {
     return c.order.window_chunks * 2 + c.readers + 1;
 }
 
-// Chunk reads in flight. A disk reaches its random-chunk rate only with a deep
-// queue (a few reads leave it idle between completions), so raw chunks get as
-// many threads as the capacity's two groups hold chunks, up to 16: the threads
-// wait in pread, and the cache's capacity, not the thread count, bounds the
-// bytes in flight. zstd chunks are decoded by the same threads, so there they
-// are also held to the cores (more would only add compressed frames).
-unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
-    const std::uint64_t group = c.order.kind == Order::chunk ? std::max<std::uint64_t>(c.order.window_chunks, 1) : 1;
-    std::uint64_t want = std::clamp<std::uint64_t>(2 * group, 4, 16);
-    if (storage_chunk) want = std::min<std::uint64_t>(want, std::max(4u, std::thread::hardware_concurrency()));
-    return std::max(c.readers, static_cast<unsigned>(want));
-}
-
 std::uint64_t storage_chunk_of(const FieldInfo& x) {
     return x.storage == Storage::zstd_chunked ? x.chunk_samples : 0;
 }
@@ -604,12 +591,33 @@ std::string_view managed_policy_name(ManagedPolicy p) {
     return managed_policy_names.name(p);
 }
 
+// Chunk reads in flight. A disk reaches its random-chunk rate only with a deep
+// queue (a few reads leave it idle between completions), so raw chunks get as
+// many threads as the capacity's two groups hold chunks, up to 16: the threads
+// wait in pread, and the cache's capacity, not the thread count, bounds the
+// bytes in flight. zstd chunks are decoded by the same threads, so there they
+// are also held to the cores (more would only add compressed frames).
+unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
+    const std::uint64_t group = c.order.kind == Order::chunk ? std::max<std::uint64_t>(c.order.window_chunks, 1) : 1;
+    std::uint64_t want = std::clamp<std::uint64_t>(2 * group, 4, 16);
+    if (storage_chunk) want = std::min<std::uint64_t>(want, std::max(4u, std::thread::hardware_concurrency()));
+    return std::max(c.readers, static_cast<unsigned>(want));
+}
+
+std::string_view stage_name(Stage s) {
+    static constexpr EnumNames<Stage, 4> names{{{{Stage::compute, "compute"},
+                                                 {Stage::read, "read (disk)"},
+                                                 {Stage::decode, "decode (zstd)"},
+                                                 {Stage::h2d, "h2d (host to device)"}}}};
+    return names.name(s);
+}
+
 std::string_view limiting_stage(const StageTimes& t) {
     const double loop = t.read_wait + t.compute;
-    if (loop <= 0 || t.read_wait < 0.1 * loop) return "compute";
-    if (t.decode > t.read && t.decode >= t.h2d) return "decode (zstd)";
-    if (t.h2d > t.read) return "h2d (host to device)";
-    return "read (disk)";
+    if (loop <= 0 || t.read_wait < 0.1 * loop) return stage_name(Stage::compute);
+    if (t.decode > t.read && t.decode >= t.h2d) return stage_name(Stage::decode);
+    if (t.h2d > t.read) return stage_name(Stage::h2d);
+    return stage_name(Stage::read);
 }
 
 std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c) {

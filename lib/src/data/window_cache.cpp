@@ -276,10 +276,11 @@ void WindowCache::load(Chunk& c) {
         const std::uint64_t off = y_.read_range(c.first, c.count, tmp.get());
         std::memcpy(c.y.data(), tmp.get() + off, c.count * sizeof(std::int32_t));
     }
-    if (drop_pages_) {
-        x_.drop_pages(c.first, c.count);
-        y_.drop_pages(c.first, c.count);
-    }
+    // Only the input's pages: labels take 4 B a sample of page cache, and a
+    // label page holds the labels of several chunks, so dropping it would make
+    // the next chunk's label read a disk read of its own (a small read queued
+    // behind the large ones).
+    if (drop_pages_) x_.drop_pages(c.first, c.count);
 }
 
 CacheStats WindowCache::take_stats() {

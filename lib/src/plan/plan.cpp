@@ -347,6 +347,9 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates
                            : checked_mul(d.train, bytes_per_sample(d), "epoch bytes");
         const std::optional<double> rate = random_order ? r.random_read : r.chunk_read ? r.chunk_read : r.seq_read;
         if (rate && *rate > 0) e.read_seconds = static_cast<double>(e.read_bytes) / *rate;
+        if (d.compressed && r.decode && *r.decode > 0)
+            e.decode_seconds =
+                static_cast<double>(checked_mul(d.train, input_bytes_per_sample(d), "epoch bytes")) / *r.decode;
     }
     if (p != Fit::device) {
         e.transfer_bytes = checked_mul(d.train, bytes_per_sample(d), "epoch bytes");
@@ -355,17 +358,20 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates
     }
     if (compute_rate > 0) e.compute_seconds = static_cast<double>(d.train) / compute_rate;
 
-    const std::pair<const char*, std::optional<double>> terms[] = {
-        {"disk read", e.read_seconds}, {"host-to-device copy", e.transfer_seconds}, {"compute", e.compute_seconds}};
-    for (const auto& [name, t] : terms) {
-        if (t && (!e.epoch_seconds || *t > *e.epoch_seconds)) {
-            e.epoch_seconds = t;
-            e.bound_by = name;
-        }
-    }
+    // Ties go to compute: a data stage as fast as the GPU does not limit it.
+    const std::pair<data::Stage, std::optional<double>> terms[] = {{data::Stage::compute, e.compute_seconds},
+                                                                   {data::Stage::read, e.read_seconds},
+                                                                   {data::Stage::decode, e.decode_seconds},
+                                                                   {data::Stage::h2d, e.transfer_seconds}};
     std::optional<double> data;
-    if (e.read_seconds) data = e.read_seconds;
-    if (e.transfer_seconds && (!data || *e.transfer_seconds > *data)) data = e.transfer_seconds;
+    for (const auto& [stage, t] : terms) {
+        if (!t) continue;
+        if (!e.epoch_seconds || *t > *e.epoch_seconds) {
+            e.epoch_seconds = t;
+            e.limited_by = stage;
+        }
+        if (stage != data::Stage::compute && (!data || *t > *data)) data = t;
+    }
     if (data && e.compute_seconds) {
         e.io_bound = *data > *e.compute_seconds;
         // One slot in compute, one being filled, plus one per compute step that a

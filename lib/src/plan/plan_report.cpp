@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dstk/bench/results.hpp"
+#include "dstk/data/batch_source.hpp"
 #include "dstk/data/order.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/error.hpp"
@@ -62,6 +63,8 @@ struct Inputs {
     std::optional<std::uint32_t> manifest_classes;
     double compute_rate = 0;
     Order order = Order::chunk;
+    data::Placement placement = data::Placement::automatic; // --data: what the epoch is estimated for
+    std::uint64_t storage_chunk = 0;                        // zstd-chunked input: samples per chunk
     Rates rates;
     bool table = false, table_default_shape = false;
     std::optional<Fit> require; // set with --check
@@ -153,6 +156,8 @@ void describe_dataset(const PlanOptions& o, Inputs& in) {
     }
     d.stored_bytes = stored;
     d.on_disk = true;
+    d.compressed = x.storage == Storage::zstd_chunked;
+    in.storage_chunk = d.compressed ? x.chunk_samples : 0;
     in.dataset_dir = o.dataset;
     in.manifest_classes = m.num_classes;
     if (!o.dtype.empty()) {
@@ -161,6 +166,8 @@ void describe_dataset(const PlanOptions& o, Inputs& in) {
             d.dtype = t;
             d.stored_bytes.reset();
             d.on_disk = false;
+            d.compressed = false;
+            in.storage_chunk = 0;
         }
     }
 }
@@ -191,6 +198,44 @@ void describe_data(const PlanOptions& o, Inputs& in) {
     if (d.test > 0 && d.train == 0) throw usage_error("--test needs --samples (the training samples)");
 }
 
+// dsbench's figures for this job: chunk reads and zstd decoding at the thread
+// count dstrain's window cache runs for this order and storage.
+void read_rates(const std::string& file, Inputs& in) {
+    const bench::Results r = bench::load_results(file);
+    Rates& rates = in.rates;
+    rates.source = file;
+    rates.seq_read = bench::sequential_read_rate(r);
+    rates.h2d_pinned = bench::pinned_h2d_rate(r);
+    if (const auto rnd = bench::best_random_read(r, "sample")) rates.random_read = rnd->rate;
+    data::SourceConfig sc;
+    sc.order.kind = in.order;
+    sc.batch = in.job.batch;
+    const unsigned threads = data::io_threads_for(sc, in.storage_chunk);
+    if (const auto ch = bench::rate_at_threads(r, "io.rand.chunk.pread.cold", threads)) {
+        rates.chunk_read = ch->rate;
+        rates.chunk_threads = ch->threads;
+    }
+    for (const char* key : {"decode.zstd.chunked", "decode.zstd"})
+        if (const auto dec = bench::rate_at_threads(r, key, threads); dec && !rates.decode) {
+            rates.decode = dec->rate;
+            rates.decode_threads = dec->threads;
+        }
+}
+
+// Where the estimated epoch takes its batches from: the verdict's budget with
+// --data auto; --data stream reads every byte from disk (a cold page cache).
+Fit epoch_path(const Inputs& in, Fit verdict) {
+    if (verdict == Fit::none) return verdict;
+    switch (in.placement) {
+    case data::Placement::device:
+        return Fit::device;
+    case data::Placement::stream:
+        return Fit::disk;
+    default:
+        return verdict;
+    }
+}
+
 Inputs gather(const PlanOptions& o) {
     Inputs in;
     in.assumptions.os_reserve = parse_memory_size(o.os_reserve, "--os-reserve");
@@ -204,6 +249,10 @@ Inputs gather(const PlanOptions& o) {
     in.job.batch = o.batch;
     in.job.prefetch = o.prefetch;
     in.order = data::parse_order(o.order);
+    in.placement = data::parse_placement(o.data);
+    if (in.placement == data::Placement::managed)
+        throw usage_error("--data managed is not estimated by dsplan (its speed depends on page migration; "
+                          "dsbench's loader.managed.* cases measure it); use --data auto, device or stream");
     if (!o.compute_rate.empty()) {
         const std::uint64_t r = parse_count(o.compute_rate, "--compute-rate");
         if (r == 0) throw usage_error("invalid --compute-rate 0 (samples per second must be positive)");
@@ -237,14 +286,7 @@ Inputs gather(const PlanOptions& o) {
     const std::string dir = !o.dir.empty() ? o.dir : !o.dataset.empty() ? o.dataset : ".";
     detect_machine(o, dir, in.machine);
 
-    if (!o.bench.empty()) {
-        const bench::Results r = bench::load_results(o.bench);
-        in.rates.source = o.bench;
-        in.rates.seq_read = bench::sequential_read_rate(r);
-        in.rates.h2d_pinned = bench::pinned_h2d_rate(r);
-        if (const auto rnd = bench::best_random_read(r, "sample")) in.rates.random_read = rnd->rate;
-        if (const auto ch = bench::best_random_read(r, "chunk")) in.rates.chunk_read = ch->rate;
-    }
+    if (!o.bench.empty()) read_rates(o.bench, in);
     return in;
 }
 
@@ -397,31 +439,43 @@ void print_verdict(const std::optional<Verdict>& v) {
     }
 }
 
-void print_epoch(const Inputs& in, const std::optional<Verdict>& v, const std::optional<EpochEstimate>& e) {
+std::string threads_text(unsigned threads) {
+    return threads ? " at " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") : "";
+}
+
+void print_epoch(const Inputs& in, Fit path, const std::optional<EpochEstimate>& e) {
     const DataSpec& d = in.data;
-    if (e && v && v->fit != Fit::none) {
-        std::printf("epoch (%s train samples, order %s)\n", format_count(d.train).c_str(),
-                    std::string(data::order_name(in.order)).c_str());
+    if (e && path != Fit::none) {
+        std::printf("epoch (%s train samples, order %s, %s)\n", format_count(d.train).c_str(),
+                    std::string(data::order_name(in.order)).c_str(),
+                    path == Fit::device ? "data in GPU memory"
+                    : path == Fit::ram  ? "streamed from host memory"
+                                        : "streamed from disk, cold page cache");
         const std::string src = in.rates.source.empty() ? "no --bench" : in.rates.source;
-        if (v->fit == Fit::disk)
-            std::printf("  disk read   %s (%s at the %s read rate, %s)\n", seconds_text(e->read_seconds).c_str(),
+        if (path == Fit::disk) {
+            const bool chunk = in.order != Order::full && in.rates.chunk_read;
+            std::printf("  disk read   %s (%s at the %s read rate%s, %s)\n", seconds_text(e->read_seconds).c_str(),
                         format_bytes(e->read_bytes).c_str(),
                         in.order == Order::full ? "random sample"
-                        : in.rates.chunk_read   ? "random chunk"
+                        : chunk                 ? "random chunk"
                                                 : "sequential",
-                        src.c_str());
-        if (v->fit != Fit::device)
+                        chunk ? threads_text(in.rates.chunk_threads).c_str() : "", src.c_str());
+            if (d.compressed)
+                std::printf("  decode      %s (zstd%s, %s)\n", seconds_text(e->decode_seconds).c_str(),
+                            threads_text(in.rates.decode_threads).c_str(), src.c_str());
+        }
+        if (path != Fit::device)
             std::printf("  to the GPU  %s (%s at the pinned copy rate, %s)\n",
                         seconds_text(e->transfer_seconds).c_str(), format_bytes(e->transfer_bytes).c_str(),
                         src.c_str());
         std::printf("  compute     %s%s\n", seconds_text(e->compute_seconds).c_str(),
                     in.compute_rate > 0 ? "" : " (give --compute-rate, samples/s from a dstrain run)");
         if (e->epoch_seconds)
-            std::printf("  epoch       %s at least, bound by %s%s\n", format_duration(*e->epoch_seconds).c_str(),
-                        e->bound_by.c_str(), e->io_bound ? ": I/O-bound" : "");
+            std::printf("  epoch       %s at least, limited by %s%s\n", format_duration(*e->epoch_seconds).c_str(),
+                        std::string(data::stage_name(*e->limited_by)).c_str(), e->io_bound ? ": I/O-bound" : "");
         else
             std::printf("  epoch       unknown (give --bench FILE from dsbench and --compute-rate)\n");
-        if (v->fit == Fit::disk && !e->read_seconds)
+        if (path == Fit::disk && !e->read_seconds)
             std::printf("  I/O-bound?  unknown (run dsbench on this disk and give --bench FILE)\n");
         if (e->prefetch) std::printf("  recommended --prefetch %u\n", *e->prefetch);
         std::printf("  recommended chunk size %s samples (%s of input, >= %s, whole batches)\n",
@@ -429,7 +483,7 @@ void print_epoch(const Inputs& in, const std::optional<Verdict>& v, const std::o
                     format_bytes(e->chunk_samples * input_bytes_per_sample(d)).c_str(),
                     format_bytes(min_chunk_bytes).c_str());
     }
-    if (in.order == Order::full && v && v->fit == Fit::disk)
+    if (in.order == Order::full && path == Fit::disk)
         warning("--order full reads one sample at a time at random from disk; --order chunk keeps the reads "
                 "sequential");
 }
@@ -451,7 +505,7 @@ void print_table(const Inputs& in, const std::vector<TableRow>& table, const std
 }
 
 void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
-                const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
+                Fit path, const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
                 const std::vector<DType>& table_types) {
     print_machine(in.machine);
     print_budgets(in, b);
@@ -459,7 +513,7 @@ void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>&
     print_job(in);
     print_capacity(in.data, caps);
     print_verdict(v);
-    print_epoch(in, v, e);
+    print_epoch(in, path, e);
     print_table(in, table, table_types);
 }
 
@@ -474,7 +528,7 @@ template <class T> json opt(const std::optional<T>& v) {
 }
 
 json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
-             const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
+             Fit path, const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
              const std::vector<DType>& table_types, std::optional<bool> check_passed) {
     const Machine& m = in.machine;
     const DataSpec& d = in.data;
@@ -535,14 +589,18 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
             {"gpu_stream_bytes", v->gpu_stream}, {"ram_bytes", v->ram},         {"disk_bytes", v->disk},
             {"gpu_checked", v->gpu_checked},     {"reasons", v->reasons},       {"fixes", v->fixes}};
     doc["epoch"] = nullptr;
-    if (e && v && v->fit != Fit::none)
-        doc["epoch"] = {{"read_bytes", e->read_bytes},
+    if (e && path != Fit::none)
+        doc["epoch"] = {{"data", path == Fit::device ? "device"
+                                 : path == Fit::ram  ? "ram"
+                                                     : "disk"},
+                        {"read_bytes", e->read_bytes},
                         {"transfer_bytes", e->transfer_bytes},
                         {"read_seconds", opt(e->read_seconds)},
+                        {"decode_seconds", opt(e->decode_seconds)},
                         {"transfer_seconds", opt(e->transfer_seconds)},
                         {"compute_seconds", opt(e->compute_seconds)},
                         {"epoch_seconds", opt(e->epoch_seconds)},
-                        {"bound_by", e->bound_by.empty() ? json(nullptr) : json(e->bound_by)},
+                        {"limited_by", e->limited_by ? json(data::stage_name(*e->limited_by)) : json(nullptr)},
                         {"io_bound", e->io_bound},
                         {"recommended_prefetch", opt(e->prefetch)},
                         {"recommended_chunk_samples", e->chunk_samples},
@@ -550,6 +608,9 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
                         {"seq_read_bytes_per_second", opt(in.rates.seq_read)},
                         {"random_read_bytes_per_second", opt(in.rates.random_read)},
                         {"chunk_read_bytes_per_second", opt(in.rates.chunk_read)},
+                        {"chunk_read_threads", in.rates.chunk_threads},
+                        {"decode_bytes_per_second", opt(in.rates.decode)},
+                        {"decode_threads", in.rates.decode_threads},
                         {"h2d_pinned_bytes_per_second", opt(in.rates.h2d_pinned)}};
     doc["table"] = nullptr;
     if (in.table) {
@@ -575,9 +636,11 @@ void run_plan(const PlanOptions& o) {
     const std::vector<Capacity> caps = capacity_by_dtype(in.data, in.job, b);
     std::optional<Verdict> v;
     std::optional<EpochEstimate> e;
+    Fit path = Fit::none;
     if (in.data.has_samples()) {
         v = plan_placement(in.data, in.job, b);
-        e = estimate_epoch(in.data, in.job, v->fit, in.rates, in.compute_rate, in.order == Order::full);
+        path = epoch_path(in, v->fit);
+        e = estimate_epoch(in.data, in.job, path, in.rates, in.compute_rate, in.order == Order::full);
     }
     std::vector<DType> table_types;
     for (const Capacity& c : caps) table_types.push_back(c.dtype);
@@ -587,9 +650,9 @@ void run_plan(const PlanOptions& o) {
     if (in.require) passed = v->fit != Fit::none && at_least(v->fit, *in.require);
 
     if (o.out.json)
-        std::cout << to_json(in, b, caps, v, e, table, table_types, passed).dump(2) << "\n";
+        std::cout << to_json(in, b, caps, v, path, e, table, table_types, passed).dump(2) << "\n";
     else if (!o.out.quiet || !in.require)
-        print_text(in, b, caps, v, e, table, table_types);
+        print_text(in, b, caps, v, path, e, table, table_types);
     std::cout.flush();
     std::fflush(stdout);
     if (passed && !*passed)

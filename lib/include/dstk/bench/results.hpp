@@ -95,4 +95,15 @@ struct RandomReadFigure {
 };
 std::optional<RandomReadFigure> best_random_read(const Results& r, std::string_view granularity);
 
+// A --threads sweep's rate where a reader runs `threads` threads: the result
+// of case `key` (status ok) at the largest thread count measured that is at
+// most `threads`, else at the smallest measured. dsplan times dstrain's chunk
+// reads (io.rand.chunk.pread.cold) and zstd decoding (decode.zstd.chunked,
+// decode.zstd) at the thread count dstrain uses.
+struct ThreadedRate {
+    unsigned threads = 0;
+    double rate = 0; // B/s, median
+};
+std::optional<ThreadedRate> rate_at_threads(const Results& r, std::string_view key, unsigned threads);
+
 } // namespace dstk::bench

@@ -28,6 +28,7 @@
 
 #include "dstk/data/field_access.hpp"
 #include "dstk/data/order.hpp"
+#include "dstk/data/stage.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/train/trainer.hpp"
 
@@ -92,6 +93,11 @@ struct StageTimes {
 // "h2d (host to device)". read and decode are sums over the same reader
 // threads, so their ratio is the per-thread one.
 std::string_view limiting_stage(const StageTimes& t);
+
+// Chunk reads the stream's window cache keeps in flight (its I/O threads) for
+// this configuration; storage_chunk: samples per chunk of zstd-chunked input,
+// 0 for .npy. dsplan times the disk at this thread count.
+unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk);
 
 // Host memory of the stream placement, known before it is built: the host
 // ceiling printed beside the GPU's.

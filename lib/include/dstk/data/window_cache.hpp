@@ -47,7 +47,7 @@ struct CacheStats {
 class WindowCache {
   public:
     // x, y: the input and label fields (y read alongside x, chunk by chunk).
-    // `drop_pages`: tell the kernel to forget a chunk's pages once it is read.
+    // `drop_pages`: tell the kernel to forget a chunk's input pages once it is read.
     WindowCache(FieldAccess& x, FieldAccess& y, std::uint64_t capacity, unsigned io_threads, bool drop_pages);
     ~WindowCache();
     WindowCache(const WindowCache&) = delete;

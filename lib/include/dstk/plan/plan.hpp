@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dstk/data/stage.hpp"
 #include "dstk/dtype.hpp"
 #include "dstk/output.hpp"
 #include "dstk/shape.hpp"
@@ -72,7 +73,8 @@ struct DataSpec {
     // Bytes on disk where they are known and differ from the npy layout
     // (an existing dataset: the sum of its files, compressed or not).
     std::optional<std::uint64_t> stored_bytes;
-    bool on_disk = false; // an existing dataset: it already has its disk space
+    bool on_disk = false;    // an existing dataset: it already has its disk space
+    bool compressed = false; // zstd-chunked input: an epoch from disk decodes what it reads
 
     bool has_samples() const { return train + test > 0; }
 };
@@ -157,25 +159,34 @@ std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span
 struct Rates {
     // random_read: single samples (the full order); chunk_read: whole chunks at
     // random offsets, what dstrain's stream window cache issues in the chunk
-    // and sequential orders (seq_read where no chunk figure is known).
-    std::optional<double> seq_read, random_read, chunk_read, h2d_pinned;
+    // and sequential orders (seq_read where no chunk figure is known), at
+    // chunk_threads reads in flight; decode: zstd decompression (decoded bytes)
+    // on decode_threads threads.
+    std::optional<double> seq_read, random_read, chunk_read, h2d_pinned, decode;
+    unsigned chunk_threads = 0, decode_threads = 0;
     std::string source; // the file they came from
 };
 
 struct EpochEstimate {
-    std::uint64_t read_bytes = 0;       // bytes read from disk per epoch (disk placement)
-    std::uint64_t transfer_bytes = 0;   // bytes copied to the GPU per epoch (ram and disk placements)
-    std::optional<double> read_seconds; // read_bytes / read rate
+    std::uint64_t read_bytes = 0;         // bytes read from disk per epoch (disk placement)
+    std::uint64_t transfer_bytes = 0;     // bytes copied to the GPU per epoch (ram and disk placements)
+    std::optional<double> read_seconds;   // read_bytes / read rate
+    std::optional<double> decode_seconds; // zstd-chunked input read from disk: decoded bytes / decode rate
     std::optional<double> transfer_seconds;
     std::optional<double> compute_seconds; // train samples / compute rate
     std::optional<double> epoch_seconds;   // the largest of the known terms
-    std::string bound_by;                  // "disk read", "host-to-device copy", "compute", or ""
+    std::optional<data::Stage> limited_by; // the stage of that term
     bool io_bound = false;                 // a data term is larger than compute
     std::optional<std::uint32_t> prefetch; // recommended ring depth K
     std::uint64_t chunk_samples = 0;       // recommended samples per chunk (zstd-chunked storage)
 };
-// compute_rate: training samples per second (0: unknown). random_order: the
-// "full" shuffle, read at the random read rate.
+// The stages run concurrently (readers, decoders, copies and the GPU overlap
+// through the window cache and the ring), so the epoch takes the slowest.
+// p: where the batches come from (device: GPU memory, compute only; ram: host
+// memory, plus the copy; disk: the disk read, the decode of compressed input
+// and the copy, as a stream epoch from a cold page cache). compute_rate:
+// training samples per second (0: unknown). random_order: the "full" shuffle,
+// read at the random read rate.
 EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates& r, double compute_rate,
                              bool random_order);
 inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{4} << 20;
@@ -191,6 +202,7 @@ struct PlanOptions {
     std::optional<std::uint32_t> classes; // --classes; unset: the manifest's, else 10
     std::string compute_rate;             // samples/s
     std::string order = "chunk";
+    std::string data = "auto"; // the placement the epoch is estimated for: auto, device or stream
     std::string os_reserve = "10G", headroom = "20%";
     std::string bench; // dsbench --json output
     bool table = false, check = false;
