@@ -11,7 +11,7 @@
 #                     an empty kernel choice cache; not in "all", ~4 minutes)
 #                     bench-larger-than-ram (issue 13: root, cgroup v2; not in "all", ~7 minutes)
 #                     bench-dist (issue 17: the N=1 NCCL path against the plain one,
-#                     scripts/bench-dist.sh; not in "all", ~3 minutes)
+#                     scripts/bench-dist.sh; not in "all", ~4 minutes)
 #                     python-loader (only when named: builds the Python package offline
 #                     into python3, runs its tests and scripts/bench-python-loader.py;
 #                     DSTK_PY_CGROUP=4G adds its larger-than-RAM run)
@@ -72,7 +72,7 @@ if [ "$benches" != none ]; then
     want bench-train && SUMMARY_RE='tf32|bf16|FAILED' step bench-train 420 env TRAIN=50000 EPOCHS=3 RUNS=5 TORCH_RUNS=1 \
         PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}" scripts/bench-train.sh build-gpu "$work/train"
     named kernel-choice && SUMMARY_RE='bf16/tf32|FAIL' step kernel-choice 420 scripts/bench-kernel-choice.sh build-gpu "$log"
-    named bench-dist && SUMMARY_RE='NCCL N=1 step|FAIL' step bench-dist 360 scripts/bench-dist.sh build-gpu/bin "$log"
+    named bench-dist && SUMMARY_RE='mpirun -np 1 / plain|FAIL' step bench-dist 360 scripts/bench-dist.sh build-gpu/bin "$log"
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"

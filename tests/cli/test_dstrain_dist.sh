@@ -37,9 +37,10 @@ if ! "${MPIRUN[@]}" -np 2 "$DSTRAIN" "$WORK/ds" "${RUN[@]}" --batch 24 --max-ste
     finish
 fi
 
-# max |a - b| / (1 + |a|) over every tensor of two safetensors files, under 1e-5.
+# max |a - b| / (1 + |a|) over every tensor of two safetensors files, under
+# 1e-5 (or at most the third argument: 0 for bit-equal).
 weights_close() {
-    python3 - "$1" "$2" <<'PY'
+    python3 - "$1" "$2" "${3:-1e-5}" <<'PY'
 import json, struct, sys
 def tensors(path):
     raw = open(path, "rb").read()
@@ -55,7 +56,8 @@ def tensors(path):
 x, y = tensors(sys.argv[1]), tensors(sys.argv[2])
 assert x.keys() == y.keys() and x, "different tensors"
 worst = max(abs(p - q) / (1 + abs(p)) for k in x for p, q in zip(x[k], y[k]))
-sys.exit(0 if worst < 1e-5 else print("largest relative difference", worst) or 1)
+tol = float(sys.argv[3])
+sys.exit(0 if (worst <= tol if tol == 0 else worst < tol) else print("largest relative difference", worst) or 1)
 PY
 }
 # The per-step hashes of the global batches' sample indices in a --log-json file.
@@ -84,7 +86,15 @@ expect_exit 0 "${MPIRUN[@]}" -np 3 "$DSTRAIN" "$WORK/ds" "${RUN[@]}" --batch 16 
     --save "$WORK/n3.safetensors" --log-json "$WORK/n3.jsonl" -q
 expect_true "2 ranks: weights equal to one process's (float tolerance)" weights_close "$WORK/n1.safetensors" "$WORK/n2.safetensors"
 expect_true "3 ranks: weights equal to one process's (float tolerance)" weights_close "$WORK/n1.safetensors" "$WORK/n3.safetensors"
+# A launcher's world of one takes the distributed path (MPI, the reducer at
+# N = 1): the same weights bit for bit and the same batches as a plain run.
+expect_exit 0 "${MPIRUN[@]}" -np 1 "$DSTRAIN" "$WORK/ds" "${RUN[@]}" --batch 48 --save "$WORK/m1.safetensors" \
+    --log-json "$WORK/m1.jsonl"
+expect_stderr 'data parallel: 1 rank \(Open MPI\), global batch 48 = 1 x 48, gradients averaged with MPI'
+expect_true "mpirun -np 1: weights bit-equal to a plain run's" weights_close "$WORK/n1.safetensors" "$WORK/m1.safetensors" 0
+index_hashes "$WORK/m1.jsonl" >"$WORK/m1.hashes"
 index_hashes "$WORK/n1.jsonl" >"$WORK/n1.hashes"
+expect_same "$WORK/n1.hashes" "$WORK/m1.hashes"
 index_hashes "$WORK/n2.jsonl" >"$WORK/n2.hashes"
 index_hashes "$WORK/n3.jsonl" >"$WORK/n3.hashes"
 expect_true "index hashes logged: 2 epochs of 10 steps" test "$(wc -w <"$WORK/n1.hashes")" -eq 24
@@ -94,6 +104,7 @@ expect_same "$WORK/n1.hashes" "$WORK/n3.hashes"
 # Stopped after 7 of 20 global steps, resumed at 2 ranks: bitwise the whole run.
 expect_exit 0 "${MPIRUN[@]}" -np 2 "$DSTRAIN" "$WORK/ds" "${RUN[@]}" --batch 24 --checkpoint "$WORK/stop" --max-steps 7 -q
 cp -r "$WORK/stop" "$WORK/stop3"
+cp -r "$WORK/stop" "$WORK/stop1"
 expect_exit 0 "${MPIRUN[@]}" -np 2 "$DSTRAIN" --checkpoint "$WORK/stop" --resume -q
 state_of "$WORK/ck2" >"$WORK/ck2.state"
 state_of "$WORK/stop" >"$WORK/stop.state"
@@ -111,6 +122,11 @@ expect_true "resumed at 3 ranks: the same global batches from step 8 on" test \
     "$(head -1 "$WORK/r3.hashes" | cut -d' ' -f3-)" = "$(head -1 "$WORK/n1.hashes" | cut -d' ' -f10-)"
 expect_true "resumed at 3 ranks: the same global batches in epoch 2" test \
     "$(sed -n 2p "$WORK/r3.hashes")" = "$(sed -n 2p "$WORK/n1.hashes")"
+# ... and at 1 rank (a launcher's world of one): --batch 48.
+expect_exit 0 "${MPIRUN[@]}" -np 1 "$DSTRAIN" --checkpoint "$WORK/stop1" --resume --save "$WORK/r1.safetensors"
+expect_stderr 'global batch 48 = 1 x 48'
+expect_true "resumed at 1 rank: weights equal to the whole run's (float tolerance)" \
+    weights_close "$WORK/n2.safetensors" "$WORK/r1.safetensors"
 # 5 ranks cannot split the global batch 48.
 cp -r "$WORK/ck2" "$WORK/ck5"
 expect_exit 2 "${MPIRUN[@]}" -np 5 "$DSTRAIN" --checkpoint "$WORK/ck5" --resume --epochs 3 -q

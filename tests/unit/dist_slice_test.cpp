@@ -126,8 +126,10 @@ TEST(Launch, ReadsEachLaunchersVariables) {
     EXPECT_EQ(l.local_rank, 1);
     EXPECT_EQ(l.local_size, 2);
     EXPECT_EQ(l.job, "77");
+    EXPECT_TRUE(l.by_mpi_launcher);
     l = dist::detect_launch(env_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "1"}}));
     EXPECT_EQ(l.launcher, "MPICH/PMI");
+    EXPECT_TRUE(l.by_mpi_launcher);
     EXPECT_EQ(l.rank, 1);
     EXPECT_EQ(l.size, 3);
     l = dist::detect_launch(env_of({{"SLURM_PROCID", "5"},
@@ -141,6 +143,9 @@ TEST(Launch, ReadsEachLaunchersVariables) {
     EXPECT_EQ(l.local_rank, 1);
     EXPECT_EQ(l.local_size, 8);
     EXPECT_EQ(l.job, "42.3");
+    // Slurm sets its variables in a batch script's plain commands too: a world of one there is a plain run.
+    EXPECT_FALSE(l.by_mpi_launcher);
+    EXPECT_FALSE(dist::detect_launch(env_of({})).by_mpi_launcher);
     for (const auto& bad :
          std::vector<std::map<std::string, std::string>>{{{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}},
                                                          {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}},
@@ -158,6 +163,10 @@ TEST(Launch, ReadsEachLaunchersVariables) {
 TEST(World, AWorldOfOneInitialisesNothingAndItsCollectivesAreTheIdentity) {
     auto w = dist::World::join(dist::Launch{}, 1.0);
     EXPECT_TRUE(w->root());
+    EXPECT_FALSE(w->distributed());
+    dist::Launch slurm_one;
+    slurm_one.launcher = "Slurm";
+    EXPECT_FALSE(dist::World::join(slurm_one, 1.0)->distributed());
     std::vector<double> v{1.5, 2.5};
     w->sum(v);
     EXPECT_EQ(v, (std::vector<double>{1.5, 2.5}));

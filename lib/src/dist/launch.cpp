@@ -16,15 +16,16 @@ struct Names {
     const char* size;
     const char* local_rank;
     const char* local_size;
+    bool mpi_launcher;
 };
 
 // In the order they are tried: mpirun inside a Slurm allocation sets both
 // Open MPI's and Slurm's variables, and Open MPI's are the processes' own.
 constexpr Names launchers[] = {
     {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {"MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+     "OMPI_COMM_WORLD_LOCAL_SIZE", true},
+    {"MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", true},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, false},
 };
 
 int number(const Getenv& env, const char* name, long low, long high, const char* launcher) {
@@ -47,6 +48,7 @@ Launch detect_launch(const Getenv& env) {
         if (!env(n.rank) || !env(n.size)) continue;
         Launch l;
         l.launcher = n.launcher;
+        l.by_mpi_launcher = n.mpi_launcher;
         l.size = number(env, n.size, 1, 1 << 20, n.launcher);
         l.rank = number(env, n.rank, 0, l.size - 1, n.launcher);
         l.local_rank = number(env, n.local_rank, 0, l.size - 1, n.launcher);

@@ -195,7 +195,7 @@ class MpiReducer final : public Reducer {
 
 std::unique_ptr<World> World::join(const Launch& launch, double timeout_s) {
     std::unique_ptr<World> w(new World(launch));
-    if (launch.size <= 1) return w;
+    if (launch.size <= 1 && !launch.by_mpi_launcher) return w;
     if (!(timeout_s > 0)) throw usage_error("invalid --dist-timeout (must be positive seconds)");
 #if defined(DSTK_HAVE_MPI)
     // A year at most: a longer wait does not fit the clock's ticks.
@@ -227,6 +227,7 @@ std::unique_ptr<World> World::join(const Launch& launch, double timeout_s) {
     arrivals.done();
     return w;
 #else
+    if (launch.size <= 1) return w; // one rank trains the same without MPI
     throw usage_error(launch.launcher + " started " + std::to_string(launch.size) +
                       " processes, but this dstrain was built without MPI (no data-parallel training) rebuild with "
                       "MPI installed (scripts/setup.sh installs Open MPI), or run one process");
@@ -298,7 +299,7 @@ std::unique_ptr<Reducer> World::host_reducer() {
 #if defined(DSTK_HAVE_MPI)
     if (mpi_) return std::make_unique<MpiReducer>(launch_);
 #endif
-    throw std::logic_error("World::host_reducer in a world of one");
+    throw std::logic_error("World::host_reducer in a plain run (no MPI)");
 }
 
 } // namespace dstk::dist

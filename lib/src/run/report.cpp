@@ -138,10 +138,11 @@ void describe_session(const Session& s, const DataOptions& d, const RunReport& r
                                                        std::to_string(d.window) + " chunks per window)"
                                                  : std::string()) +
                   ", " + format_count(s.steps_per_epoch) + " steps per epoch");
-    if (s.ranks() > 1)
-        note(out, "dstrain: data parallel: " + std::to_string(s.ranks()) + " ranks (" + s.world->launch().launcher +
-                      "), global batch " + std::to_string(s.global_batch()) + " = " + std::to_string(s.ranks()) +
-                      " x " + std::to_string(s.tc.max_batch) + ", gradients averaged with " +
+    if (s.distributed())
+        note(out, "dstrain: data parallel: " + std::to_string(s.ranks()) + (s.ranks() > 1 ? " ranks (" : " rank (") +
+                      s.world->launch().launcher + "), global batch " + std::to_string(s.global_batch()) + " = " +
+                      std::to_string(s.ranks()) + " x " + std::to_string(s.tc.max_batch) +
+                      ", gradients averaged with " +
                       (s.on_gpu() ? "NCCL, each rank on cuda:LOCAL_RANK" : "MPI in rank order") +
                       "; figures below are the world's");
     for (const auto& line : train::kernel_choice_lines(s.trainer->kernel_choices(), s.tc.plan))
@@ -216,7 +217,7 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
                      {"host_peak_rss", peak_rss_bytes()}};
     if (s.on_gpu()) j["gpu_memory_peak"] = o.peak;
     if (s.on_gpu() && s.ranks() > 1) j["gpu_memory_peak_per_rank"] = o.peaks;
-    if (s.ranks() > 1) j["ranks"] = s.ranks();
+    if (s.distributed()) j["ranks"] = s.ranks();
     if (!o.index_hashes.empty()) {
         j["global_batch"] = s.global_batch();
         j["first_batch"] = o.first_batch;

@@ -349,7 +349,7 @@ void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource*
     (void)train_src.take_times();
 }
 
-// The trainer's reducer in a world of several ranks: MPI on the CPU, NCCL
+// The trainer's reducer in a distributed world: MPI on the CPU, NCCL
 // (its id broadcast from rank 0 over MPI) on GPUs.
 std::unique_ptr<dist::Reducer> make_reducer(Session& s, double timeout_s) {
     if (!s.on_gpu()) return s.world->host_reducer();
@@ -400,7 +400,7 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     s.order = data::parse_order(d.order);
     (void)data::parse_managed_policy(d.managed_policy); // a usage error before the dataset is opened
     s.device = choose_device(e, out);
-    if (s.on_gpu() && s.ranks() > 1) s.device.index = s.world->local_rank(); // one GPU per rank of the host
+    if (s.on_gpu() && s.distributed()) s.device.index = s.world->local_rank(); // one GPU per rank of the host
     if (s.on_gpu()) require_gpu(s.device);
     s.precision = e.precision.value_or(s.on_gpu() ? train::Precision::tf32 : train::Precision::fp32);
     if (!s.on_gpu() && s.precision != train::Precision::fp32) {
@@ -419,7 +419,7 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     if (s.on_gpu()) s.meter->attach(s.device.index);
     s.trainer = train::make_trainer(s.tc);
     if (init) model::load_weights(*s.trainer, *init);
-    if (s.ranks() > 1) {
+    if (s.distributed()) {
         s.reducer = make_reducer(s, e.dist_timeout);
         s.trainer->set_reducer(s.reducer.get());
     }

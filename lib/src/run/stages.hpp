@@ -28,8 +28,8 @@ namespace dstk::run {
 // Everything a run builds before its first step. Built in place and never
 // moved: the sources refer to the dataset.
 struct Session {
-    // Data parallel: this process among the ranks (a world of one for a plain
-    // run). First member: it outlives everything else (MPI_Finalize last).
+    // Data parallel: this process among the ranks (a plain world of one
+    // without a launcher). First member: it outlives everything else (MPI_Finalize last).
     std::unique_ptr<dist::World> world;
     OutputOptions out; // what this rank prints: rank 0 the run's, the others errors and warnings only
     std::optional<data::DeviceMemoryMeter> meter; // cuda (or device not chosen yet)
@@ -43,7 +43,7 @@ struct Session {
     train::ModelSpec spec;
     train::TrainerConfig tc;
     std::uint64_t steps_per_epoch = 0;      // global steps; a partial last global batch is skipped
-    std::unique_ptr<dist::Reducer> reducer; // world larger than one: the trainer's (outlives it)
+    std::unique_ptr<dist::Reducer> reducer; // distributed world: the trainer's (outlives it)
     std::unique_ptr<train::Trainer> trainer;
     data::Order order = data::Order::chunk;
     data::SourceConfig sc;
@@ -54,6 +54,7 @@ struct Session {
     bool on_gpu() const { return device.backend == train::Backend::cuda; }
     bool root() const { return world->root(); }
     int ranks() const { return world->size(); }
+    bool distributed() const { return world->distributed(); } // under a launcher, one rank included
     std::uint64_t global_batch() const { return std::uint64_t{tc.max_batch} * static_cast<std::uint64_t>(ranks()); }
 };
 

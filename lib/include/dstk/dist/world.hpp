@@ -5,11 +5,13 @@
 // needs beside the trainer's Reducer (summed figures, gathered peaks, the NCCL
 // id, a common decision to stop).
 //
-// A world of one (a plain run, or a launcher that started one process)
-// initialises nothing: no MPI, and every collective is the identity. A larger
-// world initialises MPI, then meets at a rendezvous with a deadline: a rank
-// that never arrives ends the others with exit 1 and a message naming it,
-// never a hang.
+// A plain run (no launcher) initialises nothing: no MPI, and every
+// collective is the identity. A world that an MPI launcher started, one rank
+// included, initialises MPI, then meets at a rendezvous with a deadline: a
+// rank that never arrives ends the others with exit 1 and a message naming
+// it, never a hang. One rank takes the distributed path (its reducer at N = 1
+// returns its input bit for bit) so that the path is measured and tested on
+// one GPU against the plain one.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -27,6 +29,10 @@ struct Launch {
     int local_size = 0;   // processes on this host; 0: not told
     std::string job;      // the launcher's job id (Open MPI, Slurm); empty: not told
     std::string launcher; // "Open MPI", "MPICH/PMI", "Slurm"; empty: started without one
+    // Started by mpirun/mpiexec (Open MPI, MPICH/PMI), whose variables are
+    // set only in the processes they start. Slurm's are also set in a batch
+    // script's plain commands, so a Slurm world of one stays a plain run.
+    bool by_mpi_launcher = false;
 };
 
 using Getenv = std::function<const char*(const char*)>;
@@ -44,7 +50,9 @@ bool mpi_built();
 
 class World {
   public:
-    // Size 1: nothing is initialised. Larger: MPI_Init under a watchdog, then
+    // Plain (size 1 and not by_mpi_launcher, or size 1 in a build without
+    // MPI, such as the Python package): nothing is initialised. Otherwise:
+    // MPI_Init under a watchdog, then
     // every rank checks in with rank 0 within `timeout_s` seconds. Errors:
     // usage (exit 2) for a build without MPI; failure (exit 1) naming the
     // ranks that did not arrive (the watchdog, when MPI_Init itself does not
@@ -62,6 +70,8 @@ class World {
     int local_rank() const { return launch_.local_rank; }
     bool root() const { return launch_.rank == 0; }
     const Launch& launch() const { return launch_; }
+    // MPI initialised: data-parallel training, with a Reducer, for any size.
+    bool distributed() const { return mpi_; }
 
     // In place: the sum over ranks, added in rank order (the same on every rank).
     void sum(std::span<double> values);
