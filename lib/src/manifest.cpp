@@ -7,13 +7,17 @@
 #include <set>
 #include <sstream>
 
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 #include "dstk/units.hpp"
 
 using nlohmann::json;
 
 namespace dstk {
+
 namespace {
+
+constexpr EnumNames<Storage, 2> storage_names{{{{Storage::npy, "npy"}, {Storage::zstd_chunked, "zstd-chunked"}}}};
 
 // Reading walks the document with a path for messages: "splits[0].fields[1].dtype".
 class Reader {
@@ -124,12 +128,10 @@ FieldInfo parse_field(const Reader& r, const json& fj, const std::string& fp, st
     f.dtype = *dtype;
     f.shape = parse_dims(r, r.member(fj, fp, "shape"), fp + ".shape");
     const std::string storage = r.string(fj, fp, "storage");
-    if (storage == "npy")
-        f.storage = Storage::npy;
-    else if (storage == "zstd-chunked")
-        f.storage = Storage::zstd_chunked;
+    if (const auto s = storage_names.find(storage))
+        f.storage = *s;
     else
-        r.fail(fp + ".storage", "unknown storage '" + storage + "' (expected npy or zstd-chunked)");
+        r.fail(fp + ".storage", "unknown storage '" + storage + "' (expected " + storage_names.choices() + ")");
     const bool in_parts = fj.is_object() && fj.contains("parts");
     if (in_parts && fj.contains("file")) r.fail(fp, "has both \"file\" and \"parts\" (a field is one or the other)");
     if (!in_parts) f.file = plain_file_name(r, fj, fp);
@@ -181,7 +183,7 @@ ShardInfo parse_shard(const Reader& r, const json& v, const Manifest& m) {
 } // namespace
 
 std::string_view storage_name(Storage s) {
-    return s == Storage::npy ? "npy" : "zstd-chunked";
+    return storage_names.name(s);
 }
 
 const FieldInfo* SplitInfo::find(std::string_view f) const {

@@ -123,8 +123,9 @@ nb::object next_device(Loader& l) {
     const auto xshape = batch_shape(l.x_field(), b.size);
     const std::size_t yshape[1] = {b.size};
     nb::ndarray<nb::array_api> xs(b.x, xshape.size(), xshape.data(), owner(), nullptr, dlpack_dtype(l.out_dtype()),
-                     nb::device::cuda::value, dev);
-    nb::ndarray<nb::array_api> ys(b.y, 1, yshape, owner(), nullptr, nb::dtype<std::int32_t>(), nb::device::cuda::value, dev);
+                                  nb::device::cuda::value, dev);
+    nb::ndarray<nb::array_api> ys(b.y, 1, yshape, owner(), nullptr, nb::dtype<std::int32_t>(), nb::device::cuda::value,
+                                  dev);
     // nanobind's array-API objects carry no shape or dtype attributes: they go along for DeviceArray.
     nb::list xdims;
     for (const std::size_t d : xshape) xdims.append(d);

@@ -348,6 +348,17 @@ class DeviceGather {
 
 // ---- device placement, cuda ------------------------------------------------------
 
+// Positions [first, first + count) of a split resident in device or managed
+// memory: gathered into the batch buffer in the epoch's order, or, in
+// sequential order (no gather), a slice of the split itself.
+train::Batch resident_batch(DeviceGather* gather, const EpochOrder& order, std::uint64_t first, std::uint32_t count,
+                            const void* x, const void* y, std::uint64_t sample_bytes) {
+    const auto* xs = static_cast<const std::uint8_t*>(x);
+    const auto* ys = static_cast<const std::int32_t*>(y);
+    return gather ? gather->gather(order, first, count, xs, ys)
+                  : train::Batch{xs + first * sample_bytes, ys + first, count};
+}
+
 class DeviceResidentSource final : public ResidentSource {
   public:
     DeviceResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
@@ -366,10 +377,7 @@ class DeviceResidentSource final : public ResidentSource {
         std::uint64_t first;
         std::uint32_t count;
         if (!take(first, count)) return false;
-        const auto* xs = static_cast<const std::uint8_t*>(x_.p);
-        const auto* ys = static_cast<const std::int32_t*>(y_.p);
-        out = gather_ ? gather_->gather(*order_, first, count, xs, ys)
-                      : train::Batch{xs + first * sample_bytes_, ys + first, count};
+        out = resident_batch(gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
         return true;
     }
     std::uint64_t device_bytes() const override {
@@ -521,10 +529,7 @@ class ManagedSource final : public ResidentSource {
         std::uint32_t count;
         if (!take(first, count)) return false;
         if (config_.managed_policy == ManagedPolicy::prefetch) prefetch(first + count);
-        const auto* xs = static_cast<const std::uint8_t*>(x_.p);
-        const auto* ys = static_cast<const std::int32_t*>(y_.p);
-        out = gather_ ? gather_->gather(*order_, first, count, xs, ys)
-                      : train::Batch{xs + first * sample_bytes_, ys + first, count};
+        out = resident_batch(gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
         return true;
     }
     std::uint64_t device_bytes() const override {
