@@ -12,6 +12,7 @@
 #include "dstk/atomic_output.hpp"
 #include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 
 namespace fs = std::filesystem;
 
@@ -71,17 +72,14 @@ void save_checkpoint(const fs::path& dir, const Checkpoint& c) {
 Checkpoint load_checkpoint(const fs::path& dir) {
     const fs::path path = checkpoint_path(dir);
     const std::string where = path.string();
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    const UniqueFd file = UniqueFd::try_open(path, O_RDONLY | O_CLOEXEC);
+    if (!file) {
         if (errno == ENOENT)
             throw runtime_error("no checkpoint in '" + dir.string() + "' (" + checkpoint_file_name +
                                 " not found); run without --resume to start training");
         throw_errno("cannot open checkpoint", where);
     }
-    struct Closer {
-        int fd;
-        ~Closer() { ::close(fd); }
-    } closer{fd};
+    const int fd = file.get();
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_errno("cannot stat checkpoint", where);
     const auto size = static_cast<std::uint64_t>(st.st_size);
