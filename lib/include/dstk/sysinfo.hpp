@@ -29,9 +29,9 @@ SystemInfo detect_system();
 // The host memory figures alone (/proc/meminfo and the cgroup), without
 // hwloc's topology: what the data path plans with, cheap to call often.
 struct MemoryReading {
-    std::uint64_t total = 0, available = 0;           // /proc/meminfo MemTotal, MemAvailable
-    std::optional<std::uint64_t> cgroup_limit;        // cgroup v2 memory.max when set
-    std::uint64_t cgroup_anon = 0;                    // memory.stat "anon" of that cgroup
+    std::uint64_t total = 0, available = 0;    // /proc/meminfo MemTotal, MemAvailable
+    std::optional<std::uint64_t> cgroup_limit; // cgroup v2 memory.max when set
+    std::uint64_t cgroup_anon = 0;             // memory.stat "anon" of that cgroup
 };
 MemoryReading read_host_memory();
 

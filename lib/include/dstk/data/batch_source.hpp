@@ -51,7 +51,7 @@ struct SourceConfig {
     train::Device device;
     OrderConfig order;
     std::uint32_t batch = 256;
-    RankSlice slice; // data parallel: this rank's part of each global batch (order.hpp)
+    RankSlice slice;       // data parallel: this rank's part of each global batch (order.hpp)
     bool drop_last = true; // training drops a partial last batch; evaluation keeps it
     unsigned prefetch = 4; // K: ring slots (stream), batches prefetched ahead (managed)
     unsigned readers = 2;  // reader threads (stream)

@@ -22,7 +22,7 @@ struct TrainOptions {
     std::uint32_t epochs = 5;
     std::uint32_t batch = 256; // per rank; the global batch is ranks x batch
     bool batch_given = false;  // typed on this command line (a resume at another rank count derives it otherwise)
-    std::optional<float> lr; // default: 0.05 sgd, 0.002 adamw (times batch/256 for sgd)
+    std::optional<float> lr;   // default: 0.05 sgd, 0.002 adamw (times batch/256 for sgd)
     train::OptimizerKind optimizer = train::OptimizerKind::sgd;
     float momentum = 0.9f;
     bool nesterov = true;
