@@ -107,9 +107,9 @@ def worker(a):
             info["times"] = loader.times
             del loader
         elif way == "loader":
-            # The loader alone (batches taken through DLPack, no training): its
-            # own cost per batch, which adds to the step where the step is
-            # bound by the CPU (CUDA graphs' replay).
+            # The loader alone (batches taken through DLPack, no training): how
+            # fast it delivers, readers and conversion included; an upper
+            # bound on what it can feed, not its CPU cost per step.
             loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
                                  device="cuda:0", readers=a.readers)
             it = forever(lambda: ((torch.from_dlpack(x), torch.from_dlpack(y).long()) for x, y in loader))
@@ -175,7 +175,7 @@ def in_ram(a, dsgen):
         lines.append(f"  {way:10s} {med:12,.0f}  [{lo:,.0f}, {hi:,.0f}]")
     lines.append(f"  dstk / reference {rows['dstk'][0] / rows['reference'][0]:.1%}   "
                  f"dstk / memmap {rows['dstk'][0] / rows['memmap'][0]:.2f}x")
-    lines.append(f"  the loader alone (no training): {results[-1]['ways']['loader']['us_per_batch']:.0f} us per batch")
+    lines.append(f"  the loader alone (no training): one batch every {results[-1]['ways']['loader']['us_per_batch']:.0f} us")
     lines.append(f"  dstk ceilings: GPU {gib(d['device_bytes'])} (taken {gib(d['gpu_taken'])}), "
                  f"host {gib(d['host_bytes'])}; process peak RSS {gib(d['peak_rss'])}")
     return lines
