@@ -268,19 +268,18 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     const std::uint64_t split_bytes = checked_mul(s.train_split->samples, x.sample_bytes() + 4, "split bytes") +
                                       (s.test_split ? s.test_split->samples * (x.sample_bytes() + 4) : 0);
     sc.placement = resolve_placement(asked, s.device, split_bytes, s.trainer->memory_plan().total(), s.placement_why);
-    if (asked == Placement::automatic && sc.placement == Placement::stream) {
+    if (sc.placement == Placement::stream) {
+        const std::uint64_t avail = data::available_host_memory();
         // Never more host memory than there is: the stream's plan must fit (else exit 3, saying why).
-        const std::uint64_t avail = data::available_host_memory();
         const data::HostPlan hp = data::plan_host_memory(*s.train_split, x, sc, avail);
-        s.placement_why += "; host memory " + format_bytes(hp.total()) + " (ring + window cache) of " +
-                           format_bytes(avail) + " available";
-    }
-    if (sc.placement == Placement::stream && !d.direct_given && x.storage == Storage::npy) {
-        // Data larger than memory: buffered reads under reclaim reached well
-        // under the disk's rate where O_DIRECT reached it (bench-larger-than-ram).
-        const std::uint64_t avail = data::available_host_memory();
-        const data::HostPlan hp = data::plan_host_memory(*s.train_split, x, sc, avail);
-        if (split_bytes + hp.total() > avail) {
+        if (asked == Placement::automatic)
+            s.placement_why += "; host memory " + format_bytes(hp.total()) + " (ring + window cache) of " +
+                               format_bytes(avail) + " available";
+        // Where the plan would drop pages (the split does not fit in the page
+        // cache beside the stream), O_DIRECT instead: buffered reads under
+        // reclaim reached well under the disk's rate where O_DIRECT reached it
+        // (bench-larger-than-ram).
+        if (hp.drop_pages && !d.direct_given && x.storage == Storage::npy) {
             sc.direct = true;
             note(out, "dstrain: reading with O_DIRECT: the data (" + format_bytes(split_bytes) +
                           ") does not fit in the memory available beside the stream (" + format_bytes(avail) +
