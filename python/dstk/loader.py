@@ -176,8 +176,7 @@ class Loader:
         return self._impl.std
 
     def __iter__(self):
-        self._impl.start_epoch(self.epoch, self.next_batch)
-        self._impl.take_times()  # what an abandoned iteration left behind
+        self._impl.start_epoch(self.epoch, self.next_batch)  # drops what an abandoned iteration counted
         self._times = {}
         while True:
             item = self._impl.next()

@@ -111,6 +111,14 @@ struct StreamParts {
                                           effective_order(c, x.storage_chunk_samples()), slots, c.readers,
                                           std::move(memory), cache.get())) {}
 
+    // Starts the ring at `first_batch` of `epoch` with fresh stage counters:
+    // what an abandoned iteration's readers counted up to their stop is dropped.
+    void restart(std::uint64_t epoch, std::uint64_t first_batch) {
+        ring->stop();
+        StageTimes dropped;
+        take_times(dropped);
+        ring->start(epoch, first_batch);
+    }
     void take_times(StageTimes& t) {
         t.read_wait = ring->take_wait_seconds();
         if (cache) {
@@ -160,7 +168,10 @@ class HostStreamSource final : public BatchSource {
     std::uint64_t samples() const override { return parts_.x.samples(); }
     std::uint64_t batches_per_epoch() const override { return parts_.ring->batches(); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
-        parts_.ring->start(epoch, first_batch);
+        parts_.restart(epoch, first_batch);
+        times_ = {};
+        StageTimes dropped;
+        hash_.take(dropped);
     }
     bool next(train::Batch& out) override {
         const RingSlot* s = parts_.ring->acquire();
@@ -201,6 +212,7 @@ class ResidentSource : public BatchSource {
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         order_ = std::make_unique<EpochOrder>(config_.order, samples_, epoch);
         next_ = std::min(first_batch, batches_);
+        times_ = {};
     }
     void release() override {}
     StageTimes take_times() override { return std::exchange(times_, {}); }
@@ -430,7 +442,8 @@ class DeviceStreamSource final : public BatchSource {
     std::uint64_t batches_per_epoch() const override { return ring_.batches(); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         drain();
-        ring_.start(epoch, first_batch);
+        parts_.restart(epoch, first_batch);
+        times_ = {};
     }
     bool next(train::Batch& out) override {
         const RingSlot* h = ring_.acquire();

@@ -46,6 +46,8 @@ class HostRing {
     std::uint64_t batches() const { return batches_; }
     unsigned slots() const { return static_cast<unsigned>(slots_.size()); }
     void start(std::uint64_t epoch, std::uint64_t first_batch);
+    // Joins the readers (start() does so first); their counters stay to be taken.
+    void stop();
     // The next batch in order, or nullptr at the end of the epoch. Several may
     // be held at once; release() frees the oldest held.
     const RingSlot* acquire();
@@ -62,7 +64,6 @@ class HostRing {
         State state = State::free;
         std::uint64_t expect = 0; // the batch this slot takes next
     };
-    void stop();
     void reader_loop(unsigned reader);
     void fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64_t>& indices);
     void hint(std::uint64_t end_position);

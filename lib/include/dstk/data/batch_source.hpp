@@ -126,6 +126,7 @@ class BatchSource {
     virtual std::uint64_t samples() const = 0;
     virtual std::uint64_t batches_per_epoch() const = 0;
     // Positions the source at batch `first_batch` of `epoch` (a resume point).
+    // The stage times start afresh: what an abandoned iteration counted is dropped.
     virtual void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) = 0;
     // The next batch of the epoch; false when the epoch is done. Rethrows
     // reader errors (naming the file and chunk).
