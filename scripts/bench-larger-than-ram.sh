@@ -34,6 +34,8 @@
 #   U8_TRAIN     u8 3x32x32 training samples (default 2800K: 8.6 GB) with U8_LIMIT (default 2G)
 #   F32_TRAIN    f32 3x32x32 training samples (default 680K: 8.4 GB) with F32_LIMIT (default 2G)
 #   STORAGES     "u8 f32" (default), or one of them
+#   ROWS         the rows to run (default all: "device chunk direct sequential full zstd";
+#                the device row gives the % of device and dsplan's compute rate)
 #   MODEL, PRECISION, BATCH  (ref-cnn, tf32, 256)
 #   FULL_STEPS   steps of the full-order row (default 1500)
 #   CHECK_PREDICTION  1: exit 1 when a predicted epoch is off by more than 15%
@@ -50,6 +52,7 @@ precision=${PRECISION:-tf32}
 batch=${BATCH:-256}
 full_steps=${FULL_STEPS:-1500}
 storages=${STORAGES:-u8 f32}
+rows=${ROWS:-device chunk direct sequential full zstd}
 
 die() { echo "bench-larger-than-ram: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (cgroup v2 memory limits and dropping the page cache)"
@@ -199,12 +202,17 @@ for storage in $storages; do
 
     ref_rate=0
     echo "== $storage rows ($((SECONDS - t0)) s)" >&2
-    run_row "$storage" device host "$ds" --data device
-    run_row "$storage" chunk cgroup "$ds" --data stream
-    run_row "$storage" direct cgroup "$ds" --data stream --direct
-    run_row "$storage" sequential cgroup "$ds" --data stream --order sequential
-    run_row "$storage" full cgroup "$ds" --data stream --order full --max-steps "$full_steps"
-    run_row "$storage" zstd cgroup "$dsz" --data stream
+    for row in $rows; do
+        case $row in
+        device) run_row "$storage" device host "$ds" --data device ;;
+        chunk) run_row "$storage" chunk cgroup "$ds" --data stream ;;
+        direct) run_row "$storage" direct cgroup "$ds" --data stream --direct ;;
+        sequential) run_row "$storage" sequential cgroup "$ds" --data stream --order sequential ;;
+        full) run_row "$storage" full cgroup "$ds" --data stream --order full --max-steps "$full_steps" ;;
+        zstd) run_row "$storage" zstd cgroup "$dsz" --data stream ;;
+        *) die "unknown row '$row' (device chunk direct sequential full zstd)" ;;
+        esac
+    done
     rm -rf "$ds" "$dsz"
 done
 

@@ -10,9 +10,13 @@ same compiled step fed three ways in each process:
   memmap     the seeds' recipe: np.memmap Dataset + DataLoader(shuffle,
              4 workers, pin_memory), normalised on the GPU
 
---runs fresh processes (default 3), one timed epoch per way in each; the table
-gives the median samples/s with min and max, dstk as % of the reference and
-as a multiple of memmap, and the loader's printed ceilings beside the GPU
+--runs fresh processes (default 3). In each, the ways take turns: reference,
+dstk, memmap, loader, then reference and dstk again, each timed for --seconds
+(default 4, several epochs) after a warm-up, so that a drift of the GPU or the
+process over its life falls on both; a way's rate in a process is the mean of
+its turns. The table gives the median samples/s with min and max, the median
+of the per-process ratio dstk / reference (the figure the target is about),
+dstk as a multiple of memmap, and the loader's printed ceilings beside the GPU
 memory it took and the process's peak RSS. --cgroup-limit L (root, cgroup v2)
 adds one run of dstk and memmap on a dataset 4x L read from disk inside a
 memory cgroup of L (a fixed number of steps, cold page cache).
@@ -66,18 +70,18 @@ def worker(a):
 
     step = torch.compile(step, mode="reduce-overhead")
     model.train()
-    steps = min(n // a.batch, a.steps or n)
-    out = {"samples": n, "steps": steps, "ways": {}}
+    out = {"samples": n, "ways": {}}
 
     def timed(batches, warm):
-        """Runs `warm` steps, then `steps` timed ones, from the iterator."""
+        """Runs `warm` steps, then timed ones from the iterator: `steps` of
+        them where given, for at most max_seconds where given."""
         it = iter(batches)
         for _ in range(warm):
             step(*next(it))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         done = 0
-        while done < steps and not (a.max_seconds and time.perf_counter() - t0 > a.max_seconds):
+        while (not a.steps or done < a.steps) and not (a.max_seconds and time.perf_counter() - t0 > a.max_seconds):
             step(*next(it))
             done += 1
         torch.cuda.synchronize()
@@ -117,10 +121,12 @@ def worker(a):
                 next(it)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            for _ in range(steps):
+            done = 0
+            while (not a.steps or done < a.steps) and not (a.max_seconds and time.perf_counter() - t0 > a.max_seconds):
                 next(it)
+                done += 1
             torch.cuda.synchronize()
-            rate = steps * a.batch / (time.perf_counter() - t0)
+            rate = done * a.batch / (time.perf_counter() - t0)
             info["us_per_batch"] = 1e6 * a.batch / rate
             del it, loader
         else:
@@ -132,8 +138,9 @@ def worker(a):
             rate = timed(forever(lambda: ((((xb.cuda(non_blocking=True).float() - mean) / std),
                                            yb.cuda(non_blocking=True)) for xb, yb in dl)), 30)
             del dl
-        info["samples_per_s"] = rate
         info["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        turns = out["ways"].get(way, {}).get("turns", []) + [rate]
+        info["turns"], info["samples_per_s"] = turns, statistics.fmean(turns)
         out["ways"][way] = info
         print(f"{way:10s} {rate:12,.0f} samples/s", file=sys.stderr, flush=True)
     print(json.dumps(out))
@@ -144,7 +151,7 @@ def worker(a):
 def run_worker(a, dataset, ways, steps, log, prefix=None, max_seconds=0):
     """One worker process; max_seconds caps each way's timed loop (the slow memmap from disk)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", dataset, "--ways", ways, "--batch", str(a.batch),
-           "--steps", str(steps), "--readers", str(a.readers), "--max-seconds", str(max_seconds)]
+           "--steps", str(steps), "--readers", str(a.readers), "--max-seconds", str(max_seconds or a.seconds)]
     if prefix:
         cmd = prefix + cmd
     with open(log, "w") as err:
@@ -161,19 +168,21 @@ def gib(b):
 def in_ram(a, dsgen):
     data = os.path.join(a.work, "ram")
     subprocess.run([dsgen, data, "--train", str(a.train), "--test", "0", "--force", "-q"], check=True)
-    results = [run_worker(a, data, "reference,dstk,memmap,loader", 0, os.path.join(a.out, f"run{r}.log"))
-               for r in range(a.runs)]
+    results = [run_worker(a, data, "reference,dstk,memmap,loader,reference,dstk", 0,
+                          os.path.join(a.out, f"run{r}.log")) for r in range(a.runs)]
     json.dump(results, open(os.path.join(a.out, "bench-python-loader.json"), "w"), indent=1)
     rows = {}
     for way in ("reference", "dstk", "memmap", "loader"):
         rates = [r["ways"][way]["samples_per_s"] for r in results]
         rows[way] = (statistics.median(rates), min(rates), max(rates))
     d = results[-1]["ways"]["dstk"]
-    lines = [f"in RAM: {a.train:,} samples u8 3x32x32, batch {a.batch}, {a.runs} processes "
-             f"(median [min, max] samples/s)"]
+    lines = [f"in RAM: {a.train:,} samples u8 3x32x32, batch {a.batch}, {a.runs} processes, "
+             f"{a.seconds:g} s a turn (median [min, max] samples/s)"]
     for way, (med, lo, hi) in rows.items():
         lines.append(f"  {way:10s} {med:12,.0f}  [{lo:,.0f}, {hi:,.0f}]")
-    lines.append(f"  dstk / reference {rows['dstk'][0] / rows['reference'][0]:.1%}   "
+    ratios = [r["ways"]["dstk"]["samples_per_s"] / r["ways"]["reference"]["samples_per_s"] for r in results]
+    lines.append(f"  dstk / reference {statistics.median(ratios):.1%} (per process: "
+                 f"{', '.join(f'{x:.1%}' for x in ratios)})   "
                  f"dstk / memmap {rows['dstk'][0] / rows['memmap'][0]:.2f}x")
     lines.append(f"  the loader alone (no training): one batch every {results[-1]['ways']['loader']['us_per_batch']:.0f} us")
     lines.append(f"  dstk ceilings: GPU {gib(d['device_bytes'])} (taken {gib(d['gpu_taken'])}), "
@@ -194,7 +203,7 @@ def cgroup(a, dsgen):
     shell = ["bash", "-c", f'echo $BASHPID > {group}/cgroup.procs && exec "$@"', "bash"]
     r = run_worker(a, data, "dstk,memmap", a.cgroup_steps, os.path.join(a.out, "cgroup.log"), shell, 45)
     d, m = r["ways"]["dstk"], r["ways"]["memmap"]
-    return [f"cgroup {gib(limit)}, data {gib(samples * (3 * 32 * 32 + 4))} on disk, up to {r['steps']} steps "
+    return [f"cgroup {gib(limit)}, data {gib(samples * (3 * 32 * 32 + 4))} on disk, up to {a.cgroup_steps} steps "
             f"or 45 s per way, one run:",
             f"  dstk       {d['samples_per_s']:12,.0f}   memmap {m['samples_per_s']:12,.0f}   "
             f"dstk / memmap {d['samples_per_s'] / m['samples_per_s']:.2f}x; dstk host ceiling {gib(d['host_bytes'])}"]
@@ -209,6 +218,7 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--readers", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=4, help="timed seconds of each turn of a way (in RAM)")
     ap.add_argument("--cgroup-limit", default="", help="e.g. 4G: add the larger-than-RAM run (root, cgroup v2)")
     ap.add_argument("--cgroup-steps", type=int, default=400)
     ap.add_argument("--worker", help=argparse.SUPPRESS)

@@ -13,7 +13,8 @@
 #                     bench-dist (issue 17: the N=1 NCCL path against the plain one,
 #                     scripts/bench-dist.sh; not in "all", ~4 minutes)
 #                     python-loader (only when named: builds the Python package offline
-#                     into python3, runs its tests and scripts/bench-python-loader.py;
+#                     into python3, runs its tests and scripts/bench-python-loader.py
+#                     with DSTK_PY_ARGS, e.g. "--runs 3 --seconds 3";
 #                     DSTK_PY_CGROUP=4G adds its larger-than-RAM run)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
 set -uo pipefail
@@ -91,7 +92,7 @@ if [ "$benches" != none ]; then
                 -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
         SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
         SUMMARY_RE='dstk / reference' step python-loader 450 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
-            ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"}
+            ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"} ${DSTK_PY_ARGS:-}
     fi
     want model-check && SUMMARY_RE='model-check' step model-check 150 scripts/model-check.sh "$DSTK_BIN" "$work/model" "$log"
     rm -rf "$work"

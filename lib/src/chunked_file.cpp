@@ -1,6 +1,7 @@
 #include "dstk/chunked_file.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -29,6 +30,7 @@ constexpr std::size_t entry_bytes = 24;
 // Uncompressed bytes in flight per writer batch: bounds memory whatever the chunk size.
 constexpr std::uint64_t batch_target_bytes = 16ull << 20; // also what an interrupted --resume run can lose
 constexpr std::uint64_t batch_limit_bytes = 128ull << 20;
+constexpr std::uint64_t direct_align = 4096; // O_DIRECT offsets, lengths and buffers
 
 void put_u32(std::vector<std::uint8_t>& b, std::uint32_t v) {
     for (int i = 0; i < 4; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
@@ -230,6 +232,7 @@ ChunkedReader::ChunkedReader(fs::path path) : path_(std::move(path)), fd_(Unique
     std::vector<std::uint8_t> frame(index_bytes);
     read_all(fd_.get(), frame.data(), frame.size(), static_cast<long long>(file_bytes_ - index_bytes), path_);
     index_ = parse_chunk_index(frame, file_bytes_, where);
+    for (const ChunkEntry& e : index_.chunks) max_frame_bytes_ = std::max(max_frame_bytes_, e.compressed_bytes);
     if (index_.sample_bytes != get_u64(head + 24) || index_.chunk_samples != get_u64(head + 32))
         corrupt(where, "header and chunk index disagree on the sample or chunk size");
 }
@@ -244,29 +247,107 @@ std::uint64_t ChunkedReader::chunk_bytes(std::uint64_t i) const {
     return chunk_range(i).count * index_.sample_bytes;
 }
 
-void ChunkedReader::read_chunk(std::uint64_t i, void* dst) const {
-    decode_chunk(i, dst, false);
+void ChunkedReader::read_chunk(std::uint64_t i, void* dst, Cost* cost) const {
+    decode_chunk(i, dst, false, cost);
 }
 
-void ChunkedReader::decode_chunk(std::uint64_t i, void* dst, bool check_frame) const {
+bool ChunkedReader::set_direct(bool on) {
+    if (on && !dfd_) {
+        UniqueFd fd = UniqueFd::try_open(path_, O_RDONLY | O_DIRECT);
+        int err = fd ? 0 : errno;
+        if (fd) {
+            std::unique_ptr<std::uint8_t, decltype(&std::free)> probe(
+                static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, direct_align)), &std::free);
+            if (!probe) throw std::bad_alloc();
+            if (::pread(fd.get(), probe.get(), direct_align, 0) < 0) err = errno;
+        }
+        if (err == EINVAL || err == EOPNOTSUPP) return false;
+        if (err != 0) throw_errno("cannot open with O_DIRECT", path_.string());
+        dfd_ = std::move(fd);
+    }
+    direct_ = on;
+    return true;
+}
+
+void ChunkedReader::drop_pages(std::uint64_t first, std::uint64_t count) const {
+    if (count == 0 || first >= samples()) return;
+    const std::uint64_t c0 = first / chunk_samples();
+    const std::uint64_t c1 = std::min(first + count - 1, samples() - 1) / chunk_samples();
+    const ChunkEntry &a = index_.chunks[c0], &b = index_.chunks[c1];
+    ::posix_fadvise(fd_.get(), static_cast<off_t>(a.offset), static_cast<off_t>(b.offset + b.compressed_bytes - a.offset),
+                    POSIX_FADV_DONTNEED);
+}
+
+// Reads [start, start + len) (aligned) with O_DIRECT into buf until at least
+// `need` bytes are in; false where the filesystem refused the read.
+bool ChunkedReader::pread_direct(std::uint8_t* buf, std::uint64_t start, std::uint64_t len, std::uint64_t need) const {
+    std::uint64_t got = 0;
+    while (got < need) {
+        const ssize_t r = ::pread(dfd_.get(), buf + got, len - got, static_cast<off_t>(start + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) return false;
+        if (r < 0) throw_errno("cannot read (O_DIRECT)", path_.string());
+        if (r == 0) break;
+        got += static_cast<std::uint64_t>(r);
+        if (got % direct_align != 0) break; // end of file: a short tail
+    }
+    if (got < need)
+        throw runtime_error("cannot read " + path_.string() + ": it ends at byte " + std::to_string(start + got) +
+                            ", before byte " + std::to_string(start + need) +
+                            " (the file shrank while reading?) re-create or restore the dataset");
+    return true;
+}
+
+// The frame of chunk entry e, read into this thread's frame buffer: sized at
+// once for the file's largest frame (plus O_DIRECT's alignment), never
+// zero-filled. Grown frame by frame, each freed buffer raised glibc's mmap
+// threshold and left a hole in the thread's arena: RSS above the host plan.
+const std::uint8_t* ChunkedReader::read_frame(const ChunkEntry& e, Cost* cost) const {
+    thread_local std::unique_ptr<std::uint8_t, decltype(&std::free)> frame_buf(nullptr, &std::free);
+    thread_local std::uint64_t frame_cap = 0;
+    const std::uint64_t need = std::max(e.compressed_bytes, max_frame_bytes_) + 2 * direct_align;
+    if (frame_cap < need) {
+        frame_cap = (need + direct_align - 1) / direct_align * direct_align;
+        frame_buf.reset();
+        frame_buf.reset(static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, frame_cap)));
+        if (!frame_buf) {
+            frame_cap = 0;
+            throw std::bad_alloc();
+        }
+    }
+    const std::uint8_t* frame = frame_buf.get();
+    std::uint64_t bytes = e.compressed_bytes;
+    bool done = false;
+    if (direct()) {
+        const std::uint64_t start = e.offset / direct_align * direct_align, lead = e.offset - start;
+        const std::uint64_t len = (lead + e.compressed_bytes + direct_align - 1) / direct_align * direct_align;
+        done = pread_direct(frame_buf.get(), start, len, lead + e.compressed_bytes);
+        if (done) {
+            frame += lead;
+            bytes = len;
+        } else {
+            direct_ = false; // the filesystem refused this read: the page cache from now on
+        }
+    }
+    if (!done)
+        read_all(fd_.get(), frame_buf.get(), e.compressed_bytes, static_cast<long long>(e.offset), path_);
+    if (cost) cost->bytes += bytes;
+    return frame;
+}
+
+void ChunkedReader::decode_chunk(std::uint64_t i, void* dst, bool check_frame, Cost* cost) const {
     if (i >= chunks())
         throw runtime_error(path_.string() + ": chunk " + std::to_string(i) + " requested, the file has " +
                             std::to_string(chunks()));
     const ChunkEntry& e = index_.chunks[i];
-    // Per-thread frame buffer, grown (never zero-filled) to the largest frame seen.
-    thread_local std::unique_ptr<std::uint8_t[]> frame_buf;
-    thread_local std::uint64_t frame_cap = 0;
-    if (frame_cap < e.compressed_bytes) {
-        frame_buf.reset(new std::uint8_t[e.compressed_bytes]);
-        frame_cap = e.compressed_bytes;
-    }
-    const std::span<const std::uint8_t> frame(frame_buf.get(), e.compressed_bytes);
-    read_all(fd_.get(), frame_buf.get(), frame.size(), static_cast<long long>(e.offset), path_);
+    const std::span<const std::uint8_t> frame(read_frame(e, cost), e.compressed_bytes);
+    const auto t0 = std::chrono::steady_clock::now();
     // The hot path trusts zstd's content checksum (checked on every decode;
     // decode_frame refuses frames without one), which covers the decoded
     // bytes; the frame's XXH64 from the index is computed only when decoding
     // fails, to say which of the two broke, and always by verify().
     const std::string why = decode_frame(frame, dst, chunk_bytes(i));
+    if (cost) cost->decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (why.empty() && !check_frame) return;
     const bool hash_ok = xxh64(frame.data(), frame.size()) == e.checksum;
     if (why.empty() && hash_ok) return;
@@ -313,7 +394,7 @@ void ChunkedReader::verify(ThreadPool* pool) const {
         auto one = [&](std::uint64_t k) {
             std::vector<std::uint8_t> buf(chunk_bytes(start + k));
             try {
-                decode_chunk(start + k, buf.data(), true);
+                decode_chunk(start + k, buf.data(), true, nullptr);
             } catch (const Error& e) {
                 errors[k] = e.what();
             }

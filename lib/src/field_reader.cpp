@@ -453,10 +453,32 @@ class ChunkedFieldReader final : public FilesReader {
         }
     }
 
-    void set_direct(bool on, const Message& notice, const Message&) override {
-        if (on && notice)
-            notice("--direct: " + path().string() +
-                   " is zstd-chunked: its compressed frames are read through the page cache");
+    // O_DIRECT reads of each frame's 4 KiB-aligned cover, into the reading
+    // thread's frame buffer (where zstd decodes it from anyway).
+    void set_direct(bool on, const Message& notice, const Message& warn) override {
+        std::lock_guard lock(mutex_);
+        warn_ = warn ? warn : notice;
+        for (std::size_t i = 0; i < readers_.size(); ++i) {
+            if (readers_[i]->set_direct(on)) continue;
+            for (auto& r : readers_) r->set_direct(false);
+            if (notice)
+                notice("--direct: the filesystem of " + files_[i].where +
+                       " refuses O_DIRECT: reading it through the page cache");
+            return;
+        }
+        direct_on_ = on;
+        fell_back_ = false;
+    }
+    bool direct() const override {
+        return direct_on_ && std::all_of(readers_.begin(), readers_.end(), [](const auto& r) { return r->direct(); });
+    }
+    // Frames are read whole (the cover of each, with O_DIRECT).
+    std::uint64_t range_buffer_bytes(std::uint64_t count) const override { return count * sample_bytes(); }
+    void drop_pages(std::uint64_t first, std::uint64_t count) override {
+        if (direct()) return;
+        pieces(first, count, [&](std::size_t i, std::uint64_t in, std::uint64_t n, std::uint64_t) {
+            readers_[i]->drop_pages(in, n);
+        });
     }
     void set_decoded_chunks(std::uint64_t n) override {
         std::lock_guard lock(mutex_);
@@ -465,20 +487,26 @@ class ChunkedFieldReader final : public FilesReader {
 
     // A whole storage chunk is decoded straight into buf; other ranges (and
     // ranges across parts) through each file's own assembly.
+    // Counts the frames' bytes as read and only zstd's time as decoding.
     std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) override {
         check_range(first, count);
-        const auto t0 = Clock::now();
+        ChunkedReader::Cost cost;
         pieces(first, count, [&](std::size_t i, std::uint64_t in, std::uint64_t n, std::uint64_t done) {
             const ChunkedReader& r = *readers_[i];
             const std::uint64_t c = in / r.chunk_samples();
             std::uint8_t* to = buf + done * sample_bytes();
-            if (in % r.chunk_samples() == 0 && c < r.chunks() && n * sample_bytes() == r.chunk_bytes(c))
-                r.read_chunk(c, to);
-            else
+            if (in % r.chunk_samples() == 0 && c < r.chunks() && n * sample_bytes() == r.chunk_bytes(c)) {
+                r.read_chunk(c, to, &cost);
+            } else {
+                const auto t0 = Clock::now();
                 r.read(in, n, to);
+                cost.bytes += n * sample_bytes();
+                cost.decode_seconds += seconds_since(t0);
+            }
         });
-        count_read(count * sample_bytes());
-        count_decode(seconds_since(t0));
+        count_read(cost.bytes);
+        count_decode(cost.decode_seconds);
+        warn_if_fell_back();
         return 0;
     }
 
@@ -521,7 +549,19 @@ class ChunkedFieldReader final : public FilesReader {
     Buffer chunk(std::size_t f, std::uint64_t c_in_file);
     void evict();
 
+    // An O_DIRECT read refused after set_direct's probe (the reader fell back
+    // to the page cache): said once.
+    void warn_if_fell_back() {
+        if (!direct_on_ || direct() || fell_back_.exchange(true)) return;
+        std::lock_guard lock(mutex_);
+        if (warn_)
+            warn_("--direct: an O_DIRECT read of " + path().string() +
+                  " was refused: reading it through the page cache from now on");
+    }
+
     std::vector<std::unique_ptr<ChunkedReader>> readers_;
+    std::atomic<bool> direct_on_{false}, fell_back_{false};
+    Message warn_;
     std::vector<std::uint64_t> first_chunk_; // of each file, in the field's chunks
     std::uint64_t chunks_ = 0;
     std::mutex mutex_;
@@ -548,10 +588,10 @@ ChunkedFieldReader::Buffer ChunkedFieldReader::chunk(std::size_t f, std::uint64_
     entries_[c] = Entry{nullptr, ++clock_};
     lock.unlock();
     auto buf = std::make_shared<std::vector<std::uint8_t>>(readers_[f]->chunk_bytes(c_in_file));
-    const auto t0 = Clock::now();
+    ChunkedReader::Cost cost;
     try {
-        readers_[f]->read_chunk(c_in_file, buf->data());
-        count_read(buf->size());
+        readers_[f]->read_chunk(c_in_file, buf->data(), &cost);
+        count_read(cost.bytes);
     } catch (const std::exception& e) {
         lock.lock();
         entries_.erase(c);
@@ -559,7 +599,8 @@ ChunkedFieldReader::Buffer ChunkedFieldReader::chunk(std::size_t f, std::uint64_
         decoded_.notify_all();
         throw;
     }
-    count_decode(seconds_since(t0));
+    count_decode(cost.decode_seconds);
+    warn_if_fell_back();
     lock.lock();
     entries_[c].data = buf;
     evict();

@@ -231,7 +231,10 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
             const std::uint64_t chunks = (n + chunk - 1) / chunk;
             if (std::string(l.name).find("chunk_cuts") != std::string::npos) EXPECT_EQ(s.x.reads, chunks) << l.name;
             EXPECT_GE(s.x.reads, chunks) << l.name;
-            EXPECT_GE(s.x.bytes, n * sb) << l.name;
+            if (std::string(l.name).find("zstd") == std::string::npos)
+                EXPECT_GE(s.x.bytes, n * sb) << l.name;
+            else // the compressed frames: what came from the disk
+                EXPECT_GT(s.x.bytes, 0u) << l.name;
         }
         fs::remove_all(dir);
     }

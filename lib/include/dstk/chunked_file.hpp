@@ -15,6 +15,7 @@
 // reader finds the index from the last 16 bytes and then reaches any chunk
 // with one pread. Chunks are compressed independently at one level, so the
 // file is byte-identical whatever the number of threads.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -92,10 +93,27 @@ class ChunkedReader {
     // The largest chunk, for sizing buffers.
     std::uint64_t max_chunk_bytes() const { return index_.chunk_samples * index_.sample_bytes; }
 
+    // What read_chunk calls cost (added up): the bytes read from the file
+    // (the frame, or its 4 KiB-aligned cover with O_DIRECT) and the seconds in
+    // zstd, for the stream's stage times (reading is the rest).
+    struct Cost {
+        std::uint64_t bytes = 0;
+        double decode_seconds = 0;
+    };
     // Decompresses chunk i into dst (chunk_bytes(i) bytes), checking zstd's
     // content checksum of the decoded bytes (the frame's XXH64 from the index
     // only when that fails, to name the damage); errors name the file and chunk.
-    void read_chunk(std::uint64_t i, void* dst) const;
+    void read_chunk(std::uint64_t i, void* dst, Cost* cost = nullptr) const;
+    // Frames read with O_DIRECT from now on (on) or through the page cache.
+    // Opens and proves an O_DIRECT descriptor the first time; false where the
+    // filesystem refuses O_DIRECT (reads stay buffered). Where an O_DIRECT read
+    // fails later with EINVAL or EOPNOTSUPP, that read and every later one go
+    // through the page cache (direct() turns false).
+    bool set_direct(bool on);
+    bool direct() const { return direct_.load(std::memory_order_relaxed); }
+    // Samples [first, first + count) were read: the pages of their chunks'
+    // frames may leave the page cache (POSIX_FADV_DONTNEED).
+    void drop_pages(std::uint64_t first, std::uint64_t count) const;
     // Samples [first, first + count) into dst; chunks decoded on `pool` when given.
     void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool = nullptr) const;
     // Decodes every chunk (on `pool` when given), checking the frames' XXH64
@@ -103,11 +121,16 @@ class ChunkedReader {
     void verify(ThreadPool* pool = nullptr) const;
 
   private:
-    void decode_chunk(std::uint64_t i, void* dst, bool check_frame) const;
+    void decode_chunk(std::uint64_t i, void* dst, bool check_frame, Cost* cost) const;
+    const std::uint8_t* read_frame(const ChunkEntry& e, Cost* cost) const;
+    bool pread_direct(std::uint8_t* buf, std::uint64_t start, std::uint64_t len, std::uint64_t need) const;
     std::filesystem::path path_;
     UniqueFd fd_;
+    UniqueFd dfd_; // O_DIRECT, opened by set_direct
+    mutable std::atomic<bool> direct_{false};
     std::uint64_t file_bytes_ = 0;
     ChunkIndex index_;
+    std::uint64_t max_frame_bytes_ = 0; // the largest frame: one decode buffer per thread fits all
 };
 
 // Sequential writer of a zstd-chunked file. Samples are buffered; every batch

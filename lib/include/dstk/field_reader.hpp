@@ -84,9 +84,10 @@ class FieldReader {
     virtual void will_need(std::span<const std::uint64_t>, std::uint64_t) {}
     // Stream reads (gather, read_range) with O_DIRECT (on) or through the page
     // cache (off, the default). .npy storage: 4 KiB-aligned reads, into
-    // aligned bounce buffers of at most 4 MiB + 8 KiB per reader for gathers.
-    // Where the filesystem refuses O_DIRECT at the probe (tmpfs before Linux
-    // 6.6, some FUSE and network filesystems), or for zstd-chunked storage,
+    // aligned bounce buffers of at most 4 MiB + 8 KiB per reader for gathers;
+    // zstd-chunked storage: each frame's 4 KiB-aligned cover, into the
+    // reading thread's frame buffer. Where the filesystem refuses O_DIRECT at
+    // the probe (tmpfs before Linux 6.6, some FUSE and network filesystems),
     // reads stay buffered and `notice` is told why. Where an O_DIRECT read
     // fails later with EINVAL or EOPNOTSUPP, that read and every later one go
     // through the page cache and `warn` (else `notice`) is told once.

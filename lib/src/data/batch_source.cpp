@@ -679,7 +679,8 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
     if (c.order.kind == Order::full) {
         // Sample gathers: O_DIRECT bounce buffers per reader, decoded chunks for zstd storage.
         if (c.direct) p.other += std::uint64_t{c.readers} * ((4ull << 20) + 8192);
-        if (storage_chunk) p.other += cache_chunks_for(c) * storage_chunk * sb;
+        if (storage_chunk) // and each reader's frame buffer
+            p.other += cache_chunks_for(c) * storage_chunk * sb + std::uint64_t{c.readers} * (storage_chunk * sb + 3 * 4096);
     } else {
         // Two windows, or the whole split where it is smaller: every chunk read once and held.
         const bool slack = c.direct && x.storage == Storage::npy;
@@ -688,7 +689,8 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
             split.samples * (sb + 4) + (split.samples + cs - 1) / cs * (slack ? 3 * 4096 : 4096);
         p.min_cache = std::min(min_window_cache_bytes(order, sb, slack), whole);
         if (storage_chunk)
-            p.other += std::uint64_t{io_threads_for(c, storage_chunk)} * storage_chunk * sb; // compressed frames
+            p.other += std::uint64_t{io_threads_for(c, storage_chunk)} * // compressed frames, O_DIRECT's slack
+                       (storage_chunk * sb + 3 * 4096);
         const std::uint64_t fixed = p.ring + p.other;
         if (c.host_mem != 0) {
             if (c.host_mem < fixed + p.min_cache)

@@ -279,7 +279,7 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
         // cache beside the stream), O_DIRECT instead: buffered reads under
         // reclaim reached well under the disk's rate where O_DIRECT reached it
         // (bench-larger-than-ram).
-        if (hp.drop_pages && !d.direct_given && x.storage == Storage::npy) {
+        if (hp.drop_pages && !d.direct_given) {
             sc.direct = true;
             note(out, "dstrain: reading with O_DIRECT: the data (" + format_bytes(split_bytes) +
                           ") does not fit in the memory available beside the stream (" + format_bytes(avail) +
