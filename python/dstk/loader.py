@@ -53,7 +53,10 @@ class Loader:
     - placement "stream": reader threads read whole chunks into a ring of
       ``prefetch`` host slots (pinned), a copy stream moves them to the GPU.
       Host and GPU memory stay at ``host_bytes`` / ``device_bytes`` whatever
-      the dataset size.
+      the dataset size. ``direct=True`` reads the input with O_DIRECT (.npy
+      chunks, and each compressed frame of zstd-chunked storage), bypassing
+      the page cache: for data larger than RAM, where buffered reads under
+      memory pressure fall short of the disk (dstrain --direct).
     - "device": the whole split in GPU memory; "managed": in CUDA managed
       memory with prefetching (``managed_policy``; ``oversubscribe`` to allow
       a split larger than free GPU memory).

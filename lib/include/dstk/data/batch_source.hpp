@@ -78,7 +78,7 @@ struct SourceConfig {
 struct StageTimes {
     double read_wait = 0; // the training loop waiting for a batch (the data path's cost to training)
     double read = 0;      // reader threads in pread and copies, decode excluded (sum over threads)
-    double decode = 0;    // reader threads reading and decompressing zstd chunks (sum over threads)
+    double decode = 0;    // reader threads decompressing zstd frames, their reads excluded (sum over threads)
     double h2d = 0;       // host -> device copies (cuda; measured with events)
     double compute = 0;   // train steps (filled in by the training loop)
     std::uint64_t batches = 0, samples = 0, bytes = 0;
