@@ -274,8 +274,8 @@ void ChunkedReader::drop_pages(std::uint64_t first, std::uint64_t count) const {
     const std::uint64_t c0 = first / chunk_samples();
     const std::uint64_t c1 = std::min(first + count - 1, samples() - 1) / chunk_samples();
     const ChunkEntry &a = index_.chunks[c0], &b = index_.chunks[c1];
-    ::posix_fadvise(fd_.get(), static_cast<off_t>(a.offset), static_cast<off_t>(b.offset + b.compressed_bytes - a.offset),
-                    POSIX_FADV_DONTNEED);
+    ::posix_fadvise(fd_.get(), static_cast<off_t>(a.offset),
+                    static_cast<off_t>(b.offset + b.compressed_bytes - a.offset), POSIX_FADV_DONTNEED);
 }
 
 // Reads [start, start + len) (aligned) with O_DIRECT into buf until at least
@@ -329,8 +329,7 @@ const std::uint8_t* ChunkedReader::read_frame(const ChunkEntry& e, Cost* cost) c
             direct_ = false; // the filesystem refused this read: the page cache from now on
         }
     }
-    if (!done)
-        read_all(fd_.get(), frame_buf.get(), e.compressed_bytes, static_cast<long long>(e.offset), path_);
+    if (!done) read_all(fd_.get(), frame_buf.get(), e.compressed_bytes, static_cast<long long>(e.offset), path_);
     if (cost) cost->bytes += bytes;
     return frame;
 }

@@ -680,7 +680,8 @@ HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const Sour
         // Sample gathers: O_DIRECT bounce buffers per reader, decoded chunks for zstd storage.
         if (c.direct) p.other += std::uint64_t{c.readers} * ((4ull << 20) + 8192);
         if (storage_chunk) // and each reader's frame buffer
-            p.other += cache_chunks_for(c) * storage_chunk * sb + std::uint64_t{c.readers} * (storage_chunk * sb + 3 * 4096);
+            p.other +=
+                cache_chunks_for(c) * storage_chunk * sb + std::uint64_t{c.readers} * (storage_chunk * sb + 3 * 4096);
     } else {
         // Two windows, or the whole split where it is smaller: every chunk read once and held.
         const bool slack = c.direct && x.storage == Storage::npy;
