@@ -127,6 +127,45 @@ TEST(DataSource, ResumesAtAnyBatch) {
     fs::remove_all(dir);
 }
 
+// start_epoch drops what an abandoned iteration counted, in every placement
+// and order: the stage times after it are the new iteration's alone (the
+// readers of the old one are stopped first, so none of theirs leaks in).
+TEST(DataSource, StartEpochDropsAnAbandonedIterationsTimes) {
+    const std::uint64_t n = 600, sb = 48;
+    const fs::path plain = make_dataset("restart", n, sb), packed = test_support::temp_path("dstk_data", "restartz");
+    ConvertOptions c;
+    c.input = plain;
+    c.output = packed;
+    c.compress = "zstd:1";
+    c.chunk_samples = 100;
+    c.out.quiet = true;
+    run_convert(c);
+    for (const fs::path& dir : {plain, packed}) {
+        const Dataset ds = Dataset::open(dir);
+        for (const Placement p : {Placement::stream, Placement::device})
+            for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
+                auto s = make_batch_source(ds, "train", cpu_config(p, o, 20));
+                s->start_epoch(0, 0);
+                train::Batch b;
+                for (int i = 0; i < 5; ++i) {
+                    ASSERT_TRUE(s->next(b));
+                    s->release();
+                }
+                const std::vector<std::int32_t> seen = run_epoch(*s, 1, 0, sb);
+                const StageTimes t = s->take_times();
+                const std::string what =
+                    dir.filename().string() + " " + std::string(placement_name(p)) + " " + std::string(order_name(o));
+                EXPECT_EQ(t.batches, s->batches_per_epoch()) << what;
+                EXPECT_EQ(t.samples, seen.size()) << what;
+                if (p == Placement::stream && o != Order::full && dir == packed)
+                    EXPECT_LE(t.io.reads, n / 100 * 2)
+                        << what << ": the new epoch's chunk reads (x and labels at most)";
+            }
+    }
+    fs::remove_all(plain);
+    fs::remove_all(packed);
+}
+
 TEST(DataSource, EvaluationKeepsThePartialLastBatch) {
     const std::uint64_t n = 100, sb = 8;
     const fs::path dir = make_dataset("partial", n, sb);
