@@ -33,6 +33,19 @@ fs::path make_dataset(const std::string& name, std::uint64_t samples, std::uint6
                                           });
 }
 
+// A zstd-chunked copy of `plain` (chunks of 100 samples) under `name`.
+fs::path zstd_copy(const fs::path& plain, const std::string& name) {
+    const fs::path packed = test_support::temp_path("dstk_data", name);
+    ConvertOptions c;
+    c.input = plain;
+    c.output = packed;
+    c.compress = "zstd:1";
+    c.chunk_samples = 100;
+    c.out.quiet = true;
+    run_convert(c);
+    return packed;
+}
+
 SourceConfig cpu_config(Placement p, Order o, std::uint32_t batch) {
     SourceConfig c;
     c.placement = p;
@@ -87,14 +100,7 @@ TEST(DataSource, StreamAndDeviceDeliverTheSameBatchesInEveryOrder) {
 
 TEST(DataSource, ZstdChunkedStorageDeliversTheSameBatchesAndTimesItsDecoding) {
     const std::uint64_t n = 1000, sb = 48;
-    const fs::path plain = make_dataset("plain", n, sb), packed = test_support::temp_path("dstk_data", "zstd");
-    ConvertOptions c;
-    c.input = plain;
-    c.output = packed;
-    c.compress = "zstd:1";
-    c.chunk_samples = 100;
-    c.out.quiet = true;
-    run_convert(c);
+    const fs::path plain = make_dataset("plain", n, sb), packed = zstd_copy(plain, "zstd");
     const Dataset a = Dataset::open(plain), b = Dataset::open(packed);
     ASSERT_EQ(b.manifest().splits[0].fields[0].storage, Storage::zstd_chunked);
     // Sequential: the chunk order's windows follow the storage chunks, which differ.
@@ -132,14 +138,7 @@ TEST(DataSource, ResumesAtAnyBatch) {
 // readers of the old one are stopped first, so none of theirs leaks in).
 TEST(DataSource, StartEpochDropsAnAbandonedIterationsTimes) {
     const std::uint64_t n = 600, sb = 48;
-    const fs::path plain = make_dataset("restart", n, sb), packed = test_support::temp_path("dstk_data", "restartz");
-    ConvertOptions c;
-    c.input = plain;
-    c.output = packed;
-    c.compress = "zstd:1";
-    c.chunk_samples = 100;
-    c.out.quiet = true;
-    run_convert(c);
+    const fs::path plain = make_dataset("restart", n, sb), packed = zstd_copy(plain, "restartz");
     for (const fs::path& dir : {plain, packed}) {
         const Dataset ds = Dataset::open(dir);
         for (const Placement p : {Placement::stream, Placement::device})

@@ -24,9 +24,10 @@ void add_data_options(CLI::App& app, DataOptions& d) {
                    "random-read, sequential-read and host-to-device figures (explicit options win)");
     CLI::Option* direct =
         app.add_flag("--direct", d.direct,
-                     "Stream: read the inputs (.npy chunks, zstd frames) with O_DIRECT, bypassing the page cache (the default where the data "
-                     "does not fit in available memory beside the stream's own; where the filesystem refuses it, "
-                     "through the page cache: with a notice at open, with a warning mid-run)")
+                     "Stream: read the inputs (.npy chunks, zstd frames) with O_DIRECT, bypassing the page cache "
+                     "(the default where the data does not fit in available memory beside the stream's own; where "
+                     "the filesystem refuses it, through the page cache: with a notice at open, with a warning "
+                     "mid-run)")
             ->each([&d](const std::string&) { d.direct_given = true; });
     app.add_flag_function(
            "--no-direct",
