@@ -355,26 +355,32 @@ void ChunkedReader::decode_chunk(std::uint64_t i, void* dst, bool check_frame, C
     throw runtime_error(where + ": " + why + redo);
 }
 
-void ChunkedReader::read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool) const {
+void ChunkedReader::read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool, Cost* cost) const {
     if (first > samples() || count > samples() - first)
         throw runtime_error("read of samples [" + std::to_string(first) + ", " + std::to_string(first + count) +
                             ") is outside '" + path_.string() + "' (" + std::to_string(samples()) + " samples)");
     if (count == 0) return;
     const std::uint64_t c0 = first / chunk_samples(), c1 = (first + count - 1) / chunk_samples();
     auto* out = static_cast<std::uint8_t*>(dst);
+    std::mutex cost_mutex;
     auto one = [&](std::uint64_t k) {
         const std::uint64_t c = c0 + k;
         const SampleRange r = chunk_range(c);
         const std::uint64_t lo = std::max(first, r.first), hi = std::min(first + count, r.first + r.count);
         std::uint8_t* to = out + (lo - first) * sample_bytes();
+        Cost mine;
         if (lo == r.first && hi == r.first + r.count) {
-            read_chunk(c, to);
-            return;
+            read_chunk(c, to, &mine);
+        } else {
+            thread_local std::vector<std::uint8_t> tmp;
+            tmp.resize(chunk_bytes(c));
+            read_chunk(c, tmp.data(), &mine);
+            std::memcpy(to, tmp.data() + (lo - r.first) * sample_bytes(), (hi - lo) * sample_bytes());
         }
-        thread_local std::vector<std::uint8_t> tmp;
-        tmp.resize(chunk_bytes(c));
-        read_chunk(c, tmp.data());
-        std::memcpy(to, tmp.data() + (lo - r.first) * sample_bytes(), (hi - lo) * sample_bytes());
+        if (!cost) return;
+        std::lock_guard lock(cost_mutex);
+        cost->bytes += mine.bytes;
+        cost->decode_seconds += mine.decode_seconds;
     };
     if (pool && c1 > c0)
         pool->parallel_for(c1 - c0 + 1, one);

@@ -472,8 +472,6 @@ class ChunkedFieldReader final : public FilesReader {
     bool direct() const override {
         return direct_on_ && std::all_of(readers_.begin(), readers_.end(), [](const auto& r) { return r->direct(); });
     }
-    // Frames are read whole (the cover of each, with O_DIRECT).
-    std::uint64_t range_buffer_bytes(std::uint64_t count) const override { return count * sample_bytes(); }
     void drop_pages(std::uint64_t first, std::uint64_t count) override {
         if (direct()) return;
         pieces(first, count, [&](std::size_t i, std::uint64_t in, std::uint64_t n, std::uint64_t) {
@@ -495,14 +493,10 @@ class ChunkedFieldReader final : public FilesReader {
             const ChunkedReader& r = *readers_[i];
             const std::uint64_t c = in / r.chunk_samples();
             std::uint8_t* to = buf + done * sample_bytes();
-            if (in % r.chunk_samples() == 0 && c < r.chunks() && n * sample_bytes() == r.chunk_bytes(c)) {
+            if (in % r.chunk_samples() == 0 && c < r.chunks() && n * sample_bytes() == r.chunk_bytes(c))
                 r.read_chunk(c, to, &cost);
-            } else {
-                const auto t0 = Clock::now();
-                r.read(in, n, to);
-                cost.bytes += n * sample_bytes();
-                cost.decode_seconds += seconds_since(t0);
-            }
+            else
+                r.read(in, n, to, nullptr, &cost);
         });
         count_read(cost.bytes);
         count_decode(cost.decode_seconds);

@@ -114,8 +114,10 @@ class ChunkedReader {
     // Samples [first, first + count) were read: the pages of their chunks'
     // frames may leave the page cache (POSIX_FADV_DONTNEED).
     void drop_pages(std::uint64_t first, std::uint64_t count) const;
-    // Samples [first, first + count) into dst; chunks decoded on `pool` when given.
-    void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool = nullptr) const;
+    // Samples [first, first + count) into dst; chunks decoded on `pool` when
+    // given; their cost added to `cost` when given.
+    void read(std::uint64_t first, std::uint64_t count, void* dst, ThreadPool* pool = nullptr,
+              Cost* cost = nullptr) const;
     // Decodes every chunk (on `pool` when given), checking the frames' XXH64
     // too; throws naming the first bad one.
     void verify(ThreadPool* pool = nullptr) const;
