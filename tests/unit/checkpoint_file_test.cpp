@@ -7,9 +7,11 @@
 
 #include "dstk/checkpoint.hpp"
 #include "dstk/error.hpp"
+#include "support/error_of.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
+using test_support::code_of;
 
 namespace {
 
@@ -28,15 +30,6 @@ Checkpoint sample(std::uint64_t steps) {
     c.command_line = "dstrain data --checkpoint ck";
     for (int i = 0; i < 1000; ++i) c.trainer_state.push_back(static_cast<std::uint8_t>(i * 13 + steps));
     return c;
-}
-
-ExitCode code_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.code();
-    }
-    return ExitCode::ok;
 }
 
 } // namespace

@@ -5,19 +5,12 @@
 #include "dstk/error.hpp"
 #include "dstk/manifest.hpp"
 #include "dstk/shard.hpp"
+#include "support/error_of.hpp"
 
 using namespace dstk;
+using test_support::code_of;
 
 namespace {
-
-ExitCode code_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.code();
-    }
-    return ExitCode::ok;
-}
 
 TEST(ShardSpec, ParsesZeroBasedAndRejectsTheRest) {
     const ShardSpec s = parse_shard("2/3");

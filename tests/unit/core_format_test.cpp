@@ -11,9 +11,11 @@
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/npy.hpp"
+#include "support/error_of.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
+using test_support::error_of;
 
 namespace {
 
@@ -28,15 +30,6 @@ struct TempDir {
 
 std::span<const std::uint8_t> bytes(const std::string& s) {
     return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
-}
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
 }
 
 // A dataset with 10 train samples of 2x3 f32 (x[i][j] = i * 100 + j) and i32 labels.

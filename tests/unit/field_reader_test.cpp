@@ -25,9 +25,11 @@
 #include "dstk/field_reader.hpp"
 #include "dstk/thread_pool.hpp"
 #include "support/test_dataset.hpp"
+#include "support/error_of.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
+using test_support::error_of;
 using namespace dstk::data;
 
 namespace {
@@ -109,15 +111,6 @@ SplitInfo write_parts(const fs::path& dir, Storage storage, const std::vector<st
     }
     split.fields = {x, y};
     return split;
-}
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
 }
 
 void expect_samples(const std::vector<std::uint8_t>& got, std::uint64_t first, std::uint64_t sb,

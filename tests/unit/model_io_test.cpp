@@ -13,9 +13,11 @@
 #include "dstk/model/infer.hpp"
 #include "dstk/model/onnx.hpp"
 #include "dstk/model/saved_model.hpp"
+#include "support/error_of.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
+using test_support::code_of;
 using namespace dstk::model;
 
 namespace {
@@ -38,15 +40,6 @@ SavedModel sample_model(const std::string& spec, train::TensorShape input, std::
     for (std::size_t i = 0; i < m.params.size(); ++i) m.params[i] = std::sin(0.37f * static_cast<float>(i));
     for (std::size_t i = 0; i < m.states.size(); ++i) m.states[i] = 0.5f + 0.01f * static_cast<float>(i);
     return m;
-}
-
-ExitCode code_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.code();
-    }
-    return ExitCode::ok;
 }
 
 } // namespace
