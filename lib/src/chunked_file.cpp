@@ -16,6 +16,7 @@
 #include "dstk/error.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/thread_pool.hpp"
+#include "direct_io.hpp"
 
 namespace fs = std::filesystem;
 
@@ -30,7 +31,6 @@ constexpr std::size_t entry_bytes = 24;
 // Uncompressed bytes in flight per writer batch: bounds memory whatever the chunk size.
 constexpr std::uint64_t batch_target_bytes = 16ull << 20; // also what an interrupted --resume run can lose
 constexpr std::uint64_t batch_limit_bytes = 128ull << 20;
-constexpr std::uint64_t direct_align = 4096; // O_DIRECT offsets, lengths and buffers
 
 void put_u32(std::vector<std::uint8_t>& b, std::uint32_t v) {
     for (int i = 0; i < 4; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
@@ -253,17 +253,9 @@ void ChunkedReader::read_chunk(std::uint64_t i, void* dst, Cost* cost) const {
 
 bool ChunkedReader::set_direct(bool on) {
     if (on && !dfd_) {
-        UniqueFd fd = UniqueFd::try_open(path_, O_RDONLY | O_DIRECT);
-        int err = fd ? 0 : errno;
-        if (fd) {
-            std::unique_ptr<std::uint8_t, decltype(&std::free)> probe(
-                static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, direct_align)), &std::free);
-            if (!probe) throw std::bad_alloc();
-            if (::pread(fd.get(), probe.get(), direct_align, 0) < 0) err = errno;
-        }
-        if (err == EINVAL || err == EOPNOTSUPP) return false;
-        if (err != 0) throw_errno("cannot open with O_DIRECT", path_.string());
-        dfd_ = std::move(fd);
+        int refused = 0;
+        dfd_ = open_direct(path_, path_.string(), &refused);
+        if (!dfd_) return false;
     }
     direct_ = on;
     return true;
@@ -278,42 +270,20 @@ void ChunkedReader::drop_pages(std::uint64_t first, std::uint64_t count) const {
                     static_cast<off_t>(b.offset + b.compressed_bytes - a.offset), POSIX_FADV_DONTNEED);
 }
 
-// Reads [start, start + len) (aligned) with O_DIRECT into buf until at least
-// `need` bytes are in; false where the filesystem refused the read.
-bool ChunkedReader::pread_direct(std::uint8_t* buf, std::uint64_t start, std::uint64_t len, std::uint64_t need) const {
-    std::uint64_t got = 0;
-    while (got < need) {
-        const ssize_t r = ::pread(dfd_.get(), buf + got, len - got, static_cast<off_t>(start + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) return false;
-        if (r < 0) throw_errno("cannot read (O_DIRECT)", path_.string());
-        if (r == 0) break;
-        got += static_cast<std::uint64_t>(r);
-        if (got % direct_align != 0) break; // end of file: a short tail
-    }
-    if (got < need)
-        throw runtime_error("cannot read " + path_.string() + ": it ends at byte " + std::to_string(start + got) +
-                            ", before byte " + std::to_string(start + need) +
-                            " (the file shrank while reading?) re-create or restore the dataset");
-    return true;
-}
-
 // The frame of chunk entry e, read into this thread's frame buffer: sized at
 // once for the file's largest frame (plus O_DIRECT's alignment), never
 // zero-filled. Grown frame by frame, each freed buffer raised glibc's mmap
 // threshold and left a hole in the thread's arena: RSS above the host plan.
 const std::uint8_t* ChunkedReader::read_frame(const ChunkEntry& e, Cost* cost) const {
-    thread_local std::unique_ptr<std::uint8_t, decltype(&std::free)> frame_buf(nullptr, &std::free);
+    thread_local AlignedBuffer frame_buf;
     thread_local std::uint64_t frame_cap = 0;
     const std::uint64_t need = std::max(e.compressed_bytes, max_frame_bytes_) + 2 * direct_align;
     if (frame_cap < need) {
-        frame_cap = (need + direct_align - 1) / direct_align * direct_align;
-        frame_buf.reset();
-        frame_buf.reset(static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, frame_cap)));
-        if (!frame_buf) {
-            frame_cap = 0;
-            throw std::bad_alloc();
-        }
+        frame_buf.reset(); // before the new one: never both at once
+        frame_cap = 0;
+        const std::uint64_t cap = (need + direct_align - 1) / direct_align * direct_align;
+        frame_buf = aligned_buffer(cap);
+        frame_cap = cap;
     }
     const std::uint8_t* frame = frame_buf.get();
     std::uint64_t bytes = e.compressed_bytes;
@@ -321,7 +291,7 @@ const std::uint8_t* ChunkedReader::read_frame(const ChunkEntry& e, Cost* cost) c
     if (direct()) {
         const std::uint64_t start = e.offset / direct_align * direct_align, lead = e.offset - start;
         const std::uint64_t len = (lead + e.compressed_bytes + direct_align - 1) / direct_align * direct_align;
-        done = pread_direct(frame_buf.get(), start, len, lead + e.compressed_bytes);
+        done = pread_direct(dfd_.get(), frame_buf.get(), start, len, lead + e.compressed_bytes, path_.string()) == 0;
         if (done) {
             frame += lead;
             bytes = len;

@@ -21,6 +21,7 @@
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
 #include "dstk/npy.hpp"
+#include "direct_io.hpp"
 
 namespace fs = std::filesystem;
 
@@ -30,20 +31,8 @@ namespace {
 using data::Clock;
 using data::seconds_since;
 
-constexpr std::uint64_t direct_align = 4096;
 constexpr std::uint64_t direct_piece = 4ull << 20; // bytes of samples per O_DIRECT read of a gather
 const std::string redo = "; re-create the dataset (dsgen/dsconvert) or restore the file";
-
-struct AlignedFree {
-    void operator()(std::uint8_t* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<std::uint8_t, AlignedFree>;
-
-AlignedBuffer aligned_buffer(std::uint64_t bytes) {
-    AlignedBuffer b(static_cast<std::uint8_t*>(std::aligned_alloc(direct_align, bytes)));
-    if (!b) throw std::bad_alloc();
-    return b;
-}
 
 // One file of a field: the whole field, or one of its parts, with what the
 // manifest says of it and where its samples start in the field.
@@ -320,17 +309,9 @@ void NpyFieldReader::set_direct(bool on, const Message& notice, const Message& w
 bool NpyFieldReader::probe_direct(const Message& notice) {
     probed_ = true;
     for (std::size_t i = 0; i < files_.size(); ++i) {
-        UniqueFd fd = UniqueFd::try_open(files_[i].path, O_RDONLY | O_DIRECT);
-        int err = fd ? 0 : errno;
-        if (fd) {
-            AlignedBuffer probe = aligned_buffer(direct_align);
-            if (::pread(fd.get(), probe.get(), direct_align, 0) < 0) err = errno;
-        }
-        if (err == 0) {
-            open_[i].dfd = std::move(fd);
-            continue;
-        }
-        if (err != EINVAL && err != EOPNOTSUPP) throw_errno("cannot open with O_DIRECT", files_[i].where);
+        int err = 0;
+        open_[i].dfd = open_direct(files_[i].path, files_[i].where, &err);
+        if (open_[i].dfd) continue;
         for (File& f : open_) f.dfd.reset();
         if (notice)
             notice("--direct: the filesystem of " + files_[i].where + " refuses O_DIRECT (" + std::strerror(err) +
@@ -369,28 +350,12 @@ void NpyFieldReader::fall_back(int err) {
 
 // Reads [start, start + len) (aligned) of file i with O_DIRECT into buf until
 // at least `need` bytes are in; false where the filesystem refused the read
-// (from then on the field is read through the page cache). Errors name the
-// file; a file that ends before `need` shrank under us.
+// (from then on the field is read through the page cache).
 bool NpyFieldReader::pread_direct(std::size_t i, std::uint8_t* buf, std::uint64_t start, std::uint64_t len,
                                   std::uint64_t need) {
-    std::uint64_t got = 0;
-    while (got < need) {
-        const ssize_t r = ::pread(open_[i].dfd.get(), buf + got, len - got, static_cast<off_t>(start + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
-            fall_back(errno);
-            return false;
-        }
-        if (r < 0) throw_errno("cannot read (O_DIRECT)", files_[i].where);
-        if (r == 0) break;
-        got += static_cast<std::uint64_t>(r);
-        if (got % direct_align != 0) break; // end of file: a short tail
-    }
-    if (got < need)
-        throw runtime_error("cannot read " + files_[i].where + ": it ends at byte " + std::to_string(start + got) +
-                            ", before byte " + std::to_string(start + need) +
-                            " (the file shrank while training?) re-create or restore the dataset");
-    return true;
+    const int refused = dstk::pread_direct(open_[i].dfd.get(), buf, start, len, need, files_[i].where);
+    if (refused != 0) fall_back(refused);
+    return refused == 0;
 }
 
 // [offset, offset + bytes) of file i through aligned reads of at most

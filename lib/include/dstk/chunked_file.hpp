@@ -125,7 +125,6 @@ class ChunkedReader {
   private:
     void decode_chunk(std::uint64_t i, void* dst, bool check_frame, Cost* cost) const;
     const std::uint8_t* read_frame(const ChunkEntry& e, Cost* cost) const;
-    bool pread_direct(std::uint8_t* buf, std::uint64_t start, std::uint64_t len, std::uint64_t need) const;
     std::filesystem::path path_;
     UniqueFd fd_;
     UniqueFd dfd_; // O_DIRECT, opened by set_direct
