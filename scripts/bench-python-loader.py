@@ -5,13 +5,16 @@ torch.compile reduce-overhead = CUDA graphs, tf32), batch 256, u8 3x32x32, the
 same compiled step fed three ways in each process:
 
   reference  the normalised split already in GPU memory (slices)
-  dstk       dstk.Loader(placement="stream", order="chunk"): readers, pinned
-             ring, copy stream, conversion on the GPU; torch.from_dlpack
+  dstk       dstk.Loader(placement="stream", order="chunk", output="torch"):
+             readers, pinned ring, copy stream, conversion (and int64
+             labels) on the GPU, torch tensors over the loader's slots
+  dlpack     the same loader with output="arrays": DeviceArray batches through
+             torch.from_dlpack, labels made int64 by .long()
   memmap     the seeds' recipe: np.memmap Dataset + DataLoader(shuffle,
              4 workers, pin_memory), normalised on the GPU
 
 --runs fresh processes (default 3). In each, the ways take turns: reference,
-dstk, memmap, loader, then reference and dstk again, each timed for --seconds
+dstk, dlpack, memmap, loader, then reference and dstk again, each timed for --seconds
 (default 4, several epochs) after a warm-up, so that a drift of the GPU or the
 process over its life falls on both; a way's rate in a process is the mean of
 its turns. The table gives the median samples/s with min and max, the median
@@ -103,20 +106,25 @@ def worker(a):
             del x, y
         elif way == "dstk":
             loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
-                                 device="cuda:0", readers=a.readers)
+                                 device="cuda:0", readers=a.readers, output="torch")
             info = {"device_bytes": loader.device_bytes, "host_bytes": loader.host_bytes,
                     "gpu_taken": free0 - torch.cuda.mem_get_info()[0]}
+            rate = timed(forever(lambda: loader), 30)
+            info["times"] = loader.times
+            del loader
+        elif way == "dlpack":
+            loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
+                                 device="cuda:0", readers=a.readers)
             rate = timed(forever(lambda: ((torch.from_dlpack(x), torch.from_dlpack(y).long()) for x, y in loader)),
                          30)
-            info["times"] = loader.times
             del loader
         elif way == "loader":
             # The loader alone (batches taken through DLPack, no training): how
             # fast it delivers, readers and conversion included; an upper
             # bound on what it can feed, not its CPU cost per step.
             loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
-                                 device="cuda:0", readers=a.readers)
-            it = forever(lambda: ((torch.from_dlpack(x), torch.from_dlpack(y).long()) for x, y in loader))
+                                 device="cuda:0", readers=a.readers, output="torch")
+            it = forever(lambda: loader)
             for _ in range(30):
                 next(it)
             torch.cuda.synchronize()
@@ -168,11 +176,11 @@ def gib(b):
 def in_ram(a, dsgen):
     data = os.path.join(a.work, "ram")
     subprocess.run([dsgen, data, "--train", str(a.train), "--test", "0", "--force", "-q"], check=True)
-    results = [run_worker(a, data, "reference,dstk,memmap,loader,reference,dstk", 0,
+    results = [run_worker(a, data, "reference,dstk,dlpack,memmap,loader,reference,dstk", 0,
                           os.path.join(a.out, f"run{r}.log")) for r in range(a.runs)]
     json.dump(results, open(os.path.join(a.out, "bench-python-loader.json"), "w"), indent=1)
     rows = {}
-    for way in ("reference", "dstk", "memmap", "loader"):
+    for way in ("reference", "dstk", "dlpack", "memmap", "loader"):
         rates = [r["ways"][way]["samples_per_s"] for r in results]
         rows[way] = (statistics.median(rates), min(rates), max(rates))
     d = results[-1]["ways"]["dstk"]

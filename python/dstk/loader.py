@@ -44,7 +44,8 @@ class Loader:
            placement="stream", device="cuda:0", drop_last=True, prefetch=4,
            readers=2, chunk=4096, window=8, direct=False, convert=True,
            normalize=True, mean=None, std=None, keep=2,
-           managed_policy="prefetch", oversubscribe=False, epoch=0)
+           managed_policy="prefetch", oversubscribe=False, epoch=0,
+           output="arrays", labels=None)
 
     Each iteration over the loader yields the remaining batches of the current
     epoch, then moves to the next epoch; ``len(loader)`` is the number of
@@ -74,23 +75,40 @@ class Loader:
     conversion kernel (on the CPU for NumPy batches); mean and std in stored
     units, by default the manifest's stats; normalize=False gives plain float.
     The input must then be u8, bf16, f16 or f32. convert=False gives the stored
-    values (bf16 as raw uint16 bits). y: int32 labels, shape (n,).
+    values (bf16 as raw uint16 bits). y: labels, shape (n,), int32 as stored or,
+    with labels="int64", widened (on the GPU for GPU batches): what PyTorch's
+    losses take. labels=None means int64 for output="torch", else int32.
 
-    GPU batches are DeviceArray objects (DLPack): ``torch.from_dlpack(x)``.
+    output="arrays" (default): GPU batches are DeviceArray objects (DLPack:
+    ``torch.from_dlpack(x)``, CuPy, JAX), CPU batches NumPy arrays.
+    output="torch": torch.Tensor batches (PyTorch must be installed). On the
+    GPU each of the ``keep + 3`` slots is wrapped in a tensor once and that
+    tensor is handed out again whenever its slot holds the batch, after the
+    current torch stream has been made to wait for the batch: the cheapest
+    hand-off to a training step whose CPU time matters (a compiled step). On
+    the CPU, ``torch.from_numpy`` of the NumPy batch.
 
-    Batch lifetime (GPU): batch n lives in one of ``keep + 1`` device slots
-    and stays valid until batch n + keep is taken: work enqueued on the
+    Batch lifetime (GPU): batches live in ``keep + 3`` device slots; a
+    consumer may hold the newest batch and ``keep`` before it. Batch n stays
+    valid until batch n + keep + 1 is taken, and work enqueued on the
     consumer's stream before then finishes before its memory is overwritten.
-    To keep a batch longer, copy it (``torch.from_dlpack(x).clone()``). NumPy
-    batches are fresh arrays the caller owns.
+    To keep a batch longer, copy it (``torch.from_dlpack(x).clone()``; with
+    output="torch", ``x.clone()``: the tensor object itself comes back for a
+    later batch). NumPy batches are fresh arrays the caller owns.
 
     Resume: ``state_dict()`` holds (epoch, next batch, seed, order, batch,
     split); ``load_state_dict(sd)`` on a loader of the same dataset and
     settings continues with exactly the batch that would have come next.
 
+    GPU batches are converted by a feeder thread in the library, up to two
+    batches before they are taken, so that taking one costs the consumer's
+    thread little CPU (a compiled PyTorch step is often bound by the CPU).
+
     ``times`` holds the seconds per stage summed over the batches of the
-    current (or, between epochs, the last) epoch taken so far (read_wait: the consumer waiting; read, decode: reader
-    threads; h2d: copies), with batch, sample and byte counts;
+    current (or, between epochs, the last) epoch taken so far (read_wait: the
+    consumer waiting for a batch; read, decode: reader threads; h2d: copies),
+    with batch, sample and byte counts (on the GPU these count the batches
+    the feeder took, up to two more than the consumer mid-epoch);
     ``device_bytes`` and ``host_bytes`` are the memory ceilings (GPU slots or
     the resident split; ring, reader buffers and decoded chunks).
 
@@ -103,7 +121,21 @@ class Loader:
     def __init__(self, path, split="train", batch=256, order="chunk", seed=0, placement="stream",
                  device="cuda:0", drop_last=True, prefetch=4, readers=2, chunk=4096, window=8, direct=False,
                  convert=True, normalize=True, mean=None, std=None, keep=2, managed_policy="prefetch",
-                 oversubscribe=False, epoch=0):
+                 oversubscribe=False, epoch=0, output="arrays", labels=None):
+        if output not in ("arrays", "torch"):
+            raise ValueError(f"invalid output={output!r} (expected 'arrays' or 'torch')")
+        if labels is None:
+            labels = "int64" if output == "torch" else "int32"
+        if labels not in ("int32", "int64"):
+            raise ValueError(f"invalid labels={labels!r} (expected 'int32' or 'int64')")
+        self._torch = None
+        if output == "torch":
+            try:
+                import torch
+            except ImportError as e:
+                raise ImportError("dstk.Loader(output='torch') needs PyTorch (pip install torch); "
+                                  "output='arrays' gives DLPack (GPU) or NumPy (CPU) batches") from e
+            self._torch = torch
         if not _dstk.built_with_cuda and placement in ("stream", "device") and str(device).startswith("cuda"):
             device = "cpu"  # documented: without CUDA the cpu backend serves stream and device
         a = _dstk._LoaderArgs()
@@ -114,6 +146,7 @@ class Loader:
         a.drop_last, a.direct, a.convert, a.oversubscribe = bool(drop_last), bool(direct), bool(convert), \
             bool(oversubscribe)
         a.prefetch, a.readers, a.keep = int(prefetch), int(readers), int(keep)
+        a.labels64 = labels == "int64"
         if not normalize and (mean is not None or std is not None):
             raise ValueError("mean/std given with normalize=False (they would be ignored); drop one")
         a.normalize = bool(normalize)
@@ -122,7 +155,9 @@ class Loader:
         self._impl = _dstk._Loader(a)
         self.split, self.batch, self.order, self.seed = split, int(batch), order, int(seed)
         self.epoch, self.next_batch = int(epoch), 0
+        self.output, self.labels = output, labels
         self._times = {}
+        self._slot_tensors = {}  # output="torch" on the GPU: slot -> (x, y) tensors over it
 
     @property
     def times(self):
@@ -178,21 +213,43 @@ class Loader:
     def std(self):
         return self._impl.std
 
+    def _device_arrays(self, slot, size):
+        x, y, shape, xdtype, ydtype = self._impl.slot_arrays(slot, size)
+        return DeviceArray(x, self._impl, slot, shape, xdtype), DeviceArray(y, self._impl, slot, (size,), ydtype)
+
+    def _taker(self):
+        """A function that takes the next batch in this loader's output form (None at the epoch's end)."""
+        impl, torch = self._impl, self._torch
+        if not self.on_gpu:
+            if torch is None:
+                return impl.next
+            return lambda: (lambda b: b and (torch.from_numpy(b[0]), torch.from_numpy(b[1])))(impl.next())
+        if torch is None:
+            return lambda: (lambda b: b and self._device_arrays(*b))(impl.next())
+        device, views, current = torch.device(self.device), self._slot_tensors, torch.cuda.current_stream
+
+        def take():
+            b = impl.next(current(device).cuda_stream)  # that stream waits for the batch
+            if b is None:
+                return None
+            v = views.get(b)
+            if v is None:  # a slot not seen yet, or the epoch's short last batch
+                x, y = self._device_arrays(*b)
+                v = views[b] = (torch.from_dlpack(x), torch.from_dlpack(y))
+            return v
+
+        return take
+
     def __iter__(self):
         self._impl.start_epoch(self.epoch, self.next_batch)  # drops what an abandoned iteration counted
         self._times = {}
+        take = self._taker()
         while True:
-            item = self._impl.next()
-            if item is None:
+            batch = take()
+            if batch is None:
                 break
-            if len(item) == 5:  # a GPU batch: arrays, slot, x's shape and dtype
-                x, y, slot, shape, dtype = item
-                x = DeviceArray(x, self._impl, slot, shape, dtype)
-                y = DeviceArray(y, self._impl, slot, (shape[0],), "int32")
-            else:
-                x, y, _ = item
             self.next_batch += 1
-            yield x, y
+            yield batch
         self._collect_times()  # the epoch's last figures, before the next epoch starts
         self.epoch += 1
         self.next_batch = 0

@@ -1,6 +1,7 @@
 #include "loader.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -14,21 +15,21 @@ namespace dstk::py {
 
 #if defined(DSTK_HAVE_CUDA)
 
-// keep + 1 batch slots in device memory, the loader's stream, and per slot an
+// keep + 1 + ahead batch slots in device memory, the loader's stream, and per slot an
 // event "converted" (ready) and an event on the consumer's stream "work
 // enqueued before this batch was taken" (consumed).
 class DeviceSlots {
   public:
-    DeviceSlots(unsigned count, std::uint64_t x_bytes, std::uint32_t batch, const std::vector<float>& mean,
+    DeviceSlots(unsigned count, std::uint64_t x_bytes, std::uint64_t y_bytes, const std::vector<float>& mean,
                 const std::vector<float>& inv_std) {
         stream = own(data::gpu::stream_create(), data::gpu::stream_destroy);
         for (unsigned k = 0; k < count; ++k) {
             x.push_back(own(data::gpu::device_alloc(x_bytes), data::gpu::device_free));
-            y.push_back(own(data::gpu::device_alloc(std::uint64_t{batch} * 4), data::gpu::device_free));
+            y.push_back(own(data::gpu::device_alloc(y_bytes), data::gpu::device_free));
             ready.push_back(own(data::gpu::event_create(false), data::gpu::event_destroy));
             consumed.push_back(own(data::gpu::event_create(false), data::gpu::event_destroy));
         }
-        bytes = count * (x_bytes + std::uint64_t{batch} * 4) + mean.size() * 8;
+        bytes = count * (x_bytes + y_bytes) + mean.size() * 8;
         if (mean.empty()) return;
         this->mean = static_cast<float*>(own(data::gpu::device_alloc(mean.size() * 4), data::gpu::device_free));
         this->inv_std = static_cast<float*>(own(data::gpu::device_alloc(mean.size() * 4), data::gpu::device_free));
@@ -81,16 +82,20 @@ Loader::Loader(const std::filesystem::path& dir, const LoaderConfig& config)
 #if defined(DSTK_HAVE_CUDA)
     if (on_gpu()) {
         data::gpu::set_device(config_.source.device.index);
+        const std::uint64_t batch = config_.source.batch;
+        const unsigned slots = config_.keep + 1 + ahead;
         slots_ =
-            std::make_shared<DeviceSlots>(config_.keep + 1, std::uint64_t{config_.source.batch} * out_sample_bytes(),
-                                          config_.source.batch, mean_, inv_std_);
+            std::make_shared<DeviceSlots>(slots, batch * out_sample_bytes(), batch * label_bytes(), mean_, inv_std_);
+        sizes_.assign(slots, 0);
         config_.source.compute_stream = slots_->stream;
     }
 #endif
     source_ = data::make_batch_source(dataset_, config_.split, config_.source);
+    epoch_done_ = true; // the feeder starts with the first start_epoch, as the source's readers do
 }
 
 Loader::~Loader() {
+    stop_feeder();
     source_.reset(); // its slots are freed once our stream is done with them
 }
 
@@ -130,12 +135,93 @@ void Loader::resolve_stats(const Dataset& ds) {
 }
 
 void Loader::start_epoch(std::uint64_t epoch, std::uint64_t first_batch) {
-    source_->start_epoch(epoch, first_batch);
+    if (!on_gpu()) return source_->start_epoch(epoch, first_batch);
+    stop_feeder(); // batches it converted ahead for the abandoned iteration are dropped
+    {
+        std::lock_guard lock(source_mutex_);
+        source_->start_epoch(epoch, first_batch);
+    }
+    wait_seconds_ = 0;
+    start_feeder();
+}
+
+data::StageTimes Loader::take_times() {
+    if (!on_gpu()) return source_->take_times();
+    data::StageTimes t;
+    {
+        std::lock_guard lock(source_mutex_);
+        t = source_->take_times();
+    }
+    std::lock_guard lock(mutex_);
+    t.read_wait = std::exchange(wait_seconds_, 0.0);
+    return t;
+}
+
+void Loader::start_feeder() {
+    {
+        std::lock_guard lock(mutex_);
+        stop_ = epoch_done_ = false;
+        error_ = nullptr;
+        prepared_ = taken_;
+    }
+    feeder_ = std::thread([this] { feed_loop(); });
+}
+
+void Loader::stop_feeder() {
+    {
+        std::lock_guard lock(mutex_);
+        stop_ = true;
+    }
+    changed_.notify_all();
+    if (feeder_.joinable()) feeder_.join();
+    std::lock_guard lock(mutex_);
+    epoch_done_ = true; // nothing more comes until start_feeder
+}
+
+// Converts batches while fewer than `ahead` wait to be taken; with keep + 1 +
+// ahead slots, the batch a turn overwrites is one the consumer no longer holds
+// (it holds the newest and keep before it).
+void Loader::feed_loop() {
+    try {
+#if defined(DSTK_HAVE_CUDA)
+        data::gpu::set_device(config_.source.device.index); // per thread
+#endif
+        for (;;) {
+            std::uint64_t turn;
+            {
+                std::unique_lock lock(mutex_);
+                changed_.wait(lock, [&] { return stop_ || prepared_ < taken_ + ahead; });
+                if (stop_) return;
+                turn = prepared_;
+            }
+            const std::uint32_t size = feed_one(turn);
+            {
+                std::lock_guard lock(mutex_);
+                if (size != 0) {
+                    sizes_[turn % sizes_.size()] = size;
+                    ++prepared_;
+                } else
+                    epoch_done_ = true;
+            }
+            changed_.notify_all();
+            if (size == 0) return;
+        }
+    } catch (...) {
+        {
+            std::lock_guard lock(mutex_);
+            error_ = std::current_exception();
+            epoch_done_ = true;
+        }
+        changed_.notify_all();
+    }
 }
 
 // The trainer's conversion on the host: x' = (x - mean[c]) / std[c], CHW.
-void Loader::convert_host(const train::Batch& b, void* x, std::int32_t* y) const {
-    std::memcpy(y, b.y, std::uint64_t{b.size} * 4);
+void Loader::convert_host(const train::Batch& b, void* x, void* y) const {
+    if (config_.labels64)
+        std::copy(b.y, b.y + b.size, static_cast<std::int64_t*>(y));
+    else
+        std::memcpy(y, b.y, std::uint64_t{b.size} * 4);
     const std::uint64_t per = x_->shape.numel(), total = per * b.size;
     if (!config_.convert) {
         std::memcpy(x, b.x, b.size * x_->sample_bytes());
@@ -160,7 +246,7 @@ void Loader::convert_host(const train::Batch& b, void* x, std::int32_t* y) const
     }
 }
 
-std::uint32_t Loader::next_host(void* x, std::int32_t* y) {
+std::uint32_t Loader::next_host(void* x, void* y) {
     train::Batch b;
     if (!source_->next(b)) return 0;
     try {
@@ -173,30 +259,53 @@ std::uint32_t Loader::next_host(void* x, std::int32_t* y) {
     return b.size;
 }
 
+bool Loader::next_device(DeviceBatch& out) {
+    std::unique_lock lock(mutex_);
+    const auto t0 = std::chrono::steady_clock::now();
+    changed_.wait(lock, [&] { return prepared_ > taken_ || epoch_done_; });
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (prepared_ == taken_) {
+        if (error_) std::rethrow_exception(error_);
+        return false;
+    }
+    const auto k = static_cast<unsigned>(taken_ % sizes_.size());
+#if defined(DSTK_HAVE_CUDA)
+    // Work the consumer enqueued before taking this batch: the feeder waits
+    // for it before it converts turn taken_ + ahead (see feed_one).
+    data::gpu::event_record(slots_->consumed[k], reinterpret_cast<void*>(consumer_));
+#endif
+    out = slot_batch(k, sizes_[k]);
+    ++taken_;
+    lock.unlock();
+    changed_.notify_all();
+    return true;
+}
+
 #if defined(DSTK_HAVE_CUDA)
 
-bool Loader::next_device(DeviceBatch& out) {
+std::uint32_t Loader::feed_one(std::uint64_t turn) {
+    std::lock_guard lock(source_mutex_);
     train::Batch b;
-    if (!source_->next(b)) return false;
+    if (!source_->next(b)) return 0;
     DeviceSlots& s = *slots_;
-    const auto k = static_cast<unsigned>(taken_ % s.x.size());
-    const auto before = static_cast<unsigned>((taken_ + s.x.size() - 1) % s.x.size());
-    // Work the consumer enqueued before taking this batch; the slot is reused
-    // once the work enqueued before the previous one is done.
-    data::gpu::event_record(s.consumed[k], reinterpret_cast<void*>(consumer_));
-    if (taken_ > 0) data::gpu::stream_wait_event(s.stream, s.consumed[before]);
+    const auto k = static_cast<unsigned>(turn % s.x.size());
+    // The slot's last batch (turn - slots) lives until turn - ahead (its
+    // successor keep + 1 turns on) is taken: the work the consumer enqueued
+    // before that take must be done.
+    if (turn >= s.x.size()) data::gpu::stream_wait_event(s.stream, s.consumed[(turn - ahead) % s.x.size()]);
+    auto* y32 = config_.labels64 ? nullptr : static_cast<std::int32_t*>(s.y[k]);
     if (config_.convert)
         data::gpu::convert_batch_async(b.x, x_->dtype, b.y, b.size, channels_, hw_, s.mean, s.inv_std,
-                                       static_cast<float*>(s.x[k]), static_cast<std::int32_t*>(s.y[k]), s.stream);
-    else {
+                                       static_cast<float*>(s.x[k]), y32, s.stream);
+    else
         data::gpu::copy_d2d_async(s.x[k], b.x, b.size * x_->sample_bytes(), s.stream);
+    if (config_.labels64)
+        data::gpu::widen_labels_async(b.y, static_cast<std::int64_t*>(s.y[k]), b.size, s.stream);
+    else if (!config_.convert)
         data::gpu::copy_d2d_async(s.y[k], b.y, std::uint64_t{b.size} * 4, s.stream);
-    }
     data::gpu::event_record(s.ready[k], s.stream);
     source_->release();
-    ++taken_;
-    out = {s.x[k], static_cast<std::int32_t*>(s.y[k]), b.size, k, slots_};
-    return true;
+    return b.size;
 }
 
 void Loader::wait_ready(unsigned slot, std::uintptr_t stream) {
@@ -207,17 +316,32 @@ void Loader::wait_ready(unsigned slot, std::uintptr_t stream) {
     waited_taken_ = taken_;
 }
 
+DeviceBatch Loader::slot_batch(unsigned slot, std::uint32_t size) const {
+    if (slot >= slots_->x.size() || size > config_.source.batch)
+        throw usage_error("no batch of " + std::to_string(size) + " samples in slot " + std::to_string(slot));
+    return {slots_->x[slot], slots_->y[slot], size, slot, slots_};
+}
+
 std::uint64_t Loader::device_bytes() const {
     return source_->device_bytes() + (slots_ ? slots_->bytes : 0);
 }
 
 #else
 
-bool Loader::next_device(DeviceBatch&) {
+namespace {
+[[noreturn]] void no_cuda() {
     throw no_fit_error("dstk was built without CUDA support (no GPU batches); use placement='host' or device='cpu'");
 }
+} // namespace
+
+std::uint32_t Loader::feed_one(std::uint64_t) {
+    no_cuda();
+}
+DeviceBatch Loader::slot_batch(unsigned, std::uint32_t) const {
+    no_cuda();
+}
 void Loader::wait_ready(unsigned, std::uintptr_t) {
-    throw no_fit_error("dstk was built without CUDA support (no GPU batches); use placement='host' or device='cpu'");
+    no_cuda();
 }
 std::uint64_t Loader::device_bytes() const {
     return source_->device_bytes();

@@ -21,6 +21,7 @@ struct LoaderArgs {
     std::uint64_t seed = 0, chunk = 4096, window = 8;
     bool drop_last = true, direct = false, convert = true, normalize = true, oversubscribe = false;
     unsigned prefetch = 4, readers = 2, keep = 2;
+    bool labels64 = false;
     std::vector<float> mean, std;
 };
 
@@ -54,6 +55,7 @@ LoaderConfig config_of(const LoaderArgs& a) {
     c.mean = a.mean;
     c.std = a.std;
     c.keep = a.keep;
+    c.labels64 = a.labels64;
     return c;
 }
 
@@ -75,15 +77,19 @@ template <typename F> auto without_gil(F&& f) {
     return r;
 }
 
+nb::dlpack::dtype label_dtype(const Loader& l) {
+    return l.config().labels64 ? nb::dtype<std::int64_t>() : nb::dtype<std::int32_t>();
+}
+
+// cpu: (x, y), NumPy arrays the caller owns; None at the end of the epoch.
 nb::object next_host(Loader& l) {
     const std::uint32_t batch = l.config().source.batch;
-    HostBuffer x(std::uint64_t{batch} * l.out_sample_bytes()), y(std::uint64_t{batch} * 4);
-    const std::uint32_t n =
-        without_gil([&] { return l.next_host(x.data.get(), reinterpret_cast<std::int32_t*>(y.data.get())); });
+    HostBuffer x(std::uint64_t{batch} * l.out_sample_bytes()), y(std::uint64_t{batch} * l.label_bytes());
+    const std::uint32_t n = without_gil([&] { return l.next_host(x.data.get(), y.data.get()); });
     if (n == 0) return nb::none();
     auto xs = to_numpy(std::move(x), batch_shape(l.x_field(), n), dlpack_dtype(l.out_dtype()));
-    auto ys = to_numpy(std::move(y), {n}, nb::dtype<std::int32_t>());
-    return nb::make_tuple(xs, ys, -1);
+    auto ys = to_numpy(std::move(y), {n}, label_dtype(l));
+    return nb::make_tuple(xs, ys);
 }
 
 // The NumPy name of a dtype, for DeviceArray.dtype ("float32", "uint8"; bf16 as its raw "uint16").
@@ -112,9 +118,21 @@ const char* numpy_name(DType t) {
     return "uint8";
 }
 
-nb::object next_device(Loader& l) {
+// cuda: takes the next batch, and `stream` (a cudaStream_t; -1: none yet)
+// waits for it; returns (slot, size), None at the end of the epoch. The
+// batch's arrays come from slot_arrays: a consumer that keeps its own views
+// of each slot (dstk.Loader's torch tensors) asks once per slot.
+nb::object next_device(Loader& l, std::int64_t stream) {
     DeviceBatch b;
     if (!without_gil([&] { return l.next_device(b); })) return nb::none();
+    if (stream != -1) l.wait_ready(b.slot, static_cast<std::uintptr_t>(stream));
+    return nb::make_tuple(b.slot, b.size);
+}
+
+// The arrays of the batch of `size` samples in `slot`: (x, y, x's shape, x's
+// and y's NumPy dtype names).
+nb::object slot_arrays(Loader& l, unsigned slot, std::uint32_t size) {
+    const DeviceBatch b = l.slot_batch(slot, size);
     const int dev = l.config().source.device.index;
     auto owner = [&] {
         return nb::capsule(new std::shared_ptr<DeviceSlots>(b.memory),
@@ -124,12 +142,11 @@ nb::object next_device(Loader& l) {
     const std::size_t yshape[1] = {b.size};
     nb::ndarray<nb::array_api> xs(b.x, xshape.size(), xshape.data(), owner(), nullptr, dlpack_dtype(l.out_dtype()),
                                   nb::device::cuda::value, dev);
-    nb::ndarray<nb::array_api> ys(b.y, 1, yshape, owner(), nullptr, nb::dtype<std::int32_t>(), nb::device::cuda::value,
-                                  dev);
+    nb::ndarray<nb::array_api> ys(b.y, 1, yshape, owner(), nullptr, label_dtype(l), nb::device::cuda::value, dev);
     // nanobind's array-API objects carry no shape or dtype attributes: they go along for DeviceArray.
     nb::list xdims;
     for (const std::size_t d : xshape) xdims.append(d);
-    return nb::make_tuple(xs, ys, b.slot, nb::tuple(xdims), numpy_name(l.out_dtype()));
+    return nb::make_tuple(xs, ys, nb::tuple(xdims), numpy_name(l.out_dtype()), l.config().labels64 ? "int64" : "int32");
 }
 
 nb::dict times_dict(const data::StageTimes& t) {
@@ -171,7 +188,10 @@ void bind_loader(nb::module_& m) {
                  nb::gil_scoped_release unlocked;
                  l.start_epoch(epoch, first);
              })
-        .def("next", [](Loader& l) { return l.on_gpu() ? next_device(l) : next_host(l); })
+        .def(
+            "next", [](Loader& l, std::int64_t stream) { return l.on_gpu() ? next_device(l, stream) : next_host(l); },
+            nb::arg("stream") = -1)
+        .def("slot_arrays", &slot_arrays, nb::arg("slot"), nb::arg("size"))
         .def("wait_ready", &Loader::wait_ready, nb::arg("slot"), nb::arg("stream"))
         .def("take_times", [](Loader& l) { return times_dict(l.take_times()); });
 
@@ -195,6 +215,7 @@ void bind_loader(nb::module_& m) {
         .def_rw("prefetch", &LoaderArgs::prefetch)
         .def_rw("readers", &LoaderArgs::readers)
         .def_rw("keep", &LoaderArgs::keep)
+        .def_rw("labels64", &LoaderArgs::labels64)
         .def_rw("mean", &LoaderArgs::mean)
         .def_rw("std", &LoaderArgs::std);
 }

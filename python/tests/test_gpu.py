@@ -74,3 +74,56 @@ def test_resume_on_gpu(images):
 def test_bad_device_raises(images):
     with pytest.raises(dstk.Error):
         dstk.Loader(images, placement="stream", device="cuda:99", **SETTINGS)
+
+
+@pytest.mark.parametrize("placement", ["stream", "device"])
+def test_torch_output_equals_host_batches(images, placement):
+    # drop_last=False: the short last batch takes its own tensors over its slot.
+    expect = host_batches(images, drop_last=False)
+    loader = dstk.Loader(images, placement=placement, output="torch", drop_last=False, **SETTINGS)
+    assert loader.labels == "int64"
+    for epoch in range(2):  # the second epoch hands out the slots' tensors again
+        got = [(x.clone(), y.clone()) for x, y in loader]
+        torch.cuda.synchronize()
+        assert len(got) == len(expect) and expect[-1][0].shape[0] < SETTINGS["batch"]
+        for (hx, hy), (x, y) in zip(expect, got):
+            assert x.is_cuda and x.dtype == torch.float32 and y.dtype == torch.int64
+            torch.testing.assert_close(x.cpu(), torch.from_numpy(hx), rtol=1e-5, atol=1e-5)
+            assert torch.equal(y.cpu(), torch.from_numpy(hy).long())
+        expect = host_batches(images, drop_last=False, epoch=epoch + 1)
+
+
+def test_torch_output_waits_on_the_current_stream(images):
+    expect = host_batches(images, convert=False, labels="int64")
+    loader = dstk.Loader(images, placement="stream", convert=False, output="torch", **SETTINGS)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # each batch is taken while `side` is current: it waits there
+        sums = [(x.to(torch.int64).sum(), y.sum()) for x, y in loader]
+    torch.cuda.synchronize()
+    assert [(int(a), int(b)) for a, b in sums] == [(int(hx.astype(np.int64).sum()), int(hy.sum())) for hx, hy in expect]
+
+
+def test_int64_labels_as_device_arrays(images):
+    expect = host_batches(images)
+    for (hx, hy), (x, y) in zip(expect, dstk.Loader(images, placement="stream", labels="int64", **SETTINGS)):
+        assert y.dtype == "int64"
+        assert torch.equal(torch.from_dlpack(y).cpu(), torch.from_numpy(hy).long())
+
+
+@pytest.mark.parametrize("output", ["arrays", "torch"])
+def test_work_enqueued_on_a_held_batch_is_protected(images, output):
+    # The consumer holds batch 0 and keep=2 after it, then, before taking batch
+    # 3, enqueues slow work on batch 0. The feeder converts ahead into batch
+    # 0's slot once batch 3 is taken; that conversion must wait for the work.
+    expect = host_batches(images, convert=False)
+    loader = dstk.Loader(images, placement="stream", convert=False, keep=2, output=output, **SETTINGS)
+    it = iter(loader)
+    view = (lambda b: b) if output == "torch" else torch.from_dlpack
+    x0 = view(next(it)[0])
+    next(it), next(it)
+    torch.cuda._sleep(200_000_000)  # some tens of ms on the current stream
+    total = x0.to(torch.int64).sum()
+    for _ in range(3):  # batch 3 ends batch 0's life; the feeder reuses its slot ahead
+        next(it)
+    torch.cuda.synchronize()
+    assert int(total) == int(expect[0][0].astype(np.int64).sum())

@@ -173,3 +173,34 @@ def test_help_documents_the_loader():
     doc = dstk.Loader.__doc__
     for word in ("placement", "Batch lifetime", "state_dict", "DLPack", "KeyboardInterrupt", "order_indices"):
         assert word in doc
+
+
+@pytest.mark.parametrize("storage", ["npy", "zstd"])
+def test_int64_labels_equal_the_stored_int32(index_sets, storage):
+    kw = dict(batch=BATCH, order="full", seed=4, placement="host", convert=False)
+    for (x32, y32), (x64, y64) in zip(dstk.Loader(index_sets[storage], **kw),
+                                      dstk.Loader(index_sets[storage], labels="int64", **kw)):
+        assert y32.dtype == np.int32 and y64.dtype == np.int64
+        np.testing.assert_array_equal(y64, y32)
+        np.testing.assert_array_equal(x64, x32)
+
+
+def test_bad_output_and_labels_raise(images):
+    with pytest.raises(ValueError, match="output='jax'"):
+        dstk.Loader(images, placement="host", output="jax")
+    with pytest.raises(ValueError, match="labels='int16'"):
+        dstk.Loader(images, placement="host", labels="int16")
+
+
+def test_torch_output_on_the_cpu(images):
+    try:
+        import torch
+    except ImportError:  # the message names what to install and the other choice
+        with pytest.raises(ImportError, match="pip install torch.*output='arrays'"):
+            dstk.Loader(images, placement="host", output="torch")
+        return
+    kw = dict(batch=64, order="chunk", seed=3, placement="host", chunk=100)
+    for (x, y), (tx, ty) in zip(dstk.Loader(images, **kw), dstk.Loader(images, output="torch", **kw)):
+        assert isinstance(tx, torch.Tensor) and ty.dtype == torch.int64
+        np.testing.assert_array_equal(tx.numpy(), x)
+        np.testing.assert_array_equal(ty.numpy(), y)

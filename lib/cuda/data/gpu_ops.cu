@@ -1,4 +1,5 @@
-// The data path's CUDA runtime calls and its one kernel (row gather).
+// The data path's CUDA runtime calls and its small kernels (row gather, label
+// widening, the benchmark's consumer).
 #include "dstk/data/gpu_ops.hpp"
 
 #include <cuda_runtime.h>
@@ -31,6 +32,11 @@ __global__ void gather_kernel(Word* __restrict__ dst, const Word* __restrict__ s
     Word* d = dst + std::uint64_t{row} * row_words;
     for (std::uint64_t i = threadIdx.x; i < row_words; i += blockDim.x) d[i] = s[i];
     if (threadIdx.x == 0) dst_y[row] = src_y[from];
+}
+
+__global__ void widen_kernel(const std::int32_t* __restrict__ y, std::int64_t* __restrict__ out, std::uint32_t n) {
+    const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = y[i];
 }
 
 } // namespace
@@ -146,6 +152,12 @@ void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std:
                          void* stream) {
     train::cuda::launch_convert_input(x, dtype, y, n, channels, hw, mean, inv_std, x_out, train::cuda::ActType::f32,
                                       true, channels, y_out, as_stream(stream));
+}
+
+void widen_labels_async(const std::int32_t* y, std::int64_t* out, std::uint32_t n, void* stream) {
+    if (n == 0) return;
+    widen_kernel<<<(n + 255) / 256, 256, 0, as_stream(stream)>>>(y, out, n);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,

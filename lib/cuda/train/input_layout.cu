@@ -14,7 +14,7 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
     const std::uint64_t hw = ch.hw;
     if (ch.nchw) {
         GRID_LOOP(i, std::uint64_t{n} * channels * hw) {
-            if (i < n) labels_out[i] = labels[i];
+            if (labels_out && i < n) labels_out[i] = labels[i];
             const std::uint32_t c = ch(i, 0);
             st(out, i, (ld(x, i) - mean[c]) * inv_std[c]);
         }
@@ -23,7 +23,7 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
     // One thread per pixel of the NHWC output (channels zero-padded to
     // out_channels); the stored sample is CHW.
     GRID_LOOP(pix, std::uint64_t{n} * hw) {
-        if (pix < n) labels_out[pix] = labels[pix];
+        if (labels_out && pix < n) labels_out[pix] = labels[pix];
         const std::uint64_t s = ch.narrow ? ch.dhw.div(static_cast<std::uint32_t>(pix)) : pix / hw, j = pix - s * hw;
         for (std::uint32_t c = 0; c < out_channels; ++c)
             st(out, pix * out_channels + c,

@@ -14,7 +14,7 @@ namespace dstk::train::cuda {
 
 // x' = (x - mean[c]) / std[c] from stored CHW samples into `out` of type t,
 // NHWC with out_channels >= channels (the extra channels zero), or NCHW with
-// out_channels == channels; labels copied into `labels_out`.
+// out_channels == channels; labels copied into `labels_out` (unless null).
 void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels, std::uint32_t n,
                           std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, void* out,
                           ActType t, bool nchw, std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s);

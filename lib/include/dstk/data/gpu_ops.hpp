@@ -40,10 +40,12 @@ void copy_d2d_async(void* dst, const void* src, std::uint64_t bytes, void* strea
 // x_out = (x - mean[c]) * inv_std[c] as float, NCHW (the samples' stored C x HW
 // order), and the labels copied: the trainer's input conversion (u8, bf16,
 // f16, f32) for consumers outside the trainer (the Python loader). mean and
-// inv_std: `channels` floats in device memory.
+// inv_std: `channels` floats in device memory; y_out null: labels not copied.
 void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std::uint32_t n, std::uint32_t channels,
                          std::uint64_t hw, const float* mean, const float* inv_std, float* x_out, std::int32_t* y_out,
                          void* stream);
+// out[i] = y[i] as int64, i < n: labels for consumers whose losses take int64 (PyTorch's).
+void widen_labels_async(const std::int32_t* y, std::int64_t* out, std::uint32_t n, void* stream);
 
 // dst row i = src row idx[i] (rows of row_bytes bytes), x and labels at once;
 // idx in device (or managed) memory.
