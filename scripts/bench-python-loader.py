@@ -14,7 +14,9 @@ same compiled step fed three ways in each process:
              4 workers, pin_memory), normalised on the GPU
 
 --runs fresh processes (default 3). In each, the ways take turns: reference,
-dstk, dlpack, memmap, loader, then reference and dstk again, each timed for --seconds
+dstk, dlpack, memmap, loader, then --pairs more turns of reference and dstk
+(default 3; the step's own rate drifts by several percent over a process's
+life, and alternating spreads that over both), each timed for --seconds
 (default 4, several epochs) after a warm-up, so that a drift of the GPU or the
 process over its life falls on both; a way's rate in a process is the mean of
 its turns. The table gives the median samples/s with min and max, the median
@@ -176,7 +178,8 @@ def gib(b):
 def in_ram(a, dsgen):
     data = os.path.join(a.work, "ram")
     subprocess.run([dsgen, data, "--train", str(a.train), "--test", "0", "--force", "-q"], check=True)
-    results = [run_worker(a, data, "reference,dstk,dlpack,memmap,loader,reference,dstk", 0,
+    ways = "reference,dstk,dlpack,memmap,loader" + ",reference,dstk" * a.pairs
+    results = [run_worker(a, data, ways, 0,
                           os.path.join(a.out, f"run{r}.log")) for r in range(a.runs)]
     json.dump(results, open(os.path.join(a.out, "bench-python-loader.json"), "w"), indent=1)
     rows = {}
@@ -185,7 +188,7 @@ def in_ram(a, dsgen):
         rows[way] = (statistics.median(rates), min(rates), max(rates))
     d = results[-1]["ways"]["dstk"]
     lines = [f"in RAM: {a.train:,} samples u8 3x32x32, batch {a.batch}, {a.runs} processes, "
-             f"{a.seconds:g} s a turn (median [min, max] samples/s)"]
+             f"{a.seconds:g} s a turn, {a.pairs + 1} turns of reference and dstk (median [min, max] samples/s)"]
     for way, (med, lo, hi) in rows.items():
         lines.append(f"  {way:10s} {med:12,.0f}  [{lo:,.0f}, {hi:,.0f}]")
     ratios = [r["ways"]["dstk"]["samples_per_s"] / r["ways"]["reference"]["samples_per_s"] for r in results]
@@ -227,6 +230,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--readers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=4, help="timed seconds of each turn of a way (in RAM)")
+    ap.add_argument("--pairs", type=int, default=3, help="turns of reference and dstk after the first round (in RAM)")
     ap.add_argument("--cgroup-limit", default="", help="e.g. 4G: add the larger-than-RAM run (root, cgroup v2)")
     ap.add_argument("--cgroup-steps", type=int, default=400)
     ap.add_argument("--worker", help=argparse.SUPPRESS)

@@ -15,6 +15,8 @@ CPU, and then every microsecond of hand-off adds to the step. The ways:
   dstk             for x, y in Loader: from_dlpack(x), from_dlpack(y).long()
   dstk-torch       for x, y in Loader(output="torch"): tensors over the slots, int64 labels
   handoff-only     the dstk hand-off taken, but the step fed the reference's slices
+  ref+feeder       the reference fed, batches taken from the torch loader (no stream wait)
+  ref+wait         the same, the stream made to wait for each batch
   dstk-parts       the dstk hand-off in its parts, each timed
 
     python3 scripts/profile-python-loader.py DATASET [--steps 300]
@@ -30,6 +32,7 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ways", default="", help="comma-separated ways to time (default: all, then the hand-off alone)")
     a = ap.parse_args()
 
     import numpy as np
@@ -143,17 +146,41 @@ def main():
     fast_loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
                               device="cuda:0", output="torch")
     fast = lambda: forever(lambda: fast_loader)
+    def side_takes(wait):
+        # Batches taken from the torch-output loader (the stream made to wait
+        # for each where `wait`), the step fed the reference's slices: what
+        # the loader's threads and the wait cost without the data dependency.
+        impl, current = fast_loader._impl, torch.cuda.current_stream
+        while True:
+            impl.start_epoch(0, 0)
+            while impl.next(current().cuda_stream if wait else -1) is not None:
+                yield None, None
+
+    ways = {
+        "reference": lambda: (ref(), None),
+        "reference+busy": lambda: (ref_busy(), None),
+        "reference+long": lambda: (ref_long(), None),
+        "dstk": lambda: (plain(), None),
+        "dstk-torch": lambda: (fast(), None),
+        "handoff-only": lambda: (plain(), ref()),
+        "ref+feeder": lambda: (side_takes(False), ref()),
+        "ref+wait": lambda: (side_takes(True), ref()),
+        "dstk-parts": lambda: (split_take(), None),
+    }
+    chosen = a.ways.split(",") if a.ways else list(ways)
     for r in range(a.rounds):
-        measure("reference", ref())
-        measure("reference+busy", ref_busy())
-        measure("reference+long", ref_long())
-        measure("dstk", plain())
-        measure("dstk-torch", fast())
-        ri = ref()
-        measure("handoff-only", plain(), feed=lambda: next(ri))
-        parts.clear()
-        measure("dstk-parts", split_take())
-        print("  parts (median us): " + ", ".join(f"{k} {1e6 * statistics.median(v):.1f}" for k, v in parts.items()))
+        for name in chosen:
+            it, feed = ways[name]()
+            parts.clear()
+            measure(name, it, feed=(lambda f=feed: next(f)) if feed else None)
+            if name == "dstk-parts":
+                print("  parts (median us): " + ", ".join(f"{k} {1e6 * statistics.median(v):.1f}"
+                                                         for k, v in parts.items()))
+    if a.ways:
+        base = statistics.median(results["reference"])
+        print("summary (median over rounds, of reference):",
+              ", ".join(f"{k} {statistics.median(v) / base:.1%}" for k, v in results.items()))
+        return
     # The hand-off's parts, without training: the loader's next alone, then with DLPack.
     it = iter(forever(lambda: loader))
     hand = [("next", lambda: next(it)),
