@@ -48,33 +48,14 @@ def parse_bytes(text):
 def worker(a):
     import numpy as np
     import torch
-    import torch.nn.functional as F
     sys.path.insert(0, HERE)
-    from torch_baseline import MemmapSamples, build_model
+    from torch_baseline import MemmapSamples, compiled_ref_cnn
     import dstk
 
-    torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.benchmark = True
     ds = dstk.open(a.dataset)
     xf, yf = ds["train"]["x"], ds["train"]["y"]
-    n, (c, h, w) = xf.samples, xf.sample_shape
-    classes = ds.manifest.get("num_classes", 10)
-    mean = torch.tensor(ds.manifest["stats"]["mean"], device="cuda").view(1, c, 1, 1)
-    std = torch.tensor(ds.manifest["stats"]["std"], device="cuda").view(1, c, 1, 1)
-    torch.manual_seed(0)
-    model = build_model("ref-cnn", (c, h, w), classes)[0].cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=True)
-
-    def step(xb, yb):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = torch.compile(step, mode="reduce-overhead")
-    model.train()
+    n = xf.samples
+    step, mean, std = compiled_ref_cnn(ds)
     out = {"samples": n, "ways": {}}
 
     def timed(batches, warm):

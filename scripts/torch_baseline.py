@@ -322,6 +322,32 @@ def run(mode, model_name, x, y, classes, batch, epochs, lr, bf16):
     return max(rates)
 
 
+def compiled_ref_cnn(ds, lr=0.05):
+    """The twin of ref-cnn for a dstk dataset (dstk.open), as the Python loader
+    benchmarks train it: tf32, its SGD step compiled (reduce-overhead: CUDA
+    graphs). Returns (step, mean, std): mean and std the split's per-channel
+    stats as (1, C, 1, 1) GPU tensors, to normalise raw batches."""
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    c, h, w = ds["train"]["x"].sample_shape
+    mean = torch.tensor(ds.manifest["stats"]["mean"], device="cuda").view(1, c, 1, 1)
+    std = torch.tensor(ds.manifest["stats"]["std"], device="cuda").view(1, c, 1, 1)
+    torch.manual_seed(0)
+    model = build_model("ref-cnn", (c, h, w), ds.manifest.get("num_classes", 10))[0].cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=True)
+
+    def step(xb, yb):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss
+
+    model.train()
+    return torch.compile(step, mode="reduce-overhead"), mean, std
+
+
 class MemmapSamples(torch.utils.data.Dataset):
     """One sample per item from the .npy files, opened lazily in each worker."""
 
