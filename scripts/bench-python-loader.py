@@ -102,7 +102,7 @@ def worker(a):
                          30)
             del loader
         elif way == "loader":
-            # The loader alone (batches taken through DLPack, no training): how
+            # The loader alone (torch tensors taken, no training): how
             # fast it delivers, readers and conversion included; an upper
             # bound on what it can feed, not its CPU cost per step.
             loader = dstk.Loader(a.dataset, batch=a.batch, order="chunk", seed=0, placement="stream",
