@@ -67,11 +67,12 @@ struct SourceConfig {
     ManagedPolicy managed_policy = ManagedPolicy::prefetch;
     bool oversubscribe = false;     // managed: allow a split larger than free GPU memory
     void* compute_stream = nullptr; // cuda: the trainer's stream (batches are ordered before work on it)
-    // stream: read the bulk fields' .npy files with O_DIRECT (a field under a
-    // quarter of the lead field's bytes per sample, a label, stays in the page
-    // cache: source_fields.hpp says why); falls back to the page cache with a
-    // notice where the filesystem refuses O_DIRECT at open, with a warning
-    // (once per file) where it refuses a read later on.
+    // stream: read the bulk fields with O_DIRECT (.npy chunks, zstd frames; a
+    // field under a quarter of the lead field's bytes per sample, a label,
+    // stays in the page cache: lib/src/data/source_fields.hpp says why); falls
+    // back to the page cache with a notice where the filesystem refuses
+    // O_DIRECT at open, with a warning (once per file) where it refuses a read
+    // later on.
     bool direct = false;
     // stream: host memory for ring + window cache + reader buffers (--host-mem);
     // 0: chosen from the memory available (plan_host_memory).
@@ -122,7 +123,7 @@ std::vector<const FieldInfo*> source_fields(const Manifest& manifest, const Spli
 struct HostPlan {
     std::uint64_t ring = 0;      // K batch slots (pinned on cuda) and the readers' index buffers
     std::uint64_t cache = 0;     // window cache: whole chunks (0 for the full order, which gathers samples)
-    std::uint64_t other = 0;     // O_DIRECT bounce buffers and decoded chunks of the sample gathers (full order)
+    std::uint64_t other = 0;     // the readers' zstd frames and decoded chunks, O_DIRECT bounce buffers
     std::uint64_t min_cache = 0; // the least window cache that reads ahead (two windows)
     bool drop_pages = false;     // the split does not fit beside it: chunks leave the page cache once read
     std::uint64_t total() const { return ring + cache + other; }
