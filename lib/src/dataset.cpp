@@ -16,7 +16,7 @@ Dataset Dataset::open(const fs::path& dir) {
     return d;
 }
 
-FieldReader& Dataset::reader(std::string_view split, std::string_view field) const {
+const FieldReader& Dataset::reader(std::string_view split, std::string_view field) const {
     const SplitInfo& s = manifest_.split(split);
     (void)s.field(field); // names what exists when absent
     const std::string key = std::string(split) + "/" + std::string(field);

@@ -77,6 +77,35 @@ std::optional<std::uint64_t> cgroup_limit() {
     return limit;
 }
 
+// The cgroup v1 memory controller's directory of this process
+// (/proc/self/cgroup's "N:memory:" line), where the v2 unified hierarchy sets
+// no limit; empty without one.
+fs::path v1_memory_cgroup_dir() {
+    const std::string text = read_small_file("/proc/self/cgroup");
+    for (std::size_t at = 0; at < text.size();) {
+        const std::size_t end = std::min(text.find('\n', at), text.size());
+        const std::string_view line = std::string_view(text).substr(at, end - at);
+        const std::size_t colon = line.find(':');
+        if (colon != std::string_view::npos && line.substr(colon).starts_with(":memory:/"))
+            return fs::path("/sys/fs/cgroup/memory") / line.substr(colon + 9);
+        at = end + 1;
+    }
+    return {};
+}
+
+// A cgroup v1 memory limit: memory.stat's hierarchical_memory_limit (the
+// smallest limit of the cgroup and its parents; v1 writes "unlimited" as a
+// number near 2^63), and the anonymous memory charged to it (total_rss).
+void read_v1_limit(MemoryReading& m) {
+    const fs::path dir = v1_memory_cgroup_dir();
+    if (dir.empty()) return;
+    const std::string stat = read_small_file(dir / "memory.stat");
+    const auto limit = field_value(stat, "hierarchical_memory_limit");
+    if (!limit || *limit >= (std::uint64_t{1} << 62)) return;
+    m.cgroup_limit = *limit;
+    m.cgroup_anon = field_value(stat, "total_rss").value_or(0);
+}
+
 } // namespace
 
 bool MemoryInfo::sources_disagree() const {
@@ -103,6 +132,8 @@ MemoryReading read_host_memory() {
     m.cgroup_limit = cgroup_limit();
     if (m.cgroup_limit)
         m.cgroup_anon = field_value(read_small_file(own_cgroup_dir() / "memory.stat"), "anon").value_or(0);
+    else
+        read_v1_limit(m);
     return m;
 }
 

@@ -14,13 +14,12 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/plan_source.hpp"
 #include "support/source_batch.hpp"
 #include "dstk/run/train_run.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
-#if defined(DSTK_HAVE_CUDA)
-#include "dstk/data/gpu_ops.hpp"
-#endif
+#include "dstk/gpu_runtime.hpp"
 #include "support/fields_dataset.hpp"
 #include "support/test_dataset.hpp"
 
@@ -52,18 +51,14 @@ fs::path make_dataset(const std::string& name, std::uint64_t samples, bool class
                                           });
 }
 
-#if defined(DSTK_HAVE_CUDA)
 struct Stream {
-    void* s = gpu::stream_create();
-    ~Stream() { gpu::stream_destroy(s); }
+    dstk::gpu::Stream stream;
+    void* s = stream.get();
 };
 
-SourceConfig config(Placement p, Order o, void* stream) {
-    SourceConfig c;
-    c.placement = p;
+SourceRequest config(Placement p, Order o, void* stream) {
+    SourceRequest c = test_support::request(p, o, 256, 3, 512, 4);
     c.device = {dstk::Backend::cuda, 0};
-    c.order = {o, 3, 512, 4};
-    c.batch = 256;
     c.prefetch = 4;
     c.readers = 4;
     c.compute_stream = stream;
@@ -72,16 +67,14 @@ SourceConfig config(Placement p, Order o, void* stream) {
 
 std::uint64_t used_now() {
     std::uint64_t f = 0, t = 0;
-    gpu::mem_info(0, f, t);
+    dstk::gpu::mem_info(0, f, t);
     return t - f;
 }
-#endif
 
 } // namespace
 
 TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
     if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
-#if defined(DSTK_HAVE_CUDA)
     const std::uint64_t n = 5000;
     const fs::path dir = make_dataset("content", n);
     const Dataset ds = Dataset::open(dir);
@@ -89,7 +82,7 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
     for (const Placement p : {Placement::stream, Placement::device, Placement::managed})
         for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
             SCOPED_TRACE(std::string(placement_name(p)) + " " + std::string(order_name(o)));
-            auto src = make_batch_source(ds, "train", config(p, o, stream.s));
+            auto src = test_support::open_source(ds, config(p, o, stream.s));
             const EpochOrder order({o, 3, 512, 4}, n, 1);
             src->start_epoch(1, 2);
             std::vector<std::uint8_t> x(256 * row_bytes);
@@ -97,9 +90,9 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
             test_support::XY b;
             std::uint64_t position = 2 * 256;
             while (test_support::next_xy(*src, b)) {
-                gpu::stream_synchronize(stream.s); // the batch is ready for work on the stream
-                gpu::copy_d2h(x.data(), b.x, b.size * row_bytes);
-                gpu::copy_d2h(y.data(), b.y, b.size * 4);
+                dstk::gpu::synchronize(stream.s); // the batch is ready for work on the stream
+                dstk::gpu::copy_d2h(x.data(), b.x, b.size * row_bytes);
+                dstk::gpu::copy_d2h(y.data(), b.y, b.size * 4);
                 src->release();
                 for (std::uint32_t i = 0; i < b.size; ++i, ++position) {
                     const std::uint64_t s = order[position];
@@ -110,7 +103,6 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
             EXPECT_EQ(position, n / 256 * 256);
         }
     fs::remove_all(dir);
-#endif
 }
 
 // Every field of every batch in device memory is the dataset's value at the
@@ -119,7 +111,6 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
 // plan's.
 TEST(GpuDataPath, EveryFieldOfEveryPlacementIsTheOrdersSample) {
     if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
-#if defined(DSTK_HAVE_CUDA)
     using test_support::FieldsStorage;
     const std::uint64_t n = 1000;
     const std::vector<std::string> names{"target", "image", "result", "label"};
@@ -134,27 +125,29 @@ TEST(GpuDataPath, EveryFieldOfEveryPlacementIsTheOrdersSample) {
                 const std::string what = std::string(test_support::storage_name(st)) + " " +
                                          std::string(placement_name(p)) + " " + std::string(order_name(o));
                 SCOPED_TRACE(what);
-                SourceConfig c = config(p, o, stream.s);
+                SourceRequest c = config(p, o, stream.s);
                 c.fields = names;
-                c.order = {o, 3, 50, 3};
+                c.seed = 3;
+                c.chunk_samples = 50;
+                c.window = 3;
                 c.batch = 48;
                 c.drop_last = false;
-                auto src = make_batch_source(ds, "train", c);
-                const SplitInfo& split = ds.manifest().split("train");
-                EXPECT_EQ(planned_device_bytes(split, source_fields(ds.manifest(), split, c), c), src->device_bytes());
-                OrderConfig oc = c.order;
+                const SourcePlan plan = test_support::plan_of(ds, c);
+                auto src = make_batch_source(ds, plan);
+                EXPECT_EQ(plan.device_bytes, src->device_bytes());
+                OrderConfig oc{c.order, c.seed, c.chunk_samples, c.window};
                 oc.chunk_samples = test_support::order_chunk(specs, names, oc.chunk_samples);
                 const EpochOrder order(oc, n, 1);
                 src->start_epoch(1, 2);
                 std::uint64_t position = 2 * 48;
                 while (const Batch* b = src->next()) {
-                    gpu::stream_synchronize(stream.s); // the batch is ready for work on the stream
+                    dstk::gpu::synchronize(stream.s); // the batch is ready for work on the stream
                     Batch host = *b;
                     std::vector<std::vector<std::uint8_t>> copies;
                     copies.reserve(host.fields.size());
                     for (BatchField& f : host.fields) {
                         copies.emplace_back(b->size * f.sample_bytes());
-                        gpu::copy_d2h(copies.back().data(), f.data, copies.back().size());
+                        dstk::gpu::copy_d2h(copies.back().data(), f.data, copies.back().size());
                         f.data = copies.back().data();
                     }
                     src->release();
@@ -166,19 +159,17 @@ TEST(GpuDataPath, EveryFieldOfEveryPlacementIsTheOrdersSample) {
             }
         fs::remove_all(dir);
     }
-#endif
 }
 
 TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
     if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
-#if defined(DSTK_HAVE_CUDA)
     Stream stream;
     std::vector<std::uint64_t> peaks;
     for (const std::uint64_t n : {20'000ull, 160'000ull}) { // 59 MiB and 469 MiB of samples
         const fs::path dir = make_dataset("size" + std::to_string(n), n);
         const Dataset ds = Dataset::open(dir);
         const std::uint64_t before = used_now();
-        auto src = make_batch_source(ds, "train", config(Placement::stream, Order::chunk, stream.s));
+        auto src = test_support::open_source(ds, config(Placement::stream, Order::chunk, stream.s));
         src->start_epoch(0, 0);
         test_support::XY b;
         std::uint64_t peak = 0, batches = 0;
@@ -186,7 +177,7 @@ TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
             src->release();
             if (++batches % 64 == 0) peak = std::max(peak, used_now() - before);
         }
-        gpu::stream_synchronize(stream.s);
+        dstk::gpu::synchronize(stream.s);
         peak = std::max(peak, used_now() - before);
         EXPECT_LE(peak, src->device_bytes() + (4ull << 20)) << "more than the planned slots";
         peaks.push_back(peak);
@@ -195,7 +186,6 @@ TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
     }
     const double ratio = static_cast<double>(peaks[1]) / static_cast<double>(std::max<std::uint64_t>(peaks[0], 1));
     EXPECT_NEAR(ratio, 1.0, 0.01) << peaks[0] << " vs " << peaks[1] << " bytes";
-#endif
 }
 
 TEST(GpuDataPath, TrainingPeakStaysUnderTheCeilingPrintedBeforeTheFirstStep) {

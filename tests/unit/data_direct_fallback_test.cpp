@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/plan_source.hpp"
 #include "support/source_batch.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "support/test_dataset.hpp"
@@ -91,11 +92,7 @@ struct Messages {
 // One epoch of a 4-reader stream source with --direct, O_DIRECT reads refused
 // after `allowed` of them (the first is the probe at open).
 std::vector<std::int32_t> direct_epoch(const Dataset& ds, std::uint64_t sample_bytes, long allowed, Messages& m) {
-    SourceConfig c;
-    c.placement = Placement::stream;
-    c.device = {dstk::Backend::cpu, 0};
-    c.order = {Order::chunk, 9, 50, 2};
-    c.batch = 64;
+    SourceRequest c = test_support::request(Placement::stream, Order::chunk, 64, 9, 50, 2);
     c.drop_last = false;
     c.prefetch = 4;
     c.readers = 4;
@@ -110,20 +107,19 @@ std::vector<std::int32_t> direct_epoch(const Dataset& ds, std::uint64_t sample_b
     };
     direct_reads_refused = 0;
     direct_reads_left = allowed;
-    auto s = make_batch_source(ds, "train", c);
+    auto s = test_support::open_source(ds, c);
     const auto labels = run_epoch(*s, sample_bytes);
     direct_reads_left = -1;
     return labels;
 }
 
 std::vector<std::int32_t> buffered_epoch(const Dataset& ds, std::uint64_t sample_bytes) {
-    SourceConfig c;
-    c.placement = Placement::stream;
-    c.device = {dstk::Backend::cpu, 0};
-    c.order = {Order::chunk, 9, 50, 2};
-    c.batch = 64;
+    SourceRequest c = test_support::request(Placement::stream, Order::chunk, 64, 9, 50, 2);
     c.drop_last = false;
-    auto s = make_batch_source(ds, "train", c);
+    c.prefetch = 4;
+    c.readers = 2;
+    c.direct = false;
+    auto s = test_support::open_source(ds, c);
     return run_epoch(*s, sample_bytes);
 }
 

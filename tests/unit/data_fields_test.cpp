@@ -1,4 +1,4 @@
-// Batch sources deliver every field a caller names (SourceConfig::fields):
+// Batch sources deliver every field a caller names (SourceRequest::fields):
 // four fields of different dtypes, shapes and storages (support/
 // fields_dataset.hpp) in every cpu placement, order and storage (.npy, zstd
 // with chunks other than the order's, fields in parts), each field of each
@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "dstk/data/source_plan.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/error.hpp"
 #include "support/error_of.hpp"
 #include "support/fields_dataset.hpp"
+#include "support/plan_source.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
@@ -48,30 +50,24 @@ const Datasets& datasets() {
 
 constexpr FieldsStorage storages[] = {FieldsStorage::npy, FieldsStorage::zstd, FieldsStorage::parts};
 
-SourceConfig config(Placement p, Order o, const std::vector<std::string>& fields) {
-    SourceConfig c;
-    c.fields = fields;
-    c.placement = p;
-    c.device = {Backend::cpu, 0};
-    c.order = {o, 5, 50, 3};
-    c.batch = 48;
-    c.drop_last = false; // a partial last batch too
-    c.prefetch = 3;
-    c.readers = 2;
-    return c;
+SourceRequest config(Placement p, Order o, const std::vector<std::string>& fields) {
+    SourceRequest r = test_support::request(p, o, 48, 5, 50, 3);
+    r.fields = fields;
+    r.drop_last = false; // a partial last batch too
+    return r;
 }
 
-std::string describe(FieldsStorage s, const SourceConfig& c) {
+std::string describe(FieldsStorage s, const SourceRequest& c) {
     return std::string(test_support::storage_name(s)) + " " + std::string(placement_name(c.placement)) +
-           (c.direct ? " direct " : " ") + std::string(order_name(c.order.kind));
+           (c.direct.value_or(false) ? " direct " : " ") + std::string(order_name(c.order));
 }
 
 // Runs `epoch` of `src` from `first_batch`, checking every batch against the
 // order; returns the batches' bytes, field by field.
-std::vector<std::vector<std::uint8_t>> check_epoch(BatchSource& src, FieldsStorage s, const SourceConfig& c,
+std::vector<std::vector<std::uint8_t>> check_epoch(BatchSource& src, FieldsStorage s, const SourceRequest& c,
                                                    std::uint64_t epoch, std::uint64_t first_batch) {
     const auto specs = test_support::four_fields(s);
-    OrderConfig oc = c.order;
+    OrderConfig oc{c.order, c.seed, c.chunk_samples, c.window};
     oc.chunk_samples = test_support::order_chunk(specs, c.fields, oc.chunk_samples);
     const EpochOrder order(oc, samples, epoch);
     std::vector<std::vector<std::uint8_t>> seen;
@@ -100,10 +96,10 @@ TEST(DataFields, EveryFieldOfEveryBatchIsTheOrdersSampleInEveryPlacementOrderAnd
             for (const Placement p : {Placement::stream, Placement::device})
                 for (const bool direct : {false, true}) {
                     if (direct && p != Placement::stream) continue;
-                    SourceConfig c = config(p, o, all_fields);
+                    SourceRequest c = config(p, o, all_fields);
                     c.direct = direct;
                     c.notice = [](const std::string&) {}; // a filesystem without O_DIRECT reads buffered
-                    auto src = make_batch_source(ds, "train", c);
+                    auto src = test_support::open_source(ds, c);
                     EXPECT_EQ(src->batches_per_epoch(), (samples + 47) / 48);
                     check_epoch(*src, storages[k], c, 3, 0);
                     const StageTimes t = src->take_times();
@@ -119,10 +115,10 @@ TEST(DataFields, ResumingMidEpochDeliversTheRestOfTheUninterruptedEpoch) {
         const Dataset ds = Dataset::open(datasets().dirs[k]);
         for (const Order o : {Order::chunk, Order::full})
             for (const Placement p : {Placement::stream, Placement::device}) {
-                const SourceConfig c = config(p, o, all_fields);
-                auto whole = make_batch_source(ds, "train", c);
+                const SourceRequest c = config(p, o, all_fields);
+                auto whole = test_support::open_source(ds, c);
                 const auto all = check_epoch(*whole, storages[k], c, 2, 0);
-                auto resumed = make_batch_source(ds, "train", c);
+                auto resumed = test_support::open_source(ds, c);
                 resumed->start_epoch(0, 4); // an abandoned iteration of another epoch first
                 ASSERT_NE(resumed->next(), nullptr);
                 resumed->release();
@@ -137,8 +133,8 @@ TEST(DataFields, TheDefaultFieldsAreTheInputAndLabelRolesAndAnyFieldsMayBeAsked)
     const Dataset ds = Dataset::open(datasets().dirs[0]);
     for (const std::vector<std::string>& fields :
          std::vector<std::vector<std::string>>{{}, {"result"}, {"label", "target"}}) {
-        SourceConfig c = config(Placement::stream, Order::chunk, fields);
-        auto src = make_batch_source(ds, "train", c);
+        SourceRequest c = config(Placement::stream, Order::chunk, fields);
+        auto src = test_support::open_source(ds, c);
         if (fields.empty()) c.fields = {"image", "label"};
         check_epoch(*src, FieldsStorage::npy, c, 1, 0);
     }
@@ -154,10 +150,10 @@ TEST(DataFields, ADatasetWithoutLabelsDeliversItsOneField) {
     const Dataset ds = Dataset::open(dir);
     for (const Order o : {Order::sequential, Order::chunk, Order::full})
         for (const Placement p : {Placement::stream, Placement::device}) {
-            SourceConfig c = config(p, o, {"stim"});
-            auto src = make_batch_source(ds, "train", c);
+            SourceRequest c = config(p, o, {"stim"});
+            auto src = test_support::open_source(ds, c);
             src->start_epoch(1, 0);
-            const EpochOrder order(c.order, 300, 1);
+            const EpochOrder order(test_support::order_of(ds, c), 300, 1);
             std::uint64_t position = 0;
             while (const Batch* b = src->next()) {
                 test_support::expect_batch_is(*b, specs, {"stim"}, order, position, std::string(order_name(o)));
@@ -168,7 +164,7 @@ TEST(DataFields, ADatasetWithoutLabelsDeliversItsOneField) {
         }
     // The default fields need a label role: the error says which setting names the fields instead.
     const std::string e =
-        test_support::error_of([&] { make_batch_source(ds, "train", config(Placement::stream, Order::chunk, {})); });
+        test_support::error_of([&] { test_support::open_source(ds, config(Placement::stream, Order::chunk, {})); });
     EXPECT_NE(e.find("no label field"), std::string::npos) << e;
     EXPECT_NE(e.find("setting fields"), std::string::npos) << e;
     EXPECT_NE(e.find("stim"), std::string::npos) << e;
@@ -179,7 +175,7 @@ TEST(DataFields, AFieldTheSplitLacksIsAUsageErrorListingItsFields) {
     const Dataset ds = Dataset::open(datasets().dirs[0]);
     auto usage = [&](const std::vector<std::string>& fields) {
         try {
-            make_batch_source(ds, "train", config(Placement::stream, Order::chunk, fields));
+            test_support::open_source(ds, config(Placement::stream, Order::chunk, fields));
         } catch (const Error& e) {
             EXPECT_EQ(e.code(), ExitCode::usage) << e.what();
             EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << "a library message names settings";
@@ -194,31 +190,31 @@ TEST(DataFields, AFieldTheSplitLacksIsAUsageErrorListingItsFields) {
     EXPECT_NE(e.find("fields"), std::string::npos) << e;
     e = usage({"image", "label", "image"});
     EXPECT_NE(e.find("'image' twice"), std::string::npos) << e;
-    // The plans take the same fields: the same error.
+    // The field list of a source configuration is the same rule.
+    SourceConfig c = test_support::plan_of(ds, config(Placement::stream, Order::chunk, {"image"})).config;
+    c.fields = {"nope"};
     const SplitInfo& split = ds.manifest().split("train");
-    SourceConfig c = config(Placement::stream, Order::chunk, {"nope"});
     EXPECT_NE(test_support::error_of([&] { source_fields(ds.manifest(), split, c); }).find("'nope'"),
               std::string::npos);
 }
 
-TEST(DataFields, TheDefaultLabelMustBeOneI32ClassPerSample) {
+TEST(DataFields, TheDefaultFieldsTakeALabelRoleOfAnyDtypeAndShape) {
     const fs::path dir = test_support::write_fields_dataset(
         test_support::temp_path("dstk_fields", "floatlabel"),
         {{{"x", DType::u8, Shape{{4}}, 0, {}}, {"y", DType::f32, Shape{{3}}, 0, {}}}, {{"train", 64}}, "x", "y", 2},
         [](std::size_t, std::uint64_t, std::span<std::uint8_t> out) { std::fill(out.begin(), out.end(), 0); });
     const Dataset ds = Dataset::open(dir);
-    const std::string e =
-        test_support::error_of([&] { make_batch_source(ds, "train", config(Placement::stream, Order::chunk, {})); });
-    EXPECT_NE(e.find("f32"), std::string::npos) << e;
-    EXPECT_NE(e.find("setting fields"), std::string::npos) << e;
-    // Named, a float target is delivered like any field.
-    auto src = make_batch_source(ds, "train", config(Placement::stream, Order::chunk, {"x", "y"}));
-    src->start_epoch(0, 0);
-    const Batch* b = src->next();
-    ASSERT_NE(b, nullptr);
-    EXPECT_EQ(b->field("y").dtype, DType::f32);
-    EXPECT_EQ(b->field("y").sample_bytes(), 12u);
-    src->release();
+    // A regression target (f32[3]) is delivered like any field, named or by its role.
+    for (const std::vector<std::string>& fields : std::vector<std::vector<std::string>>{{}, {"x", "y"}}) {
+        auto src = test_support::open_source(ds, config(Placement::stream, Order::chunk, fields));
+        src->start_epoch(0, 0);
+        const Batch* b = src->next();
+        ASSERT_NE(b, nullptr);
+        EXPECT_EQ(b->fields.size(), 2u);
+        EXPECT_EQ(b->field("y").dtype, DType::f32);
+        EXPECT_EQ(b->field("y").sample_bytes(), 12u);
+        src->release();
+    }
     fs::remove_all(dir);
 }
 
@@ -228,22 +224,23 @@ TEST(DataFields, TheDefaultLabelMustBeOneI32ClassPerSample) {
 TEST(DataFields, TheWindowCacheReadsEveryFieldInWholeChunks) {
     const Dataset ds = Dataset::open(datasets().dirs[0]);
     for (const Order o : {Order::sequential, Order::chunk}) {
-        const SourceConfig c = config(Placement::stream, o, all_fields);
-        auto src = make_batch_source(ds, "train", c);
+        const SourceRequest c = config(Placement::stream, o, all_fields);
+        auto src = test_support::open_source(ds, c);
         check_epoch(*src, FieldsStorage::npy, c, 0, 0);
         const std::uint64_t chunks = (samples + 49) / 50;
-        // The other fields' counters first: take_times takes them too.
-        const std::vector<std::pair<std::string, std::uint64_t>> side{{"result", 1}, {"label", 4}};
-        for (const auto& [name, sb] : side) {
-            const IoCounters io = ds.reader("train", name).take_io();
-            EXPECT_EQ(io.reads, chunks) << name << " " << order_name(o);
-            EXPECT_EQ(io.largest, 50 * sb) << name;
-            EXPECT_EQ(io.bytes, samples * sb) << name;
+        // Every field's reads, in batch order (target, image, result, label).
+        const StageTimes t = src->take_times();
+        ASSERT_EQ(t.fields_io.size(), 4u);
+        const std::vector<std::pair<std::size_t, std::uint64_t>> side{{2, 1}, {3, 4}};
+        for (const auto& [f, sb] : side) {
+            const IoCounters& io = t.fields_io[f];
+            EXPECT_EQ(io.reads, chunks) << all_fields[f] << " " << order_name(o);
+            EXPECT_EQ(io.largest, 50 * sb) << all_fields[f];
+            EXPECT_EQ(io.bytes, samples * sb) << all_fields[f];
         }
         // The zstd target has chunks of 48: its reads are the frames the order's chunks touch.
-        EXPECT_GE(ds.reader("train", "target").take_io().reads, chunks) << order_name(o);
+        EXPECT_GE(t.fields_io[0].reads, chunks) << order_name(o);
         // StageTimes::io: the lead field's (image, 36 bytes a sample).
-        const StageTimes t = src->take_times();
         EXPECT_EQ(t.io.reads, chunks) << order_name(o);
         EXPECT_EQ(t.io.largest, 50 * 36);
         EXPECT_EQ(t.io.bytes, samples * 36);
@@ -253,26 +250,25 @@ TEST(DataFields, TheWindowCacheReadsEveryFieldInWholeChunks) {
 TEST(DataFields, MemoryPlansCountEveryFieldAndEqualWhatTheSourcesHold) {
     for (std::size_t k = 0; k < 3; ++k) {
         const Dataset ds = Dataset::open(datasets().dirs[k]);
-        const SplitInfo& split = ds.manifest().split("train");
         for (const Order o : {Order::sequential, Order::chunk, Order::full})
             for (const Placement p : {Placement::stream, Placement::device})
                 for (const bool direct : {false, true}) {
-                    SourceConfig c = config(p, o, all_fields);
+                    SourceRequest c = config(p, o, all_fields);
                     c.direct = direct;
                     c.notice = [](const std::string&) {};
                     const std::string what = describe(storages[k], c);
-                    const auto fields = source_fields(ds.manifest(), split, c);
-                    auto src = make_batch_source(ds, "train", c);
-                    EXPECT_EQ(planned_device_bytes(split, fields, c), src->device_bytes()) << what;
+                    const SourcePlan plan = test_support::plan_of(ds, c);
+                    auto src = make_batch_source(ds, plan);
+                    EXPECT_EQ(plan.device_bytes, src->device_bytes()) << what;
+                    EXPECT_EQ(plan.host_bytes, src->host_bytes()) << what;
                     if (p == Placement::device) {
                         const std::uint64_t slot = o == Order::sequential ? 0 : 48 * 69;
                         EXPECT_EQ(src->device_bytes(), samples * 69 + slot) << what;
                         continue;
                     }
-                    const HostPlan plan = plan_host_memory(split, fields, c, available_host_memory());
-                    EXPECT_EQ(plan.total(), src->host_bytes()) << what;
+                    EXPECT_EQ(plan.host.total(), src->host_bytes()) << what;
                     // Three slots of one page-aligned buffer per field, and two readers' indices.
-                    EXPECT_EQ(plan.ring, 3 * (4096 * 4) + 2 * 48 * 8) << what;
+                    EXPECT_EQ(plan.host.ring, 3 * (4096 * 4) + 2 * 48 * 8) << what;
                     check_epoch(*src, storages[k], c, 1, 0);
                     const StageTimes t = src->take_times();
                     EXPECT_LE(t.cache_peak, src->host_bytes()) << what;
@@ -285,9 +281,12 @@ TEST(DataFields, TheWindowCachesPlanHoldsEveryFieldOfTwoWindows) {
     // page-aligned buffer per field (the zstd target's 48-sample chunks are
     // read into the order's 50-sample ranges).
     const Dataset ds = Dataset::open(datasets().dirs[0]);
-    const SplitInfo& split = ds.manifest().split("train");
-    const SourceConfig c = config(Placement::stream, Order::chunk, all_fields);
-    const HostPlan plan = plan_host_memory(split, source_fields(ds.manifest(), split, c), c, 1ull << 40);
+    MachineFacts large;
+    large.host_available = 1ull << 40;
+    large.hardware_threads = 4;
+    const SourcePlan p = plan_source(ds, config(Placement::stream, Order::chunk, all_fields), large);
+    const HostPlan& plan = p.host;
+    const SourceConfig& c = p.config;
     const std::uint64_t chunk = 4096 /* image 1800 */ + 4096 /* target 1400 */ + 4096 /* result */ + 4096 /* label */;
     EXPECT_EQ(plan.min_cache, 2 * 3 * chunk);
     const std::vector<CachedBytes> bytes{{28, false}, {36, false}, {1, false}, {4, false}};
@@ -302,9 +301,9 @@ TEST(DataFields, TheBatchHashCoversEveryField) {
     for (const std::vector<std::string>& fields :
          std::vector<std::vector<std::string>>{{"image", "label"}, {"image", "label", "result"}}) {
         for (const Placement p : {Placement::stream, Placement::device}) {
-            SourceConfig c = config(p, Order::chunk, fields);
+            SourceRequest c = config(p, Order::chunk, fields);
             c.hash_batches = true;
-            auto src = make_batch_source(ds, "train", c);
+            auto src = test_support::open_source(ds, c);
             src->start_epoch(0, 0);
             while (src->next()) src->release();
             hashes.push_back(src->take_times().batch_hash.value_or(0));

@@ -137,6 +137,12 @@ TEST(EpochOrder, ParseNamesAndRejectsUnknown) {
         FAIL();
     } catch (const dstk::Error& e) {
         EXPECT_EQ(e.code(), dstk::ExitCode::usage);
-        EXPECT_NE(std::string(e.what()).find("--order"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("invalid order 'random'"), std::string::npos) << e.what();
+    }
+    try { // a tool names its flag
+        parse_order("random", "--order");
+        FAIL();
+    } catch (const dstk::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("invalid --order 'random'"), std::string::npos) << e.what();
     }
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/plan_source.hpp"
 #include "support/source_batch.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
@@ -47,15 +48,8 @@ fs::path zstd_copy(const fs::path& plain, const std::string& name) {
     return packed;
 }
 
-SourceConfig cpu_config(Placement p, Order o, std::uint32_t batch) {
-    SourceConfig c;
-    c.placement = p;
-    c.device = {dstk::Backend::cpu, 0};
-    c.order = {o, 17, 64, 3};
-    c.batch = batch;
-    c.prefetch = 3;
-    c.readers = 2;
-    return c;
+SourceRequest cpu_config(Placement p, Order o, std::uint32_t batch) {
+    return test_support::request(p, o, batch);
 }
 
 // Labels seen in one epoch from `first_batch`, checking every sample's bytes.
@@ -84,8 +78,8 @@ TEST(DataSource, StreamAndDeviceDeliverTheSameBatchesInEveryOrder) {
     const fs::path dir = make_dataset("same", n, sb);
     const Dataset ds = Dataset::open(dir);
     for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
-        auto stream = make_batch_source(ds, "train", cpu_config(Placement::stream, o, 32));
-        auto device = make_batch_source(ds, "train", cpu_config(Placement::device, o, 32));
+        auto stream = test_support::open_source(ds, cpu_config(Placement::stream, o, 32));
+        auto device = test_support::open_source(ds, cpu_config(Placement::device, o, 32));
         EXPECT_EQ(stream->batches_per_epoch(), n / 32);
         const auto a = run_epoch(*stream, 2, 0, sb);
         const auto b = run_epoch(*device, 2, 0, sb);
@@ -105,8 +99,8 @@ TEST(DataSource, ZstdChunkedStorageDeliversTheSameBatchesAndTimesItsDecoding) {
     const Dataset a = Dataset::open(plain), b = Dataset::open(packed);
     ASSERT_EQ(b.manifest().splits[0].fields[0].storage, Storage::zstd_chunked);
     // Sequential: the chunk order's windows follow the storage chunks, which differ.
-    auto npy = make_batch_source(a, "train", cpu_config(Placement::stream, Order::sequential, 32));
-    auto zst = make_batch_source(b, "train", cpu_config(Placement::stream, Order::sequential, 32));
+    auto npy = test_support::open_source(a, cpu_config(Placement::stream, Order::sequential, 32));
+    auto zst = test_support::open_source(b, cpu_config(Placement::stream, Order::sequential, 32));
     EXPECT_EQ(run_epoch(*zst, 1, 0, sb), run_epoch(*npy, 1, 0, sb));
     const StageTimes tz = zst->take_times(), tn = npy->take_times();
     EXPECT_GT(tz.decode, 0.0) << "decoding zstd chunks is its own stage";
@@ -120,7 +114,7 @@ TEST(DataSource, ResumesAtAnyBatch) {
     const std::uint64_t n = 500, sb = 16;
     const fs::path dir = make_dataset("resume", n, sb);
     const Dataset ds = Dataset::open(dir);
-    auto s = make_batch_source(ds, "train", cpu_config(Placement::stream, Order::full, 20));
+    auto s = test_support::open_source(ds, cpu_config(Placement::stream, Order::full, 20));
     const auto all = run_epoch(*s, 5, 0, sb);
     const auto tail = run_epoch(*s, 5, 13, sb);
     ASSERT_EQ(tail.size(), all.size() - 13 * 20);
@@ -144,7 +138,7 @@ TEST(DataSource, StartEpochDropsAnAbandonedIterationsTimes) {
         const Dataset ds = Dataset::open(dir);
         for (const Placement p : {Placement::stream, Placement::device})
             for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
-                auto s = make_batch_source(ds, "train", cpu_config(p, o, 20));
+                auto s = test_support::open_source(ds, cpu_config(p, o, 20));
                 s->start_epoch(0, 0);
                 test_support::XY b;
                 for (int i = 0; i < 5; ++i) {
@@ -172,7 +166,7 @@ TEST(DataSource, EvaluationKeepsThePartialLastBatch) {
     const Dataset ds = Dataset::open(dir);
     auto c = cpu_config(Placement::stream, Order::sequential, 30);
     c.drop_last = false;
-    auto s = make_batch_source(ds, "train", c);
+    auto s = test_support::open_source(ds, c);
     EXPECT_EQ(s->batches_per_epoch(), 4u);
     EXPECT_EQ(run_epoch(*s, 0, 0, sb).size(), n);
     fs::remove_all(dir);
@@ -181,9 +175,9 @@ TEST(DataSource, EvaluationKeepsThePartialLastBatch) {
 TEST(DataSource, UsageErrorsForBadBatchAndPlacement) {
     const fs::path dir = make_dataset("usage", 10, 4);
     const Dataset ds = Dataset::open(dir);
-    auto expect_usage = [&](const SourceConfig& c, const char* what) {
+    auto expect_usage = [&](const SourceRequest& c, const char* what) {
         try {
-            make_batch_source(ds, "train", c);
+            test_support::open_source(ds, c);
             ADD_FAILURE() << "no error for " << what;
         } catch (const Error& e) {
             EXPECT_EQ(e.code(), ExitCode::usage) << what << ": " << e.what();
@@ -201,7 +195,7 @@ TEST(DataSource, FileThatShrinksMidRunIsAnErrorNamingIt) {
     const std::uint64_t n = 2000, sb = 64;
     const fs::path dir = make_dataset("shrink", n, sb);
     const Dataset ds = Dataset::open(dir);
-    auto s = make_batch_source(ds, "train", cpu_config(Placement::stream, Order::sequential, 100));
+    auto s = test_support::open_source(ds, cpu_config(Placement::stream, Order::sequential, 100));
     s->start_epoch(0, 0);
     test_support::XY b;
     ASSERT_TRUE(test_support::next_xy(*s, b));
@@ -228,15 +222,15 @@ TEST(DataSource, StreamHostMemoryIsTheRingAndWindowCacheWhateverTheSplitSize) {
     auto c = cpu_config(Placement::stream, Order::chunk, 64);
     c.prefetch = 4;
     c.host_mem = 12u << 20;
-    auto s = make_batch_source(ds, "train", c);
+    auto s = test_support::open_source(ds, c);
     EXPECT_LE(s->host_bytes(), 12u << 20);
     c.host_mem = 8u << 20; // below ring + two windows
     try {
-        make_batch_source(ds, "train", c);
-        ADD_FAILURE() << "--host-mem below ring + two windows was accepted";
+        test_support::open_source(ds, c);
+        ADD_FAILURE() << "host_mem below ring + two windows was accepted";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::no_fit) << e.what();
-        EXPECT_NE(std::string(e.what()).find("--host-mem"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("host_mem"), std::string::npos) << e.what();
     }
     std::uint64_t samples = 0;
     s->start_epoch(0, 0);
@@ -256,13 +250,13 @@ TEST(DataSource, DirectReadsDeliverTheSameBatchesInEveryOrder) {
     const fs::path dir = make_dataset("direct", n, sb);
     const Dataset ds = Dataset::open(dir);
     for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
-        SourceConfig c = cpu_config(Placement::stream, o, 200);
+        SourceRequest c = cpu_config(Placement::stream, o, 200);
         c.drop_last = false;
-        auto plain = make_batch_source(ds, "train", c);
+        auto plain = test_support::open_source(ds, c);
         std::vector<std::string> notices;
         c.direct = true;
         c.notice = [&](const std::string& s) { notices.push_back(s); };
-        auto direct = make_batch_source(ds, "train", c);
+        auto direct = test_support::open_source(ds, c);
         const auto a = run_epoch(*plain, 1, 0, sb);
         const auto b = run_epoch(*direct, 1, 0, sb);
         ASSERT_EQ(a.size(), n);
@@ -289,11 +283,11 @@ TEST(DataSource, DirectFallsBackWithANoticeWhereTheFilesystemRefusesIt) {
         GTEST_SKIP() << "this kernel's tmpfs accepts O_DIRECT (Linux 6.6 and later): no filesystem here refuses it";
     }
     const Dataset ds = Dataset::open(dir);
-    SourceConfig c = cpu_config(Placement::stream, Order::chunk, 50);
+    SourceRequest c = cpu_config(Placement::stream, Order::chunk, 50);
     std::vector<std::string> notices;
     c.direct = true;
     c.notice = [&](const std::string& s) { notices.push_back(s); };
-    auto s = make_batch_source(ds, "train", c);
+    auto s = test_support::open_source(ds, c);
     EXPECT_EQ(run_epoch(*s, 0, 0, sb).size(), n);
     fs::remove_all(dir);
     ASSERT_EQ(notices.size(), 1u) << "tmpfs should refuse O_DIRECT once, for the inputs only";
@@ -306,9 +300,9 @@ TEST(DataSource, DirectReadOfAShrunkFileIsAnErrorNamingIt) {
     const std::uint64_t n = 2000, sb = 64;
     const fs::path dir = make_dataset("direct_shrink", n, sb);
     const Dataset ds = Dataset::open(dir);
-    SourceConfig c = cpu_config(Placement::stream, Order::sequential, 100);
+    SourceRequest c = cpu_config(Placement::stream, Order::sequential, 100);
     c.direct = true;
-    auto s = make_batch_source(ds, "train", c);
+    auto s = test_support::open_source(ds, c);
     fs::resize_file(dir / ds.manifest().split("train").field("x").file, 70000);
     s->start_epoch(0, 0);
     test_support::XY b;

@@ -1,11 +1,10 @@
 // dstrain --bench: ring depth and reader count from dsbench's figures.
 #include <gtest/gtest.h>
 
-#include "dstk/run/tuning.hpp"
+#include "dstk/data/tuning.hpp"
 
 using namespace dstk;
-using namespace dstk::run;
-using dstk::data::Order;
+using namespace dstk::data;
 
 namespace {
 
@@ -73,11 +72,11 @@ TEST(LoaderTuning, SlotsCoverOneSlowReadAndStayWithinMemory) {
     bench::Results r;
     r.results = {rand_read("chunk", 2, 1e9, 1000), h2d(1 << 20, 10e9)};
     // 1 ms at 10 GB/s = 10 MB; batch 64 x 40,000 B = 2.56 MB -> 4 batches; 2 + 2 + 4 = 8.
-    const auto t = tune_loader(r, Order::chunk, 39996, 64, 16, std::nullopt, std::nullopt, 4, 2);
+    const auto t = tune_loader(r, Order::chunk, 40000, 64, 16, std::nullopt, std::nullopt, 4, 2);
     EXPECT_EQ(t.readers, 2u);
     EXPECT_EQ(t.prefetch, 8u) << joined(t);
     // 600 MB batches: at most 1 GiB of slots, and never fewer than 2.
-    const auto big = tune_loader(r, Order::chunk, 600'000'000 - 4, 1, 16, std::nullopt, std::nullopt, 4, 2);
+    const auto big = tune_loader(r, Order::chunk, 600'000'000, 1, 16, std::nullopt, std::nullopt, 4, 2);
     EXPECT_EQ(big.prefetch, 2u) << joined(big);
     // Tiny batches and a fast device still keep at least 4 slots.
     bench::Results quick;
@@ -90,8 +89,12 @@ TEST(LoaderTuning, ExplicitOptionsWin) {
     const auto t = tune_loader(r, Order::chunk, 3072, 256, 16, 6u, 3u, 4, 2);
     EXPECT_EQ(t.prefetch, 6u);
     EXPECT_EQ(t.readers, 3u);
-    EXPECT_NE(joined(t).find("--prefetch given"), std::string::npos);
-    EXPECT_NE(joined(t).find("--readers given"), std::string::npos);
+    EXPECT_NE(joined(t).find("(prefetch given)"), std::string::npos) << joined(t);
+    EXPECT_NE(joined(t).find("(readers given)"), std::string::npos) << joined(t);
+    // A tool spells the settings as its flags.
+    const SettingNames flags = [](std::string_view s) { return "--" + std::string(s); };
+    const auto f = tune_loader(r, Order::chunk, 3072, 256, 16, 6u, 3u, 4, 2, flags);
+    EXPECT_NE(joined(f).find("(--prefetch given)"), std::string::npos) << joined(f);
     // Only --readers given: the slots follow the given readers.
     const auto k = tune_loader(r, Order::chunk, 3072, 256, 16, std::nullopt, 3u, 4, 2);
     EXPECT_EQ(k.readers, 3u);

@@ -16,8 +16,9 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/plan_source.hpp"
 #include "support/source_batch.hpp"
-#include "dstk/field_reader.hpp"
+#include "dstk/data/stream_reader.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/error.hpp"
 #include "support/test_dataset.hpp"
@@ -41,14 +42,10 @@ FieldInfo memory_field_info(std::uint64_t sample_bytes) {
 
 // A field in memory: x bytes byte_of(i, j), labels i; counts whole-range
 // reads per first sample; throws for one chosen chunk.
-class MemoryField final : public FieldReader {
+class MemoryField final : public StreamReader {
   public:
     MemoryField(std::uint64_t samples, std::uint64_t sample_bytes, bool labels)
-        : FieldReader("memory", memory_field_info(labels ? 4 : sample_bytes), samples), labels_(labels) {}
-    void read(std::uint64_t, std::uint64_t, void*, ThreadPool*) const override {
-        ADD_FAILURE() << "dataset read in a stream";
-    }
-    void verify(ThreadPool*) const override {}
+        : StreamReader("memory", memory_field_info(labels ? 4 : sample_bytes), samples), labels_(labels) {}
     void gather(std::span<const std::uint64_t>, std::uint8_t*) override { FAIL() << "sample gather in a cached order"; }
     std::uint64_t read_range(std::uint64_t first, std::uint64_t count, std::uint8_t* buf) override {
         if (first == fail_first_)
@@ -232,13 +229,9 @@ TEST(WindowCache, AFileThatShrinksIsAnErrorNamingIt) {
                                        });
     const Dataset ds = Dataset::open(dir);
     for (const bool direct : {false, true}) {
-        SourceConfig c;
-        c.placement = Placement::stream;
-        c.device = {dstk::Backend::cpu, 0};
-        c.order = {Order::chunk, 3, 256, 2};
-        c.batch = 100;
+        SourceRequest c = test_support::request(Placement::stream, Order::chunk, 100, 3, 256, 2);
         c.direct = direct;
-        auto s = make_batch_source(ds, "train", c);
+        auto s = test_support::open_source(ds, c);
         const fs::path x_file = dir / ds.manifest().split("train").field("x").file;
         const auto full = fs::file_size(x_file);
         fs::resize_file(x_file, full / 2);
@@ -266,14 +259,10 @@ TEST(WindowCache, StreamSourceReadsWholeChunksAndDeliversTheDeviceBatches) {
                                        });
     const Dataset ds = Dataset::open(dir);
     for (const Order o : {Order::sequential, Order::chunk}) {
-        SourceConfig c;
-        c.device = {dstk::Backend::cpu, 0};
-        c.order = {o, 11, 128, 3};
-        c.batch = 64;
-        c.placement = Placement::stream;
-        auto stream = make_batch_source(ds, "train", c);
+        SourceRequest c = test_support::request(Placement::stream, o, 64, 11, 128, 3);
+        auto stream = test_support::open_source(ds, c);
         c.placement = Placement::device;
-        auto device = make_batch_source(ds, "train", c);
+        auto device = test_support::open_source(ds, c);
         for (const std::uint64_t epoch : {0ull, 2ull}) {
             stream->start_epoch(epoch, 0);
             device->start_epoch(epoch, 0);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/plan_source.hpp"
 #include "support/source_batch.hpp"
 #include "dstk/dist/world.hpp"
 #include "dstk/error.hpp"
@@ -79,15 +80,10 @@ TEST(RankSlice, SourcesDeliverTheRanksSlicesOfTheSameGlobalBatches) {
             for (const std::uint32_t world : {1u, 2u, 3u}) {
                 auto& steps = by_world[world];
                 for (std::uint32_t r = 0; r < world; ++r) {
-                    SourceConfig c;
-                    c.placement = p;
-                    c.device = {dstk::Backend::cpu, 0};
-                    c.order = {o, 11, 50, 3};
-                    c.batch = 24 / world;
+                    data::SourceRequest c = test_support::request(p, o, 24 / world, 11, 50, 3);
                     c.slice = {r, world};
                     c.prefetch = 2;
-                    c.readers = 2;
-                    auto src = make_batch_source(ds, "train", c);
+                    auto src = test_support::open_source(ds, c);
                     ASSERT_EQ(src->batches_per_epoch(), n / 24);
                     steps.resize(src->batches_per_epoch());
                     src->start_epoch(1, 0);

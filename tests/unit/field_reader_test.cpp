@@ -1,8 +1,9 @@
-// The one field reader: a run opens each dataset file once (the dataset API
-// and the stream source share the reader), and a field stored in parts reads
-// as one run of samples in both storages, through every kind of read (ranges,
-// gathers, whole chunks for the window cache), with per-part verification and
-// errors that name a missing or short part.
+// The field readers: the dataset's immutable FieldReader and a stream
+// source's own StreamReader (which owns its descriptors: a source adds one
+// per file while it lives, two with O_DIRECT, and closes them), and a field
+// stored in parts reads as one run of samples in both storages, through every
+// kind of read (ranges, gathers, whole chunks for the window cache), with
+// per-part verification and errors that name a missing or short part.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -18,6 +19,8 @@
 #include "dstk/bench/case.hpp"
 #include "dstk/chunked_file.hpp"
 #include "dstk/data/batch_source.hpp"
+#include "dstk/data/stream_reader.hpp"
+#include "support/plan_source.hpp"
 #include "support/source_batch.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/dataset.hpp"
@@ -147,8 +150,10 @@ TEST(FieldReader, AFieldInPartsReadsAsOneRunOfSamples) {
         const fs::path dir = test_support::temp_path("dstk_parts", l.name);
         const SplitInfo split = write_parts(dir, l.storage, l.sizes, sb, chunk);
         const auto x = open_field_reader(dir, split, split.fields[0]);
+        const auto xs = StreamReader::open(dir, split, split.fields[0], {});
         const std::uint64_t n = split.samples;
         ASSERT_EQ(x->samples(), n) << l.name;
+        ASSERT_EQ(xs->samples(), n) << l.name;
         // Every range that starts or ends near a part boundary, and the whole field.
         std::vector<std::uint8_t> got;
         for (std::uint64_t first = 0; first < n; first += 7)
@@ -163,7 +168,7 @@ TEST(FieldReader, AFieldInPartsReadsAsOneRunOfSamples) {
         for (std::uint64_t i = 0; i < n; ++i) idx.push_back((i * 37 + 11) % n);
         idx.push_back(idx.back());
         got.assign(idx.size() * sb, 0);
-        x->gather(idx, got.data());
+        xs->gather(idx, got.data());
         for (std::size_t i = 0; i < idx.size(); ++i) {
             std::vector<std::uint8_t> one(got.begin() + static_cast<std::ptrdiff_t>(i * sb),
                                           got.begin() + static_cast<std::ptrdiff_t>((i + 1) * sb));
@@ -172,8 +177,8 @@ TEST(FieldReader, AFieldInPartsReadsAsOneRunOfSamples) {
         // Whole order chunks, as the window cache reads them.
         for (std::uint64_t first = 0; first < n; first += chunk) {
             const std::uint64_t c = std::min(chunk, n - first);
-            std::vector<std::uint8_t> buf(x->range_buffer_bytes(c));
-            const std::uint64_t off = x->read_range(first, c, buf.data());
+            std::vector<std::uint8_t> buf(xs->range_buffer_bytes(c));
+            const std::uint64_t off = xs->read_range(first, c, buf.data());
             got.assign(buf.begin() + static_cast<std::ptrdiff_t>(off),
                        buf.begin() + static_cast<std::ptrdiff_t>(off + c * sb));
             expect_samples(got, first, sb, std::string(l.name) + " read_range");
@@ -194,10 +199,11 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
     for (const Layout& l : layouts) {
         const fs::path dir = test_support::temp_path("dstk_parts_window", l.name);
         const SplitInfo split = write_parts(dir, l.storage, l.sizes, sb, chunk);
-        const auto x = open_field_reader(dir, split, split.fields[0]);
-        const auto y = open_field_reader(dir, split, split.fields[1]);
         const bool direct = l.storage == Storage::npy && o_direct_works(dir / split.fields[0].parts[0].file);
-        x->set_direct(direct);
+        StreamSettings settings;
+        settings.direct = direct;
+        const auto x = StreamReader::open(dir, split, split.fields[0], settings);
+        const auto y = StreamReader::open(dir, split, split.fields[1], {});
         ASSERT_EQ(x->direct(), direct) << l.name;
         const OrderConfig oc{Order::chunk, 5, chunk, 2};
         const std::vector<CachedBytes> bytes{{sb, direct}, {4, false}};
@@ -280,12 +286,13 @@ TEST(FieldReader, AMissingOrShortPartIsNamed) {
     }
 }
 
-// Before the one reader, a stream source opened every file a second time
-// beside the dataset's own descriptor.
-TEST(FieldReader, AStreamRunOpensEachFileOnce) {
+// A stream source reads through descriptors of its own (their readahead and
+// O_DIRECT are its settings, and its counters are its reads alone): one more
+// per file while it lives, a second for an O_DIRECT field, all closed with it.
+TEST(FieldReader, AStreamSourceOwnsItsDescriptorsAndCounters) {
     const std::uint64_t n = 900;
     const fs::path dir =
-        test_support::write_u8_dataset(test_support::temp_path("dstk_reader", "once"), Shape{{sb}}, {{"train", n}}, 10,
+        test_support::write_u8_dataset(test_support::temp_path("dstk_reader", "own"), Shape{{sb}}, {{"train", n}}, 10,
                                        [](std::uint64_t i, std::span<std::uint8_t> b) {
                                            for (std::size_t j = 0; j < b.size(); ++j) b[j] = byte_of(i, j);
                                            return static_cast<std::int32_t>(i % 10);
@@ -294,37 +301,37 @@ TEST(FieldReader, AStreamRunOpensEachFileOnce) {
     const fs::path xf = dir / ds.manifest().split("train").field("x").file;
     const fs::path yf = dir / ds.manifest().split("train").field("y").file;
     EXPECT_EQ(descriptors_of(xf), 1);
-    for (const Order o : {Order::chunk, Order::full}) {
-        SourceConfig c;
-        c.placement = Placement::stream;
-        c.device = {dstk::Backend::cpu, 0};
-        c.order = {o, 3, 64, 2};
-        c.batch = 50;
-        c.readers = 3;
-        auto s = make_batch_source(ds, "train", c);
-        s->start_epoch(0, 0);
+    const auto epoch = [](BatchSource& s) {
+        s.start_epoch(0, 0);
         test_support::XY b;
         std::uint64_t seen = 0;
-        while (test_support::next_xy(*s, b)) {
+        while (test_support::next_xy(s, b)) {
             seen += b.size;
-            s->release();
+            s.release();
         }
-        EXPECT_EQ(seen, n);
+        return seen;
+    };
+    for (const Order o : {Order::chunk, Order::full}) {
+        data::SourceRequest c = test_support::request(Placement::stream, o, 50, 3, 64, 2);
+        c.readers = 3;
+        auto s = test_support::open_source(ds, c);
+        auto other = test_support::open_source(ds, c);
+        EXPECT_EQ(descriptors_of(xf), 3) << order_name(o);
+        EXPECT_EQ(descriptors_of(yf), 3) << order_name(o);
+        EXPECT_EQ(epoch(*s), n);
+        const StageTimes t = s->take_times(), none = other->take_times();
+        EXPECT_GT(t.io.reads, 0u) << "the stream's reads are counted";
+        EXPECT_EQ(none.io.reads, 0u) << "another source's counters are its own";
+        s.reset();
+        other.reset();
         EXPECT_EQ(descriptors_of(xf), 1) << order_name(o);
-        EXPECT_EQ(descriptors_of(yf), 1) << order_name(o);
-        const StageTimes t = s->take_times();
-        EXPECT_GT(t.io.reads, 0u) << "the stream's reads are counted on the dataset's reader";
     }
-    if (o_direct_works(xf)) { // the O_DIRECT descriptor is the one addition, for the input only
-        SourceConfig c;
-        c.placement = Placement::stream;
-        c.device = {dstk::Backend::cpu, 0};
-        c.order = {Order::chunk, 3, 64, 2};
-        c.batch = 50;
+    if (o_direct_works(xf)) { // an O_DIRECT descriptor for the input, the bulk field, only
+        data::SourceRequest c = test_support::request(Placement::stream, Order::chunk, 50, 3, 64, 2);
         c.direct = true;
-        auto s = make_batch_source(ds, "train", c);
-        EXPECT_EQ(descriptors_of(xf), 2);
-        EXPECT_EQ(descriptors_of(yf), 1);
+        auto s = test_support::open_source(ds, c);
+        EXPECT_EQ(descriptors_of(xf), 3);
+        EXPECT_EQ(descriptors_of(yf), 2);
     }
     fs::remove_all(dir);
 }
@@ -351,13 +358,9 @@ TEST(FieldReader, ADatasetInPartsStreamsTheDeviceBatches) {
         for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
             std::vector<std::vector<std::int32_t>> labels;
             for (const Placement p : {Placement::stream, Placement::device}) {
-                SourceConfig c;
-                c.placement = p;
-                c.device = {dstk::Backend::cpu, 0};
-                c.order = {o, 7, chunk, 2};
-                c.batch = 16;
+                data::SourceRequest c = test_support::request(p, o, 16, 7, chunk, 2);
                 c.drop_last = false;
-                auto s = make_batch_source(ds, "train", c);
+                auto s = test_support::open_source(ds, c);
                 s->start_epoch(1, 0);
                 test_support::XY b;
                 labels.emplace_back();

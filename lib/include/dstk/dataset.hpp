@@ -3,7 +3,8 @@
 // the files (existence, sizes, npy headers, chunk indexes; every part of a
 // field in parts) before any allocation; errors name the file and the
 // mismatch. Each field's files are opened once, by its FieldReader
-// (field_reader.hpp), which every reader of the dataset shares.
+// (field_reader.hpp), which every reader of the dataset shares; the stream
+// placement opens its own (data/stream_reader.hpp).
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -23,11 +24,8 @@ class Dataset {
 
     const Manifest& manifest() const { return manifest_; }
     const std::filesystem::path& dir() const { return dir_; }
-    // The field's reader, owned by the dataset. Non-const from a const
-    // Dataset, like a file handle: the stream placement sets how it reads
-    // (set_direct, set_decoded_chunks) and takes its counters; reading never
-    // changes what a read returns. Thread-safe.
-    FieldReader& reader(std::string_view split, std::string_view field) const;
+    // The field's reader, owned by the dataset; immutable and thread-safe.
+    const FieldReader& reader(std::string_view split, std::string_view field) const;
     void read(std::string_view split, std::string_view field, std::uint64_t first, std::uint64_t count,
               void* dst) const;
 

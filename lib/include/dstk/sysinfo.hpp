@@ -21,7 +21,7 @@ struct SystemInfo {
     unsigned logical_cores = 0, physical_cores = 0, numa_nodes = 1;
     bool hwloc_ok = false;
     MemoryInfo memory;
-    std::optional<std::uint64_t> cgroup_memory_limit; // cgroup v2 memory.max when set
+    std::optional<std::uint64_t> cgroup_memory_limit; // MemoryReading::cgroup_limit
 };
 
 SystemInfo detect_system();
@@ -29,9 +29,11 @@ SystemInfo detect_system();
 // The host memory figures alone (/proc/meminfo and the cgroup), without
 // hwloc's topology: what the data path plans with, cheap to call often.
 struct MemoryReading {
-    std::uint64_t total = 0, available = 0;    // /proc/meminfo MemTotal, MemAvailable
-    std::optional<std::uint64_t> cgroup_limit; // cgroup v2 memory.max when set
-    std::uint64_t cgroup_anon = 0;             // memory.stat "anon" of that cgroup
+    std::uint64_t total = 0, available = 0; // /proc/meminfo MemTotal, MemAvailable
+    // The memory cgroup's limit when set: cgroup v2 memory.max, else the v1
+    // controller's hierarchical_memory_limit.
+    std::optional<std::uint64_t> cgroup_limit;
+    std::uint64_t cgroup_anon = 0; // that cgroup's anonymous memory (v2 memory.stat "anon", v1 "total_rss")
 };
 MemoryReading read_host_memory();
 

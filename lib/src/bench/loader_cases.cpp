@@ -10,25 +10,22 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "dstk/bench/case.hpp"
-#include "dstk/data/batch_source.hpp"
+#include <nlohmann/json.hpp>
+
+#include "dstk/data/gpu_ops.hpp"
+#include "dstk/data/source_plan.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/gpu_info.hpp"
+#include "dstk/gpu_runtime.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/units.hpp"
-#include "dstk/thread_pool.hpp"
-#if defined(DSTK_HAVE_CUDA)
-#include "dstk/data/gpu_ops.hpp"
-#endif
 
 namespace dstk::bench {
 namespace {
-
-bool have_gpu() {
-    return built_with_cuda() && !detect_gpus().empty();
-}
 
 std::optional<std::string> waive_loader(const CaseContext& ctx, data::Placement p) {
     if (auto why = needs_target(ctx)) return why;
@@ -68,52 +65,61 @@ std::uint64_t consume_host(const void* x, std::uint64_t bytes) {
     return acc;
 }
 
-std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, data::Order o, bool direct) {
-    const Dataset ds = Dataset::open(*ctx.target->dataset_dir);
-    data::SourceConfig c;
-    c.placement = p;
-    const bool gpu = have_gpu();
-    c.device = {gpu ? Backend::cuda : Backend::cpu, 0};
-    c.order = {o, ctx.settings.seed, std::max<std::uint64_t>(1, ctx.settings.chunk_bytes / ctx.target->sample_bytes),
-               8};
-    c.batch = static_cast<std::uint32_t>(ctx.settings.batch_samples);
-    c.prefetch = 4;
-    c.readers = std::min(4u, hardware_threads());
-    c.direct = direct;
-    void* stream = nullptr;
-    unsigned long long* sink = nullptr;
-#if defined(DSTK_HAVE_CUDA)
-    if (gpu) {
-        stream = data::gpu::stream_create();
-        sink = static_cast<unsigned long long*>(data::gpu::device_alloc(sizeof(unsigned long long)));
+// The plan dstrain would make for this placement and order (settings it
+// has no flag for left to the plan), reported as the case's parameters and
+// printed as dstrain prints it.
+data::SourcePlan loader_plan(const CaseContext& ctx, const Dataset& ds, data::Placement p, data::Order o, bool direct,
+                             void* stream) {
+    data::SourceRequest r;
+    r.split = ctx.target->split;
+    r.placement = p;
+    r.device = data::default_device();
+    r.order = o;
+    r.seed = ctx.settings.seed;
+    r.chunk_samples = std::max<std::uint64_t>(1, ctx.settings.chunk_bytes / ctx.target->sample_bytes);
+    r.batch = static_cast<std::uint32_t>(ctx.settings.batch_samples);
+    if (direct) r.direct = true;
+    r.compute_stream = stream;
+    data::SourcePlan plan = data::plan_source(ds, r, data::machine_facts(r.device));
+    for (const std::string& line : data::describe(plan)) note(ctx.out, "dsbench: " + line);
+    return plan;
+}
+
+// Reads every byte of every field of a batch once, where the batch is.
+class Consumer {
+  public:
+    explicit Consumer(bool gpu) {
+        if (!gpu) return;
+        stream_.emplace();
+        sink_ = gpu::Buffer(gpu::Memory::device, sizeof(unsigned long long));
     }
-#endif
-    c.compute_stream = stream;
-    struct StreamGuard {
-        void* s;
-        void* sink;
-        ~StreamGuard() {
-#if defined(DSTK_HAVE_CUDA)
-            if (s) data::gpu::stream_destroy(s);
-            if (sink) data::gpu::device_free(sink);
-#endif
-        }
-    } guard{stream, sink};
-    std::uint64_t folded = 0;
-    const auto consume = [&](const Batch& b) {
+    void* stream() const { return stream_ ? stream_->get() : nullptr; }
+    void consume(const Batch& b) {
         for (const BatchField& f : b.fields) {
             const std::uint64_t bytes = std::uint64_t{b.size} * f.sample_bytes();
-#if defined(DSTK_HAVE_CUDA)
-            if (gpu) {
-                data::gpu::consume_async(f.data, bytes, sink, stream);
-                continue;
-            }
-#endif
-            folded ^= consume_host(f.data, bytes);
+            if (stream_)
+                data::kernels::consume_async(f.data, bytes, sink_.as<unsigned long long>(), stream_->get());
+            else
+                folded_ ^= consume_host(f.data, bytes);
         }
-    };
-    auto src = data::make_batch_source(ds, ctx.target->split, c);
-    const std::uint64_t batch_bytes = std::uint64_t{c.batch} * (ctx.target->sample_bytes + 4);
+    }
+    void finish() {
+        if (stream_) stream_->synchronize();
+    }
+    std::uint64_t folded() const { return folded_; }
+
+  private:
+    std::optional<gpu::Stream> stream_;
+    gpu::Buffer sink_;
+    std::uint64_t folded_ = 0;
+};
+
+std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, data::Order o, bool direct) {
+    const Dataset ds = Dataset::open(*ctx.target->dataset_dir);
+    Consumer consumer(data::default_device().backend == Backend::cuda);
+    const data::SourcePlan plan = loader_plan(ctx, ds, p, o, direct, consumer.stream());
+    auto src = data::make_batch_source(ds, plan);
+    const std::uint64_t batch_bytes = std::uint64_t{plan.config.batch} * plan.sample_bytes;
     const std::uint64_t batches =
         std::max<std::uint64_t>(1, std::min(src->batches_per_epoch(), ctx.settings.size_bytes / batch_bytes));
     std::uint64_t epoch = 0, samples = 0;
@@ -125,28 +131,19 @@ std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, da
             for (std::uint64_t i = 0; i < batches; ++i) {
                 const Batch* b = src->next();
                 if (!b) break;
-                consume(*b);
+                consumer.consume(*b);
                 samples += b->size;
                 src->release();
             }
-#if defined(DSTK_HAVE_CUDA)
-            if (stream) data::gpu::stream_synchronize(stream);
-#endif
+            consumer.finish();
             return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         });
     CaseResult r;
-    r.params = {{"placement", data::placement_name(p)},
-                {"order", data::order_name(o)},
-                {"batch", c.batch},
-                {"readers", c.readers},
-                {"prefetch", c.prefetch},
-                {"device", gpu ? "cuda:0" : "cpu"},
-                {"direct", direct},
-                {"host_bytes", src->host_bytes()},
-                {"batches_per_pass", batches},
-                {"fold", folded}};
+    r.params = data::plan_json(plan);
+    r.params["batches_per_pass"] = batches;
+    r.params["fold"] = consumer.folded();
     r.repetitions = static_cast<unsigned>(seconds.size());
-    r.metrics["rate"] = rate_metric(static_cast<double>(samples * (ctx.target->sample_bytes + 4)), seconds, "B/s");
+    r.metrics["rate"] = rate_metric(static_cast<double>(samples * plan.sample_bytes), seconds, "B/s");
     r.metrics["samples_rate"] = rate_metric(static_cast<double>(samples), seconds, "samples/s");
     return {r};
 }

@@ -8,9 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(DSTK_HAVE_CUDA)
-#include "dstk/data/gpu_ops.hpp"
-#endif
+#include "dstk/gpu_runtime.hpp"
 
 namespace dstk::data {
 
@@ -100,7 +98,6 @@ DeviceMemoryMeter::DeviceMemoryMeter() : nvml_(std::make_unique<Nvml>()) {}
 DeviceMemoryMeter::~DeviceMemoryMeter() = default;
 
 void DeviceMemoryMeter::attach(int device) {
-#if defined(DSTK_HAVE_CUDA)
     device_ = device;
     attached_ = true;
     std::uint64_t free_b = 0, total_b = 0;
@@ -125,14 +122,10 @@ void DeviceMemoryMeter::attach(int device) {
     source_ = Source::runtime;
     method_ = "cudaMemGetInfo since the CUDA context was made (the context itself not counted)";
     baseline_ = total_b - free_b;
-#else
-    (void)device;
-#endif
 }
 
 std::uint64_t DeviceMemoryMeter::sample() {
     if (!attached_) return 0;
-#if defined(DSTK_HAVE_CUDA)
     std::uint64_t v = 0;
     const bool ok = source_ == Source::nvml_process  ? nvml_->process_used(v)
                     : source_ == Source::nvml_device ? nvml_->device_used(v)
@@ -149,7 +142,6 @@ std::uint64_t DeviceMemoryMeter::sample() {
     }
     last_ = v > baseline_ ? v - baseline_ : 0;
     peak_ = std::max(peak_, last_);
-#endif
     return last_;
 }
 

@@ -27,7 +27,8 @@ class DeviceMemoryMeter {
     DeviceMemoryMeter(const DeviceMemoryMeter&) = delete;
     DeviceMemoryMeter& operator=(const DeviceMemoryMeter&) = delete;
 
-    // Binds to the CUDA device trained on (making its context) and picks the method.
+    // Binds to the CUDA device trained on (making its context) and picks the
+    // method; a no_fit_error in a build without CUDA (gpu_runtime.hpp).
     void attach(int device);
     bool attached() const { return attached_; }
     // Bytes held now; raises peak(). 0 before attach().
@@ -40,11 +41,11 @@ class DeviceMemoryMeter {
     struct Nvml;
     enum class Source : std::uint8_t { none, nvml_process, nvml_device, runtime };
     std::unique_ptr<Nvml> nvml_;
-    [[maybe_unused]] Source source_ = Source::none; // unused in builds without CUDA
+    Source source_ = Source::none;
     bool attached_ = false;
-    [[maybe_unused]] int device_ = 0;
+    int device_ = 0;
     std::string method_ = "none";
-    [[maybe_unused]] std::uint64_t baseline_ = 0;
+    std::uint64_t baseline_ = 0;
     std::uint64_t last_ = 0, peak_ = 0;
 };
 

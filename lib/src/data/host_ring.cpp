@@ -28,7 +28,7 @@ HostMemory plain_host_memory() {
             [](void* p) { std::free(p); }};
 }
 
-HostRing::HostRing(std::vector<FieldReader*> fields, std::uint32_t batch, bool drop_last, RankSlice slice,
+HostRing::HostRing(std::vector<StreamReader*> fields, std::uint32_t batch, bool drop_last, RankSlice slice,
                    const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache)
     : fields_(std::move(fields)), batch_(batch), slice_(slice), order_config_(order),
       samples_(fields_.at(0)->samples()), batches_(slice.batches(samples_, batch, drop_last)),
@@ -36,7 +36,7 @@ HostRing::HostRing(std::vector<FieldReader*> fields, std::uint32_t batch, bool d
     slots_.resize(std::max(slots, 1u));
     try {
         for (auto& s : slots_)
-            for (const FieldReader* f : fields_) {
+            for (const StreamReader* f : fields_) {
                 const std::uint64_t bytes = checked_mul(batch, f->sample_bytes(), "batch bytes");
                 s.data.fields.push_back(static_cast<std::uint8_t*>(memory_.alloc(bytes)));
                 host_bytes_ += round_up(bytes, 4096);
@@ -138,7 +138,7 @@ void HostRing::hint(std::uint64_t end_position) {
         std::min(samples_, end_position + order_config_.chunk_samples * order_config_.window_chunks);
     while (hinted_until_ < target) {
         const auto chunks = order_->window_chunks(hinted_until_);
-        for (FieldReader* f : fields_) f->will_need(chunks, order_config_.chunk_samples);
+        for (StreamReader* f : fields_) f->will_need(chunks, order_config_.chunk_samples);
         hinted_until_ = order_->next_window_start(hinted_until_);
     }
 }
@@ -180,7 +180,7 @@ double HostRing::take_read_seconds() {
 
 double HostRing::take_decode_seconds() {
     double s = 0;
-    for (FieldReader* f : fields_) s += f->take_decode_seconds();
+    for (StreamReader* f : fields_) s += f->take_decode_seconds();
     return s;
 }
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dstk/data/order.hpp"
-#include "dstk/field_reader.hpp"
+#include "dstk/data/stream_reader.hpp"
 #include "dstk/data/window_cache.hpp"
 
 namespace dstk::data {
@@ -37,7 +37,7 @@ class HostRing {
   public:
     // `fields`: the readers of the delivered fields, in batch order (the
     // cache's fields, when there is one).
-    HostRing(std::vector<FieldReader*> fields, std::uint32_t batch, bool drop_last, RankSlice slice,
+    HostRing(std::vector<StreamReader*> fields, std::uint32_t batch, bool drop_last, RankSlice slice,
              const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory,
              WindowCache* cache = nullptr);
     ~HostRing();
@@ -70,7 +70,7 @@ class HostRing {
     void hint(std::uint64_t end_position);
     void free_slots();
 
-    std::vector<FieldReader*> fields_;
+    std::vector<StreamReader*> fields_;
     std::uint32_t batch_;
     RankSlice slice_;
     OrderConfig order_config_;

@@ -109,23 +109,24 @@ void plan_cache(const SourceFields& f, const SourceConfig& c, std::uint64_t avai
     p.min_cache = std::min(min_window_cache_bytes(order, cached_bytes(f, c)), whole);
     p.other += io_buffer_bytes(f, c, order);
     const std::uint64_t fixed = p.ring + p.other;
+    const auto name = [&](std::string_view setting) { return spell(c.names, setting); };
     if (c.host_mem != 0) {
         if (c.host_mem < fixed + p.min_cache)
-            throw no_fit_error("--host-mem " + format_bytes(c.host_mem) + " is below the " +
+            throw no_fit_error(name("host_mem") + " " + format_bytes(c.host_mem) + " is below the " +
                                format_bytes(fixed + p.min_cache) + " the stream needs (ring " + format_bytes(p.ring) +
                                " + two windows of " + std::to_string(order.window_chunks) + " chunks of " +
-                               format_count(order.chunk_samples) +
-                               " samples, read whole); raise --host-mem or lower --window or --prefetch");
+                               format_count(order.chunk_samples) + " samples, read whole); raise " + name("host_mem") +
+                               " or lower " + name("window") + " or " + name("prefetch"));
         p.cache = c.host_mem - fixed;
         return;
     }
     const std::uint64_t share = available / 4 > fixed ? available / 4 - fixed : 0;
     p.cache = std::min(std::max(p.min_cache, std::min(share, 2 * p.min_cache)), whole);
     if (fixed + p.cache > available)
-        throw no_fit_error("--data stream needs " + format_bytes(fixed + p.cache) + " of host memory (ring " +
+        throw no_fit_error("the stream placement needs " + format_bytes(fixed + p.cache) + " of host memory (ring " +
                            format_bytes(p.ring) + " + two windows of " + std::to_string(order.window_chunks) +
-                           " chunks) but " + format_bytes(available) +
-                           " is available; lower --window or --batch, or free memory");
+                           " chunks) but " + format_bytes(available) + " is available; lower " + name("window") +
+                           " or " + name("batch") + ", or free memory");
 }
 
 } // namespace

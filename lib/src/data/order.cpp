@@ -34,8 +34,8 @@ std::uint64_t mix64(std::uint64_t z) {
 constexpr EnumNames<Order, 3> order_names{
     {{{Order::sequential, "sequential"}, {Order::chunk, "chunk"}, {Order::full, "full"}}}};
 
-Order parse_order(std::string_view text) {
-    return order_names.parse(text, "--order");
+Order parse_order(std::string_view text, std::string_view setting) {
+    return order_names.parse(text, setting);
 }
 
 std::string_view order_name(Order o) {
@@ -104,13 +104,13 @@ EpochOrder::EpochOrder(const OrderConfig& config, std::uint64_t samples, std::ui
                                             : 1,
               key_of(config.seed, config.kind == Order::full ? stream_full : stream_chunks, epoch)) {
     if (config_.kind != Order::chunk) return;
-    if (config_.chunk_samples == 0) throw usage_error("invalid chunk size 0 for --order chunk (must be positive)");
-    if (config_.window_chunks == 0) throw usage_error("invalid --window 0 (must be at least 1 chunk)");
+    if (config_.chunk_samples == 0) throw usage_error("invalid chunk size 0 for the chunk order (must be positive)");
+    if (config_.window_chunks == 0) throw usage_error("invalid window 0 (must be at least 1 chunk)");
     const std::uint64_t c = config_.chunk_samples;
     chunks_ = global_.size();
     tail_ = n_ % c;
     if (tail_ != 0) tail_slot_ = global_.inverse(chunks_ - 1);
-    window_samples_ = checked_mul(c, config_.window_chunks, "--window times the chunk size");
+    window_samples_ = checked_mul(c, config_.window_chunks, "the window times the chunk size");
 }
 
 // Windows before the one holding the partial last chunk are full; later ones

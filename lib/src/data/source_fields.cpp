@@ -18,49 +18,48 @@ std::string field_names(const SplitInfo& split) {
     return have;
 }
 
-std::vector<const FieldInfo*> named_fields(const SplitInfo& split, const std::vector<std::string>& names) {
+std::vector<const FieldInfo*> named_fields(const SplitInfo& split, const std::vector<std::string>& names,
+                                           const std::string& setting) {
     std::vector<const FieldInfo*> out;
     for (const std::string& name : names) {
         const FieldInfo* f = split.find(name);
         if (!f)
-            throw usage_error("fields names '" + name + "', which split '" + split.name +
+            throw usage_error(setting + " names '" + name + "', which split '" + split.name +
                               "' does not have (its fields: " + field_names(split) + "); name fields of the split");
         if (std::find(out.begin(), out.end(), f) != out.end())
-            throw usage_error("fields names '" + name + "' twice (a batch holds each field once); name it once");
+            throw usage_error(setting + " names '" + name + "' twice (a batch holds each field once); name it once");
         out.push_back(f);
     }
     return out;
 }
 
 // A role of the manifest, which the default fields take.
-const FieldInfo& role_field(const SplitInfo& split, const std::string& role, const std::string& name) {
+const FieldInfo& role_field(const SplitInfo& split, const std::string& role, const std::string& name,
+                            const std::string& setting) {
     if (name.empty())
         throw usage_error("the manifest names no " + role + " field (" + role +
                           "_field is empty), and the default fields are its input and label fields; name the fields "
-                          "to deliver in the setting fields (its fields: " +
-                          field_names(split) + ")");
+                          "to deliver with the setting " +
+                          setting + " (its fields: " + field_names(split) + ")");
     if (const FieldInfo* f = split.find(name)) return *f;
     throw runtime_error("the manifest's " + role + "_field names field '" + name + "', which split '" + split.name +
                         "' does not have (its fields: " + field_names(split) +
-                        "); name the fields to deliver in the setting fields, or re-create the dataset");
+                        "); name the fields to deliver with the setting " + setting + ", or re-create the dataset");
 }
 
-// The default fields: the trainer's pair, an input and one i32 class label per sample.
-std::vector<const FieldInfo*> role_fields(const Manifest& m, const SplitInfo& split) {
-    const FieldInfo& x = role_field(split, "input", m.input_field);
-    const FieldInfo& y = role_field(split, "label", m.label_field);
-    if (y.dtype != DType::i32 || y.shape.numel() != 1)
-        throw runtime_error("labels '" + y.name + "' of split '" + split.name + "' are " +
-                            std::string(dtype_name(y.dtype)) + " " + y.shape.str() +
-                            " (the default fields' label is one i32 class per sample); name the fields to deliver in "
-                            "the setting fields, or convert the labels with dsconvert");
+// The default fields: the input and label roles (a label of any dtype and
+// shape: classes, regression targets).
+std::vector<const FieldInfo*> role_fields(const Manifest& m, const SplitInfo& split, const std::string& setting) {
+    const FieldInfo& x = role_field(split, "input", m.input_field, setting);
+    const FieldInfo& y = role_field(split, "label", m.label_field, setting);
     return {&x, &y};
 }
 
 } // namespace
 
 std::vector<const FieldInfo*> source_fields(const Manifest& m, const SplitInfo& split, const SourceConfig& c) {
-    return c.fields.empty() ? role_fields(m, split) : named_fields(split, c.fields);
+    const std::string setting = spell(c.names, "fields");
+    return c.fields.empty() ? role_fields(m, split, setting) : named_fields(split, c.fields, setting);
 }
 
 SourceFields::SourceFields(const SplitInfo& split, std::vector<const FieldInfo*> fields)

@@ -286,7 +286,7 @@ void WindowCache::load(Chunk& c) {
     c.data_bytes.assign(fields_.size(), 0);
     c.offset.assign(fields_.size(), 0);
     for (std::size_t f = 0; f < fields_.size(); ++f) {
-        FieldReader& r = *fields_[f].reader;
+        StreamReader& r = *fields_[f].reader;
         c.data_bytes[f] = round_up(r.range_buffer_bytes(c.count), buffer_align);
         c.data[f] = take_buffer(f, c.data_bytes[f]);
         c.offset[f] = r.read_range(c.first, c.count, c.data[f].get());

@@ -3,6 +3,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 #include <utility>
@@ -14,9 +15,7 @@
 #include "dstk/signals.hpp"
 #include "dstk/units.hpp"
 #include "run/stages.hpp"
-#if defined(DSTK_HAVE_CUDA)
-#include "dstk/data/gpu_ops.hpp"
-#endif
+#include "dstk/gpu_runtime.hpp"
 
 namespace dstk::run {
 namespace {
@@ -29,25 +28,9 @@ using data::seconds_since;
 class ComputeTimer {
   public:
     explicit ComputeTimer(void* stream) : stream_(stream) {
-#if defined(DSTK_HAVE_CUDA)
-        if (stream_) {
-            for (auto& p : pairs_) p = {data::gpu::event_create(true), data::gpu::event_create(true), false};
-            span_ = {data::gpu::event_create(true), data::gpu::event_create(true), false};
-        }
-#endif
-    }
-    ~ComputeTimer() {
-#if defined(DSTK_HAVE_CUDA)
-        if (stream_)
-            for (auto& p : pairs_) {
-                data::gpu::event_destroy(p.start);
-                data::gpu::event_destroy(p.end);
-            }
-        if (stream_) {
-            data::gpu::event_destroy(span_.start);
-            data::gpu::event_destroy(span_.end);
-        }
-#endif
+        if (!stream_) return;
+        pairs_.resize(64);
+        span_.emplace();
     }
     ComputeTimer(const ComputeTimer&) = delete;
     ComputeTimer& operator=(const ComputeTimer&) = delete;
@@ -59,54 +42,47 @@ class ComputeTimer {
             seconds_ += seconds_since(t0);
             return;
         }
-#if defined(DSTK_HAVE_CUDA)
         Pair& p = pairs_[turn_++ % pairs_.size()];
         collect(p);
-        data::gpu::event_record(p.start, stream_);
-        if (!span_open_) data::gpu::event_record(span_.start, stream_);
+        p.start.record(stream_);
+        if (!span_open_) span_->start.record(stream_);
         span_open_ = true;
         step();
-        data::gpu::event_record(p.end, stream_);
-        data::gpu::event_record(span_.end, stream_);
+        p.end.record(stream_);
+        span_->end.record(stream_);
         p.pending = true;
-#endif
     }
     // The steps' GPU time since the last take(); `between`, where given, gets
     // the GPU time from the first step's start to the last one's end that no
     // step covers (the batch gather, and the GPU idle waiting for the host).
     double take(double* between = nullptr) {
         double span = 0.0;
-#if defined(DSTK_HAVE_CUDA)
         for (auto& p : pairs_) collect(p);
         if (span_open_) {
-            data::gpu::event_synchronize(span_.end);
-            span = data::gpu::event_elapsed_ms(span_.start, span_.end) / 1000.0;
+            span_->end.synchronize();
+            span = span_->end.elapsed_ms(span_->start) / 1000.0;
             span_open_ = false;
         }
-#endif
         if (between) *between = std::max(0.0, span - seconds_);
         return std::exchange(seconds_, 0.0);
     }
 
   private:
     struct Pair {
-        void* start = nullptr;
-        void* end = nullptr;
+        gpu::Event start{true}, end{true};
         bool pending = false;
     };
-#if defined(DSTK_HAVE_CUDA)
     void collect(Pair& p) {
         if (!p.pending) return;
-        data::gpu::event_synchronize(p.end);
-        seconds_ += data::gpu::event_elapsed_ms(p.start, p.end) / 1000.0;
+        p.end.synchronize();
+        seconds_ += p.end.elapsed_ms(p.start) / 1000.0;
         p.pending = false;
     }
-#endif
     void* stream_;
-    std::array<Pair, 64> pairs_{};
-    Pair span_{};
-    [[maybe_unused]] bool span_open_ = false; // unused in builds without CUDA
-    [[maybe_unused]] std::size_t turn_ = 0;   // unused in builds without CUDA
+    std::vector<Pair> pairs_;  // cuda: a ring of step timings
+    std::optional<Pair> span_; // cuda: first step's start to the last one's end
+    bool span_open_ = false;
+    std::size_t turn_ = 0;
     double seconds_ = 0;
 };
 

@@ -13,11 +13,9 @@
 #include "dstk/dist/nccl.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
-#include "dstk/run/tuning.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
-#include "run/random_reads.hpp"
 #include "run/stages.hpp"
 
 namespace dstk::run {
@@ -26,7 +24,6 @@ namespace {
 using data::Placement;
 using train::Backend;
 
-constexpr std::uint64_t default_chunk_bytes = 4ull << 20;
 constexpr std::uint64_t stats_samples = 4096;
 
 train::Device choose_device(const TrainOptions& e, const OutputOptions& out) {
@@ -181,144 +178,73 @@ train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     return tc;
 }
 
-Placement resolve_placement(Placement asked, const train::Device& dev, std::uint64_t data_bytes,
-                            std::uint64_t trainer_bytes, std::string& why) {
-    if (asked != Placement::automatic) {
-        why = "--data " + std::string(data::placement_name(asked));
-        return asked;
-    }
-    std::uint64_t room = 0;
-    std::string where;
-    if (dev.backend == Backend::cuda) {
-        const auto gpus = detect_gpus();
-        for (const auto& g : gpus)
-            if (g.index == dev.index) room = g.free_memory;
-        room = room / 10 * 9 > trainer_bytes ? room / 10 * 9 - trainer_bytes : 0;
-        where = "90% of free GPU memory less the model";
-    } else {
-        room = detect_system().memory.available / 2;
-        where = "half of available RAM";
-    }
-    if (data_bytes <= room) {
-        why = "the splits (" + format_bytes(data_bytes) + ") fit in " + where + " (" + format_bytes(room) + ")";
-        return Placement::device;
-    }
-    why = "the splits (" + format_bytes(data_bytes) + ") exceed " + where + " (" + format_bytes(room) +
-          "): streaming them";
-    return Placement::stream;
+// The data path's settings as dstrain's flags, for the library's messages.
+std::string flag_of(std::string_view setting) {
+    static const std::pair<std::string_view, std::string_view> flags[] = {{"placement", "--data"},
+                                                                          {"device", "--device"},
+                                                                          {"order", "--order"},
+                                                                          {"seed", "--seed"},
+                                                                          {"window", "--window"},
+                                                                          {"chunk", "--chunk-samples"},
+                                                                          {"batch", "--batch"},
+                                                                          {"prefetch", "--prefetch"},
+                                                                          {"readers", "--readers"},
+                                                                          {"direct", "--direct"},
+                                                                          {"direct off", "--no-direct"},
+                                                                          {"host_mem", "--host-mem"},
+                                                                          {"managed_policy", "--managed-policy"},
+                                                                          {"oversubscribe", "--oversubscribe"},
+                                                                          {"bench", "--bench"},
+                                                                          {"fields", "--input/--label"}};
+    for (const auto& [name, flag] : flags)
+        if (name == setting) return std::string(flag);
+    return std::string(setting);
 }
 
-// --order full on a stream reads single samples at random. Where the split is
-// larger than the memory available, the page cache cannot hold it: predict
-// the rate from --bench's random-read figures or a short probe, and say what
-// an epoch will cost and what to do instead.
-void warn_full_order(const Session& s, const DataOptions& d, const data::SourceConfig& sc, std::uint64_t split_bytes) {
-    const std::uint64_t avail = data::available_host_memory();
-    const std::string instead = "dsconvert --shuffle SEED " + s.ds->dir().string() +
-                                " SHUFFLED once, then --order "
-                                "chunk on SHUFFLED (sequential reads of whole chunks, a global shuffle)";
-    if (split_bytes <= avail) {
-        warning("--order full with --data stream reads samples at random from the files: fast only while they are "
-                "in the page cache (the split, " +
-                format_bytes(split_bytes) + ", fits in the " + format_bytes(avail) + " available); otherwise " +
-                instead);
-        return;
-    }
-    const std::uint64_t sb = s.x->sample_bytes();
-    const RandomReadRate rr = predict_random_reads(*s.ds, *s.x, d.bench, sc.readers);
-    const double per_s = rr.samples_per_second;
-    const double epoch_s = per_s > 0 ? static_cast<double>(s.train_split->samples) / per_s : 0;
-    warning("--order full on a split of " + format_bytes(split_bytes) + ", larger than the " + format_bytes(avail) +
-            " of memory available: every sample is a random read of " + format_bytes(sb) + "; " + rr.source +
-            " predicts about " + format_count(static_cast<std::uint64_t>(per_s)) + " samples/s with " +
-            std::to_string(sc.readers) + " readers, an epoch in about " + format_duration(epoch_s) +
-            ". Instead: " + instead);
+// The request of the training source, from the options.
+data::SourceRequest source_request(const Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
+    data::SourceRequest r;
+    r.placement = asked;
+    r.device = s.device;
+    r.order = s.order;
+    r.seed = s.tc.seed;
+    r.window = d.window;
+    r.chunk_samples = d.chunk_samples;
+    r.batch = s.tc.max_batch;
+    r.slice = {static_cast<std::uint32_t>(s.world->rank()), static_cast<std::uint32_t>(s.ranks())};
+    if (d.prefetch_given || d.bench.empty()) r.prefetch = d.prefetch;
+    if (d.readers_given || d.bench.empty()) r.readers = d.readers;
+    if (d.direct_given) r.direct = d.direct;
+    if (!d.host_mem.empty()) r.host_mem = parse_size(d.host_mem, "--host-mem");
+    r.managed_policy = data::parse_managed_policy(d.managed_policy, "--managed-policy");
+    r.oversubscribe = d.oversubscribe;
+    r.bench = d.bench;
+    r.reserved_device_bytes = s.trainer->memory_plan().total();
+    r.compute_stream = s.trainer->compute_stream();
+    r.notice = [&out](const std::string& line) { note(out, "dstrain: " + line); };
+    r.warn = [](const std::string& line) { warning(line); };
+    r.names = flag_of;
+    return r;
 }
 
-// The source configuration from the options, --bench's figures and the placement.
-data::SourceConfig source_config(Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
-    const FieldInfo& x = *s.x;
-    data::SourceConfig sc;
-    sc.device = s.device;
-    sc.order.kind = s.order;
-    sc.order.seed = s.tc.seed;
-    sc.order.window_chunks = d.window;
-    sc.order.chunk_samples =
-        d.chunk_samples ? d.chunk_samples : std::max<std::uint64_t>(1, default_chunk_bytes / x.sample_bytes());
-    if (x.storage == Storage::zstd_chunked && x.chunk_samples) sc.order.chunk_samples = x.chunk_samples;
-    sc.batch = s.tc.max_batch;
-    sc.slice = {static_cast<std::uint32_t>(s.world->rank()), static_cast<std::uint32_t>(s.ranks())};
-    sc.prefetch = d.prefetch;
-    sc.readers = d.readers;
-    if (!d.bench.empty()) {
-        const bench::Results br = bench::load_results(d.bench);
-        const LoaderTuning t =
-            tune_loader(br, s.order, x.sample_bytes(), sc.batch, hardware_threads(),
-                        d.prefetch_given ? std::optional<unsigned>(d.prefetch) : std::nullopt,
-                        d.readers_given ? std::optional<unsigned>(d.readers) : std::nullopt, d.prefetch, d.readers);
-        sc.prefetch = t.prefetch;
-        sc.readers = t.readers;
-        for (const auto& line : t.why) note(out, "dstrain: --bench " + d.bench.string() + ": " + line);
-    }
-    sc.direct = d.direct;
-    if (!d.host_mem.empty()) sc.host_mem = parse_size(d.host_mem, "--host-mem");
-    sc.notice = [&out](const std::string& line) { note(out, "dstrain: " + line); };
-    sc.warn = [](const std::string& line) { warning(line); };
-    sc.managed_policy = data::parse_managed_policy(d.managed_policy);
-    sc.oversubscribe = d.oversubscribe;
-    sc.compute_stream = s.trainer->compute_stream();
-    const std::uint64_t split_bytes = checked_mul(s.train_split->samples, x.sample_bytes() + 4, "split bytes") +
-                                      (s.test_split ? s.test_split->samples * (x.sample_bytes() + 4) : 0);
-    sc.placement = resolve_placement(asked, s.device, split_bytes, s.trainer->memory_plan().total(), s.placement_why);
-    if (sc.placement == Placement::stream) {
-        const std::uint64_t avail = data::available_host_memory();
-        // Never more host memory than there is: the stream's plan must fit (else exit 3, saying why).
-        const data::HostPlan hp = data::plan_host_memory(
-            *s.train_split, data::source_fields(s.ds->manifest(), *s.train_split, sc), sc, avail);
-        if (asked == Placement::automatic)
-            s.placement_why += "; host memory " + format_bytes(hp.total()) + " (ring + window cache) of " +
-                               format_bytes(avail) + " available";
-        // Where the plan would drop pages (the split does not fit in the page
-        // cache beside the stream), O_DIRECT instead: buffered reads under
-        // reclaim reached well under the disk's rate where O_DIRECT reached it
-        // (bench-larger-than-ram).
-        if (hp.drop_pages && !d.direct_given) {
-            sc.direct = true;
-            note(out, "dstrain: reading with O_DIRECT: the data (" + format_bytes(split_bytes) +
-                          ") does not fit in the memory available beside the stream (" + format_bytes(avail) +
-                          "), so the page cache cannot hold it; --no-direct reads through the page cache");
-        }
-    }
-    if (d.direct && sc.placement != Placement::stream)
-        note(out, "dstrain: --direct applies to --data stream only; the " +
-                      std::string(data::placement_name(sc.placement)) + " placement loads the split once");
-    if (s.order == data::Order::full && sc.placement == Placement::stream) warn_full_order(s, d, sc, split_bytes);
-    return sc;
-}
-
-void open_sources(Session& s) {
-    data::SourceConfig test_sc = s.sc;
-    test_sc.order.kind = data::Order::sequential;
-    test_sc.drop_last = false;
-    test_sc.slice = {}; // every rank evaluates the whole test split
-    test_sc.host_mem = 0;
-    data::SourceConfig train_sc = s.sc;
-    if (s.sc.placement == Placement::stream && s.test_split) {
-        // Evaluation streams with the least window cache; --host-mem caps both.
-        const data::HostPlan tp =
-            data::plan_host_memory(*s.test_split, data::source_fields(s.ds->manifest(), *s.test_split, test_sc),
-                                   test_sc, data::available_host_memory());
-        test_sc.host_mem = tp.ring + tp.other + tp.min_cache;
-        if (s.sc.host_mem) {
-            if (s.sc.host_mem <= test_sc.host_mem)
-                throw no_fit_error("--host-mem " + format_bytes(s.sc.host_mem) + " leaves nothing for training: " +
-                                   "evaluating the test split takes " + format_bytes(test_sc.host_mem) +
-                                   "; raise --host-mem or lower --window or --prefetch");
-            train_sc.host_mem = s.sc.host_mem - test_sc.host_mem;
-        }
-    }
-    s.train_src = data::make_batch_source(*s.ds, "train", train_sc);
-    if (s.test_split) s.test_src = data::make_batch_source(*s.ds, "test", test_sc);
+// The training and test sources, planned once (data::plan_training) and built.
+void open_sources(Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
+    const data::SourceRequest r = source_request(s, d, asked, out);
+    s.plan = data::plan_training(*s.ds, r, s.test_split ? s.test_split->name : "", data::machine_facts(s.device));
+    const data::SourcePlan& p = s.plan.train;
+    for (const std::string& line : p.tuning) note(out, "dstrain: " + line);
+    if (!p.direct_why.empty()) note(out, "dstrain: " + p.direct_why);
+    for (const std::string& line : p.notes) note(out, "dstrain: " + line);
+    for (const std::string& line : p.warnings) warning(line);
+    s.sc = p.config;
+    s.sc.host_mem = r.host_mem; // the cap of both sources, as given
+    s.placement_why = p.placement_why;
+    s.sc.hash_batches = !s.on_gpu() && s.hash_batches;
+    data::SourcePlan train = p;
+    train.config.hash_batches = s.sc.hash_batches;
+    s.rss_before_sources = current_rss_bytes();
+    s.train_src = data::make_batch_source(*s.ds, train);
+    if (s.plan.eval) s.test_src = data::make_batch_source(*s.ds, *s.plan.eval);
     if (s.train_src->batches_per_epoch() != s.steps_per_epoch) throw std::logic_error("batches per epoch disagree");
 }
 
@@ -399,9 +325,10 @@ void check_options(const TrainOptions& e, const DataOptions& d) {
 void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out) {
     // First, while this process has no CUDA context: the device's memory before it.
     if (!e.device || e.device->backend == Backend::cuda) s.meter.emplace();
-    const Placement asked = data::parse_placement(d.data);
-    s.order = data::parse_order(d.order);
-    (void)data::parse_managed_policy(d.managed_policy); // a usage error before the dataset is opened
+    const Placement asked = data::parse_placement(d.data, "--data");
+    s.order = data::parse_order(d.order, "--order");
+    (void)data::parse_managed_policy(d.managed_policy,
+                                     "--managed-policy"); // a usage error before the dataset is opened
     s.device = choose_device(e, out);
     if (s.on_gpu() && s.distributed()) s.device.index = s.world->local_rank(); // one GPU per rank of the host
     if (s.on_gpu()) require_gpu(s.device);
@@ -427,10 +354,8 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
         s.trainer->set_reducer(s.reducer.get());
     }
 
-    s.sc = source_config(s, d, asked, out);
-    s.sc.hash_batches = !s.on_gpu() && !e.log_json.empty();
-    s.rss_before_sources = current_rss_bytes();
-    open_sources(s);
+    s.hash_batches = !e.log_json.empty();
+    open_sources(s, d, asked, out);
 }
 
 Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {

@@ -15,6 +15,7 @@
 #include "data/device_memory.hpp"
 #include "dstk/checkpoint.hpp"
 #include "dstk/data/batch_source.hpp"
+#include "dstk/data/source_plan.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/dist/reducer.hpp"
 #include "dstk/dist/world.hpp"
@@ -46,8 +47,10 @@ struct Session {
     std::unique_ptr<dist::Reducer> reducer; // distributed world: the trainer's (outlives it)
     std::unique_ptr<train::Trainer> trainer;
     data::Order order = data::Order::chunk;
-    data::SourceConfig sc;
+    data::TrainingPlan plan;   // the data path's plan (data::plan_training)
+    data::SourceConfig sc;     // the training source's configuration, host_mem as given
     std::string placement_why; // why this placement, for the user
+    bool hash_batches = false; // --log-json: cpu sources hash their batches
     std::unique_ptr<data::BatchSource> train_src, test_src;
     std::uint64_t rss_before_sources = 0; // resident memory once the trainer is built
 

@@ -32,25 +32,40 @@
 
 #include "dstk/batch.hpp"
 #include "dstk/device.hpp"
-#include "dstk/field_reader.hpp"
 #include "dstk/data/order.hpp"
+#include "dstk/data/settings.hpp"
 #include "dstk/data/stage.hpp"
+#include "dstk/data/stream_reader.hpp"
 #include "dstk/dataset.hpp"
 
 namespace dstk::data {
 
 enum class Placement : std::uint8_t { automatic, device, stream, managed };
-Placement parse_placement(std::string_view text); // "auto", "device", "stream", "managed"
+// "auto", "device", "stream", "managed"; a usage error naming `setting` otherwise.
+Placement parse_placement(std::string_view text, std::string_view setting = "placement");
 std::string_view placement_name(Placement p);
 
-// What managed memory is told and asked (--managed-policy).
+// What managed memory is told and asked (the setting managed_policy).
 //   prefetch  cudaMemPrefetchAsync of the next batches to the GPU on a side stream
 //   advise    PreferredLocation=CPU + AccessedBy=GPU: the GPU reads host pages in place
 //   fault     nothing: on-demand page migration
 enum class ManagedPolicy : std::uint8_t { prefetch, advise, fault };
-ManagedPolicy parse_managed_policy(std::string_view text);
+ManagedPolicy parse_managed_policy(std::string_view text, std::string_view setting = "managed_policy");
 std::string_view managed_policy_name(ManagedPolicy p);
 
+// Host memory of the stream placement, known before it is built: the host
+// ceiling printed beside the GPU's. Every delivered field counts.
+struct HostPlan {
+    std::uint64_t ring = 0;      // K batch slots (pinned on cuda) and the readers' index buffers
+    std::uint64_t cache = 0;     // window cache: whole chunks (0 for the full order, which gathers samples)
+    std::uint64_t other = 0;     // the readers' zstd frames and decoded chunks, O_DIRECT bounce buffers
+    std::uint64_t min_cache = 0; // the least window cache that reads ahead (two windows)
+    bool drop_pages = false;     // the split does not fit beside it: chunks leave the page cache once read
+    std::uint64_t total() const { return ring + cache + other; }
+};
+
+// A source's configuration, resolved: plan_source (source_plan.hpp) builds
+// it, make_batch_source builds the source from it.
 struct SourceConfig {
     // The split's fields every batch holds, in this order (any dtype and
     // per-sample shape, at least one). Empty: the manifest's input and label
@@ -74,15 +89,19 @@ struct SourceConfig {
     // O_DIRECT at open, with a warning (once per file) where it refuses a read
     // later on.
     bool direct = false;
-    // stream: host memory for ring + window cache + reader buffers (--host-mem);
-    // 0: chosen from the memory available (plan_host_memory).
+    // stream: host memory for ring + window cache + reader buffers (the
+    // setting host_mem); 0: chosen from the memory available.
     std::uint64_t host_mem = 0;
+    // stream: the host memory plan (plan_host_memory): the window cache's
+    // capacity and whether chunks leave the page cache once read.
+    HostPlan host;
     // cpu: an XXH64 of every batch's fields, in order, per epoch
     // (StageTimes::batch_hash): two placements deliver the same batches iff
     // their hashes agree (dstrain --log-json).
     bool hash_batches = false;
     std::function<void(const std::string&)> notice; // messages for the user (O_DIRECT refused at open)
     std::function<void(const std::string&)> warn;   // warnings (O_DIRECT refused mid-run); from reader threads
+    SettingNames names;                             // how messages spell the settings
 };
 
 // Seconds spent per stage since the last take_times(), summed over batches.
@@ -94,7 +113,8 @@ struct StageTimes {
     double compute = 0;   // train steps (filled in by the training loop)
     std::uint64_t batches = 0, samples = 0, bytes = 0; // bytes: of every field delivered
     IoCounters io; // stream: reads of the lead field (the most bytes per sample; chunk reads through the window cache)
-    std::uint64_t cache_peak = 0; // stream: most bytes the window cache held at once (since the source was built)
+    std::vector<IoCounters> fields_io; // stream: each delivered field's reads, in batch order
+    std::uint64_t cache_peak = 0;      // stream: most bytes the window cache held at once (since the source was built)
     std::optional<std::uint64_t> batch_hash; // with SourceConfig::hash_batches: the batches since the last take
 };
 
@@ -113,24 +133,14 @@ unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk);
 // The split's fields a source of `config` delivers, in batch order:
 // config.fields, or the manifest's input and label roles. Usage errors (naming
 // the setting `fields`): a field the split lacks (listing the split's fields),
-// a field named twice, no roles in the manifest where fields is empty, a label
-// role that is not one i32 per sample.
+// a field named twice, no input or label role in the manifest where fields is
+// empty.
 std::vector<const FieldInfo*> source_fields(const Manifest& manifest, const SplitInfo& split,
                                             const SourceConfig& config);
 
-// Host memory of the stream placement, known before it is built: the host
-// ceiling printed beside the GPU's. Every delivered field counts.
-struct HostPlan {
-    std::uint64_t ring = 0;      // K batch slots (pinned on cuda) and the readers' index buffers
-    std::uint64_t cache = 0;     // window cache: whole chunks (0 for the full order, which gathers samples)
-    std::uint64_t other = 0;     // the readers' zstd frames and decoded chunks, O_DIRECT bounce buffers
-    std::uint64_t min_cache = 0; // the least window cache that reads ahead (two windows)
-    bool drop_pages = false;     // the split does not fit beside it: chunks leave the page cache once read
-    std::uint64_t total() const { return ring + cache + other; }
-};
 // `available`: host memory free for the run (available_host_memory()). With
 // config.host_mem == 0 the cache takes up to a quarter of it (at most four
-// windows, at least two); a --host-mem below ring + two windows is a
+// windows, at least two); a host_mem below ring + two windows is a
 // no_fit_error (exit 3) naming what to lower.
 HostPlan plan_host_memory(const SplitInfo& split, const std::vector<const FieldInfo*>& fields,
                           const SourceConfig& config, std::uint64_t available);
@@ -157,11 +167,6 @@ class BatchSource {
     // Of host_bytes(), what is allocated now (a window cache fills as it reads).
     virtual std::uint64_t host_allocated() const { return host_bytes(); }
 };
-
-// Opens `split` of `dataset`, delivering source_fields(). Usage errors: those
-// of source_fields, an empty split, a batch larger than the split.
-std::unique_ptr<BatchSource> make_batch_source(const Dataset& dataset, std::string_view split,
-                                               const SourceConfig& config);
 
 // Bytes a source of this configuration will hold in backend memory, known
 // before it is built (the GPU memory ceiling): its device_bytes().

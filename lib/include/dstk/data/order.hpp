@@ -18,7 +18,7 @@
 namespace dstk::data {
 
 enum class Order : std::uint8_t { sequential, chunk, full };
-Order parse_order(std::string_view text); // usage error naming --order otherwise
+Order parse_order(std::string_view text, std::string_view setting = "order"); // usage error naming `setting` otherwise
 std::string_view order_name(Order o);
 
 // A bijection of [0, n) keyed by `key`: a balanced Feistel network over the

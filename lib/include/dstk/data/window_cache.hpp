@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "dstk/field_reader.hpp"
+#include "dstk/data/stream_reader.hpp"
 #include "dstk/data/order.hpp"
 
 namespace dstk::data {
@@ -52,7 +52,7 @@ std::uint64_t min_window_cache_bytes(const OrderConfig& order, std::span<const C
 
 // A field the cache reads.
 struct CachedField {
-    FieldReader* reader = nullptr;
+    StreamReader* reader = nullptr;
     bool drop_pages = false; // its pages leave the page cache once a chunk of it is read
 };
 

@@ -1,4 +1,4 @@
-#include "dstk/run/tuning.hpp"
+#include "dstk/data/tuning.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,7 @@
 
 #include "dstk/units.hpp"
 
-namespace dstk::run {
-using data::Order;
+namespace dstk::data {
 namespace {
 
 constexpr unsigned min_slots = 4, max_slots = 32, max_readers = 64;
@@ -21,13 +20,14 @@ std::string fixed1(double v) {
 
 } // namespace
 
-LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64_t sample_bytes, std::uint32_t batch,
+LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64_t row_bytes, std::uint32_t batch,
                          unsigned hardware_threads, std::optional<unsigned> given_prefetch,
-                         std::optional<unsigned> given_readers, unsigned default_prefetch, unsigned default_readers) {
+                         std::optional<unsigned> given_readers, unsigned default_prefetch, unsigned default_readers,
+                         const SettingNames& names) {
     LoaderTuning t;
     t.prefetch = given_prefetch.value_or(default_prefetch);
     t.readers = given_readers.value_or(default_readers);
-    const std::uint64_t batch_bytes = std::max<std::uint64_t>(1, std::uint64_t{batch} * (sample_bytes + 4));
+    const std::uint64_t batch_bytes = std::max<std::uint64_t>(1, std::uint64_t{batch} * row_bytes);
 
     // The granularity this order reads at, then the others.
     std::vector<const char*> grains;
@@ -53,7 +53,7 @@ LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64
     const auto h2d = bench::pinned_h2d_rate(results);
 
     if (given_readers) {
-        t.why.push_back("readers " + std::to_string(t.readers) + " (--readers given)");
+        t.why.push_back("readers " + std::to_string(t.readers) + " (" + spell(names, "readers") + " given)");
     } else if (fig && fig->threads > 0) {
         t.readers = std::clamp(fig->threads, 1u, std::min(max_readers, std::max(1u, hardware_threads)));
         t.why.push_back("readers " + std::to_string(t.readers) + ": cold random " + grain +
@@ -69,7 +69,7 @@ LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64
     }
 
     if (given_prefetch) {
-        t.why.push_back("prefetch " + std::to_string(t.prefetch) + " (--prefetch given)");
+        t.why.push_back("prefetch " + std::to_string(t.prefetch) + " (" + spell(names, "prefetch") + " given)");
     } else if (fig || h2d) {
         // Batches the GPU could take during one slow (p99) read.
         const double consume = h2d ? *h2d : (fig ? fig->rate : *seq);
@@ -97,9 +97,9 @@ LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64
     }
     if (seq)
         t.why.push_back("storage reads " + format_rate(*seq) + " sequentially: about " +
-                        format_count(static_cast<std::uint64_t>(*seq / static_cast<double>(sample_bytes + 4))) +
+                        format_count(static_cast<std::uint64_t>(*seq / static_cast<double>(row_bytes))) +
                         " samples/s from a cold cache");
     return t;
 }
 
-} // namespace dstk::run
+} // namespace dstk::data

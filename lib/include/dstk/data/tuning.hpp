@@ -1,6 +1,7 @@
 #pragma once
-// The stream placement's ring depth K (--prefetch) and reader count
-// (--readers) from dsbench's results (dstrain --bench FILE):
+// The stream placement's ring depth K (the setting prefetch) and reader
+// count (readers) from dsbench's results (the setting bench: dstrain --bench
+// FILE); plan_source (source_plan.hpp) asks here.
 //
 //   readers  the thread count that gave the best cold random reads at the
 //            granularity the order reads at (sequential: batch, chunk: chunk,
@@ -11,7 +12,7 @@
 //            so a slow read does not stall a step; at least 4, at most 32
 //            slots and 1 GiB of slots (each slot is also a device slot).
 //
-// Options the user gave explicitly win over the file.
+// Settings the caller gave explicitly win over the file.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,17 +20,21 @@
 
 #include "dstk/bench/results.hpp"
 #include "dstk/data/order.hpp"
+#include "dstk/data/settings.hpp"
 
-namespace dstk::run {
+namespace dstk::data {
 
 struct LoaderTuning {
     unsigned prefetch = 4, readers = 2;
     std::vector<std::string> why; // one line per choice, for the user
 };
 
-// `given_*`: values from --prefetch/--readers (kept as they are).
-LoaderTuning tune_loader(const bench::Results& results, data::Order order, std::uint64_t sample_bytes,
-                         std::uint32_t batch, unsigned hardware_threads, std::optional<unsigned> given_prefetch,
-                         std::optional<unsigned> given_readers, unsigned default_prefetch, unsigned default_readers);
+// `row_bytes`: one sample over every delivered field; `given_*`: the
+// settings as the caller gave them (kept as they are); `names` spells the
+// settings in the lines of `why`.
+LoaderTuning tune_loader(const bench::Results& results, Order order, std::uint64_t row_bytes, std::uint32_t batch,
+                         unsigned hardware_threads, std::optional<unsigned> given_prefetch,
+                         std::optional<unsigned> given_readers, unsigned default_prefetch, unsigned default_readers,
+                         const SettingNames& names = {});
 
-} // namespace dstk::run
+} // namespace dstk::data

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The stream placement against the disk, in a memory cgroup: dsbench's
+# loader.stream.chunk (dstrain's data path, no model) beside the disk's best
+# cold random-chunk read rate (io.rand.chunk.pread.cold over --threads 1,4,16),
+# both measured inside the same cgroup, every file's pages evicted before each
+# pass. Issue 23's target: loader / disk >= 90% on 2 cores in 512 MiB.
+#   scripts/bench-loader-cgroup.sh [BIN_DIR] [LOG_DIR]
+# Needs root and a memory cgroup controller (v2 at /sys/fs/cgroup, or v1 at
+# /sys/fs/cgroup/memory). Environment:
+#   DATA_DIR  where the dataset is made (default build/loader-cgroup-data; removed at the end unless given)
+#   SIZE      the dataset's train split in bytes of u8 3x32x32 samples (default 2G)
+#   LIMIT     the cgroup's memory limit (default 512M)
+#   RUNS      fresh processes per figure (default 3); the median is reported
+#   CASE      the loader case (default loader.stream.chunk)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+bin=$(realpath "${1:-build/bin}")
+log=${2:-build/logs/loader-cgroup}
+mkdir -p "$log" && log=$(realpath "$log")
+data=${DATA_DIR:-$PWD/build/loader-cgroup-data}
+size=${SIZE:-2G}
+limit=${LIMIT:-512M}
+runs=${RUNS:-3}
+case_key=${CASE:-loader.stream.chunk}
+
+die() { echo "bench-loader-cgroup: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "needs root (memory cgroups and dropping the page cache)"
+for t in dsgen dsbench; do [ -x "$bin/$t" ] || die "no $bin/$t (build the tools first)"; done
+command -v jq >/dev/null || die "needs jq"
+bytes=$(numfmt --from=iec "$size") || die "bad SIZE '$size'"
+limit_bytes=$(numfmt --from=iec "$limit") || die "bad LIMIT '$limit'"
+
+if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    cg=/sys/fs/cgroup/dstk-loader-$$
+    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    mkdir "$cg" || die "cannot create the cgroup $cg"
+    echo "$limit_bytes" >"$cg/memory.max"
+    echo 0 >"$cg/memory.swap.max" 2>/dev/null
+elif [ -d /sys/fs/cgroup/memory ]; then
+    cg=/sys/fs/cgroup/memory/dstk-loader-$$
+    mkdir "$cg" || die "cannot create the cgroup $cg"
+    echo "$limit_bytes" >"$cg/memory.limit_in_bytes"
+else
+    die "no memory cgroup controller (v2 /sys/fs/cgroup/cgroup.controllers or v1 /sys/fs/cgroup/memory)"
+fi
+cleanup() {
+    rmdir "$cg" 2>/dev/null
+    [ -z "${DATA_DIR:-}" ] && rm -rf "$data"
+}
+trap cleanup EXIT
+in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
+evict() {
+    sync
+    find "$1" -type f -exec dd if={} iflag=nocache count=0 status=none \;
+    echo 1 >/proc/sys/vm/drop_caches
+}
+
+ds=$data/u8
+if [ ! -f "$ds/dataset.json" ]; then
+    mkdir -p "$data"
+    "$bin/dsgen" "$ds" --train $((bytes / 3072)) --test 0 --shape 3x32x32 --dtype u8 -q ||
+        die "dsgen failed"
+fi
+echo "dataset $ds ($(du -sh "$ds" | cut -f1)), cgroup $cg limit $limit, $runs runs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# rate FILE KEY: the best rate of KEY in a dsbench JSON file (B/s).
+rate() { jq -r --arg k "$2" '[.results[] | select(.case == $k) | .metrics.rate.median] | max // empty' "$1"; }
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+gbs() { awk -v r="$1" 'BEGIN { printf "%.3f GB/s", r / 1e9 }'; }
+
+disk_rates=() loader_rates=()
+for k in $(seq "$runs"); do
+    evict "$ds"
+    in_cgroup "$bin/dsbench" all "$ds" --cases io.rand.chunk.pread.cold --threads 1,4,16 --size "$size" \
+        --chunk-size 4M --repetitions 1 --min-time 0 --json "$log/disk-$k.json" -f -q >>"$log/runs.log" 2>&1 ||
+        die "dsbench (disk) failed: $log/runs.log"
+    evict "$ds"
+    in_cgroup "$bin/dsbench" all "$ds" --cases "$case_key" --size "$size" --chunk-size 4M --repetitions 1 \
+        --min-time 0 --json "$log/loader-$k.json" -f -q >>"$log/runs.log" 2>&1 ||
+        die "dsbench ($case_key) failed: $log/runs.log"
+    d=$(rate "$log/disk-$k.json" io.rand.chunk.pread.cold) l=$(rate "$log/loader-$k.json" "$case_key")
+    [ -n "$d" ] && [ -n "$l" ] || die "no rate in run $k's results ($log)"
+    disk_rates+=("$d") loader_rates+=("$l")
+    echo "run $k: disk random chunks $(gbs "$d"), $case_key $(gbs "$l") ($(awk -v a="$l" -v b="$d" 'BEGIN { printf "%.0f%%", 100 * a / b }'))"
+done
+dm=$(printf '%s\n' "${disk_rates[@]}" | median) lm=$(printf '%s\n' "${loader_rates[@]}" | median)
+echo "median: disk $(gbs "$dm"), $case_key $(gbs "$lm"): $(awk -v a="$lm" -v b="$dm" 'BEGIN { printf "%.1f%%", 100 * a / b }') of the disk"
