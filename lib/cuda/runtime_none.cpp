@@ -1,6 +1,7 @@
 // dstk/gpu_runtime.hpp and dstk/data/gpu_ops.hpp in a build without CUDA:
 // built in place of runtime.cpp and data/*.cu, so that callers need no #if of
 // their own. Nothing here can reach a GPU: every call that would says so.
+#include "dstk/data/convert.hpp"
 #include "dstk/data/gpu_ops.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_runtime.hpp"
@@ -14,6 +15,26 @@ namespace {
 }
 
 } // namespace
+} // namespace dstk::gpu
+
+namespace dstk::data {
+
+void convert_fields_async(std::span<const FieldConversion>, std::uint32_t, void*) {
+    gpu::no_cuda();
+}
+
+namespace kernels {
+void gather_rows_async(void*, const void*, std::uint64_t, const std::uint64_t*, std::uint32_t, void*) {
+    gpu::no_cuda();
+}
+void consume_async(const void*, std::uint64_t, unsigned long long*, void*) {
+    gpu::no_cuda();
+}
+} // namespace kernels
+
+} // namespace dstk::data
+
+namespace dstk::gpu {
 
 void set_device(int) {
     no_cuda();

@@ -76,10 +76,6 @@ std::uint16_t float_to_bf16(float f) {
     return static_cast<std::uint16_t>((u + rounding) >> 16);
 }
 
-float bf16_to_float(std::uint16_t h) {
-    return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
-}
-
 std::uint16_t float_to_f16(float f) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
     const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
@@ -102,20 +98,6 @@ std::uint16_t float_to_f16(float f) {
     const std::uint32_t rebased = abs - 0x38000000u;
     const std::uint32_t r = rebased + 0x0FFFu + ((rebased >> 13) & 1u);
     return static_cast<std::uint16_t>(sign | (r >> 13));
-}
-
-float f16_to_float(std::uint16_t h) {
-    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-    const std::uint32_t exp = (h >> 10) & 0x1Fu;
-    const std::uint32_t mant = h & 0x3FFu;
-    if (exp == 0) {
-        if (mant == 0) return std::bit_cast<float>(sign);
-        // Subnormal: value = mant * 2^-24.
-        const float v = static_cast<float>(mant) * 0x1.0p-24f;
-        return sign ? -v : v;
-    }
-    if (exp == 31) return std::bit_cast<float>(sign | 0x7F800000u | (mant << 13));
-    return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
 } // namespace dstk

@@ -1,7 +1,12 @@
 """dstk.Loader: dstrain's data path as a Python iterable of batches."""
+import json
 import os
+import warnings
 
 from . import _dstk
+
+_KINDS = {True: None, False: "stored", "stored": "stored", "float32": "float32", "int32": "int32", "int64": "int64",
+          "normalised": "normalised"}
 
 
 class DeviceArray:
@@ -37,56 +42,79 @@ class DeviceArray:
         return f"dstk.DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.__dlpack_device__()})"
 
 
-class Loader:
-    """Batches (x, y) of one split, from the same C++ data path as dstrain.
+def _optional(value, convert=int):
+    return 0 if value is None else convert(value)
 
-    Loader(path, split="train", batch=256, order="chunk", seed=0,
-           placement="stream", device="cuda:0", drop_last=True, prefetch=4,
-           readers=2, chunk=4096, window=8, direct=False, convert=True,
+
+class Loader:
+    """Batches of the named fields of one split, from the same C++ data path as dstrain.
+
+    Loader(path, split="train", fields=None, as_tuple=False, batch=256,
+           order="chunk", seed=0, placement="stream", device=None,
+           drop_last=True, prefetch=None, readers=None, chunk=None, window=8,
+           direct=None, host_mem=None, bench=None, convert=True,
            normalize=True, mean=None, std=None, keep=2,
            managed_policy="prefetch", oversubscribe=False, epoch=0,
            output="arrays", labels=None)
 
     Each iteration over the loader yields the remaining batches of the current
     epoch, then moves to the next epoch; ``len(loader)`` is the number of
-    batches in an epoch. Batches come from the library's BatchSource:
+    batches in an epoch.
 
-    - placement "stream": reader threads read whole chunks into a ring of
-      ``prefetch`` host slots (pinned), a copy stream moves them to the GPU.
-      Host and GPU memory stay at ``host_bytes`` / ``device_bytes`` whatever
-      the dataset size. ``direct=True`` reads the input with O_DIRECT (.npy
-      chunks, and each compressed frame of zstd-chunked storage), bypassing
-      the page cache: for data larger than RAM, where buffered reads under
-      memory pressure fall short of the disk (dstrain --direct).
-    - "device": the whole split in GPU memory; "managed": in CUDA managed
-      memory with prefetching (``managed_policy``; ``oversubscribe`` to allow
-      a split larger than free GPU memory).
-    - "host": the stream source of the cpu backend; NumPy batches.
-    - device="cpu" (or a build without CUDA): "stream" and "device" run on the
-      cpu backend and yield NumPy batches.
+    fields: the split's fields each batch holds, any dtype and per-sample
+    shape, every one the same samples in the same order (one copy per field
+    per batch). With ``fields=[...]`` each batch is a dict {name: array}
+    (a tuple in the order given with ``as_tuple=True``). Without fields, the
+    manifest's input and label roles, yielded as the tuple ``(x, y)``; a
+    dataset without a label role then needs ``fields``.
+
+    Each field is converted by its kind, in one conversion step (on the GPU
+    for GPU batches): the input role normalised to float32, ``(x - mean[c]) /
+    std[c]`` per channel, with the manifest's statistics, else ones computed
+    from a scan of the training split (as dstrain does; ``mean``/``std`` give
+    your own, ``normalize=False`` plain float32); an integer label role as
+    classes, int32, or int64 with ``labels="int64"`` (the default with
+    ``output="torch"``: what PyTorch's losses take); every other field as
+    float32. ``convert=False`` keeps every field as stored (bf16 as its raw
+    uint16 bits); a dict sets single fields: ``convert={"moves": "int64",
+    "positions": False}`` (False or "stored", True for the default, "float32",
+    "int32", "int64", "normalised").
+
+    The plan: placement, chunk, readers, prefetch, O_DIRECT and the memory
+    ceilings are decided by the library's one planning entrance, the one
+    dstrain, dsbench and dsplan use (``loader.plan``, ``loader.describe()``):
+
+    - placement "stream" (default): reader threads read whole chunks into a
+      window cache and gather batches into a ring of ``prefetch`` host slots
+      (pinned), a copy stream moves them to the GPU. Host and GPU memory stay
+      at ``host_bytes`` / ``device_bytes``, counting every field, whatever the
+      dataset size. "device": the whole split in GPU memory; "managed": in CUDA
+      managed memory with prefetching (``managed_policy``; ``oversubscribe``);
+      "auto": device where the split fits, else stream; "host": the cpu
+      backend's stream source (NumPy batches).
+    - device: None picks cuda:0 where a GPU answers, else the CPU with a
+      notice (a RuntimeWarning): batches are then NumPy arrays converted on the
+      CPU. "cpu" asks for the CPU; "cuda:N" for that GPU (an error without one).
+    - chunk (chunk order: samples per chunk; a zstd-chunked field's own chunk
+      wins), prefetch, readers, direct (O_DIRECT reads, bypassing the page
+      cache) and host_mem (bytes for the ring and window cache): None lets
+      the plan decide, as dstrain does (O_DIRECT where the split does not fit
+      in memory beside the stream; ``bench``, a dsbench --json file, tunes
+      readers and prefetch).
 
     order: "sequential", "chunk" (chunk order shuffled, samples mixed within a
-    window of ``window`` chunks of ``chunk`` samples; a zstd-chunked field uses
-    its own chunk) or "full" (one permutation per epoch). The order is a pure
-    function of (seed, epoch): ``dstk.order_indices`` gives it.
-
-    x: with convert=True (default) float32 of shape (n, *sample_shape) with
-    (x - mean[c]) / std[c] per channel, computed on the GPU by dstrain's
-    conversion kernel (on the CPU for NumPy batches); mean and std in stored
-    units, by default the manifest's stats; normalize=False gives plain float.
-    The input must then be u8, bf16, f16 or f32. convert=False gives the stored
-    values (bf16 as raw uint16 bits). y: labels, shape (n,), int32 as stored or,
-    with labels="int64", widened (on the GPU for GPU batches): what PyTorch's
-    losses take. labels=None means int64 for output="torch", else int32.
+    window of ``window`` chunks) or "full" (one permutation per epoch). The
+    order is a pure function of (seed, epoch): ``dstk.order_indices(samples,
+    epoch, order, seed, loader.chunk, window)`` gives it.
 
     output="arrays" (default): GPU batches are DeviceArray objects (DLPack:
     ``torch.from_dlpack(x)``, CuPy, JAX), CPU batches NumPy arrays.
     output="torch": torch.Tensor batches (PyTorch must be installed). On the
-    GPU each of the ``keep + 3`` slots is wrapped in a tensor once and that
-    tensor is handed out again whenever its slot holds the batch, after the
-    current torch stream has been made to wait for the batch: the cheapest
-    hand-off to a training step whose CPU time matters (a compiled step). On
-    the CPU, ``torch.from_numpy`` of the NumPy batch.
+    GPU each slot's fields are wrapped in tensors once and those tensors are
+    handed out again whenever their slot holds the batch, after the current
+    torch stream has been made to wait for the batch: the cheapest hand-off to
+    a training step whose CPU time matters (a compiled step). On the CPU,
+    ``torch.from_numpy`` of the NumPy batch.
 
     Batch lifetime (GPU): batches live in ``keep + 3`` device slots; a
     consumer may hold the newest batch and ``keep`` before it. Batch n stays
@@ -108,9 +136,7 @@ class Loader:
     current (or, between epochs, the last) epoch taken so far (read_wait: the
     consumer waiting for a batch; read, decode: reader threads; h2d: copies),
     with batch, sample and byte counts (on the GPU these count the batches
-    the feeder took, up to two more than the consumer mid-epoch);
-    ``device_bytes`` and ``host_bytes`` are the memory ceilings (GPU slots or
-    the resident split; ring, reader buffers and decoded chunks).
+    the feeder took, up to two more than the consumer mid-epoch).
 
     Errors raise dstk.Error with the library's message (bad path, corrupt
     chunk named by file and chunk, bad settings). Ctrl-C raises
@@ -118,16 +144,19 @@ class Loader:
     last one yielded.
     """
 
-    def __init__(self, path, split="train", batch=256, order="chunk", seed=0, placement="stream",
-                 device="cuda:0", drop_last=True, prefetch=4, readers=2, chunk=4096, window=8, direct=False,
-                 convert=True, normalize=True, mean=None, std=None, keep=2, managed_policy="prefetch",
-                 oversubscribe=False, epoch=0, output="arrays", labels=None):
+    def __init__(self, path, split="train", fields=None, as_tuple=False, batch=256, order="chunk", seed=0,
+                 placement="stream", device=None, drop_last=True, prefetch=None, readers=None, chunk=None,
+                 window=8, direct=None, host_mem=None, bench=None, convert=True, normalize=True, mean=None,
+                 std=None, keep=2, managed_policy="prefetch", oversubscribe=False, epoch=0, output="arrays",
+                 labels=None):
         if output not in ("arrays", "torch"):
             raise ValueError(f"invalid output={output!r} (expected 'arrays' or 'torch')")
         if labels is None:
             labels = "int64" if output == "torch" else "int32"
         if labels not in ("int32", "int64"):
             raise ValueError(f"invalid labels={labels!r} (expected 'int32' or 'int64')")
+        if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
+            raise ValueError(f"fields={fields!r} must be a list of field names, e.g. fields=['x', 'y']")
         self._torch = None
         if output == "torch":
             try:
@@ -136,28 +165,53 @@ class Loader:
                 raise ImportError("dstk.Loader(output='torch') needs PyTorch (pip install torch); "
                                   "output='arrays' gives DLPack (GPU) or NumPy (CPU) batches") from e
             self._torch = torch
-        if not _dstk.built_with_cuda and placement in ("stream", "device") and str(device).startswith("cuda"):
-            device = "cpu"  # documented: without CUDA the cpu backend serves stream and device
-        a = _dstk._LoaderArgs()
-        a.path = os.fspath(path)
-        a.split, a.placement, a.device, a.order = split, placement, str(device), order
-        a.managed_policy = managed_policy
-        a.batch, a.seed, a.chunk, a.window = int(batch), int(seed), int(chunk), int(window)
-        a.drop_last, a.direct, a.convert, a.oversubscribe = bool(drop_last), bool(direct), bool(convert), \
-            bool(oversubscribe)
-        a.prefetch, a.readers, a.keep = int(prefetch), int(readers), int(keep)
-        a.labels64 = labels == "int64"
         if not normalize and (mean is not None or std is not None):
             raise ValueError("mean/std given with normalize=False (they would be ignored); drop one")
+        a = _dstk._LoaderArgs()
+        a.path = os.fspath(path)
+        a.split, a.placement, a.order, a.managed_policy = split, placement, order, managed_policy
+        a.device = "" if device is None else str(device)
+        a.fields = [] if fields is None else list(fields)
+        a.batch, a.seed, a.window = int(batch), int(seed), int(window)
+        a.chunk, a.prefetch, a.readers = _optional(chunk), _optional(prefetch), _optional(readers)
+        a.host_mem = _optional(host_mem)
+        a.direct = -1 if direct is None else int(bool(direct))
+        a.bench = "" if bench is None else os.fspath(bench)
+        a.drop_last, a.oversubscribe, a.keep = bool(drop_last), bool(oversubscribe), int(keep)
+        self._set_convert(a, convert)
+        a.labels64 = labels == "int64"
         a.normalize = bool(normalize)
         a.mean = [] if mean is None else [float(v) for v in mean]
         a.std = [] if std is None else [float(v) for v in std]
         self._impl = _dstk._Loader(a)
+        self._say()
         self.split, self.batch, self.order, self.seed = split, int(batch), order, int(seed)
         self.epoch, self.next_batch = int(epoch), 0
         self.output, self.labels = output, labels
+        self._names = [f[0] for f in self._impl.fields]
+        self._shape = None if fields is None else ("tuple" if as_tuple else "dict")
         self._times = {}
-        self._slot_tensors = {}  # output="torch" on the GPU: slot -> (x, y) tensors over it
+        self._slot_tensors = {}  # output="torch" on the GPU: (slot, size) -> tensors over it
+
+    @staticmethod
+    def _set_convert(a, convert):
+        if isinstance(convert, dict):
+            a.convert = True
+            kinds = {}
+            for name, kind in convert.items():
+                if kind not in _KINDS:
+                    raise ValueError(f"invalid convert[{name!r}]={kind!r} (expected True, False, 'stored', "
+                                     "'float32', 'int32', 'int64' or 'normalised')")
+                if _KINDS[kind] is not None:
+                    kinds[str(name)] = _KINDS[kind]
+            a.kinds = kinds
+        else:
+            a.convert = bool(convert)
+
+    def _say(self):
+        """Shows the library's notices (no GPU, O_DIRECT refused) as RuntimeWarnings."""
+        for line in self._impl.take_messages():
+            warnings.warn(f"dstk.Loader: {line}", RuntimeWarning, stacklevel=3)
 
     @property
     def times(self):
@@ -184,46 +238,77 @@ class Loader:
 
     @property
     def device_bytes(self):
-        """Backend memory the loader holds at most: the GPU's for cuda (slots, or the resident split)."""
+        """Backend memory the loader holds at most, every field counted: the GPU's for cuda (slots, or the split)."""
         return self._impl.device_bytes
 
     @property
     def host_bytes(self):
-        """Host memory the loader holds at most: ring slots, reader buffers, decoded chunks."""
+        """Host memory the data path holds at most, every field counted: ring slots, window cache, buffers."""
         return self._impl.host_bytes
 
     @property
+    def plan(self):
+        """The data path's plan as a dict (dsplan --json's "data_path"): placement, chunk, readers, ceilings, why."""
+        return json.loads(self._impl.plan_json)
+
+    def describe(self):
+        """The plan in the lines dstrain, dsbench and dsplan print for the same dataset and settings."""
+        return list(self._impl.plan_lines)
+
+    @property
     def placement(self):
-        return self._impl.placement
+        return self.plan["placement"]
 
     @property
     def device(self):
-        return self._impl.device
+        return self.plan["device"]
+
+    @property
+    def chunk(self):
+        """Samples per chunk of the order (what dstk.order_indices takes as chunk)."""
+        return self.plan["chunk_samples"]
+
+    @property
+    def fields(self):
+        """The delivered fields, in batch order: {name: {"dtype", "shape", "kind", "stored"}} (dtype and the
+        stored dtype as dstk names them: "f32", "u8", ...; kind: how it was converted)."""
+        return {f[0]: {"dtype": f[5], "shape": tuple(f[2]), "kind": f[3], "stored": f[4]} for f in self._impl.fields}
 
     @property
     def dtype(self):
-        """Name of x's dtype in the batches ("f32" when converting, else the stored one)."""
-        return self._impl.dtype
+        """Name of the first field's dtype in the batches ("f32" when converting, else the stored one)."""
+        return self._impl.fields[0][5]
 
     @property
     def mean(self):
-        return self._impl.mean
+        """The normalised input's per-channel mean, in stored units (None when nothing is normalised)."""
+        norms = list(self._impl.norms.values())
+        return list(norms[0][0]) if norms else None
 
     @property
     def std(self):
-        return self._impl.std
+        """The normalised input's per-channel standard deviation, in stored units."""
+        norms = list(self._impl.norms.values())
+        return list(norms[0][1]) if norms else None
 
     def _device_arrays(self, slot, size):
-        x, y, shape, xdtype, ydtype = self._impl.slot_arrays(slot, size)
-        return DeviceArray(x, self._impl, slot, shape, xdtype), DeviceArray(y, self._impl, slot, (size,), ydtype)
+        arrays = self._impl.slot_arrays(slot, size)
+        return [DeviceArray(a, self._impl, slot, (size,) + tuple(f[2]), f[1])
+                for a, f in zip(arrays, self._impl.fields)]
+
+    def _arrange(self, arrays):
+        """A batch's arrays as the loader yields them: (x, y), a dict, or a tuple."""
+        if self._shape == "dict":
+            return dict(zip(self._names, arrays))
+        return tuple(arrays)
 
     def _taker(self):
-        """A function that takes the next batch in this loader's output form (None at the epoch's end)."""
+        """A function that takes the next batch's arrays in this loader's output form (None at the epoch's end)."""
         impl, torch = self._impl, self._torch
         if not self.on_gpu:
             if torch is None:
                 return impl.next
-            return lambda: (lambda b: b and (torch.from_numpy(b[0]), torch.from_numpy(b[1])))(impl.next())
+            return lambda: (lambda b: b and tuple(torch.from_numpy(a) for a in b))(impl.next())
         if torch is None:
             return lambda: (lambda b: b and self._device_arrays(*b))(impl.next())
         device, views, current = torch.device(self.device), self._slot_tensors, torch.cuda.current_stream
@@ -234,8 +319,7 @@ class Loader:
                 return None
             v = views.get(b)
             if v is None:  # a slot not seen yet, or the epoch's short last batch
-                x, y = self._device_arrays(*b)
-                v = views[b] = (torch.from_dlpack(x), torch.from_dlpack(y))
+                v = views[b] = tuple(torch.from_dlpack(a) for a in self._device_arrays(*b))
             return v
 
         return take
@@ -243,14 +327,15 @@ class Loader:
     def __iter__(self):
         self._impl.start_epoch(self.epoch, self.next_batch)  # drops what an abandoned iteration counted
         self._times = {}
-        take = self._taker()
+        take, arrange = self._taker(), self._arrange
         while True:
             batch = take()
             if batch is None:
                 break
             self.next_batch += 1
-            yield batch
+            yield arrange(batch)
         self._collect_times()  # the epoch's last figures, before the next epoch starts
+        self._say()
         self.epoch += 1
         self.next_batch = 0
 
@@ -261,13 +346,13 @@ class Loader:
     def state_dict(self):
         """Where the loader stands: the next iteration yields batch ``batch`` of epoch ``epoch``."""
         return {"epoch": self.epoch, "batch": self.next_batch, "seed": self.seed, "order": self.order,
-                "batch_size": self.batch, "split": self.split, "samples": self.samples}
+                "batch_size": self.batch, "split": self.split, "samples": self.samples, "fields": self._names}
 
     def load_state_dict(self, state):
         """Continues where ``state`` (from state_dict) stood; raises ValueError when the settings differ."""
         mine = self.state_dict()
-        for key in ("seed", "order", "batch_size", "split", "samples"):
-            if state[key] != mine[key]:
+        for key in ("seed", "order", "batch_size", "split", "samples", "fields"):
+            if key in state and state[key] != mine[key]:
                 raise ValueError(f"state_dict has {key}={state[key]!r} but this loader has {mine[key]!r} "
                                  "(the batches would differ); build the loader with the same settings")
         if not 0 <= state["batch"] <= len(self):
@@ -275,7 +360,6 @@ class Loader:
         self.epoch, self.next_batch = int(state["epoch"]), int(state["batch"])
 
     def __repr__(self):
-        return (f"dstk.Loader(split={self.split!r}, batch={self.batch}, order={self.order!r}, "
-                f"placement={self.placement!r}, device={self.device!r}, epoch={self.epoch}, "
-                f"next_batch={self.next_batch}/{len(self)})")
-
+        return (f"dstk.Loader(split={self.split!r}, fields={self._names}, batch={self.batch}, "
+                f"order={self.order!r}, placement={self.placement!r}, device={self.device!r}, "
+                f"epoch={self.epoch}, next_batch={self.next_batch}/{len(self)})")

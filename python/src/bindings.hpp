@@ -20,6 +20,8 @@ void bind_loader(nb::module_& m);
 // The DLPack element type an array of `t` is exported as. NumPy has no
 // bfloat16: bf16 goes out as its raw uint16 bits (widen converts).
 nb::dlpack::dtype dlpack_dtype(DType t);
+// The NumPy name of the dtype arrays of `t` have ("float32", "uint8"; bf16 as its raw "uint16").
+const char* numpy_name(DType t);
 
 // A host array NumPy owns: `bytes` of storage freed with the array.
 struct HostBuffer {

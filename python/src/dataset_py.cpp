@@ -23,14 +23,6 @@ struct DatasetHandle {
     std::shared_ptr<const Dataset> ds;
 };
 
-// Widens bf16/f16 values to float in place order: src and dst may not alias.
-void widen(DType t, const std::uint16_t* src, float* dst, std::uint64_t count) {
-    if (t == DType::bf16)
-        for (std::uint64_t i = 0; i < count; ++i) dst[i] = bf16_to_float(src[i]);
-    else
-        for (std::uint64_t i = 0; i < count; ++i) dst[i] = f16_to_float(src[i]);
-}
-
 nb::ndarray<nb::numpy> read(const DatasetHandle& h, const std::string& split, const std::string& field,
                             std::uint64_t first, std::uint64_t count, bool widen_floats) {
     const FieldReader& r = h.ds->reader(split, field);
@@ -51,8 +43,8 @@ nb::ndarray<nb::numpy> read(const DatasetHandle& h, const std::string& split, co
     {
         nb::gil_scoped_release unlocked;
         r.read(first, count, raw.data.get());
-        widen(f.dtype, reinterpret_cast<const std::uint16_t*>(raw.data.get()), reinterpret_cast<float*>(out.data.get()),
-              values);
+        auto* to = reinterpret_cast<float*>(out.data.get());
+        for (std::uint64_t i = 0; i < values; ++i) to[i] = widen_float(raw.data.get(), f.dtype, i);
     }
     return to_numpy(std::move(out), shape, nb::dtype<float>());
 }

@@ -1,65 +1,94 @@
 // dstk._Loader: the C++ side of dstk.Loader (dstk/loader.py holds the Python
-// iteration protocol, the state dict and the documentation).
+// iteration protocol, the state dict and the documentation). The engine is
+// the library's data::Loader; this file maps arguments and hands out arrays.
 #include "bindings.hpp"
 
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <mutex>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "dstk/data/loader.hpp"
+#include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
-#include "loader.hpp"
 
 namespace dstk::py {
 
 namespace {
 
 struct LoaderArgs {
-    std::string path, split, placement, device, order, managed_policy;
+    std::string path, split, placement, device, order, managed_policy, bench;
+    std::vector<std::string> fields;
     std::uint32_t batch = 256;
-    std::uint64_t seed = 0, chunk = 4096, window = 8;
-    bool drop_last = true, direct = false, convert = true, normalize = true, oversubscribe = false;
-    unsigned prefetch = 4, readers = 2, keep = 2;
-    bool labels64 = false;
+    std::uint64_t seed = 0, chunk = 0, window = 8, host_mem = 0;
+    bool drop_last = true, convert = true, normalize = true, oversubscribe = false, labels64 = false;
+    int direct = -1;                              // -1: the plan decides; 0 or 1
+    unsigned prefetch = 0, readers = 0, keep = 2; // prefetch, readers 0: the plan decides
+    std::map<std::string, std::string> kinds;     // per field: "stored", "float32", "int32", "int64", "normalised"
     std::vector<float> mean, std;
 };
 
-LoaderConfig config_of(const LoaderArgs& a) {
-    LoaderConfig c;
-    c.split = a.split;
-    data::SourceConfig& s = c.source;
-    s.device = parse_device(a.device);
+// The arguments' names in messages: the library's settings are the keyword
+// arguments themselves, but for a boolean turned off.
+std::string argument_of(std::string_view setting) {
+    if (setting == "direct off") return "direct=False";
+    return std::string(setting);
+}
+
+FieldKind kind_of(const std::string& field, const std::string& name) {
+    static constexpr EnumNames<FieldKind, 5> kinds{{{{FieldKind::stored, "stored"},
+                                                     {FieldKind::normalised, "normalised"},
+                                                     {FieldKind::values, "float32"},
+                                                     {FieldKind::classes32, "int32"},
+                                                     {FieldKind::classes64, "int64"}}}};
+    return kinds.parse(name, "convert['" + field + "']");
+}
+
+data::LoaderRequest request_of(const LoaderArgs& a) {
+    data::LoaderRequest r;
+    data::SourceRequest& s = r.source;
+    s.split = a.split;
+    s.fields = a.fields;
+    r.device_auto = a.device.empty();
+    if (!a.device.empty()) s.device = parse_device(a.device);
     // "host": the cpu backend's stream source (batches in host memory) whatever device says.
     if (a.placement == "host") {
         s.device = Device{};
+        r.device_auto = false;
         s.placement = data::Placement::stream;
     } else {
         s.placement = data::parse_placement(a.placement);
-        if (s.placement == data::Placement::automatic)
-            throw usage_error("invalid placement 'auto' (expected stream, device, managed or host)");
     }
-    s.order.kind = data::parse_order(a.order);
-    s.order.seed = a.seed;
-    s.order.chunk_samples = a.chunk;
-    s.order.window_chunks = a.window;
+    s.order = data::parse_order(a.order);
+    s.seed = a.seed;
+    s.chunk_samples = a.chunk;
+    s.window = a.window;
     s.batch = a.batch;
     s.drop_last = a.drop_last;
-    s.prefetch = a.prefetch;
-    s.readers = a.readers;
-    s.direct = a.direct;
+    if (a.prefetch) s.prefetch = a.prefetch;
+    if (a.readers) s.readers = a.readers;
+    if (a.direct >= 0) s.direct = a.direct == 1;
+    s.host_mem = a.host_mem;
+    s.bench = a.bench;
     s.managed_policy = data::parse_managed_policy(a.managed_policy);
     s.oversubscribe = a.oversubscribe;
-    c.convert = a.convert;
-    c.normalize = a.normalize;
-    c.mean = a.mean;
-    c.std = a.std;
-    c.keep = a.keep;
-    c.labels64 = a.labels64;
-    return c;
+    s.names = argument_of;
+    r.convert = a.convert;
+    for (const auto& [field, kind] : a.kinds) r.kinds[field] = kind_of(field, kind);
+    r.normalize = a.normalize;
+    r.mean = a.mean;
+    r.std = a.std;
+    r.keep = a.keep;
+    r.labels64 = a.labels64;
+    return r;
 }
 
-std::vector<std::size_t> batch_shape(const FieldInfo& f, std::uint32_t n) {
+std::vector<std::size_t> batch_shape(const data::FieldOutput& f, std::uint32_t n) {
     std::vector<std::size_t> shape{n};
     for (const std::uint64_t d : f.shape.dims) shape.push_back(static_cast<std::size_t>(d));
     return shape;
@@ -77,76 +106,83 @@ template <typename F> auto without_gil(F&& f) {
     return r;
 }
 
-nb::dlpack::dtype label_dtype(const Loader& l) {
-    return l.config().labels64 ? nb::dtype<std::int64_t>() : nb::dtype<std::int32_t>();
-}
+// The library's loader with the messages it had for the user (O_DIRECT
+// refused, no GPU), collected from any thread for Python to show.
+struct PyLoader {
+    std::mutex mutex;
+    std::vector<std::string> messages;
+    std::unique_ptr<data::Loader> loader;
 
-// cpu: (x, y), NumPy arrays the caller owns; None at the end of the epoch.
-nb::object next_host(Loader& l) {
-    const std::uint32_t batch = l.config().source.batch;
-    HostBuffer x(std::uint64_t{batch} * l.out_sample_bytes()), y(std::uint64_t{batch} * l.label_bytes());
-    const std::uint32_t n = without_gil([&] { return l.next_host(x.data.get(), y.data.get()); });
-    if (n == 0) return nb::none();
-    auto xs = to_numpy(std::move(x), batch_shape(l.x_field(), n), dlpack_dtype(l.out_dtype()));
-    auto ys = to_numpy(std::move(y), {n}, label_dtype(l));
-    return nb::make_tuple(xs, ys);
-}
-
-// The NumPy name of a dtype, for DeviceArray.dtype ("float32", "uint8"; bf16 as its raw "uint16").
-const char* numpy_name(DType t) {
-    switch (t) {
-    case DType::u8:
-        return "uint8";
-    case DType::i8:
-        return "int8";
-    case DType::u16:
-    case DType::bf16:
-        return "uint16";
-    case DType::i16:
-        return "int16";
-    case DType::i32:
-        return "int32";
-    case DType::i64:
-        return "int64";
-    case DType::f16:
-        return "float16";
-    case DType::f32:
-        return "float32";
-    case DType::f64:
-        return "float64";
+    void say(const std::string& line) {
+        std::lock_guard lock(mutex);
+        messages.push_back(line);
     }
-    return "uint8";
+    std::vector<std::string> take_messages() {
+        std::lock_guard lock(mutex);
+        return std::exchange(messages, {});
+    }
+};
+
+// cpu: a tuple of NumPy arrays the caller owns, one per output field; None at
+// the end of the epoch.
+nb::object next_host(data::Loader& l) {
+    std::vector<HostBuffer> buffers;
+    std::vector<void*> out;
+    for (const data::FieldOutput& o : l.outputs()) {
+        buffers.emplace_back(std::uint64_t{l.batch()} * o.sample_bytes());
+        out.push_back(buffers.back().data.get());
+    }
+    const std::uint32_t n = without_gil([&] { return l.next_host(out); });
+    if (n == 0) return nb::none();
+    nb::list arrays;
+    for (std::size_t f = 0; f < buffers.size(); ++f) {
+        const data::FieldOutput& o = l.outputs()[f];
+        arrays.append(to_numpy(std::move(buffers[f]), batch_shape(o, n), dlpack_dtype(o.dtype)));
+    }
+    return nb::tuple(arrays);
 }
 
 // cuda: takes the next batch, and `stream` (a cudaStream_t; -1: none yet)
 // waits for it; returns (slot, size), None at the end of the epoch. The
 // batch's arrays come from slot_arrays: a consumer that keeps its own views
 // of each slot (dstk.Loader's torch tensors) asks once per slot.
-nb::object next_device(Loader& l, std::int64_t stream) {
-    DeviceBatch b;
+nb::object next_device(data::Loader& l, std::int64_t stream) {
+    data::DeviceBatch b;
     if (!without_gil([&] { return l.next_device(b); })) return nb::none();
     if (stream != -1) l.wait_ready(b.slot, static_cast<std::uintptr_t>(stream));
     return nb::make_tuple(b.slot, b.size);
 }
 
-// The arrays of the batch of `size` samples in `slot`: (x, y, x's shape, x's
-// and y's NumPy dtype names).
-nb::object slot_arrays(Loader& l, unsigned slot, std::uint32_t size) {
-    const DeviceBatch b = l.slot_batch(slot, size);
-    const int dev = l.config().source.device.index;
-    auto owner = [&] {
-        return nb::capsule(new std::shared_ptr<DeviceSlots>(b.memory),
-                           [](void* p) noexcept { delete static_cast<std::shared_ptr<DeviceSlots>*>(p); });
-    };
-    const auto xshape = batch_shape(l.x_field(), b.size);
-    const std::size_t yshape[1] = {b.size};
-    nb::ndarray<nb::array_api> xs(b.x, xshape.size(), xshape.data(), owner(), nullptr, dlpack_dtype(l.out_dtype()),
-                                  nb::device::cuda::value, dev);
-    nb::ndarray<nb::array_api> ys(b.y, 1, yshape, owner(), nullptr, label_dtype(l), nb::device::cuda::value, dev);
-    // nanobind's array-API objects carry no shape or dtype attributes: they go along for DeviceArray.
-    nb::list xdims;
-    for (const std::size_t d : xshape) xdims.append(d);
-    return nb::make_tuple(xs, ys, nb::tuple(xdims), numpy_name(l.out_dtype()), l.config().labels64 ? "int64" : "int32");
+// The arrays of the batch of `size` samples in `slot`: one DLPack array per
+// output field (nanobind's array-API objects carry no shape or dtype:
+// fields() gives them).
+nb::object slot_arrays(data::Loader& l, unsigned slot, std::uint32_t size) {
+    const data::DeviceBatch b = l.slot_batch(slot, size);
+    const int dev = l.plan().config.device.index;
+    nb::list arrays;
+    for (std::size_t f = 0; f < b.data.size(); ++f) {
+        const data::FieldOutput& o = l.outputs()[f];
+        nb::capsule owner(new std::shared_ptr<const void>(b.memory),
+                          [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+        const auto shape = batch_shape(o, b.size);
+        arrays.append(nb::ndarray<nb::array_api>(b.data[f], shape.size(), shape.data(), owner, nullptr,
+                                                 dlpack_dtype(o.dtype), nb::device::cuda::value, dev));
+    }
+    return nb::tuple(arrays);
+}
+
+// Each output field: (name, NumPy dtype name, per-sample shape, kind, stored
+// dtype's name, delivered dtype's name).
+nb::list fields_of(const data::Loader& l) {
+    nb::list out;
+    for (const data::FieldOutput& o : l.outputs()) {
+        nb::list dims;
+        for (const std::uint64_t d : o.shape.dims) dims.append(d);
+        out.append(nb::make_tuple(o.name, numpy_name(o.dtype), nb::tuple(dims),
+                                  std::string(data::field_kind_name(o.kind)), std::string(dtype_name(o.stored)),
+                                  std::string(dtype_name(o.dtype))));
+    }
+    return out;
 }
 
 nb::dict times_dict(const data::StageTimes& t) {
@@ -161,55 +197,79 @@ nb::dict times_dict(const data::StageTimes& t) {
     return d;
 }
 
+data::Loader& engine(PyLoader& p) {
+    return *p.loader;
+}
+
 } // namespace
 
 void bind_loader(nb::module_& m) {
-    nb::class_<Loader>(m, "_Loader")
+    nb::class_<PyLoader>(m, "_Loader")
         .def("__init__",
-             [](Loader* self, const LoaderArgs& a) {
-                 const LoaderConfig c = config_of(a);
+             [](PyLoader* self, const LoaderArgs& a) {
+                 data::LoaderRequest r = request_of(a);
+                 new (self) PyLoader();
+                 r.source.notice = [self](const std::string& line) { self->say(line); };
+                 r.source.warn = [self](const std::string& line) { self->say(line); };
                  nb::gil_scoped_release unlocked;
-                 new (self) Loader(a.path, c);
+                 self->loader = std::make_unique<data::Loader>(a.path, r);
              })
-        .def_prop_ro("on_gpu", &Loader::on_gpu)
-        .def_prop_ro("samples", &Loader::samples)
-        .def_prop_ro("batches_per_epoch", &Loader::batches_per_epoch)
-        .def_prop_ro("device_bytes", &Loader::device_bytes)
-        .def_prop_ro("host_bytes", &Loader::host_bytes)
-        .def_prop_ro("mean", &Loader::mean)
-        .def_prop_ro("std", &Loader::stdev)
-        .def_prop_ro("placement",
-                     [](const Loader& l) { return std::string(data::placement_name(l.config().source.placement)); })
-        .def_prop_ro("device", [](const Loader& l) { return device_name(l.config().source.device); })
-        .def_prop_ro("dtype", [](const Loader& l) { return std::string(dtype_name(l.out_dtype())); })
-        .def_prop_ro("stored_dtype", [](const Loader& l) { return std::string(dtype_name(l.x_field().dtype)); })
+        .def("take_messages", &PyLoader::take_messages)
+        .def_prop_ro("on_gpu", [](PyLoader& p) { return engine(p).on_gpu(); })
+        .def_prop_ro("samples", [](PyLoader& p) { return engine(p).samples(); })
+        .def_prop_ro("batches_per_epoch", [](PyLoader& p) { return engine(p).batches_per_epoch(); })
+        .def_prop_ro("device_bytes", [](PyLoader& p) { return engine(p).device_bytes(); })
+        .def_prop_ro("host_bytes", [](PyLoader& p) { return engine(p).host_bytes(); })
+        .def_prop_ro("fields", [](PyLoader& p) { return fields_of(engine(p)); })
+        .def_prop_ro("plan_json", [](PyLoader& p) { return data::plan_json(engine(p).plan()).dump(); })
+        .def_prop_ro("plan_lines", [](PyLoader& p) { return data::describe(engine(p).plan()); })
+        .def_prop_ro("norms",
+                     [](PyLoader& p) {
+                         nb::dict d;
+                         for (const data::FieldOutput& o : engine(p).outputs())
+                             if (!o.norm.mean.empty()) d[o.name.c_str()] = nb::make_tuple(o.norm.mean, o.norm.std);
+                         return d;
+                     })
         .def("start_epoch",
-             [](Loader& l, std::uint64_t epoch, std::uint64_t first) {
+             [](PyLoader& p, std::uint64_t epoch, std::uint64_t first) {
                  nb::gil_scoped_release unlocked;
-                 l.start_epoch(epoch, first);
+                 engine(p).start_epoch(epoch, first);
              })
         .def(
-            "next", [](Loader& l, std::int64_t stream) { return l.on_gpu() ? next_device(l, stream) : next_host(l); },
+            "next",
+            [](PyLoader& p, std::int64_t stream) {
+                data::Loader& l = engine(p);
+                return l.on_gpu() ? next_device(l, stream) : next_host(l);
+            },
             nb::arg("stream") = -1)
-        .def("slot_arrays", &slot_arrays, nb::arg("slot"), nb::arg("size"))
-        .def("wait_ready", &Loader::wait_ready, nb::arg("slot"), nb::arg("stream"))
-        .def("take_times", [](Loader& l) { return times_dict(l.take_times()); });
+        .def(
+            "slot_arrays",
+            [](PyLoader& p, unsigned slot, std::uint32_t size) { return slot_arrays(engine(p), slot, size); },
+            nb::arg("slot"), nb::arg("size"))
+        .def(
+            "wait_ready", [](PyLoader& p, unsigned slot, std::uintptr_t stream) { engine(p).wait_ready(slot, stream); },
+            nb::arg("slot"), nb::arg("stream"))
+        .def("take_times", [](PyLoader& p) { return times_dict(engine(p).take_times()); });
 
     nb::class_<LoaderArgs>(m, "_LoaderArgs")
         .def(nb::init<>())
         .def_rw("path", &LoaderArgs::path)
         .def_rw("split", &LoaderArgs::split)
+        .def_rw("fields", &LoaderArgs::fields)
         .def_rw("placement", &LoaderArgs::placement)
         .def_rw("device", &LoaderArgs::device)
         .def_rw("order", &LoaderArgs::order)
         .def_rw("managed_policy", &LoaderArgs::managed_policy)
+        .def_rw("bench", &LoaderArgs::bench)
         .def_rw("batch", &LoaderArgs::batch)
         .def_rw("seed", &LoaderArgs::seed)
         .def_rw("chunk", &LoaderArgs::chunk)
         .def_rw("window", &LoaderArgs::window)
+        .def_rw("host_mem", &LoaderArgs::host_mem)
         .def_rw("drop_last", &LoaderArgs::drop_last)
         .def_rw("direct", &LoaderArgs::direct)
         .def_rw("convert", &LoaderArgs::convert)
+        .def_rw("kinds", &LoaderArgs::kinds)
         .def_rw("normalize", &LoaderArgs::normalize)
         .def_rw("oversubscribe", &LoaderArgs::oversubscribe)
         .def_rw("prefetch", &LoaderArgs::prefetch)

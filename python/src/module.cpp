@@ -6,6 +6,7 @@
 #include "bindings.hpp"
 #include "dstk/data/batch_source.hpp"
 #include "dstk/error.hpp"
+#include "dstk/gpu_info.hpp"
 #include "dstk/sysinfo.hpp"
 
 namespace dstk::py {
@@ -33,6 +34,31 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
         return nb::dtype<double>();
     }
     return nb::dtype<std::uint8_t>();
+}
+
+const char* numpy_name(DType t) {
+    switch (t) {
+    case DType::u8:
+        return "uint8";
+    case DType::i8:
+        return "int8";
+    case DType::u16:
+    case DType::bf16:
+        return "uint16";
+    case DType::i16:
+        return "int16";
+    case DType::i32:
+        return "int32";
+    case DType::i64:
+        return "int64";
+    case DType::f16:
+        return "float16";
+    case DType::f32:
+        return "float32";
+    case DType::f64:
+        return "float64";
+    }
+    return "uint8";
 }
 
 nb::ndarray<nb::numpy> to_numpy(HostBuffer buf, const std::vector<std::size_t>& shape, nb::dlpack::dtype dtype) {
@@ -74,11 +100,7 @@ NB_MODULE(_dstk, m) {
         PyExc_RuntimeError, nullptr);
     m.attr("Error") = nb::handle(error_type);
     nb::register_exception_translator(translate);
-#if defined(DSTK_HAVE_CUDA)
-    m.attr("built_with_cuda") = true;
-#else
-    m.attr("built_with_cuda") = false;
-#endif
+    m.attr("built_with_cuda") = dstk::built_with_cuda();
     m.attr("__version__") = DSTK_VERSION;
     m.def(
         "host_memory",

@@ -292,7 +292,7 @@ TEST(DataFields, TheWindowCachesPlanHoldsEveryFieldOfTwoWindows) {
     const std::vector<CachedBytes> bytes{{28, false}, {36, false}, {1, false}, {4, false}};
     EXPECT_EQ(plan.min_cache, min_window_cache_bytes(c.order, bytes));
     // The target's frames and decoded storage chunks beside the cache, per I/O thread.
-    EXPECT_EQ(plan.other, io_threads_for(c, 48) * ((48 * 28 + 3 * 4096) + 48 * 28));
+    EXPECT_EQ(plan.other, io_threads_for(c.order, c.readers, 48) * ((48 * 28 + 3 * 4096) + 48 * 28));
 }
 
 TEST(DataFields, TheBatchHashCoversEveryField) {

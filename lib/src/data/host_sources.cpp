@@ -42,7 +42,8 @@ std::unique_ptr<WindowCache> make_cache(const SourceFields& f, const std::vector
     if (c.order.kind == Order::full) return nullptr;
     std::vector<CachedField> cached;
     for (std::size_t i = 0; i < f.size(); ++i) cached.push_back({readers[i], c.host.drop_pages && f.bulk(i)});
-    return std::make_unique<WindowCache>(std::move(cached), c.host.cache, io_threads_for(c, f.decoded_chunk()));
+    return std::make_unique<WindowCache>(std::move(cached), c.host.cache,
+                                         io_threads_for(c.order, c.readers, f.decoded_chunk()));
 }
 
 // ---- stream, cpu backend: the host slot is the batch --------------------------

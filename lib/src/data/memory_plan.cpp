@@ -72,7 +72,7 @@ std::uint64_t gather_bytes(const SourceFields& f, const SourceConfig& c) {
 // out of; bounce buffers of the direct .npy fields in parts (a chunk across
 // a part boundary is read piece by piece).
 std::uint64_t io_buffer_bytes(const SourceFields& f, const SourceConfig& c, const OrderConfig& order) {
-    const std::uint64_t threads = io_threads_for(c, f.decoded_chunk());
+    const std::uint64_t threads = io_threads_for(c.order, c.readers, f.decoded_chunk());
     std::uint64_t frame = 0, assembly = 0, bounce = 0;
     for (std::size_t i = 0; i < f.size(); ++i) {
         if (direct_npy(f, i, c) && !f[i].parts.empty()) bounce += bounce_bytes;
@@ -145,11 +145,11 @@ std::uint64_t staging_bytes(std::uint64_t sample_bytes) {
 // wait in pread, and the cache's capacity, not the thread count, bounds the
 // bytes in flight. zstd chunks are decoded by the same threads, so there they
 // are also held to the cores (more would only add compressed frames).
-unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
-    const std::uint64_t group = c.order.kind == Order::chunk ? std::max<std::uint64_t>(c.order.window_chunks, 1) : 1;
+unsigned io_threads_for(const OrderConfig& order, unsigned readers, std::uint64_t storage_chunk) {
+    const std::uint64_t group = order.kind == Order::chunk ? std::max<std::uint64_t>(order.window_chunks, 1) : 1;
     std::uint64_t want = std::clamp<std::uint64_t>(2 * group, 4, 16);
     if (storage_chunk) want = std::min<std::uint64_t>(want, std::max(4u, std::thread::hardware_concurrency()));
-    return std::max(c.readers, static_cast<unsigned>(want));
+    return std::max(readers, static_cast<unsigned>(want));
 }
 
 std::uint64_t planned_device_bytes(const SplitInfo& split, const std::vector<const FieldInfo*>& fields,

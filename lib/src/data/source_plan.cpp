@@ -26,8 +26,9 @@ struct Names {
     std::string operator()(std::string_view setting) const { return spell(names, setting); }
 };
 
-// Usage errors found from the request alone.
-void check_request(const SourceRequest& r) {
+// Usage errors found from the request alone, and a GPU asked for that this
+// build or machine does not have.
+void check_request(const SourceRequest& r, const MachineFacts& m) {
     const Names name{r.names};
     if (r.batch == 0) throw usage_error("invalid " + name("batch") + " 0 (must be positive)");
     if (r.prefetch && *r.prefetch == 0)
@@ -37,6 +38,9 @@ void check_request(const SourceRequest& r) {
     if (r.device.backend == Backend::cuda && !built_with_cuda())
         throw no_fit_error(name("device") + " " + device_name(r.device) + " (built without CUDA support) use " +
                            name("device") + " cpu");
+    if (r.device.backend == Backend::cuda && !m.gpu_free)
+        throw no_fit_error(name("device") + " " + device_name(r.device) + " (" + m.gpu_missing + ") use " +
+                           name("device") + " cpu, or check the GPU and its driver with nvidia-smi");
     if (r.placement == Placement::managed && r.device.backend != Backend::cuda)
         throw usage_error(name("placement") + " managed needs a CUDA device (managed memory is GPU memory); use " +
                           name("placement") + " stream or " + name("placement") + " device with " + name("device") +
@@ -245,9 +249,15 @@ MachineFacts machine_facts(const Device& device) {
     MachineFacts m;
     m.host_available = available_host_memory();
     m.hardware_threads = hardware_threads();
-    if (device.backend == Backend::cuda)
-        for (const GpuInfo& g : detect_gpus())
-            if (g.index == device.index) m.gpu_free = g.free_memory;
+    if (device.backend != Backend::cuda) return m;
+    std::string why;
+    const std::vector<GpuInfo> gpus = detect_gpus(&why);
+    for (const GpuInfo& g : gpus)
+        if (g.index == device.index) m.gpu_free = g.free_memory;
+    if (!m.gpu_free)
+        m.gpu_missing = gpus.empty() ? why
+                                     : "no such GPU: this machine has " + std::to_string(gpus.size()) +
+                                           ", cuda:0 to cuda:" + std::to_string(gpus.size() - 1);
     return m;
 }
 
@@ -257,7 +267,7 @@ Device default_device(std::string* why) {
 }
 
 SourcePlan plan_source(const Dataset& ds, const SourceRequest& r, const MachineFacts& m) {
-    check_request(r);
+    check_request(r, m);
     const SplitInfo& split = ds.manifest().split(r.split);
     SourceConfig c = base_config(r);
     const std::uint64_t bytes = checked_mul(
@@ -273,7 +283,7 @@ SourcePlan plan_source(const Dataset& ds, const SourceRequest& r, const MachineF
 
 TrainingPlan plan_training(const Dataset& ds, const SourceRequest& r, std::string_view eval_split,
                            const MachineFacts& m) {
-    check_request(r);
+    check_request(r, m);
     const Manifest& man = ds.manifest();
     const SplitInfo* eval = eval_split.empty() ? nullptr : man.find(eval_split);
     if (eval && eval->samples == 0) eval = nullptr;

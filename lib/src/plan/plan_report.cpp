@@ -18,6 +18,7 @@
 #include "dstk/train/model.hpp"
 #include "dstk/train/trainer.hpp"
 #include "dstk/units.hpp"
+#include "plan/data_path.hpp"
 
 namespace dstk::plan {
 namespace {
@@ -207,10 +208,9 @@ void read_rates(const std::string& file, Inputs& in) {
     rates.seq_read = bench::sequential_read_rate(r);
     rates.h2d_pinned = bench::pinned_h2d_rate(r);
     if (const auto rnd = bench::best_random_read(r, "sample")) rates.random_read = rnd->rate;
-    data::SourceConfig sc;
-    sc.order.kind = in.order;
-    sc.batch = in.job.batch;
-    const unsigned threads = data::io_threads_for(sc, in.storage_chunk);
+    data::OrderConfig order;
+    order.kind = in.order;
+    const unsigned threads = data::io_threads_for(order, 2, in.storage_chunk); // dstrain's 2 readers by default
     if (const auto ch = bench::rate_at_threads(r, "io.rand.chunk.pread.cold", threads)) {
         rates.chunk_read = ch->rate;
         rates.chunk_threads = ch->threads;
@@ -649,10 +649,15 @@ void run_plan(const PlanOptions& o) {
     std::optional<bool> passed;
     if (in.require) passed = v->fit != Fit::none && at_least(v->fit, *in.require);
 
-    if (o.out.json)
-        std::cout << to_json(in, b, caps, v, path, e, table, table_types, passed).dump(2) << "\n";
-    else if (!o.out.quiet || !in.require)
+    const std::optional<data::SourcePlan> data_path = data_path_plan(o, in.job.model_bytes);
+    if (o.out.json) {
+        json doc = to_json(in, b, caps, v, path, e, table, table_types, passed);
+        doc["data_path"] = data_path ? data::plan_json(*data_path) : json(nullptr);
+        std::cout << doc.dump(2) << "\n";
+    } else if (!o.out.quiet || !in.require) {
         print_text(in, b, caps, v, path, e, table, table_types);
+        if (data_path) print_data_path(*data_path);
+    }
     std::cout.flush();
     std::fflush(stdout);
     if (passed && !*passed)

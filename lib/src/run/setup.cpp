@@ -232,6 +232,7 @@ void open_sources(Session& s, const DataOptions& d, Placement asked, const Outpu
     const data::SourceRequest r = source_request(s, d, asked, out);
     s.plan = data::plan_training(*s.ds, r, s.test_split ? s.test_split->name : "", data::machine_facts(s.device));
     const data::SourcePlan& p = s.plan.train;
+    for (const std::string& line : data::describe(p)) note(out, "dstrain: " + line);
     for (const std::string& line : p.tuning) note(out, "dstrain: " + line);
     if (!p.direct_why.empty()) note(out, "dstrain: " + p.direct_why);
     for (const std::string& line : p.notes) note(out, "dstrain: " + line);

@@ -126,9 +126,9 @@ struct StageTimes {
 std::string_view limiting_stage(const StageTimes& t);
 
 // Chunk reads the stream's window cache keeps in flight (its I/O threads) for
-// this configuration; storage_chunk: samples per chunk of zstd-chunked input,
-// 0 for .npy. dsplan times the disk at this thread count.
-unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk);
+// this order and reader count; storage_chunk: samples per chunk of
+// zstd-chunked input, 0 for .npy. dsplan times the disk at this thread count.
+unsigned io_threads_for(const OrderConfig& order, unsigned readers, std::uint64_t storage_chunk);
 
 // The split's fields a source of `config` delivers, in batch order:
 // config.fields, or the manifest's input and label roles. Usage errors (naming

@@ -75,6 +75,7 @@ struct SourceRequest {
 struct MachineFacts {
     std::uint64_t host_available = 0;      // available_host_memory()
     std::optional<std::uint64_t> gpu_free; // the device's free memory (cuda)
+    std::string gpu_missing;               // cuda: why the device does not answer (gpu_free unset)
     unsigned hardware_threads = 1;
 };
 MachineFacts machine_facts(const Device& device);

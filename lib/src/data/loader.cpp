@@ -1,0 +1,179 @@
+// The converted-batch engine (loader.hpp): planning, the fields' kinds, and
+// the cpu backend's batches; loader_device.cpp holds the cuda backend's
+// slots and feeder.
+#include "dstk/data/loader.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "dstk/error.hpp"
+#include "dstk/gpu_info.hpp"
+#include "loader_slots.hpp"
+
+namespace dstk::data {
+namespace {
+
+bool is_integer(DType t) {
+    return !is_float(t);
+}
+
+// The kind a field gets without an explicit one.
+FieldKind default_kind(const Manifest& m, const BatchField& f, const LoaderRequest& r) {
+    if (!r.convert) return FieldKind::stored;
+    if (f.name == m.input_field) return r.normalize ? FieldKind::normalised : FieldKind::values;
+    if (f.name == m.label_field && is_integer(f.dtype)) return r.labels64 ? FieldKind::classes64 : FieldKind::classes32;
+    return FieldKind::values;
+}
+
+// The input's statistics: given (mean and std together, one per channel), or field_norm's.
+ChannelNorm input_norm(const Dataset& ds, const BatchField& f, const LoaderRequest& r) {
+    const SettingNames& names = r.source.names;
+    if (r.mean.empty() != r.std.empty())
+        throw usage_error(spell(names, "mean") + " and " + spell(names, "std") +
+                          " are given together (one without the other cannot normalise)");
+    if (r.mean.empty()) return field_norm(ds, f.name, "train");
+    ChannelNorm n;
+    const std::uint64_t channels = channels_of(f.shape);
+    if (r.mean.size() != channels || r.std.size() != channels)
+        throw usage_error(spell(names, "mean") + " and " + spell(names, "std") + " have " +
+                          std::to_string(r.mean.size()) + " and " + std::to_string(r.std.size()) + " values but '" +
+                          f.name + "' (" + f.shape.str() + ") has " + std::to_string(channels) +
+                          " channels; give one per channel");
+    for (const float s : r.std)
+        if (!(s > 0)) throw usage_error(spell(names, "std") + " values must be positive (they divide)");
+    n.mean = r.mean;
+    n.std = r.std;
+    n.per_channel = f.shape.numel() / channels;
+    n.source = "given";
+    return n;
+}
+
+std::vector<FieldOutput> outputs_of(const Dataset& ds, const SourcePlan& plan, const LoaderRequest& r) {
+    for (const auto& [name, kind] : r.kinds)
+        if (std::none_of(plan.fields.begin(), plan.fields.end(), [&](const BatchField& f) { return f.name == name; }))
+            throw usage_error(spell(r.source.names, "convert") + " names '" + name +
+                              "', which is not among the fields delivered; name one of the fields");
+    std::vector<FieldOutput> out;
+    for (const BatchField& f : plan.fields) {
+        FieldOutput o{f.name, f.dtype, f.dtype, f.shape, default_kind(ds.manifest(), f, r), {}};
+        if (const auto it = r.kinds.find(f.name); it != r.kinds.end()) o.kind = it->second;
+        if ((o.kind == FieldKind::classes32 || o.kind == FieldKind::classes64) && !is_integer(f.dtype))
+            throw usage_error("'" + f.name + "' is " + std::string(dtype_name(f.dtype)) +
+                              ", not integer classes; convert it to float values, or keep it as stored");
+        o.dtype = converted_dtype(o.kind, f.dtype);
+        if (o.kind == FieldKind::normalised) {
+            o.norm = f.name == ds.manifest().input_field ? input_norm(ds, f, r) : field_norm(ds, f.name, "train");
+            o.norm.per_channel = f.shape.numel() / o.norm.mean.size();
+        }
+        out.push_back(std::move(o));
+    }
+    return out;
+}
+
+SourceRequest resolved_source(const LoaderRequest& r) {
+    SourceRequest s = r.source;
+    if (!r.device_auto) return s;
+    std::string why;
+    s.device = default_device(&why);
+    if (s.device.backend == Backend::cpu && s.notice)
+        s.notice("no GPU (" + why + "): batches in host memory, converted on the CPU");
+    return s;
+}
+
+} // namespace
+
+Loader::Loader(const std::filesystem::path& dir, const LoaderRequest& r) : dataset_(Dataset::open(dir)), keep_(r.keep) {
+    if (keep_ == 0)
+        throw usage_error("invalid " + spell(r.source.names, "keep") +
+                          " 0 (a consumer holds at least the batch it was given)");
+    SourceRequest s = resolved_source(r);
+    if (s.device.backend == Backend::cuda && built_with_cuda()) {
+        slots_ = make_device_slots(s.device, keep_ + 1 + ahead);
+        s.compute_stream = slots_->stream();
+    }
+    plan_ = plan_source(dataset_, s, machine_facts(s.device));
+    outputs_ = outputs_of(dataset_, plan_, r);
+    for (const FieldOutput& o : outputs_) {
+        inv_std_.emplace_back();
+        for (const float v : o.norm.std) inv_std_.back().push_back(1.0f / v);
+    }
+    if (slots_) {
+        slots_->allocate(plan_.config.batch, outputs_, inv_std_);
+        sizes_.assign(slots(), 0);
+    }
+    source_ = make_batch_source(dataset_, plan_);
+}
+
+Loader::~Loader() {
+    stop_feeder();
+    source_.reset(); // its slots are freed once our stream is done with them
+}
+
+unsigned Loader::slots() const {
+    return keep_ + 1 + ahead;
+}
+
+// The conversion of batch `b` into out[f]; the statistics from the host
+// (cpu) or from the slots' device copies (cuda).
+std::vector<FieldConversion> Loader::conversions(const Batch& b, std::span<void* const> out, bool device) const {
+    std::vector<FieldConversion> c;
+    for (std::size_t f = 0; f < outputs_.size(); ++f) {
+        const FieldOutput& o = outputs_[f];
+        FieldConversion fc;
+        fc.src = b.fields[f].data;
+        fc.dtype = o.stored;
+        fc.per_sample = o.shape.numel();
+        fc.dst = out[f];
+        fc.kind = o.kind;
+        if (o.kind == FieldKind::normalised) {
+            fc.mean = device ? slots_->mean(f) : o.norm.mean.data();
+            fc.inv_std = device ? slots_->inv_std(f) : inv_std_[f].data();
+            fc.hw = o.norm.per_channel;
+        }
+        c.push_back(fc);
+    }
+    return c;
+}
+
+void Loader::start_epoch(std::uint64_t epoch, std::uint64_t first_batch) {
+    if (!on_gpu()) return source_->start_epoch(epoch, first_batch);
+    stop_feeder(); // batches it converted ahead for the abandoned iteration are dropped
+    {
+        std::lock_guard lock(source_mutex_);
+        source_->start_epoch(epoch, first_batch);
+    }
+    wait_seconds_ = 0;
+    start_feeder();
+}
+
+std::uint32_t Loader::next_host(std::span<void* const> out) {
+    if (out.size() != outputs_.size()) throw std::logic_error("Loader::next_host: one buffer per output field");
+    const Batch* batch = source_->next();
+    if (!batch) return 0;
+    try {
+        convert_fields_host(conversions(*batch, out, false), batch->size);
+    } catch (...) {
+        source_->release();
+        throw;
+    }
+    source_->release();
+    return batch->size;
+}
+
+StageTimes Loader::take_times() {
+    if (!on_gpu()) return source_->take_times();
+    StageTimes t;
+    {
+        std::lock_guard lock(source_mutex_);
+        t = source_->take_times();
+    }
+    std::lock_guard lock(mutex_);
+    t.read_wait = std::exchange(wait_seconds_, 0.0);
+    return t;
+}
+
+std::uint64_t Loader::device_bytes() const {
+    return source_->device_bytes() + (slots_ ? slots_->bytes() : 0);
+}
+
+} // namespace dstk::data

@@ -1,0 +1,21 @@
+#pragma once
+// dsplan --dataset: the data path dstrain would build for this dataset with
+// the same --data, --order, --batch, --prefetch and --bench, from the one
+// planning entrance (data::plan_training), printed as dstrain prints it.
+#include <cstdint>
+#include <optional>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "dstk/data/source_plan.hpp"
+#include "dstk/plan/plan.hpp"
+
+namespace dstk::plan {
+
+// The training split's plan; none without --dataset, or where --dtype asks
+// about a copy that does not exist yet. `model_bytes`: the model's footprint
+// (--model), which auto placement leaves free on the GPU.
+std::optional<data::SourcePlan> data_path_plan(const PlanOptions& o, std::optional<std::uint64_t> model_bytes);
+void print_data_path(const data::SourcePlan& p);
+
+} // namespace dstk::plan
