@@ -355,10 +355,19 @@ Manifest output_manifest(Job& j, Manifest m) {
         m.input_field = j.src.manifest->input_field;
         m.label_field = j.src.manifest->label_field;
         if (xp && !xp->convert && !o.shuffle_seed && o.split.empty()) m.stats = j.src.manifest->stats;
+        const auto& from = j.src.manifest->provenance.params;
+        const auto it = from.find("num_classes_from");
+        j.classes_from = "the input's manifest" + (it == from.end() ? std::string() : ": " + it->second);
     } else {
         m.num_classes = j.src.num_classes;
+        j.classes_from = "the input format (" + std::string(input_format_name(j.src.format)) + ")";
     }
-    if (const auto classes = check_labels(j); classes && (o.num_classes || !m.num_classes)) m.num_classes = classes;
+    if (const auto classes = check_labels(j); classes && (o.num_classes || !m.num_classes)) {
+        m.num_classes = classes;
+        j.classes_from = o.num_classes ? "--num-classes" : "the largest label + 1";
+    }
+    j.classes = m.num_classes;
+    if (m.num_classes) m.provenance.params["num_classes_from"] = j.classes_from;
     bool has_label = false;
     for (const auto& p : j.fields) has_label |= p.name == m.label_field;
     if (!has_label) m.label_field.clear();

@@ -61,6 +61,10 @@ struct Job {
     std::filesystem::path out_dir;
     std::uint64_t resume_at = 0; // samples of the (concatenated) input already converted
     std::uint64_t bytes_written = 0;
+    // The output's class count and where it came from (the manifest's
+    // provenance param num_classes_from), for the report.
+    std::optional<std::uint32_t> classes;
+    std::string classes_from;
 };
 
 void stream_input(Job& job);
