@@ -79,7 +79,8 @@ if [ "$benches" != none ]; then
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
     if named python-loader; then
         # The package into the python3 that holds PyTorch, offline (no build
-        # isolation); nanobind (2 or newer) and scikit-build-core from .whl/ where
+        # isolation), linking build-gpu's library (built above; nothing compiled
+        # twice); nanobind (2 or newer) and scikit-build-core from .whl/ where
         # that python3 lacks them (it holds pytest).
         export PIP_BREAK_SYSTEM_PACKAGES=1
         SUMMARY_RE='Successfully|rror' step python-install 300 bash -c '
@@ -89,7 +90,7 @@ if [ "$benches" != none ]; then
             python3 -c "import scikit_build_core" || wheel scikit-build-core || exit 1
             python3 -c "import nanobind, pytest; print(nanobind.__version__)" || exit 1
             python3 -m pip install -v --no-build-isolation --no-deps --no-index \
-                -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
+                -C cmake.define.DSTK_BUILD_DIR="$PWD/build-gpu" ./python'
         SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
         SUMMARY_RE='dstk / reference' step python-loader 450 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
             ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"} ${DSTK_PY_ARGS:-}

@@ -20,10 +20,19 @@ cmake --build build -j"$jobs"
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 
-# ---- Python: the package built into build/venv, then one pytest over its
-# tests and the saved model's (tests/python).
+# ---- Python: the package installed into build/venv, linking the library
+# built above (DSTK_BUILD_DIR: nothing is compiled twice), reinstalled only
+# when it or the library changed; then one pytest over its tests and the
+# tools' Python-side tests (tests/python).
 echo "== python (build/venv)"
-CMAKE_ARGS="${cuda_args[*]}" build/venv/bin/python -m pip install -q --no-build-isolation --no-deps ./python
+stamp=build/python/installed.stamp
+if [ ! -f "$stamp" ] || [ -n "$(find python/src python/dstk python/CMakeLists.txt python/pyproject.toml \
+    build/lib/libdstk.a -newer "$stamp" -print -quit)" ]; then
+    CMAKE_ARGS="-DDSTK_BUILD_DIR=$PWD/build" build/venv/bin/python -m pip install -q --no-build-isolation --no-deps ./python
+    touch "$stamp"
+else
+    echo "(the package in build/venv is up to date)"
+fi
 py_dirs=(python/tests tests/python)
 rc=0
 DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q "${py_dirs[@]}" || rc=$?
