@@ -17,14 +17,11 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" >build-configur
 grep -E '^-- dstk:' build-configure.log || true
 cmake --build build -j"$jobs"
 
-echo "== tests"
-ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
-
 # ---- Python: the package installed into build/venv, linking the library
 # built above (DSTK_BUILD_DIR: nothing is compiled twice), reinstalled only
-# when it or the library changed; then one pytest over its tests and the
-# tools' Python-side tests (tests/python).
-echo "== python (build/venv)"
+# when it or the library changed (before ctest: the README's test runs
+# python -m dstk.plot).
+echo "== python package (build/venv)"
 stamp=build/python/installed.stamp
 if [ ! -f "$stamp" ] || [ -n "$(find python/src python/dstk python/CMakeLists.txt python/pyproject.toml \
     build/lib/libdstk.a -newer "$stamp" -print -quit)" ]; then
@@ -33,6 +30,12 @@ if [ ! -f "$stamp" ] || [ -n "$(find python/src python/dstk python/CMakeLists.tx
 else
     echo "(the package in build/venv is up to date)"
 fi
+
+echo "== tests"
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
+
+# One pytest over the package's tests and the tools' Python-side tests (tests/python).
+echo "== python tests"
 py_dirs=(python/tests tests/python)
 rc=0
 DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q "${py_dirs[@]}" || rc=$?

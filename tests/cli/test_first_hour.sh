@@ -9,7 +9,6 @@ DSGEN="$BIN/dsgen"
 DSCONVERT="$BIN/dsconvert"
 DSB="$BIN/dsbench"
 for t in "$DSTRAIN" "$DSGEN" "$DSCONVERT" "$DSB"; do [ -x "$t" ] || skip "no $(basename "$t") in $BIN"; done
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 
 "$DSGEN" "$WORK/ds" --train 512 --test 128 --shape 3x8x8 --classes 4 --seed 7 -q >/dev/null || { echo "dsgen failed" >&2; exit 1; }
 CPU=(--device cpu -T 2 --batch 64 --model mlp:16)
@@ -67,10 +66,7 @@ fi
 "$DSB" all "$WORK/ds" --cases 'io.seq.pread.warm,decode.convert.cpu.u8' --repetitions 2 --min-time 0 --threads 1 \
     --size 1M --json "$WORK/a.json" -q >/dev/null 2>&1 || fail "dsbench all failed"
 cp "$WORK/a.json" "$WORK/b.json"
-MPL=
-for p in "$ROOT/build/venv/bin/python" python3 /usr/bin/python3; do
-    "$p" -c 'import matplotlib' >/dev/null 2>&1 && MPL=$p && break
-done
+MPL=$(plot_python)
 if [ -n "$MPL" ]; then
     expect_exit 0 env DSTK_PYTHON="$MPL" "$DSB" compare "$WORK/a.json" "$WORK/b.json" --plot "$WORK/cmp.png"
     expect_stdout 'io\.seq\.pread\.warm'

@@ -25,6 +25,9 @@ SKIP=(
 command -v fio >/dev/null || SKIP+=("scripts/fio-compare.sh") # needs fio, not installed here
 SKIP+=("srun ") # needs a Slurm cluster
 command -v mpirun >/dev/null || SKIP+=("mpirun ") # needs Open MPI (scripts/setup.sh)
+# dsbench compare --plot draws with a python that has matplotlib (scripts/setup.sh --test).
+PLOT_PY=$(plot_python)
+if [ -n "$PLOT_PY" ]; then export DSTK_PYTHON=$PLOT_PY; else SKIP+=("--plot "); fi
 # mpirun as root in CI's container, with more ranks than its 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none

@@ -19,6 +19,17 @@ SKIP=(
     "dstrain big/ --data managed" # needs a GPU (cudaMallocManaged)
 )
 command -v mpirun >/dev/null || SKIP+=("mpirun ") # needs Open MPI (scripts/setup.sh)
+# python -m dstk.plot and --plot: a python with matplotlib and the dstk package
+# (scripts/test.sh installs it into build/venv before ctest), as `python`.
+PLOT_PY=$(plot_python package)
+if [ -n "$PLOT_PY" ]; then
+    mkdir -p "$WORK/py"
+    printf '#!/bin/sh\nexec "%s" "$@"\n' "$PLOT_PY" >"$WORK/py/python"
+    chmod +x "$WORK/py/python"
+    export DSTK_PYTHON=$PLOT_PY
+else
+    SKIP+=("python -m dstk.plot" "--plot ") # needs the dstk package (pip install ./python) and matplotlib
+fi
 # mpirun as root in CI's container, with more ranks than its 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
@@ -41,7 +52,7 @@ mkdir -p "$RUN"
 ln -s "$(cd "$SHARED" && pwd)" "$WORK/shared"
 cd "$RUN" || exit 1
 ln -s "$MNIST/t10k-images-idx3-ubyte.gz" "$MNIST/t10k-labels-idx1-ubyte.gz" .
-export PATH="$BIN:$PATH"
+export PATH="$BIN:$WORK/py:$PATH"
 dsgen data/ --train 512 --test 128 --shape 3x16x16 --classes 10 -q
 dsgen big/ --train 1024 --test 128 --shape 3x16x16 --classes 10 -q
 make_npz_fixtures '
