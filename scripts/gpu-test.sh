@@ -17,6 +17,9 @@
 #                     with DSTK_PY_ARGS, e.g. "--runs 3 --seconds 3";
 #                     DSTK_PY_CGROUP=4G adds its larger-than-RAM run)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
+# Carried files for a machine without network: .whl/ (nanobind, scikit-build-core
+# for python-loader) and .deb/libxxhash-dev_*.deb (apt-get download libxxhash-dev)
+# where the machine has no libxxhash-dev.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=${1:-${OUT:-build-gpu/logs}}
@@ -45,8 +48,17 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader >"$log/gpu.txt" 2>&1 || true
 scripts/setup.sh >"$log/setup.log" 2>&1 || echo "setup: see $log/setup.log (continuing: the build says what is missing)" >&2
 
+# libxxhash-dev where the machine lacks it (it has no network): from .deb/
+# (apt-get download libxxhash-dev, on a machine with one), unpacked into
+# build-gpu/deps and linked statically.
+deps_args=()
+if ! pkg-config --exists libxxhash 2>/dev/null && compgen -G ".deb/libxxhash-dev_*.deb" >/dev/null; then
+    mkdir -p build-gpu/deps
+    for f in .deb/libxxhash-dev_*.deb; do dpkg -x "$f" build-gpu/deps; done
+    deps_args+=("-DDSTK_XXHASH_ROOT=$PWD/build-gpu/deps/usr")
+fi
 SUMMARY_RE='dstk:' step configure 120 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}"
+    -DCMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" "${deps_args[@]}"
 SUMMARY_RE='Built target|error' step build 420 cmake --build build-gpu -j"$(nproc)" || {
     grep -E 'error' -A3 "$log/build.log" | head -40 >&2
     cat "$table"
