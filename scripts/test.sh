@@ -2,7 +2,7 @@
 # The README's test command: installs what is missing, builds into build/,
 # runs every test (unit, CLI, real-data; GPU tests skip with a reason where
 # there is no GPU), then a short run of each fuzzer.
-#   DSTK_FUZZ_SECONDS  seconds per fuzzer (default 20; 0 skips fuzzing)
+#   DSTK_FUZZ_SECONDS  seconds per fuzzer (default 20, one fuzzer per core at a time; 0 skips fuzzing)
 #   DSTK_CUDA_ARCHS    CUDA architectures to compile (default: the project's
 #                      80;86;89;90 when nvcc is present)
 set -euo pipefail
@@ -51,14 +51,30 @@ if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
         { cat build-fuzz-configure.log; exit 1; }
     targets=$(for f in tests/fuzz/fuzz_*.cpp; do basename "$f" .cpp; done)
     cmake --build build-fuzz -j"$jobs" --target $targets
-    for t in $targets; do
-        corpus=build-fuzz/corpus/$t
+    # One fuzzer per core at a time (each is one process on one core).
+    fuzz_one() {
+        local t=$1 corpus=build-fuzz/corpus/$1
         mkdir -p "$corpus"
         [ -d "tests/fuzz/corpus/$t" ] && cp -r "tests/fuzz/corpus/$t/." "$corpus/"
-        echo "-- $t"
-        build-fuzz/fuzz/$t -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 "$corpus" 2>build-fuzz/$t.log ||
-            { tail -50 build-fuzz/$t.log; echo "fuzzer $t found a crash" >&2; exit 1; }
-        grep -E 'stat::number_of_executed_units' build-fuzz/$t.log || true
+        build-fuzz/fuzz/$t -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 "$corpus" 2>build-fuzz/$t.log
+    }
+    pids=() names=()
+    for t in $targets; do
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.2; done
+        fuzz_one "$t" &
+        pids+=($!) names+=("$t")
     done
+    failed=0
+    for i in "${!pids[@]}"; do
+        t=${names[$i]}
+        if wait "${pids[$i]}"; then
+            echo "-- $t: $(grep -E 'stat::number_of_executed_units' build-fuzz/$t.log || true)"
+        else
+            tail -50 "build-fuzz/$t.log"
+            echo "fuzzer $t found a crash" >&2
+            failed=1
+        fi
+    done
+    [ "$failed" -eq 0 ] || exit 1
 fi
 echo "== all tests passed"
