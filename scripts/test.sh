@@ -12,8 +12,15 @@ scripts/setup.sh --test
 jobs=$(nproc)
 cuda_args=()
 [ -n "${DSTK_CUDA_ARCHS:-}" ] && cuda_args+=("-DCMAKE_CUDA_ARCHITECTURES=${DSTK_CUDA_ARCHS}")
+# ccache, where installed, makes a fresh clone on a machine that built before cheap.
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} # hits across clones in other folders
+fi
 echo "== build (build/)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" "${launcher[@]}" >build-configure.log 2>&1 ||
+    { cat build-configure.log; exit 1; }
 grep -E '^-- dstk:' build-configure.log || true
 cmake --build build -j"$jobs"
 
@@ -47,7 +54,7 @@ seconds=${DSTK_FUZZ_SECONDS:-20}
 if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
     echo "== fuzzers (${seconds} s each)"
     cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-        -DDSTK_FUZZ=ON -DDSTK_CUDA=OFF -DDSTK_TOOLS=OFF >build-fuzz-configure.log 2>&1 ||
+        -DDSTK_FUZZ=ON -DDSTK_CUDA=OFF -DDSTK_TOOLS=OFF "${launcher[@]}" >build-fuzz-configure.log 2>&1 ||
         { cat build-fuzz-configure.log; exit 1; }
     targets=$(for f in tests/fuzz/fuzz_*.cpp; do basename "$f" .cpp; done)
     cmake --build build-fuzz -j"$jobs" --target $targets
