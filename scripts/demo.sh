@@ -15,13 +15,7 @@ scripts/setup.sh --demo
 
 # The tools only (the tests are scripts/test.sh's); an earlier build is reused.
 echo "== build (build/)"
-launcher=()
-if command -v ccache >/dev/null 2>&1; then
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-    export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} # hits across clones in other folders
-fi
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
-grep -E '^-- dstk:' build-configure.log || true
+source scripts/configure.sh
 cmake --build build -j"$(nproc)" --target dsgen dsconvert dsplan dsbench dstrain
 bin=$root/build/bin
 mkdir -p "$out"

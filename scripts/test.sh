@@ -4,24 +4,15 @@
 # there is no GPU), then a short run of each fuzzer.
 #   DSTK_FUZZ_SECONDS  seconds per fuzzer (default 20, one fuzzer per core at a time; 0 skips fuzzing)
 #   DSTK_CUDA_ARCHS    CUDA architectures to compile (default: the project's
-#                      80;86;89;90 when nvcc is present)
+#                      80;86;89;90 where a GPU is present, else 90 alone; see
+#                      scripts/configure.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 
 jobs=$(nproc)
-cuda_args=()
-[ -n "${DSTK_CUDA_ARCHS:-}" ] && cuda_args+=("-DCMAKE_CUDA_ARCHITECTURES=${DSTK_CUDA_ARCHS}")
-# ccache, where installed, makes a fresh clone on a machine that built before cheap.
-launcher=()
-if command -v ccache >/dev/null 2>&1; then
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-    export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} # hits across clones in other folders
-fi
 echo "== build (build/)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" "${launcher[@]}" >build-configure.log 2>&1 ||
-    { cat build-configure.log; exit 1; }
-grep -E '^-- dstk:' build-configure.log || true
+source scripts/configure.sh
 cmake --build build -j"$jobs"
 
 # ---- Python: the package installed into build/venv, linking the library
