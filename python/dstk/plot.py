@@ -257,7 +257,10 @@ def save(fig, out, force):
         raise PlotError(f"{out} exists and is not a regular file; give another name", 2)
     directory = os.path.dirname(out)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".tmp", dir=directory)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary, not the picture
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png")
             f.flush()

@@ -4,6 +4,7 @@ pictures of python/dstk/plot.py through matplotlib's own objects (the series
 drawn are the log's values) and the PNG's header (its size)."""
 import importlib.util
 import json
+import os
 import struct
 
 import pytest
@@ -103,6 +104,9 @@ def test_curves_are_drawn_from_the_log(trained):
     out = tmp / "curves.png"
     assert plot.main([str(tmp / "train.jsonl"), "-o", str(out)]) == 0
     assert png_size(out) == (1100, 750)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as any output, not the temporary's 0600
     assert plot.main([str(tmp / "train.jsonl"), "-o", str(out)]) == 2  # exists: --force replaces it
     assert plot.main([str(tmp / "train.jsonl"), "-o", str(out), "--force"]) == 0
 
