@@ -21,15 +21,16 @@ void estimate_cpu_epoch(Session& s, const TrainOptions& e, const OutputOptions& 
     if (s.on_gpu() || out.quiet || !s.root() || s.ranks() != 1) return;
     data::BatchSource& src = s.test_src ? *s.test_src : *s.train_src;
     src.start_epoch(0, 0);
-    train::Batch b;
-    if (!src.next(b)) return;
+    const Batch* b = src.next();
+    if (!b) return;
     const auto t0 = data::Clock::now();
-    s.trainer->evaluate(b);
+    s.trainer->evaluate(*b);
     (void)s.trainer->take_eval_metrics(); // synchronises
     const double forward = data::seconds_since(t0);
+    const std::uint32_t size = b->size;
     src.release();
     (void)src.take_times();
-    const double rate = static_cast<double>(b.size) / (step_per_forward * forward);
+    const double rate = static_cast<double>(size) / (step_per_forward * forward);
     const double epoch = static_cast<double>(s.steps_per_epoch * s.global_batch()) / rate;
     std::string line = "dstrain: on the CPU: about " + format_duration(epoch) + " per epoch (" +
                        format_count(static_cast<std::uint64_t>(rate)) +
