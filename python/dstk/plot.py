@@ -233,7 +233,13 @@ def bench_figure(docs, names, title=None):
         for j, (label, rate) in enumerate(reference_rates(doc)):
             ax.axvline(rate / 1e9, color="C%d" % (3 + j), linestyle=styles[i % len(styles)],
                        label="%s: %.2f GB/s%s" % (label, rate / 1e9, " (%s)" % name if len(docs) > 1 else ""))
-    ax.legend(fontsize=8, loc="lower right")
+    handles, _ = ax.get_legend_handles_labels()
+    if len(docs) == 1:  # the colours' families
+        from matplotlib.patches import Patch
+
+        families = {c.split(".")[0] for c in cases}
+        handles += [Patch(color=colour, label=name) for name, colour in FAMILY_COLOURS.items() if name in families]
+    ax.legend(handles=handles, fontsize=8, loc="lower right")
     host = docs[0].get("context", {}).get("host", "")
     ax.set_title(title or "dsbench: %s%s" % (", ".join(names), " on " + host if host and len(docs) == 1 else ""))
     return fig
