@@ -51,6 +51,15 @@ template <typename Get> void add_channel(const unsigned char* p, std::uint64_t n
 template <typename Get>
 void add_samples(const unsigned char* p, std::uint64_t count, std::uint64_t channels, std::uint64_t per,
                  std::size_t elem, Get get, double* sum, double* sumsq) {
+    if (per == 1) { // a vector of features: one value per channel, added straight (the same sums)
+        for (std::uint64_t i = 0; i < count; ++i)
+            for (std::uint64_t c = 0; c < channels; ++c) {
+                const double v = get(p, i * channels + c);
+                sum[c] += v;
+                sumsq[c] += v * v;
+            }
+        return;
+    }
     for (std::uint64_t i = 0; i < count; ++i)
         for (std::uint64_t c = 0; c < channels; ++c)
             add_channel(p + (i * channels + c) * per * elem, per, get, sum[c], sumsq[c]);
@@ -93,6 +102,10 @@ void add_channel_sums(std::vector<double>& row, const void* samples, std::uint64
     const std::size_t elem = dtype_size(t);
     switch (t) {
     case DType::u8: // exact integer sums: cheap and order-independent
+        if (per == 1) {
+            add_samples(p, count, channels, per, elem, value_at<std::uint8_t>, sum, sumsq);
+            break;
+        }
         for (std::uint64_t i = 0; i < count; ++i)
             for (std::uint64_t c = 0; c < channels; ++c) {
                 std::uint64_t s = 0, s2 = 0;

@@ -377,6 +377,15 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
 
 } // namespace
 
+std::string field_type_text(DType t, const Shape& s) {
+    std::string out(dtype_name(t));
+    if (s.dims.empty()) return out;
+    out += '[';
+    out += s.str();
+    out += ']';
+    return out;
+}
+
 std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples) {
     return checked_mul(f.sample_bytes(), samples, "field '" + f.name + "' size");
 }

@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
     add_options(app, o, t);
 
     return run_tool(app, argc, argv, [&] {
+        if (!t.merge.empty() && !t.concat.empty()) throw usage_error("give --merge or --concat, not both");
         for (auto [paths, flag, into] :
              {std::tuple{&t.merge, "--merge", &o.merge_parts}, std::tuple{&t.concat, "--concat", &o.concat_members}}) {
             if (paths->empty()) continue;

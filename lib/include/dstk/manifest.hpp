@@ -123,6 +123,9 @@ Manifest parse_manifest(std::string_view json_text, const std::string& source);
 std::string serialize_manifest(const Manifest& m); // pretty JSON, trailing newline
 Manifest load_manifest(const std::filesystem::path& dataset_dir);
 
+// "u8[3x32x32]", "i32" (a scalar): a field's type, for messages and reports.
+std::string field_type_text(DType t, const Shape& s);
+
 // sample_bytes * samples, checked.
 std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples);
 

@@ -33,7 +33,7 @@ Member load_member(const fs::path& dir) {
 }
 
 std::string field_text(const FieldInfo& f) {
-    return std::string(dtype_name(f.dtype)) + (f.shape.dims.empty() ? "" : "[" + f.shape.str() + "]");
+    return field_type_text(f.dtype, f.shape);
 }
 
 std::string storage_text(const FieldInfo& f) {
@@ -76,15 +76,15 @@ void check_split(const Member& first, const Member& k, const SplitInfo& split) {
 
 void check_members(const std::vector<Member>& ms, bool dataset_field) {
     const Member& first = ms.front();
+    if (dataset_field && first.m.splits.front().find("dataset"))
+        throw usage_error("--dataset-field adds a field 'dataset', which the members already have; drop "
+                          "--dataset-field (or rename their field)");
     for (const Member& k : ms) {
         for (const SplitInfo& split : k.m.splits) check_split(first, k, split);
         if (k.m.input_field != first.m.input_field || k.m.label_field != first.m.label_field)
             throw usage_error("the members give the roles to different fields (" + roles_text(first) + "; " +
                               roles_text(k) + "); set them alike with dsconvert --input NAME --label NAME");
     }
-    if (dataset_field && first.m.splits.front().find("dataset"))
-        throw usage_error("--dataset-field adds a field 'dataset', which the members already have; drop "
-                          "--dataset-field (or rename their field)");
 }
 
 // The splits of the members, in the order they first appear.
@@ -176,7 +176,8 @@ void concat_stats(const std::vector<Member>& ms, const OutputOptions& out, Manif
             if (!same || same->samples == 0) continue;
             const ChannelStats* st = s == same ? k.m.stats_of(field.name) : nullptr;
             if (!st) {
-                missing += (missing.empty() ? "" : ", ") + k.name();
+                if (!missing.empty()) missing += ", ";
+                missing += k.name();
                 continue;
             }
             stats.push_back(*st);

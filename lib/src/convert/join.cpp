@@ -82,7 +82,10 @@ Placer::~Placer() {
 void Placer::place(const fs::path& from, const std::string& name) {
     if (!move_) {
         const fs::path to = dir_.file(name); // a link: removing it on a signal loses nothing
-        if (::link(from.c_str(), to.c_str()) == 0) return;
+        if (::link(from.c_str(), to.c_str()) == 0) {
+            ++linked_files_;
+            return;
+        }
         const int err = errno;
         if (copy_ && err != EEXIST) return copy(from, to, err);
         if (err == EXDEV)
@@ -156,7 +159,8 @@ void report(const ConvertOptions& o, const std::string& what, std::uint64_t inpu
             files += std::max<std::size_t>(1, f.parts.size());
         }
     }
-    const std::uint64_t copied = placer.copied_files();
+    const std::uint64_t copied = placer.copied_files(), linked = placer.linked_files();
+    const char* method = o.move ? "move" : !copied ? "link" : !linked ? "copy" : "link+copy";
     if (o.out.json) {
         const nlohmann::json j = {{"tool", "dsconvert"},
                                   {what.substr(0, what.find(' ')), o.output.string()},
@@ -166,17 +170,17 @@ void report(const ConvertOptions& o, const std::string& what, std::uint64_t inpu
                                   {"files", files},
                                   {"copied_files", copied},
                                   {"copied_bytes", placer.copied_bytes()},
-                                  {"method", o.move   ? "move"
-                                             : copied ? "link+copy"
-                                                      : "link"}};
+                                  {"method", method}};
         std::printf("%s\n", j.dump(2).c_str());
         return;
     }
-    const std::string how = o.move ? "moved" : "hard-linked";
-    const std::string copies =
-        copied ? std::to_string(copied) + " copied (" + format_bytes(placer.copied_bytes()) + ")" : "nothing copied";
+    const std::string copy = "copied (" + format_bytes(placer.copied_bytes()) + ")";
+    const std::string how = o.move    ? "moved, nothing copied"
+                            : !copied ? "hard-linked, nothing copied"
+                            : !linked ? copy
+                                      : std::to_string(linked) + " hard-linked, " + std::to_string(copied) + " " + copy;
     note(o.out, "dsconvert: " + what + " (" + splits + " samples, " + format_bytes(bytes) + " in " +
-                    std::to_string(files) + " files, " + how + ", " + copies + ") -> " + o.output.string());
+                    std::to_string(files) + " files, " + how + ") -> " + o.output.string());
 }
 
 } // namespace dstk::join

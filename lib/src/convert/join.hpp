@@ -21,7 +21,7 @@ namespace dstk::join {
 struct Input {
     std::filesystem::path dir;
     Manifest m;
-    std::string name() const { return "'" + dir.string() + "'"; }
+    std::string name() const { return '\'' + dir.string() + '\''; }
 };
 
 // Usage errors for the conversion options, which a join does not apply
@@ -49,6 +49,7 @@ class Placer {
     Placer& operator=(const Placer&) = delete;
     void place(const std::filesystem::path& from, const std::string& name);
     void done() { done_ = true; }
+    std::uint64_t linked_files() const { return linked_files_; }
     std::uint64_t copied_files() const { return copied_files_; }
     std::uint64_t copied_bytes() const { return copied_bytes_; }
 
@@ -59,7 +60,7 @@ class Placer {
     const OutputOptions& out_;
     bool move_, copy_, done_ = false;
     std::vector<std::pair<std::filesystem::path, std::filesystem::path>> moved_;
-    std::uint64_t copied_files_ = 0, copied_bytes_ = 0;
+    std::uint64_t linked_files_ = 0, copied_files_ = 0, copied_bytes_ = 0;
 };
 
 // The field's files in `inputs` order (each input's file or parts, those of

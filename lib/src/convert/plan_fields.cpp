@@ -76,9 +76,10 @@ void plan_input(Job& j) {
 
 std::string fields_text(const std::vector<FieldPlan>& fields) {
     std::string out;
-    for (const auto& p : fields)
-        out += (out.empty() ? "" : ", ") + p.name + " " + std::string(dtype_name(p.in)) +
-               (p.shape.dims.empty() ? "" : "[" + p.shape.str() + "]");
+    for (const auto& p : fields) {
+        if (!out.empty()) out += ", ";
+        out += p.name + ' ' + field_type_text(p.in, p.shape);
+    }
     return out;
 }
 

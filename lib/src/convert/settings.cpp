@@ -100,7 +100,6 @@ namespace convert {
 
 void check_modes(const ConvertOptions& o) {
     const bool merge = !o.merge_parts.empty(), concat = !o.concat_members.empty();
-    if (merge && concat) throw usage_error("give --merge or --concat, not both");
     if (o.move && !merge && !concat)
         throw usage_error("--move goes with --merge or --concat (it moves the inputs' files into OUTPUT)");
     if (o.dataset_field && !concat) throw usage_error("--dataset-field goes with --concat (it numbers the members)");

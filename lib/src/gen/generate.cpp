@@ -261,7 +261,7 @@ void describe_shard(const GenRun& r, const std::vector<SplitPlan>& splits, Manif
     sh.chunk_samples = r.block_samples;
     sh.settings = generate_settings(r.o);
     for (const auto& s : splits) {
-        ShardSplit ss{s.name, s.range.first, s.samples, {}};
+        ShardSplit ss{s.name, s.range.first, s.samples, {}, {}};
         if (s.name == "train") ss.chunk_sums = r.sum_rows;
         sh.splits.push_back(std::move(ss));
     }

@@ -9,6 +9,7 @@
 
 #include "dstk/error.hpp"
 #include "dstk/enum_names.hpp"
+#include "dstk/manifest.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/units.hpp"
 
@@ -290,7 +291,7 @@ std::uint64_t disk_bytes(const DataSpec& d) {
 namespace {
 
 std::string field_desc(const FieldSpec& f) {
-    return f.name + " " + std::string(dtype_name(f.dtype)) + (f.shape.dims.empty() ? "" : "[" + f.shape.str() + "]");
+    return f.name + ' ' + field_type_text(f.dtype, f.shape);
 }
 
 } // namespace

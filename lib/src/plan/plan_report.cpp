@@ -428,9 +428,8 @@ std::string sample_text(const DataSpec& d, bool with_bytes) {
     std::string out;
     for (const FieldSpec& f : d.fields) {
         if (!out.empty()) out += " + ";
-        out +=
-            f.name + " " + std::string(dtype_name(f.dtype)) + (f.shape.dims.empty() ? "" : "[" + f.shape.str() + "]");
-        if (with_bytes) out += " " + format_count(f.bytes()) + " B";
+        out += f.name + ' ' + field_type_text(f.dtype, f.shape);
+        if (with_bytes) out += ' ' + format_count(f.bytes()) + " B";
     }
     if (with_bytes && d.fields.size() > 1) out += " = " + format_count(bytes_per_sample(d)) + " B";
     return out;

@@ -26,9 +26,10 @@ std::pair<std::string, std::string> split_and_field(std::string name) {
 
 std::string field_list(const SourceSplit& sp) {
     std::string out;
-    for (const auto& f : sp.fields)
-        out += (out.empty() ? "" : ", ") + f.name + " " + std::string(dtype_name(f.dtype)) +
-               (f.shape.dims.empty() ? "" : "[" + f.shape.str() + "]");
+    for (const auto& f : sp.fields) {
+        if (!out.empty()) out += ", ";
+        out += f.name + ' ' + field_type_text(f.dtype, f.shape);
+    }
     return out;
 }
 
