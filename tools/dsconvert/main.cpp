@@ -61,8 +61,8 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
                    "Re-split the (concatenated) input, e.g. train=0.9,test=0.1 (after "
                    "--shuffle)");
     app.add_option("--select", o.select,
-                   "SPLIT[/FIELD] written to a single .npy/raw OUTPUT (default: the only "
-                   "split, field x)");
+                   "SPLIT[/FIELD] written to a single .npy/raw OUTPUT (default: the only split, the input "
+                   "field)");
     app.add_option("--shape", t.shape, "Per-sample shape of raw and v28b inputs, e.g. 3x32x32");
     app.add_option("--in-dtype", t.in_dtype, "Element type of raw inputs (required) and v28b images (default f32)");
     app.add_option("--label-dtype", t.label_dtype, "Element type of v28b labels_*.bin and of a raw --labels file")
@@ -70,12 +70,12 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
     app.add_option("--labels", o.raw.labels,
                    "Labels (field y) of an image array: .npy, .npz with one array, IDX (plain or .gz) or raw "
                    "(--label-dtype), one per sample; with raw stdin it also sets the sample count");
-    app.add_option("--input,--x-array", o.raw.input,
-                   "The field (.npz array, .npy file) that is the input, e.g. positions or x_train (--x-array: "
-                   "its old name)");
-    app.add_option("--label,--y-array", o.raw.label,
-                   "The field (.npz array, .npy file) that is the label, e.g. moves or y_train (--y-array: its "
-                   "old name)");
+    auto* input = app.add_option("--input", o.raw.input,
+                                 "The field (.npz array, .npy file) that is the input, e.g. positions or x_train");
+    auto* label = app.add_option("--label", o.raw.label,
+                                 "The field (.npz array, .npy file) that is the label, e.g. moves or y_train");
+    app.add_option("--x-array", o.raw.input, "The old name of --input")->excludes(input);
+    app.add_option("--y-array", o.raw.label, "The old name of --label")->excludes(label);
     app.add_option("--in-layout", t.in_layout,
                    "Layout of npy/npz/raw images: nhwc (height x width x channels, transposed to CHW), nchw, or "
                    "auto (nhwc where the last axis is 1, 3 or 4 and the others are not, with a notice)")

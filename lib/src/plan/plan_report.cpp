@@ -601,29 +601,9 @@ template <class T> json opt(const std::optional<T>& v) {
     return v ? json(*v) : json(nullptr);
 }
 
-json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
-             Fit path, const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
-             const std::vector<std::optional<DType>>& table_types, std::optional<bool> check_passed) {
-    const Machine& m = in.machine;
+// "data": the fields, their roles, the datasets and the sizes.
+json data_json(const Inputs& in) {
     const DataSpec& d = in.data;
-    json doc;
-    doc["tool"] = "dsplan";
-    doc["version"] = DSTK_VERSION;
-    doc["machine"] = {{"ram", figure_json(m.ram)},  {"ram_available", figure_json(m.ram_available)},
-                      {"numa_nodes", m.numa_nodes}, {"disk", figure_json(m.disk)},
-                      {"gpu", figure_json(m.gpu)},  {"notes", m.notes}};
-    doc["machine"]["disk"]["path"] = m.disk_path;
-    doc["machine"]["disk"]["filesystem"] = m.filesystem;
-    doc["machine"]["gpu"]["name"] = m.gpu_name;
-    doc["machine"]["gpu"]["pcie_generation"] = m.pcie_generation;
-    doc["machine"]["gpu"]["pcie_width"] = m.pcie_width;
-    doc["assumptions"] = {{"os_reserve_bytes", in.assumptions.os_reserve},
-                          {"headroom_percent", in.assumptions.headroom_ppm / 10'000.0}};
-    const auto budget = [](const Figure& f) { return f.known() ? json(f.bytes) : json(nullptr); };
-    doc["budgets"] = {{"ram_bytes", budget(b.ram)},
-                      {"disk_bytes", budget(b.disk)},
-                      {"gpu_bytes", budget(b.gpu)},
-                      {"notes", budget_notes(in, b)}};
     const FieldSpec* x = d.input_field();
     json fields = json::array();
     for (const FieldSpec& f : d.fields)
@@ -657,7 +637,33 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
         data["dataset_bytes"] = dataset_bytes(d);
         data["disk_bytes"] = disk_bytes(d);
     }
-    doc["data"] = data;
+    return data;
+}
+
+json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
+             Fit path, const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
+             const std::vector<std::optional<DType>>& table_types, std::optional<bool> check_passed) {
+    const Machine& m = in.machine;
+    const DataSpec& d = in.data;
+    json doc;
+    doc["tool"] = "dsplan";
+    doc["version"] = DSTK_VERSION;
+    doc["machine"] = {{"ram", figure_json(m.ram)},  {"ram_available", figure_json(m.ram_available)},
+                      {"numa_nodes", m.numa_nodes}, {"disk", figure_json(m.disk)},
+                      {"gpu", figure_json(m.gpu)},  {"notes", m.notes}};
+    doc["machine"]["disk"]["path"] = m.disk_path;
+    doc["machine"]["disk"]["filesystem"] = m.filesystem;
+    doc["machine"]["gpu"]["name"] = m.gpu_name;
+    doc["machine"]["gpu"]["pcie_generation"] = m.pcie_generation;
+    doc["machine"]["gpu"]["pcie_width"] = m.pcie_width;
+    doc["assumptions"] = {{"os_reserve_bytes", in.assumptions.os_reserve},
+                          {"headroom_percent", in.assumptions.headroom_ppm / 10'000.0}};
+    const auto budget = [](const Figure& f) { return f.known() ? json(f.bytes) : json(nullptr); };
+    doc["budgets"] = {{"ram_bytes", budget(b.ram)},
+                      {"disk_bytes", budget(b.disk)},
+                      {"gpu_bytes", budget(b.gpu)},
+                      {"notes", budget_notes(in, b)}};
+    doc["data"] = data_json(in);
     doc["job"] = {{"batch", in.job.batch},
                   {"prefetch", in.job.prefetch},
                   {"ring_bytes", ring_bytes(d, in.job)},
