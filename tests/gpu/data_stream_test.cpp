@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/run/train_run.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
@@ -58,7 +59,7 @@ struct Stream {
 SourceConfig config(Placement p, Order o, void* stream) {
     SourceConfig c;
     c.placement = p;
-    c.device = {train::Backend::cuda, 0};
+    c.device = {dstk::Backend::cuda, 0};
     c.order = {o, 3, 512, 4};
     c.batch = 256;
     c.prefetch = 4;
@@ -91,9 +92,9 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
             src->start_epoch(1, 2);
             std::vector<std::uint8_t> x(256 * row_bytes);
             std::vector<std::int32_t> y(256);
-            train::Batch b;
+            test_support::XY b;
             std::uint64_t position = 2 * 256;
-            while (src->next(b)) {
+            while (test_support::next_xy(*src, b)) {
                 gpu::stream_synchronize(stream.s); // the batch is ready for work on the stream
                 gpu::copy_d2h(x.data(), b.x, b.size * row_bytes);
                 gpu::copy_d2h(y.data(), b.y, b.size * 4);
@@ -121,9 +122,9 @@ TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
         const std::uint64_t before = used_now();
         auto src = make_batch_source(ds, "train", config(Placement::stream, Order::chunk, stream.s));
         src->start_epoch(0, 0);
-        train::Batch b;
+        test_support::XY b;
         std::uint64_t peak = 0, batches = 0;
-        while (src->next(b)) {
+        while (test_support::next_xy(*src, b)) {
             src->release();
             if (++batches % 64 == 0) peak = std::max(peak, used_now() - before);
         }
@@ -157,7 +158,7 @@ TEST(GpuDataPath, TrainingPeakStaysUnderTheCeilingPrintedBeforeTheFirstStep) {
         e.model = "ref-cnn";
         e.epochs = 2;
         e.batch = 256;
-        e.device = train::Device{train::Backend::cuda, 0};
+        e.device = dstk::Device{dstk::Backend::cuda, 0};
         e.files.save = {dir / "model.safetensors"}; // every run saves its model: into the dataset, removed below
         run::DataOptions d;
         d.data = c.placement;

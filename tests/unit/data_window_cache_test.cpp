@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/field_reader.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/error.hpp"
@@ -219,7 +220,7 @@ TEST(WindowCache, AFileThatShrinksIsAnErrorNamingIt) {
     for (const bool direct : {false, true}) {
         SourceConfig c;
         c.placement = Placement::stream;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {Order::chunk, 3, 256, 2};
         c.batch = 100;
         c.direct = direct;
@@ -230,8 +231,8 @@ TEST(WindowCache, AFileThatShrinksIsAnErrorNamingIt) {
         std::string what;
         try {
             s->start_epoch(0, 0);
-            train::Batch b;
-            while (s->next(b)) s->release();
+            test_support::XY b;
+            while (test_support::next_xy(*s, b)) s->release();
         } catch (const Error& e) {
             what = e.what();
         }
@@ -252,7 +253,7 @@ TEST(WindowCache, StreamSourceReadsWholeChunksAndDeliversTheDeviceBatches) {
     const Dataset ds = Dataset::open(dir);
     for (const Order o : {Order::sequential, Order::chunk}) {
         SourceConfig c;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {o, 11, 128, 3};
         c.batch = 64;
         c.placement = Placement::stream;
@@ -262,16 +263,16 @@ TEST(WindowCache, StreamSourceReadsWholeChunksAndDeliversTheDeviceBatches) {
         for (const std::uint64_t epoch : {0ull, 2ull}) {
             stream->start_epoch(epoch, 0);
             device->start_epoch(epoch, 0);
-            train::Batch a, b;
-            while (device->next(b)) {
-                ASSERT_TRUE(stream->next(a));
+            test_support::XY a, b;
+            while (test_support::next_xy(*device, b)) {
+                ASSERT_TRUE(test_support::next_xy(*stream, a));
                 ASSERT_EQ(a.size, b.size);
                 EXPECT_EQ(std::memcmp(a.x, b.x, a.size * sb), 0);
                 EXPECT_EQ(std::memcmp(a.y, b.y, a.size * 4), 0);
                 stream->release();
                 device->release();
             }
-            EXPECT_FALSE(stream->next(a));
+            EXPECT_FALSE(test_support::next_xy(*stream, a));
             const StageTimes t = stream->take_times();
             EXPECT_EQ(t.io.reads, (n + 127) / 128) << order_name(o);
             EXPECT_EQ(t.io.largest, 128 * sb);

@@ -18,6 +18,7 @@
 #include "dstk/bench/case.hpp"
 #include "dstk/chunked_file.hpp"
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/dataset_writer.hpp"
@@ -294,15 +295,15 @@ TEST(FieldReader, AStreamRunOpensEachFileOnce) {
     for (const Order o : {Order::chunk, Order::full}) {
         SourceConfig c;
         c.placement = Placement::stream;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {o, 3, 64, 2};
         c.batch = 50;
         c.readers = 3;
         auto s = make_batch_source(ds, "train", c);
         s->start_epoch(0, 0);
-        train::Batch b;
+        test_support::XY b;
         std::uint64_t seen = 0;
-        while (s->next(b)) {
+        while (test_support::next_xy(*s, b)) {
             seen += b.size;
             s->release();
         }
@@ -315,7 +316,7 @@ TEST(FieldReader, AStreamRunOpensEachFileOnce) {
     if (o_direct_works(xf)) { // the O_DIRECT descriptor is the one addition, for the input only
         SourceConfig c;
         c.placement = Placement::stream;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {Order::chunk, 3, 64, 2};
         c.batch = 50;
         c.direct = true;
@@ -350,15 +351,15 @@ TEST(FieldReader, ADatasetInPartsStreamsTheDeviceBatches) {
             for (const Placement p : {Placement::stream, Placement::device}) {
                 SourceConfig c;
                 c.placement = p;
-                c.device = {train::Backend::cpu, 0};
+                c.device = {dstk::Backend::cpu, 0};
                 c.order = {o, 7, chunk, 2};
                 c.batch = 16;
                 c.drop_last = false;
                 auto s = make_batch_source(ds, "train", c);
                 s->start_epoch(1, 0);
-                train::Batch b;
+                test_support::XY b;
                 labels.emplace_back();
-                while (s->next(b)) {
+                while (test_support::next_xy(*s, b)) {
                     const auto* x = static_cast<const std::uint8_t*>(b.x);
                     for (std::uint32_t i = 0; i < b.size; ++i) {
                         labels.back().push_back(b.y[i]);

@@ -138,15 +138,29 @@ struct StreamParts {
     std::uint64_t host_allocated() const { return ring->host_bytes() + (cache ? cache->allocated_bytes() : 0); }
 };
 
+// The batch a source hands out: the split's input and label fields under
+// their names; each batch sets the pointers and the size.
+Batch xy_batch(const Fields& f) {
+    Batch b;
+    for (const FieldInfo* fi : {f.x, f.y}) b.fields.push_back({fi->name, fi->dtype, fi->shape, nullptr});
+    return b;
+}
+
+const Batch* point(Batch& b, const void* x, const void* y, std::uint32_t size) {
+    b.size = size;
+    b.fields[0].data = x;
+    b.fields[1].data = y;
+    return &b;
+}
+
 // The running hash of the batches a cpu source delivered (hash_batches).
 struct BatchHash {
     bool on = false;
     std::optional<Xxh64> h;
-    void add(const train::Batch& b, std::uint64_t sample_bytes) {
+    void add(const Batch& b) {
         if (!on) return;
         if (!h) h.emplace();
-        h->update(b.x, std::uint64_t{b.size} * sample_bytes);
-        h->update(b.y, std::uint64_t{b.size} * sizeof(std::int32_t));
+        for (const BatchField& f : b.fields) h->update(f.data, std::uint64_t{b.size} * f.sample_bytes());
     }
     void take(StageTimes& t) {
         if (!on) return;
@@ -160,7 +174,7 @@ struct BatchHash {
 class HostStreamSource final : public BatchSource {
   public:
     HostStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : parts_(ds, f, c, c.prefetch, plain_host_memory()) {
+        : parts_(ds, f, c, c.prefetch, plain_host_memory()), batch_(xy_batch(f)) {
         hash_.on = c.hash_batches;
     }
 
@@ -173,15 +187,15 @@ class HostStreamSource final : public BatchSource {
         StageTimes dropped;
         hash_.take(dropped);
     }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         const RingSlot* s = parts_.ring->acquire();
-        if (!s) return false;
-        out = {s->x, s->y, s->size};
-        hash_.add(out, parts_.x.sample_bytes());
+        if (!s) return nullptr;
+        point(batch_, s->x, s->y, s->size);
+        hash_.add(batch_);
         times_.batches += 1;
         times_.samples += s->size;
         times_.bytes += s->size * (parts_.x.sample_bytes() + 4);
-        return true;
+        return &batch_;
     }
     void release() override { parts_.ring->release(); }
     StageTimes take_times() override {
@@ -196,6 +210,7 @@ class HostStreamSource final : public BatchSource {
 
   private:
     StreamParts parts_;
+    Batch batch_;
     StageTimes times_;
     BatchHash hash_;
 };
@@ -218,9 +233,9 @@ class ResidentSource : public BatchSource {
     StageTimes take_times() override { return std::exchange(times_, {}); }
 
   protected:
-    ResidentSource(const SourceConfig& c, std::uint64_t samples, std::uint64_t sample_bytes)
-        : config_(c), samples_(samples), sample_bytes_(sample_bytes),
-          batches_(c.slice.batches(samples, c.batch, c.drop_last)) {}
+    ResidentSource(const Fields& f, const SourceConfig& c)
+        : config_(c), samples_(f.split->samples), sample_bytes_(f.x->sample_bytes()),
+          batches_(c.slice.batches(samples_, c.batch, c.drop_last)), batch_(xy_batch(f)) {}
     // Advances to the next batch of the epoch: its first position and size.
     bool take(std::uint64_t& first, std::uint32_t& count) {
         if (next_ >= batches_) return false;
@@ -237,14 +252,14 @@ class ResidentSource : public BatchSource {
     std::uint64_t samples_, sample_bytes_, batches_, next_ = 0;
     std::unique_ptr<EpochOrder> order_;
     StageTimes times_;
+    Batch batch_;
 };
 
 // ---- device placement, cpu backend: the split in host memory ------------------
 
 class HostResidentSource final : public ResidentSource {
   public:
-    HostResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : ResidentSource(c, f.split->samples, f.x->sample_bytes()) {
+    HostResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c) : ResidentSource(f, c) {
         hash_.on = c.hash_batches;
         const auto t0 = Clock::now();
         x_.resize(checked_mul(samples_, sample_bytes_, "split bytes"));
@@ -259,22 +274,22 @@ class HostResidentSource final : public ResidentSource {
     }
 
     Placement placement() const override { return Placement::device; }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         std::uint64_t first;
         std::uint32_t count;
-        if (!take(first, count)) return false;
+        if (!take(first, count)) return nullptr;
         if (config_.order.kind == Order::sequential) {
-            out = {x_.data() + first * sample_bytes_, y_.data() + first, count};
+            point(batch_, x_.data() + first * sample_bytes_, y_.data() + first, count);
         } else {
             for (std::uint32_t i = 0; i < count; ++i) {
                 const std::uint64_t s = (*order_)[first + i];
                 std::memcpy(slot_x_.data() + i * sample_bytes_, x_.data() + s * sample_bytes_, sample_bytes_);
                 slot_y_[i] = y_[s];
             }
-            out = {slot_x_.data(), slot_y_.data(), count};
+            point(batch_, slot_x_.data(), slot_y_.data(), count);
         }
-        hash_.add(out, sample_bytes_);
-        return true;
+        hash_.add(batch_);
+        return &batch_;
     }
     StageTimes take_times() override {
         StageTimes t = ResidentSource::take_times();
@@ -333,8 +348,8 @@ class DeviceGather {
     static std::uint64_t bytes(std::uint32_t batch, std::uint64_t sample_bytes) {
         return batch * sample_bytes + std::uint64_t{batch} * 4 + std::uint64_t{batch} * 16;
     }
-    train::Batch gather(const EpochOrder& order, std::uint64_t first, std::uint32_t count, const void* src_x,
-                        const std::int32_t* src_y) {
+    const Batch* gather(Batch& out, const EpochOrder& order, std::uint64_t first, std::uint32_t count,
+                        const void* src_x, const std::int32_t* src_y) {
         const unsigned k = turn_++ % 2;
         if (used_[k]) gpu::event_synchronize(idx_done_[k].p);
         auto* host = static_cast<std::uint64_t*>(idx_host_.p) + std::uint64_t{k} * batch_;
@@ -345,7 +360,7 @@ class DeviceGather {
         used_[k] = true;
         gpu::gather_rows_async(x_.p, src_x, sample_bytes_, static_cast<std::int32_t*>(y_.p), src_y, dev, count,
                                stream_);
-        return {x_.p, static_cast<const std::int32_t*>(y_.p), count};
+        return point(out, x_.p, y_.p, count);
     }
 
   private:
@@ -363,19 +378,19 @@ class DeviceGather {
 // Positions [first, first + count) of a split resident in device or managed
 // memory: gathered into the batch buffer in the epoch's order, or, in
 // sequential order (no gather), a slice of the split itself.
-train::Batch resident_batch(DeviceGather* gather, const EpochOrder& order, std::uint64_t first, std::uint32_t count,
-                            const void* x, const void* y, std::uint64_t sample_bytes) {
+const Batch* resident_batch(Batch& out, DeviceGather* gather, const EpochOrder& order, std::uint64_t first,
+                            std::uint32_t count, const void* x, const void* y, std::uint64_t sample_bytes) {
     const auto* xs = static_cast<const std::uint8_t*>(x);
     const auto* ys = static_cast<const std::int32_t*>(y);
-    return gather ? gather->gather(order, first, count, xs, ys)
-                  : train::Batch{xs + first * sample_bytes, ys + first, count};
+    return gather ? gather->gather(out, order, first, count, xs, ys)
+                  : point(out, xs + first * sample_bytes, ys + first, count);
 }
 
 class DeviceResidentSource final : public ResidentSource {
   public:
     DeviceResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : ResidentSource(c, f.split->samples, f.x->sample_bytes()),
-          x_(device_mem(checked_mul(samples_, sample_bytes_, "split bytes"))), y_(device_mem(samples_ * 4)) {
+        : ResidentSource(f, c), x_(device_mem(checked_mul(samples_, sample_bytes_, "split bytes"))),
+          y_(device_mem(samples_ * 4)) {
         const auto t0 = Clock::now();
         load(ds.reader(f.split->name, f.x->name), x_.p, sample_bytes_);
         load(ds.reader(f.split->name, f.y->name), y_.p, 4);
@@ -385,12 +400,11 @@ class DeviceResidentSource final : public ResidentSource {
     }
 
     Placement placement() const override { return Placement::device; }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         std::uint64_t first;
         std::uint32_t count;
-        if (!take(first, count)) return false;
-        out = resident_batch(gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
-        return true;
+        if (!take(first, count)) return nullptr;
+        return resident_batch(batch_, gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
     }
     std::uint64_t device_bytes() const override {
         return samples_ * (sample_bytes_ + 4) + (gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0);
@@ -420,7 +434,7 @@ class DeviceStreamSource final : public BatchSource {
     DeviceStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
         : config_(c), sample_bytes_(f.x->sample_bytes()),
           parts_(ds, f, c, std::max(c.prefetch, 2u), HostMemory{gpu::pinned_alloc, gpu::pinned_free}),
-          ring_(*parts_.ring), copy_stream_(gpu::stream_create(), gpu::stream_destroy) {
+          ring_(*parts_.ring), copy_stream_(gpu::stream_create(), gpu::stream_destroy), batch_(xy_batch(f)) {
         for (unsigned k = 0; k < std::max(c.prefetch, 2u); ++k) {
             Slot s{device_mem(std::uint64_t{c.batch} * sample_bytes_), device_mem(std::uint64_t{c.batch} * 4),
                    event(true), event(true), event(false)};
@@ -445,9 +459,9 @@ class DeviceStreamSource final : public BatchSource {
         parts_.restart(epoch, first_batch);
         times_ = {};
     }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         const RingSlot* h = ring_.acquire();
-        if (!h) return false;
+        if (!h) return nullptr;
         const std::size_t k = turn_++ % slots_.size();
         Slot& d = slots_[k];
         if (d.used) gpu::stream_wait_event(copy_stream_.p, d.computed.p);
@@ -459,11 +473,10 @@ class DeviceStreamSource final : public BatchSource {
         d.used = true;
         pending_.push_back(k);
         current_ = k;
-        out = {d.x.p, static_cast<const std::int32_t*>(d.y.p), h->size};
         times_.batches += 1;
         times_.samples += h->size;
         times_.bytes += h->size * (sample_bytes_ + 4);
-        return true;
+        return point(batch_, d.x.p, d.y.p, h->size);
     }
     void release() override {
         gpu::event_record(slots_[current_].computed.p, config_.compute_stream);
@@ -505,6 +518,7 @@ class DeviceStreamSource final : public BatchSource {
     std::deque<std::size_t> pending_;
     std::size_t turn_ = 0, current_ = 0;
     StageTimes times_;
+    Batch batch_;
 };
 
 // ---- managed placement, cuda -----------------------------------------------------
@@ -512,7 +526,7 @@ class DeviceStreamSource final : public BatchSource {
 class ManagedSource final : public ResidentSource {
   public:
     ManagedSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : ResidentSource(c, f.split->samples, f.x->sample_bytes()),
+        : ResidentSource(f, c),
           x_(gpu::managed_alloc(checked_mul(samples_, sample_bytes_, "split bytes")), gpu::managed_free),
           y_(gpu::managed_alloc(samples_ * 4), gpu::managed_free),
           side_stream_(gpu::stream_create(), gpu::stream_destroy) {
@@ -537,13 +551,12 @@ class ManagedSource final : public ResidentSource {
         ResidentSource::start_epoch(epoch, first_batch);
         prefetched_until_ = config_.slice.first_position(next_, config_.batch);
     }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         std::uint64_t first;
         std::uint32_t count;
-        if (!take(first, count)) return false;
+        if (!take(first, count)) return nullptr;
         if (config_.managed_policy == ManagedPolicy::prefetch) prefetch(first + count);
-        out = resident_batch(gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
-        return true;
+        return resident_batch(batch_, gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
     }
     std::uint64_t device_bytes() const override {
         return gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0;
@@ -659,8 +672,8 @@ std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, c
     case Placement::managed:
         return gather;
     case Placement::stream:
-        return c.device.backend == train::Backend::cpu ? std::uint64_t{std::max(c.prefetch, 1u)} * slot
-                                                       : std::uint64_t{std::max(c.prefetch, 2u)} * slot;
+        return c.device.backend == Backend::cpu ? std::uint64_t{std::max(c.prefetch, 1u)} * slot
+                                                : std::uint64_t{std::max(c.prefetch, 2u)} * slot;
     case Placement::automatic:
         break;
     }
@@ -668,7 +681,7 @@ std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, c
 }
 
 HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c, std::uint64_t available) {
-    const bool cuda = c.device.backend == train::Backend::cuda;
+    const bool cuda = c.device.backend == Backend::cuda;
     const std::uint64_t sb = x.sample_bytes();
     const std::uint64_t slots = cuda ? std::max(c.prefetch, 2u) : std::max(c.prefetch, 1u);
     HostPlan p;
@@ -726,7 +739,7 @@ std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_vi
     const Fields f = check_fields(ds, split, c);
     if (c.prefetch == 0) throw usage_error("invalid --prefetch 0 (the ring needs at least 1 slot)");
     if (c.readers == 0) throw usage_error("invalid --readers 0 (at least 1 reader thread)");
-    const bool cuda = c.device.backend == train::Backend::cuda;
+    const bool cuda = c.device.backend == Backend::cuda;
     switch (c.placement) {
     case Placement::automatic:
         throw std::logic_error("make_batch_source: resolve --data auto first");
@@ -768,7 +781,7 @@ std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_vi
     }
     throw std::logic_error("make_batch_source: unreachable");
 #else
-    throw no_fit_error("--device " + train::device_name(c.device) + " (built without CUDA support) use --device cpu");
+    throw no_fit_error("--device " + device_name(c.device) + " (built without CUDA support) use --device cpu");
 #endif
 }
 

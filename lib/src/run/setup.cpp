@@ -150,6 +150,8 @@ void open_dataset(Session& s, const TrainOptions& e) {
 train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     train::TrainerConfig tc;
     tc.plan = train::plan_network(s.spec, train::tensor_shape_from(s.x->shape), s.classes);
+    tc.input_field = s.ds->manifest().input_field;
+    tc.label_field = s.ds->manifest().label_field;
     tc.input_dtype = s.x->dtype;
     tc.max_batch = e.batch;
     tc.precision = s.precision;
@@ -326,17 +328,16 @@ void open_sources(Session& s) {
 // test batch (a partial one runs outside the captured graph).
 void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource* test_src, std::uint64_t epoch) {
     const std::vector<std::uint8_t> state = t.save_state();
-    train::Batch b;
     train_src.start_epoch(epoch, 0);
-    if (train_src.next(b)) {
-        t.evaluate(b);
-        t.train_step(b);
+    if (const Batch* b = train_src.next()) {
+        t.evaluate(*b);
+        t.train_step(*b);
         train_src.release();
     }
     if (test_src) {
         test_src->start_epoch(0, test_src->batches_per_epoch() - 1);
-        if (test_src->next(b)) {
-            t.evaluate(b);
+        if (const Batch* b = test_src->next()) {
+            t.evaluate(*b);
             test_src->release();
         }
         (void)test_src->take_times();

@@ -17,8 +17,10 @@
 //   managed  (cuda) the split in cudaMallocManaged memory, read from the file
 //            into it; the next batches are prefetched on a side stream.
 //
-// The batch from next() stays valid until release(); the caller calls
-// release() after it has enqueued (cuda) or done (cpu) all work reading it.
+// A batch (dstk/batch.hpp) holds the split's input and label fields under
+// their dataset names. The batch from next() stays valid until release(); the
+// caller calls release() after it has enqueued (cuda) or done (cpu) all work
+// reading it.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,11 +28,12 @@
 #include <string>
 #include <string_view>
 
+#include "dstk/batch.hpp"
+#include "dstk/device.hpp"
 #include "dstk/field_reader.hpp"
 #include "dstk/data/order.hpp"
 #include "dstk/data/stage.hpp"
 #include "dstk/dataset.hpp"
-#include "dstk/train/trainer.hpp"
 
 namespace dstk::data {
 
@@ -48,7 +51,7 @@ std::string_view managed_policy_name(ManagedPolicy p);
 
 struct SourceConfig {
     Placement placement = Placement::stream; // resolved: never automatic here
-    train::Device device;
+    Device device;
     OrderConfig order;
     std::uint32_t batch = 256;
     RankSlice slice;       // data parallel: this rank's part of each global batch (order.hpp)
@@ -128,9 +131,9 @@ class BatchSource {
     // Positions the source at batch `first_batch` of `epoch` (a resume point).
     // The stage times start afresh: what an abandoned iteration counted is dropped.
     virtual void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) = 0;
-    // The next batch of the epoch; false when the epoch is done. Rethrows
-    // reader errors (naming the file and chunk).
-    virtual bool next(train::Batch& out) = 0;
+    // The next batch of the epoch, owned by the source; nullptr when the
+    // epoch is done. Rethrows reader errors (naming the file and chunk).
+    virtual const Batch* next() = 0;
     virtual void release() = 0;
     virtual StageTimes take_times() = 0;
     virtual std::uint64_t device_bytes() const = 0; // backend memory held: slots or the resident split
