@@ -75,6 +75,29 @@ expect_true "no dataset field without --dataset-field" "$PY" -c "
 import json; m = json.load(open('ca/dataset.json'))
 assert [f['name'] for f in m['splits'][0]['fields']] == ['stim', 'robs', 'y']"
 
+# A member in parts (a --merge of --shard parts) and zstd-chunked members whose
+# last chunks are short: their files become parts in order, read as one run.
+expect_exit 0 "$D" a a-s0 --shard 0/2 --chunk-samples 64 -q
+expect_exit 0 "$D" a a-s1 --shard 1/2 --chunk-samples 64 -q
+expect_exit 0 "$D" --merge a-s0 a-s1 a-merged -q
+expect_exit 0 "$D" --concat a-merged bb amb -q
+expect_exit 0 "$D" amb amb-flat -q
+for f in train_stim.npy train_robs.npy train_y.npy; do
+    expect_true "$f of a merged member then bb" "$PY" -c "
+import numpy as np, sys
+got, a, b = (np.load(p) for p in ('amb-flat/$f', 'a/$f', 'bb/$f'))
+assert (got == np.concatenate([a, b])).all()"
+done
+expect_exit 0 "$D" a az1 --compress zstd --chunk-samples 64 -q
+expect_exit 0 "$D" bb az2 --compress zstd --chunk-samples 64 -q
+expect_exit 0 "$D" --concat az1 az2 az12 -q
+expect_exit 0 "$D" --verify az12
+expect_exit 0 "$D" az12 az12-flat -q
+expect_true "zstd members with short last chunks read back in order" "$PY" -c "
+import numpy as np
+got = np.load('az12-flat/train_robs.npy')
+assert (got == np.concatenate([np.load('a/train_robs.npy'), np.load('bb/train_robs.npy')])).all()"
+
 # ---- errors ---------------------------------------------------------------
 expect_exit 2 "$D" --concat a norobs bad
 expect_stderr "split 'train' of 'norobs' has no field 'robs', which 'a' has"
