@@ -26,7 +26,27 @@ memory it took and the process's peak RSS. --cgroup-limit L (root, cgroup v2)
 adds one run of dstk and memmap on a dataset 4x L read from disk inside a
 memory cgroup of L (a fixed number of steps, cold page cache).
 
+The chess case (--cases chess; issue 24) is chess-shaped data of --chess
+positions (scripts/chess_data.py: positions i8[12,8,8], moves i32, results
+i8), three fields a sample, and a compiled two-head PyTorch model (a small
+conv trunk, a policy head of 4672 classes on moves, a tanh value head on
+results), in each process:
+
+  chess-reference  the model on GPU-resident tensors (normalised positions,
+                   int64 moves, float results; slices)
+  chess-dstk       the model fed by dstk.Loader(fields=[positions, moves,
+                   results], output="torch")
+  chess-loader3    that loader alone (tensors taken, no model)
+  chess-loader1    the loader alone on the same data as one field (positions)
+
+and the table gives chess-dstk / chess-reference (target >= 95%) and
+chess-loader3 / chess-loader1 (>= 95%). With --device cpu (the default where
+PyTorch sees no GPU) the chess case runs on the CPU (eager, no compile) with
+NumPy batches: a check of the script itself, not a measurement. --tiny: small
+sizes, a quick run.
+
     python3 scripts/bench-python-loader.py --out "$OUT"   # DSTK_BIN: dsgen's folder
+    python3 scripts/bench-python-loader.py --tiny --cases chess --device cpu
 """
 import argparse, json, os, resource, shutil, statistics, subprocess, sys, time
 
@@ -137,12 +157,122 @@ def worker(a):
     print(json.dumps(out))
 
 
+# ---- worker: the chess case ----------------------------------------------------
+
+CHESS = ["positions", "moves", "results"]
+
+
+def two_head_step(torch, device, compile_step):
+    """A two-head model of chess positions and its SGD step (compiled on the GPU)."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class TwoHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Sequential(nn.Conv2d(12, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                                       nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.Flatten(),
+                                       nn.Linear(64 * 64, 256), nn.ReLU())
+            self.policy = nn.Linear(256, 4672)
+            self.value = nn.Linear(256, 1)
+
+        def forward(self, x):
+            h = self.trunk(x)
+            return self.policy(h), torch.tanh(self.value(h)).squeeze(1)
+
+    torch.manual_seed(0)
+    model = TwoHead().to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=device == "cuda")
+
+    def step(positions, moves, results):
+        opt.zero_grad(set_to_none=True)
+        policy, value = model(positions)
+        loss = F.cross_entropy(policy, moves) + F.mse_loss(value, results)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return torch.compile(step, mode="reduce-overhead") if compile_step else step
+
+
+def chess_worker(a):
+    import numpy as np
+    import torch
+    import dstk
+
+    device = a.device
+    if device == "cuda":
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    step = two_head_step(torch, device, device == "cuda")
+    out = {"ways": {}}
+    dev = None if device == "cuda" else "cpu"
+
+    def timed(it, train, warm=20):
+        """Samples per second over `it`'s batches, for a.max_seconds (or a.steps)."""
+        for _ in range(warm):
+            b = next(it)
+            if train:
+                step(*b)
+        sync()
+        t0, done = time.perf_counter(), 0
+        while (not a.steps or done < a.steps) and not (a.max_seconds and time.perf_counter() - t0 > a.max_seconds):
+            b = next(it)
+            if train:
+                step(*b)
+            done += 1
+        sync()
+        return done * a.batch / (time.perf_counter() - t0)
+
+    def loader(fields):
+        return dstk.Loader(a.dataset, fields=fields, as_tuple=True, batch=a.batch, order="chunk", seed=0,
+                           placement="stream", device=dev, output="torch")
+
+    def forever(l):
+        while True:
+            yield from l
+
+    for way in a.ways.split(","):
+        info = {}
+        if way == "chess-reference":
+            ds = dstk.open(a.dataset)
+            stats = ds.manifest["splits"][0]["fields"][0].get("stats") or ds.manifest["stats"]
+            mean = torch.tensor(stats["mean"], device=device).view(1, 12, 1, 1)
+            std = torch.tensor(stats["std"], device=device).view(1, 12, 1, 1)
+            tr = ds["train"]
+            x = torch.from_numpy(np.array(tr["positions"].numpy())).to(device).float().sub_(mean).div_(std)
+            y = torch.from_numpy(np.array(tr["moves"].numpy())).to(device).long()
+            r = torch.from_numpy(np.array(tr["results"].numpy())).to(device).float()
+            k = len(y) // a.batch
+            batches = ((x[i * a.batch:(i + 1) * a.batch], y[i * a.batch:(i + 1) * a.batch],
+                        r[i * a.batch:(i + 1) * a.batch]) for _ in iter(int, 1) for i in range(k))
+            rate = timed(batches, True)
+            del x, y, r
+        elif way == "chess-dstk":
+            l = loader(CHESS)
+            info = {"device_bytes": l.device_bytes, "host_bytes": l.host_bytes, "plan": l.describe()}
+            rate = timed(forever(l), True)
+        elif way in ("chess-loader3", "chess-loader1"):
+            l = loader(CHESS if way == "chess-loader3" else ["positions"])
+            rate = timed(forever(l), False)
+        else:
+            sys.exit(f"unknown way {way}")
+        info["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        turns = out["ways"].get(way, {}).get("turns", []) + [rate]
+        info["turns"], info["samples_per_s"] = turns, statistics.fmean(turns)
+        out["ways"][way] = info
+        print(f"{way:16s} {rate:12,.0f} samples/s", file=sys.stderr, flush=True)
+    print(json.dumps(out))
+
+
 # ---- driver ------------------------------------------------------------------
 
-def run_worker(a, dataset, ways, steps, log, prefix=None, max_seconds=0):
+def run_worker(a, dataset, ways, steps, log, prefix=None, max_seconds=0, case="cifar"):
     """One worker process; max_seconds caps each way's timed loop (the slow memmap from disk)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", dataset, "--ways", ways, "--batch", str(a.batch),
-           "--steps", str(steps), "--readers", str(a.readers), "--max-seconds", str(max_seconds or a.seconds)]
+           "--steps", str(steps), "--readers", str(a.readers), "--max-seconds", str(max_seconds or a.seconds),
+           "--case", case, "--device", a.device]
     if prefix:
         cmd = prefix + cmd
     with open(log, "w") as err:
@@ -182,6 +312,33 @@ def in_ram(a, dsgen):
     return lines
 
 
+def chess(a, dsconvert):
+    sys.path.insert(0, HERE)
+    from chess_data import chess_dataset
+    data = chess_dataset(dsconvert, os.path.join(a.work, "chess-work"), a.chess)
+    ways = "chess-reference,chess-dstk,chess-loader3,chess-loader1" + ",chess-reference,chess-dstk" * a.pairs
+    results = [run_worker(a, data, ways, 0, os.path.join(a.out, f"chess{r}.log"), case="chess")
+               for r in range(a.runs)]
+    json.dump(results, open(os.path.join(a.out, "bench-python-loader-chess.json"), "w"), indent=1)
+    lines = [f"chess: {a.chess:,} positions (positions i8[12,8,8], moves i32, results i8), batch {a.batch}, "
+             f"{a.device}, {a.runs} processes, {a.seconds:g} s a turn (median [min, max] samples/s)"]
+    for way in ("chess-reference", "chess-dstk", "chess-loader3", "chess-loader1"):
+        rates = [r["ways"][way]["samples_per_s"] for r in results]
+        lines.append(f"  {way:16s} {statistics.median(rates):12,.0f}  [{min(rates):,.0f}, {max(rates):,.0f}]")
+
+    def ratio(x, y):
+        per = [r["ways"][x]["samples_per_s"] / r["ways"][y]["samples_per_s"] for r in results]
+        return f"{statistics.median(per):.1%} (per process: {', '.join(f'{v:.1%}' for v in per)})"
+
+    lines.append(f"  chess-dstk / chess-reference {ratio('chess-dstk', 'chess-reference')}   target >= 95%")
+    lines.append(f"  chess-loader3 / chess-loader1 {ratio('chess-loader3', 'chess-loader1')}   target >= 95%")
+    d = results[-1]["ways"]["chess-dstk"]
+    lines.append(f"  dstk ceilings: GPU {gib(d['device_bytes'])}, host {gib(d['host_bytes'])}; "
+                 f"process peak RSS {gib(d['peak_rss'])}")
+    lines += [f"  {line}" for line in d["plan"]]
+    return lines
+
+
 def cgroup(a, dsgen):
     limit = parse_bytes(a.cgroup_limit)
     samples = 4 * limit // (3 * 32 * 32 + 4)
@@ -214,21 +371,39 @@ def main():
     ap.add_argument("--pairs", type=int, default=3, help="turns of reference and dstk after the first round (in RAM)")
     ap.add_argument("--cgroup-limit", default="", help="e.g. 4G: add the larger-than-RAM run (root, cgroup v2)")
     ap.add_argument("--cgroup-steps", type=int, default=400)
+    ap.add_argument("--cases", default="cifar,chess", help="cifar (u8 images, ref-cnn), chess (three fields, two heads)")
+    ap.add_argument("--chess", type=parse_count, default=parse_count("1M"), help="chess positions (chess case)")
+    ap.add_argument("--device", default="", help="cuda or cpu (default: cuda where PyTorch sees a GPU)")
+    ap.add_argument("--tiny", action="store_true", help="a quick run at small sizes (checks the script)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--ways", default="reference,dstk,memmap", help=argparse.SUPPRESS)
+    ap.add_argument("--case", default="cifar", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--max-seconds", type=float, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if not a.device:
+        import torch
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.worker:
         a.dataset = a.worker
-        return worker(a)
+        return chess_worker(a) if a.case == "chess" else worker(a)
+    if a.tiny:
+        a.train, a.chess, a.runs, a.seconds, a.pairs = 4096, 8192, 1, 1, 0
+    cases = a.cases.split(",")
+    if a.device == "cpu" and "cifar" in cases:
+        sys.exit("bench-python-loader: the cifar case needs a GPU (its reference is a compiled CUDA step); "
+                 "--cases chess runs on the CPU")
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)  # dsgen stages its output beside the dataset: the parent must exist
-    dsgen = os.path.join(os.environ.get("DSTK_BIN", "build-gpu/bin"), "dsgen")
+    bindir = os.environ.get("DSTK_BIN", "build-gpu/bin")
     t0 = time.time()
-    lines = in_ram(a, dsgen)
+    lines = []
+    if "cifar" in cases:
+        lines += in_ram(a, os.path.join(bindir, "dsgen"))
+    if "chess" in cases:
+        lines += chess(a, os.path.join(bindir, "dsconvert"))
     if a.cgroup_limit:
-        lines += cgroup(a, dsgen)
+        lines += cgroup(a, os.path.join(bindir, "dsgen"))
     shutil.rmtree(a.work, ignore_errors=True)
     lines.append(f"({time.time() - t0:.0f} s; logs in {a.out})")
     open(os.path.join(a.out, "summary.txt"), "w").write("\n".join(lines) + "\n")

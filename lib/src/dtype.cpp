@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "dstk/error.hpp"
+#include "dstk/widen.hpp"
 
 namespace dstk {
 namespace {
@@ -76,6 +77,10 @@ std::uint16_t float_to_bf16(float f) {
     return static_cast<std::uint16_t>((u + rounding) >> 16);
 }
 
+float bf16_to_float(std::uint16_t h) {
+    return bf16_bits_to_float(h);
+}
+
 std::uint16_t float_to_f16(float f) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
     const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
@@ -98,6 +103,10 @@ std::uint16_t float_to_f16(float f) {
     const std::uint32_t rebased = abs - 0x38000000u;
     const std::uint32_t r = rebased + 0x0FFFu + ((rebased >> 13) & 1u);
     return static_cast<std::uint16_t>(sign | (r >> 13));
+}
+
+float f16_to_float(std::uint16_t h) {
+    return f16_bits_to_float(h);
 }
 
 } // namespace dstk

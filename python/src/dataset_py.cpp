@@ -12,6 +12,7 @@
 #include "dstk/dataset.hpp"
 #include "dstk/error.hpp"
 #include "dstk/manifest.hpp"
+#include "dstk/widen.hpp"
 
 namespace dstk::py {
 

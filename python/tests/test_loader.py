@@ -1,4 +1,6 @@
 """dstk.Loader on the cpu backend: orders, conversion, resume, errors, Ctrl-C."""
+import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,9 +137,20 @@ def test_bad_settings_raise_library_errors(index_sets, kwargs, message, code):
     assert e.value.exit_code == code
 
 
-def test_missing_stats_say_what_to_do(index_sets):
-    with pytest.raises(dstk.Error, match="pass mean= and std=, or normalize=False"):
-        dstk.Loader(index_sets["npy"], placement="host")
+def test_missing_stats_are_computed_as_dstrain_computes_them(index_sets, tmp_path):
+    # Imports now write statistics: a copy of the dataset without them.
+    bare = tmp_path / "bare"
+    shutil.copytree(index_sets["npy"], bare)
+    manifest = json.loads((bare / "dataset.json").read_text())
+    manifest.pop("stats", None)
+    for split in manifest["splits"]:
+        for field in split["fields"]:
+            field.pop("stats", None)
+    (bare / "dataset.json").write_text(json.dumps(manifest))
+    loader = dstk.Loader(bare, placement="host")  # a scan of the training split, as dstrain's
+    x = dstk.open(bare)["train"]["x"].numpy().astype(np.float64)
+    np.testing.assert_allclose(loader.mean, x.mean(axis=(0, 2, 3)), rtol=1e-5)
+    np.testing.assert_allclose(loader.std, x.std(axis=(0, 2, 3)), rtol=1e-4)
 
 
 def test_loader_bad_path(tmp_path):

@@ -15,6 +15,7 @@
 
 #include "dstk/data/loader.hpp"
 #include "dstk/error.hpp"
+#include "dstk/widen.hpp"
 #include "support/error_of.hpp"
 #include "support/fields_dataset.hpp"
 

@@ -9,6 +9,7 @@
 
 #include "cuda_check.hpp"
 #include "dstk/data/convert.hpp"
+#include "dstk/widen.hpp"
 
 namespace dstk::data {
 namespace {

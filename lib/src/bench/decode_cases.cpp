@@ -17,6 +17,7 @@
 #include "dstk/rng.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
+#include "dstk/widen.hpp"
 
 namespace dstk::bench {
 namespace {
@@ -170,16 +171,18 @@ std::vector<std::uint8_t> convert_input(DType from, std::uint64_t elements, std:
     return in;
 }
 
+// The core's widening (dtype.hpp), typed per loop as the trainer's conversion is.
+template <DType T> void widen_block(const std::uint8_t* in, float* out, std::uint64_t n) {
+    for (std::uint64_t i = 0; i < n; ++i) out[i] = static_cast<float>(widen_as<T>(in, i));
+}
+
 void convert_block(DType from, const std::uint8_t* in, float* out, std::uint64_t n) {
-    if (from == DType::u8) {
-        for (std::uint64_t i = 0; i < n; ++i) out[i] = float(in[i]);
-    } else if (from == DType::bf16) {
-        const auto* h = reinterpret_cast<const std::uint16_t*>(in);
-        for (std::uint64_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
-    } else {
-        const auto* h = reinterpret_cast<const std::uint16_t*>(in);
-        for (std::uint64_t i = 0; i < n; ++i) out[i] = f16_to_float(h[i]);
-    }
+    if (from == DType::u8)
+        widen_block<DType::u8>(in, out, n);
+    else if (from == DType::bf16)
+        widen_block<DType::bf16>(in, out, n);
+    else
+        widen_block<DType::f16>(in, out, n);
 }
 
 CaseResult convert_result(DType from, const std::vector<double>& seconds) {

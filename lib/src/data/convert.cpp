@@ -10,6 +10,7 @@
 #include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
 #include "dstk/units.hpp"
+#include "dstk/widen.hpp"
 
 namespace dstk::data {
 namespace {
@@ -108,30 +109,26 @@ void convert_fields_host(std::span<const FieldConversion> fields, std::uint32_t 
     for (const FieldConversion& f : fields) convert_one(f, n);
 }
 
-std::uint64_t channels_of(const Shape& s) {
-    const std::size_t rank = s.dims.size();
-    return rank == 1 || rank >= 3 ? s.dims[0] : 1;
-}
-
 ChannelNorm field_norm(const Dataset& ds, const std::string& field, std::string_view scan_split) {
     const Manifest& m = ds.manifest();
     const SplitInfo* split = m.find(scan_split);
     if (!split && !m.splits.empty()) split = &m.splits.front();
     const FieldInfo& f = split->field(field);
-    const std::uint64_t channels = channels_of(f.shape);
+    const std::uint64_t channels = stats_channels(f.shape);
     ChannelNorm norm;
     norm.per_channel = f.shape.numel() / channels;
     std::vector<double> sum, sq;
     double n = 0;
-    if (field == m.input_field && m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
+    const ChannelStats* stats = m.stats_of(field);
+    if (stats && stats->mean.size() == channels && stats->std.size() == channels) {
         for (std::uint64_t c = 0; c < channels; ++c) {
-            if (!std::isfinite(m.stats->mean[c]) || !std::isfinite(m.stats->std[c]))
+            if (!std::isfinite(stats->mean[c]) || !std::isfinite(stats->std[c]))
                 throw runtime_error(ds.dir().string() + ": " + manifest_file_name + " gives channel " +
                                     std::to_string(c) + " of '" + field +
                                     "' a non-finite mean or std (the data holds NaN or Inf?) re-create the dataset "
                                     "from finite values");
-            norm.mean.push_back(static_cast<float>(m.stats->mean[c]));
-            norm.std.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
+            norm.mean.push_back(static_cast<float>(stats->mean[c]));
+            norm.std.push_back(static_cast<float>(std::max(stats->std[c], 1e-6)));
         }
         norm.source = "the manifest";
         if (is_float(f.dtype)) scan(ds, *split, f, channels, sum, sq, n);

@@ -17,12 +17,14 @@ bool is_integer(DType t) {
     return !is_float(t);
 }
 
-// The kind a field gets without an explicit one.
+// The kind a field gets without an explicit one. labels64 widens an integer
+// label role even where nothing else is converted (PyTorch's losses take int64).
 FieldKind default_kind(const Manifest& m, const BatchField& f, const LoaderRequest& r) {
+    const bool label = f.name == m.label_field && is_integer(f.dtype);
+    if (label && r.labels64) return FieldKind::classes64;
     if (!r.convert) return FieldKind::stored;
     if (f.name == m.input_field) return r.normalize ? FieldKind::normalised : FieldKind::values;
-    if (f.name == m.label_field && is_integer(f.dtype)) return r.labels64 ? FieldKind::classes64 : FieldKind::classes32;
-    return FieldKind::values;
+    return label ? FieldKind::classes32 : FieldKind::values;
 }
 
 // The input's statistics: given (mean and std together, one per channel), or field_norm's.
@@ -33,7 +35,7 @@ ChannelNorm input_norm(const Dataset& ds, const BatchField& f, const LoaderReque
                           " are given together (one without the other cannot normalise)");
     if (r.mean.empty()) return field_norm(ds, f.name, "train");
     ChannelNorm n;
-    const std::uint64_t channels = channels_of(f.shape);
+    const std::uint64_t channels = stats_channels(f.shape);
     if (r.mean.size() != channels || r.std.size() != channels)
         throw usage_error(spell(names, "mean") + " and " + spell(names, "std") + " have " +
                           std::to_string(r.mean.size()) + " and " + std::to_string(r.std.size()) + " values but '" +

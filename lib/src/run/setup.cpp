@@ -10,6 +10,7 @@
 #include "clock.hpp"
 #include "dstk/bench/results.hpp"
 #include "dstk/checkpoint.hpp"
+#include "dstk/data/convert.hpp"
 #include "dstk/dist/nccl.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
@@ -24,7 +25,6 @@ namespace {
 using data::Placement;
 using train::Backend;
 
-constexpr std::uint64_t stats_samples = 4096;
 
 train::Device choose_device(const TrainOptions& e, const OutputOptions& out) {
     if (e.device) return *e.device;
@@ -50,75 +50,17 @@ void require_gpu(const train::Device& d) {
                        ", cuda:0 to cuda:" + std::to_string(gpus.size() - 1) + ") pick one of them, or --device cpu");
 }
 
-// Sample `e` of a stored input, as a double.
-double stored_value(const std::uint8_t* buf, DType t, std::uint64_t e) {
-    switch (t) {
-    case DType::u8:
-        return buf[e];
-    case DType::bf16:
-        return bf16_to_float(reinterpret_cast<const std::uint16_t*>(buf)[e]);
-    case DType::f16:
-        return f16_to_float(reinterpret_cast<const std::uint16_t*>(buf)[e]);
-    case DType::f32:
-        return reinterpret_cast<const float*>(buf)[e];
-    default:
-        return 0; // refused by the trainer's config check
-    }
-}
-
-// Per-channel sums over up to 4096 samples spread evenly over the training
-// split; a non-finite value is bad data, named by its sample and field.
-void scan_samples(const Dataset& ds, const FieldInfo& x, std::uint64_t samples, std::uint32_t channels,
-                  std::vector<double>& sum, std::vector<double>& sq, double& n) {
-    const FieldReader& r = ds.reader(ds.manifest().split("train").name, x.name);
-    const std::uint64_t take = std::min(samples, stats_samples);
-    const std::uint64_t sb = x.sample_bytes(), per_channel = x.shape.numel() / channels;
-    std::vector<std::uint8_t> buf(sb);
-    sum.assign(channels, 0.0);
-    sq.assign(channels, 0.0);
-    for (std::uint64_t k = 0; k < take; ++k) {
-        r.read(k * samples / take, 1, buf.data());
-        for (std::uint64_t e = 0; e < x.shape.numel(); ++e) {
-            const double v = stored_value(buf.data(), x.dtype, e);
-            if (!std::isfinite(v))
-                throw runtime_error("split 'train' field '" + x.name + "' sample " +
-                                    std::to_string(k * samples / take) + " holds a non-finite value (" +
-                                    (std::isnan(v) ? "NaN" : "Inf") + " at element " + std::to_string(e) +
-                                    ": training needs finite inputs) fix or drop those samples before training");
-            sum[e / per_channel] += v;
-            sq[e / per_channel] += v * v;
-        }
-    }
-    n = static_cast<double>(take * per_channel);
-}
-
-// Per-channel mean and std in stored units: from the manifest, or computed
-// once from the sample scan. Float storage is scanned even when the manifest
-// has statistics, since values written after the manifest (or by another tool)
-// may be non-finite while the statistics are not.
-void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples, std::uint32_t channels,
+// Per-channel mean and std in stored units, by the data path's one rule
+// (data::field_norm: the manifest's statistics, else a scan of the training
+// split), so that dstk.Loader normalises a field as dstrain does.
+void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t, std::uint32_t channels,
                    std::vector<float>& mean, std::vector<float>& stdev) {
-    const Manifest& m = ds.manifest();
-    std::vector<double> sum, sq;
-    double n = 0;
-    if (m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
-        for (std::uint32_t c = 0; c < channels; ++c) {
-            if (!std::isfinite(m.stats->mean[c]) || !std::isfinite(m.stats->std[c]))
-                throw runtime_error(ds.dir().string() + ": " + manifest_file_name + " gives channel " +
-                                    std::to_string(c) + " a non-finite mean or std (the data holds NaN or Inf?) " +
-                                    "re-create the dataset from finite values");
-            mean.push_back(static_cast<float>(m.stats->mean[c]));
-            stdev.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
-        }
-        if (is_float(x.dtype)) scan_samples(ds, x, samples, channels, sum, sq, n);
-        return;
-    }
-    scan_samples(ds, x, samples, channels, sum, sq, n);
-    for (std::uint32_t c = 0; c < channels; ++c) {
-        const double mu = sum[c] / n;
-        mean.push_back(static_cast<float>(mu));
-        stdev.push_back(static_cast<float>(std::sqrt(std::max(sq[c] / n - mu * mu, 1e-12))));
-    }
+    const data::ChannelNorm n = data::field_norm(ds, x.name, "train");
+    if (n.mean.size() != channels)
+        throw std::logic_error("channel_stats: " + std::to_string(n.mean.size()) + " channels of statistics for " +
+                               std::to_string(channels) + " input channels");
+    mean = n.mean;
+    stdev = n.std;
 }
 
 void open_dataset(Session& s, const TrainOptions& e) {

@@ -59,13 +59,9 @@ struct ChannelNorm {
     std::uint64_t per_channel = 1; // values per channel
     std::string source;            // "the manifest", "a scan of 4,096 samples of split 'train'", "given"
 };
-// The channels of a field of per-sample shape `s`: one for a scalar, one per
-// element of a vector (features), one for a 2-d sample (an HxW image), the
-// first dimension for 3 or more (CxHxW).
-std::uint64_t channels_of(const Shape& s);
-// The one rule for statistics: the manifest's for this field (a 3 or more
-// dimensional input's per-channel "stats"), else a scan of up to 4,096
-// samples spread evenly over split `scan_split` (the training split). A
+// The one rule for statistics, per channel (stats_channels, manifest.hpp):
+// the manifest's for this field (Manifest::stats_of), else a scan of up to
+// 4,096 samples spread evenly over split `scan_split` (the training split). A
 // non-finite value is a runtime error naming its sample, as are non-finite
 // statistics in the manifest. Float fields are scanned for non-finite values
 // even where the manifest has statistics: values written after it (or by

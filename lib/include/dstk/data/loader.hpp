@@ -25,7 +25,8 @@
 // role normalised to float32 with field_norm's statistics (the manifest's,
 // else a scan of the training split: dstrain's rule); an integer label role
 // as classes (int32, or int64 with labels64); every other field as float32
-// values; with convert off, every field as stored.
+// values; with convert off, every field as stored (but an integer label with
+// labels64).
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
