@@ -26,7 +26,7 @@ SavedModel sample_model(const std::string& spec, train::TensorShape input, std::
     SavedModel m;
     m.spec = train::resolve_model(spec, classes);
     m.input = input;
-    m.classes = classes;
+    m.targets = classifier_targets(classes);
     m.input_dtype = DType::u8;
     m.mean.assign(input.c, 10.0f);
     m.std.assign(input.c, 4.0f);
@@ -152,8 +152,11 @@ TEST(ModelIo, PredictorLogitsMatchAHandComputation) {
     InferenceOptions o;
     o.device = dstk::Device{dstk::Backend::cpu, 0};
     o.batch = 4;
-    Predictor p(m, DType::u8, o, OutputOptions{true, false, false});
-    const auto logits = p.logits(x, 2);
+    Predictor p(m, DataTypes{DType::u8, {}, {}}, o, OutputOptions{true, false, false});
+    const void* data[] = {x, nullptr};
+    const auto outputs = p.outputs(data, 2);
+    ASSERT_EQ(outputs.size(), 1u);
+    const auto& logits = outputs[0];
     ASSERT_EQ(logits.size(), 4u);
     for (int s = 0; s < 2; ++s)
         for (int k = 0; k < 2; ++k) {

@@ -264,13 +264,12 @@ class Loop {
     // ranks (each rank trained its slice of every global batch).
     void world_figures(EpochReport& er) {
         if (s_.ranks() == 1) return;
-        std::array<double, 4> v{static_cast<double>(er.train.samples), static_cast<double>(er.train.correct),
-                                er.train.loss_sum, er.samples_per_second};
+        std::vector<double> v = er.train.pack();
+        v.push_back(er.samples_per_second);
         s_.world->sum(v);
-        er.train.samples = static_cast<std::uint64_t>(v[0]);
-        er.train.correct = static_cast<std::uint64_t>(v[1]);
-        er.train.loss_sum = v[2];
-        er.samples_per_second = v[3];
+        er.samples_per_second = v.back();
+        v.pop_back();
+        er.train.unpack(v);
     }
 
     // --log-json: for each global step of the epoch taken here, an XXH64 of
@@ -336,7 +335,19 @@ Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOp
           {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
           {"seed", std::to_string(e.seed)},
           {"precision", std::string(train::precision_name(s.precision))},
-      } {}
+      } {
+    // What a model learns from, where it is more than the dataset's labels
+    // with softmax cross-entropy (checkpoints of such runs have no entry).
+    const auto& heads = s.tc.plan.heads;
+    if (heads.size() == 1 && heads[0].name.empty() && heads[0].target.loss == train::LossKind::ce &&
+        heads[0].target.field == s.ds->manifest().label_field && !s.tc.plan.side)
+        return;
+    std::string targets;
+    for (const auto& h : heads)
+        targets += (targets.empty() ? "" : ",") + h.target.field + ":" + std::string(train::loss_name(h.target.loss));
+    if (s.tc.plan.side) targets += ",side:" + s.tc.side.field;
+    run_["targets"] = targets;
+}
 
 CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& out) const {
     if (!d_.resume) {
