@@ -200,7 +200,8 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
         x->set_direct(direct);
         ASSERT_EQ(x->direct(), direct) << l.name;
         const OrderConfig oc{Order::chunk, 5, chunk, 2};
-        WindowCache cache(*x, *y, min_window_cache_bytes(oc, sb, direct), 3, !direct);
+        const std::vector<CachedBytes> bytes{{sb, direct}, {4, false}};
+        WindowCache cache({{x.get(), !direct}, {y.get(), false}}, min_window_cache_bytes(oc, bytes), 3);
         const std::uint64_t n = split.samples, batch = 24;
         for (const std::uint64_t epoch : {0ull, 3ull}) {
             const EpochOrder order(oc, n, epoch);
@@ -209,7 +210,8 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
             std::vector<std::int32_t> ys(batch);
             for (std::uint64_t p = 0; p < n; p += batch) {
                 const std::uint64_t c = std::min(batch, n - p);
-                cache.gather(p, c, xs.data(), ys.data());
+                const std::vector<std::uint8_t*> out{xs.data(), reinterpret_cast<std::uint8_t*>(ys.data())};
+                cache.gather(p, c, out);
                 for (std::uint64_t i = 0; i < c; ++i) {
                     ASSERT_EQ(static_cast<std::uint64_t>(ys[i]), order[p + i]) << l.name << " position " << p + i;
                     std::vector<std::uint8_t> one(xs.begin() + static_cast<std::ptrdiff_t>(i * sb),
@@ -223,12 +225,12 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
             // across a part boundary is one read per part it touches (O_DIRECT)
             // or one assembled read (buffered, zstd).
             const std::uint64_t chunks = (n + chunk - 1) / chunk;
-            if (std::string(l.name).find("chunk_cuts") != std::string::npos) EXPECT_EQ(s.x.reads, chunks) << l.name;
-            EXPECT_GE(s.x.reads, chunks) << l.name;
+            if (std::string(l.name).find("chunk_cuts") != std::string::npos) EXPECT_EQ(s.io[0].reads, chunks) << l.name;
+            EXPECT_GE(s.io[0].reads, chunks) << l.name;
             if (std::string(l.name).find("zstd") == std::string::npos)
-                EXPECT_GE(s.x.bytes, n * sb) << l.name;
+                EXPECT_GE(s.io[0].bytes, n * sb) << l.name;
             else // the compressed frames: what came from the disk
-                EXPECT_GT(s.x.bytes, 0u) << l.name;
+                EXPECT_GT(s.io[0].bytes, 0u) << l.name;
         }
         fs::remove_all(dir);
     }

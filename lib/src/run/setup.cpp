@@ -295,7 +295,8 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     if (sc.placement == Placement::stream) {
         const std::uint64_t avail = data::available_host_memory();
         // Never more host memory than there is: the stream's plan must fit (else exit 3, saying why).
-        const data::HostPlan hp = data::plan_host_memory(*s.train_split, x, sc, avail);
+        const data::HostPlan hp = data::plan_host_memory(
+            *s.train_split, data::source_fields(s.ds->manifest(), *s.train_split, sc), sc, avail);
         if (asked == Placement::automatic)
             s.placement_why += "; host memory " + format_bytes(hp.total()) + " (ring + window cache) of " +
                                format_bytes(avail) + " available";
@@ -326,7 +327,9 @@ void open_sources(Session& s) {
     data::SourceConfig train_sc = s.sc;
     if (s.sc.placement == Placement::stream && s.test_split) {
         // Evaluation streams with the least window cache; --host-mem caps both.
-        const data::HostPlan tp = data::plan_host_memory(*s.test_split, *s.x, test_sc, data::available_host_memory());
+        const data::HostPlan tp =
+            data::plan_host_memory(*s.test_split, data::source_fields(s.ds->manifest(), *s.test_split, test_sc),
+                                   test_sc, data::available_host_memory());
         test_sc.host_mem = tp.ring + tp.other + tp.min_cache;
         if (s.sc.host_mem) {
             if (s.sc.host_mem <= test_sc.host_mem)
