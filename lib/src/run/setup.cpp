@@ -261,6 +261,7 @@ void warn_full_order(const Session& s, const DataOptions& d, const data::SourceC
 data::SourceConfig source_config(Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
     const FieldInfo& x = *s.x;
     data::SourceConfig sc;
+    for (const BatchField& f : train::batch_fields(s.tc)) sc.fields.push_back(f.name); // what the trainer takes
     sc.device = s.device;
     sc.order.kind = s.order;
     sc.order.seed = s.tc.seed;
@@ -289,8 +290,10 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     sc.managed_policy = data::parse_managed_policy(d.managed_policy);
     sc.oversubscribe = d.oversubscribe;
     sc.compute_stream = s.trainer->compute_stream();
-    const std::uint64_t split_bytes = checked_mul(s.train_split->samples, x.sample_bytes() + 4, "split bytes") +
-                                      (s.test_split ? s.test_split->samples * (x.sample_bytes() + 4) : 0);
+    std::uint64_t row_bytes = 0; // every field the trainer takes
+    for (const BatchField& f : train::batch_fields(s.tc)) row_bytes += f.sample_bytes();
+    const std::uint64_t split_bytes = checked_mul(s.train_split->samples, row_bytes, "split bytes") +
+                                      (s.test_split ? s.test_split->samples * row_bytes : 0);
     sc.placement = resolve_placement(asked, s.device, split_bytes, s.trainer->memory_plan().total(), s.placement_why);
     if (sc.placement == Placement::stream) {
         const std::uint64_t avail = data::available_host_memory();
