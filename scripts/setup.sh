@@ -74,7 +74,7 @@ if [ "${1:-}" = "--test" ]; then
     [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
     pip_missing=()
     for spec in nanobind:nanobind scikit-build-core:scikit_build_core numpy:numpy pytest:pytest \
-        safetensors:safetensors onnxruntime:onnxruntime; do
+        safetensors:safetensors onnxruntime:onnxruntime scikit-learn:sklearn; do
         "$venv/bin/python" -c "import ${spec#*:}" >/dev/null 2>&1 || pip_missing+=("${spec%%:*}")
     done
     if [ ${#pip_missing[@]} -gt 0 ]; then

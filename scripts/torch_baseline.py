@@ -6,7 +6,9 @@ an nn.Sequential with one module per spec item, numbered from 0, a res(...)
 block being one module whose body is an nn.Sequential; parameter names are
 therefore those of dstrain's saved models ("0.weight" for a first conv,
 "1.running_mean" for the BN after it, "9.weight" / "9.bias" for small-cnn's
-fc). dstk_init() fills it with dstrain's initialisation, bit for bit (same
+fc). A spec with heads(...) or a side input becomes a Twin: the same trunk
+numbering, each head an nn.Sequential under "heads.NAME", forward(x, side)
+returning {head: output}. dstk_init() fills it with dstrain's initialisation, bit for bit (same
 seed, same Philox streams: PyTorch's default scheme, uniform +-1/sqrt(fan_in)
 for weights and biases).
 
@@ -91,13 +93,59 @@ class Linear(nn.Linear):
         return super().forward(x.flatten(1))
 
 
-def build_model(model, in_shape, classes):
-    """(nn.Sequential, [(plan index, module)]) for a preset or spec on a C x H x W input."""
-    c, h, w = in_shape
-    flat = False  # after flatten or fc the tensor is N x C
+def split_heads(spec):
+    """(trunk spec, [(name, layers spec, loss or None, target, weight)]) of a spec that may end in heads(...)."""
+    i = spec.find("heads(")
+    if i < 0:
+        return spec, []
+    body, heads, pos = spec[i + 6:-1], [], 0
+    while pos < len(body):
+        while body[pos] == " ":
+            pos += 1
+        eq = body.index("=", pos)
+        gt = body.index(">", eq)
+        end = body.find(",", gt)
+        end = len(body) if end < 0 else end
+        target, weight = body[gt + 1:end], 1.0
+        if "*" in target:
+            target, w = target.split("*")
+            weight = float(w)
+        loss, _, field = target.rpartition(":")
+        heads.append((body[pos:eq], body[eq + 1:gt], loss or None, field, weight))
+        pos = end + 1
+    return spec[:i].rstrip(","), heads
+
+
+class Side(nn.Identity):
+    """Where the side input joins (dstrain's "side"): Twin.forward concatenates it to the flat features."""
+
+
+class Twin(nn.Module):
+    """A model with heads or a side input: the trunk's modules numbered from 0 as in an nn.Sequential ("side" takes
+    a number and has no parameters), the heads under heads.NAME; forward(x, side) returns {name: output} (the
+    trunk's output without heads)."""
+
+    def __init__(self, trunk, heads):
+        super().__init__()
+        self.size = len(trunk)
+        for i, m in enumerate(trunk):
+            self.add_module(str(i), m)
+        self.heads = nn.ModuleDict(heads) if heads else None
+
+    def forward(self, x, side=None):
+        for i in range(self.size):
+            m = getattr(self, str(i))
+            x = torch.cat([x.flatten(1), side.to(x.dtype)], 1) if isinstance(m, Side) else m(x)
+        return {name: h(x) for name, h in self.heads.items()} if self.heads is not None else x
+
+
+def build_items(spec, shape, side, first_index, planned):
+    """Top-level modules of a layer list on a (c, h, w, flat) tensor; appends (plan index, module) to `planned`.
+    Returns (modules, shape after them, plan index after them)."""
+    c, h, w, flat = shape
     stack = [[]]
-    planned = []
-    for index, t in enumerate(tokens(resolve_spec(model, classes))):
+    index = first_index
+    for index, t in enumerate(tokens(spec) if spec else [], first_index):
         parts = t.split(":")
         head = parts[0]
         if t == "res(":
@@ -123,6 +171,11 @@ def build_model(model, in_shape, classes):
             m = nn.BatchNorm1d(c) if flat else nn.BatchNorm2d(c)
         elif head == "relu":
             m = nn.ReLU()
+        elif head == "tanh":
+            m = nn.Tanh()
+        elif head == "side":
+            m = Side()
+            c, h, w, flat = c * h * w + side, 1, 1, True
         elif head.startswith("maxpool") or head.startswith("avgpool"):
             k = int(head[7:])
             s = int(parts[1][1:]) if len(parts) > 1 else k
@@ -143,7 +196,23 @@ def build_model(model, in_shape, classes):
             raise SystemExit(f"torch_baseline: unknown layer '{t}' in the spec")
         stack[-1].append(m)
         planned.append((index, m))
-    return nn.Sequential(*stack[0]), planned
+    return stack[0], (c, h, w, flat), (index + 1 if spec else first_index)
+
+
+def build_model(model, in_shape, classes, side=0):
+    """(module, [(plan index, module)]) for a preset or spec on a C x H x W input: an nn.Sequential, or a Twin
+    where the spec has heads(...) or a side input of `side` values."""
+    trunk_spec, heads = split_heads(resolve_spec(model, classes))
+    planned = []
+    trunk, shape, index = build_items(trunk_spec, (*in_shape, False), side, 0, planned)
+    if not heads and not any(isinstance(m, Side) for m in trunk):
+        return nn.Sequential(*trunk), planned
+    built = {}
+    for name, layers, _, _, _ in heads:
+        # The head's own layer of dstrain's plan takes an index; its layers follow it.
+        modules, _, index = build_items(layers, shape, side, index + 1, planned)
+        built[name] = nn.Sequential(*modules)
+    return Twin(trunk, built), planned
 
 
 def philox_u64(seed, stream, count):
