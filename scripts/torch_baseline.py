@@ -356,20 +356,46 @@ def run_curve(a):
     return out
 
 
-def run(mode, model_name, x, y, classes, batch, epochs, lr, bf16):
+# dstrain's losses (man dstrain, TARGETS, LOSSES AND METRICS), PyTorch's default reductions.
+LOSSES = {
+    "ce": lambda z, y: F.cross_entropy(z, y.long()),
+    "mse": lambda z, y: F.mse_loss(z, y.view_as(z)),
+    "poisson": lambda z, y: F.poisson_nll_loss(F.softplus(z), y.view_as(z), log_input=False),
+    "poisson-exp": lambda z, y: F.poisson_nll_loss(z, y.view_as(z), log_input=True),
+    "bce": lambda z, y: F.binary_cross_entropy_with_logits(z, y.view_as(z)),
+}
+
+
+def objective(spec, label, loss):
+    """(the fields the loss reads, loss(outputs, {field: batch})) of a spec: its heads' weighted losses, or one
+    `loss` on `label` for a spec without heads."""
+    _, heads = split_heads(spec)
+    if not heads:
+        return [label], lambda out, t: LOSSES[loss](out.float(), t[label])
+    terms = [(name, LOSSES[lo or "ce"], field, w) for name, _, lo, field, w in heads]
+    return sorted({f for _, _, f, _ in terms}), \
+        lambda out, t: sum(w * fn(out[name].float(), t[field]) for name, fn, field, w in terms)
+
+
+def run(mode, model_name, x, targets, classes, batch, epochs, lr, bf16, loss_of=None):
+    """Training throughput with the split in GPU memory: targets {field: tensor}; loss_of(outputs, {field: batch})
+    (default: cross-entropy on the only target)."""
     torch.manual_seed(0)
     n, c, h, w = x.shape
     model = build_model(model_name, (c, h, w), classes)[0].cuda()
+    if loss_of is None:
+        (field,) = targets
+        loss_of = lambda out, t: F.cross_entropy(out, t[field])
     if bf16:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4,
                           fused=(mode != "eager"))
 
-    def step(xb, yb):
+    def step(xb, tb):
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(xb), yb)
+            loss = loss_of(model(xb), tb)
         loss.backward()
         opt.step()
         return loss
@@ -377,18 +403,30 @@ def run(mode, model_name, x, y, classes, batch, epochs, lr, bf16):
     if mode == "compile":
         step = torch.compile(step, mode="reduce-overhead")
     steps = n // batch
+
+    def at(i):
+        return x[i * batch:(i + 1) * batch], {k: v[i * batch:(i + 1) * batch] for k, v in targets.items()}
+
     model.train()
     for i in range(min(steps, 30)):  # warm-up (compilation, cuDNN autotune)
-        step(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch])
+        step(*at(i))
     torch.cuda.synchronize()
     rates = []
     for _ in range(epochs):
         t0 = time.perf_counter()
         for i in range(steps):
-            step(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch])
+            step(*at(i))
         torch.cuda.synchronize()
         rates.append(steps * batch / (time.perf_counter() - t0))
     return max(rates)
+
+
+def load_field(dataset, split, name):
+    """A field of a split as stored (numpy)."""
+    meta = json.load(open(os.path.join(dataset, "dataset.json")))
+    sp = next(s for s in meta["splits"] if s["name"] == split)
+    f = next(f for f in sp["fields"] if f["name"] == name)
+    return np.load(os.path.join(dataset, f["file"]))
 
 
 def compiled_ref_cnn(ds, lr=0.05):
@@ -503,6 +541,9 @@ def main():
     g.add_argument("--label-smoothing", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("-T", "--threads", type=int, default=0, help="CPU threads for --device cpu (0: PyTorch's default)")
+    g = ap.add_argument_group("targets of eager and compile (dstrain's options): a spec with heads(...) reads its own")
+    g.add_argument("--label", default=None, help="the target field (default: the dataset's label)")
+    g.add_argument("--loss", choices=sorted(LOSSES), default="ce")
     a = ap.parse_args()
     curve_only = a.modes == "curve"
     a.precision = a.precision or ("fp32" if curve_only else "tf32")
@@ -519,11 +560,18 @@ def main():
     if gpu_modes:
         torch.backends.cudnn.benchmark = True
         x, y, dtype, classes = load(a.dataset, "train")
+        meta = json.load(open(os.path.join(a.dataset, "dataset.json")))
+        spec = resolve_spec(a.model, classes)
+        fields, loss_of = objective(spec, a.label or meta.get("label_field", "y"), a.loss)
+        if not split_heads(spec)[1] and a.loss != "ce":  # a preset ends in the target's width
+            width = int(np.prod(load_field(a.dataset, "train", fields[0]).shape[1:]))
+            spec = resolve_spec(a.model, width)
+        # As float (classes are exact below 2^24; the ce loss takes them as integers).
+        targets = {f: torch.from_numpy(load_field(a.dataset, "train", f).astype(np.float32)).cuda() for f in fields}
         xg = to_float(x, dtype)
         mean = xg.mean(dim=(0, 2, 3), keepdim=True)
         std = xg.std(dim=(0, 2, 3), keepdim=True)
         xg = ((xg - mean) / std).contiguous()
-        yg = torch.from_numpy(y).cuda()
         lr = a.lr if a.lr is not None else 0.05
         out.update({"cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(),
                     "samples": int(xg.shape[0])})
@@ -532,7 +580,7 @@ def main():
                 r = run_memmap(a.dataset, a.model, dtype, classes, mean, std, a.batch, a.epochs, lr,
                                a.precision == "bf16")
             else:
-                r = run(mode, a.model, xg, yg, classes, a.batch, a.epochs, lr, a.precision == "bf16")
+                r = run(mode, spec, xg, targets, classes, a.batch, a.epochs, lr, a.precision == "bf16", loss_of)
             out["modes"][mode] = r
             print(f"torch {mode:8s} {r:12,.0f} samples/s", file=sys.stderr if a.json else sys.stdout, flush=True)
     if a.json:
