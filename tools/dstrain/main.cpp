@@ -41,9 +41,10 @@ int main(int argc, char** argv) {
     float lr = 0.0f;
     bool no_nesterov = false;
 
-    CLI::App app{"Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
-                 "streamed from the files (--data), and report each head's loss and metrics, speed and memory per epoch.",
-                 "dstrain"};
+    CLI::App app{
+        "Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
+        "streamed from the files (--data), and report each head's loss and metrics, speed and memory per epoch.",
+        "dstrain"};
     // Not ->required(): eval and predict have their own, and --resume takes it from the checkpoint.
     app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits");
     add_target_options(app, o, loss);
