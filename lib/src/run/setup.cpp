@@ -104,14 +104,17 @@ void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples,
     const Manifest& m = ds.manifest();
     std::vector<double> sum, sq;
     double n = 0;
-    if (x.name == m.input_field && m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
+    // The input's as before per-field statistics; another field's (a side input) its own, where imported.
+    const ChannelStats* st = x.name == m.input_field ? (m.stats ? &*m.stats : nullptr) : m.stats_of(x.name);
+    if (st && st->mean.size() == channels && st->std.size() == channels) {
         for (std::uint32_t c = 0; c < channels; ++c) {
-            if (!std::isfinite(m.stats->mean[c]) || !std::isfinite(m.stats->std[c]))
+            if (!std::isfinite(st->mean[c]) || !std::isfinite(st->std[c]))
                 throw runtime_error(ds.dir().string() + ": " + manifest_file_name + " gives channel " +
-                                    std::to_string(c) + " a non-finite mean or std (the data holds NaN or Inf?) " +
+                                    std::to_string(c) + " of '" + x.name +
+                                    "' a non-finite mean or std (the data holds NaN or Inf?) "
                                     "re-create the dataset from finite values");
-            mean.push_back(static_cast<float>(m.stats->mean[c]));
-            stdev.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
+            mean.push_back(static_cast<float>(st->mean[c]));
+            stdev.push_back(static_cast<float>(std::max(st->std[c], 1e-6)));
         }
         if (is_float(x.dtype)) scan_samples(ds, x, samples, channels, sum, sq, n);
         return;
