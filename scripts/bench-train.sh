@@ -15,6 +15,9 @@
 # A dstrain run's figure is the median of its epochs after the first; a PyTorch
 # run's is torch_baseline.py's figure per mode. bf16 is compared with PyTorch's
 # bf16 autocast + channels_last.
+# BASELINE=BUILD_DIR: also ref-cnn classification by that build's dstrain (another
+# tree, built in the same call), alternating with this one, and the ratio of
+# their medians: a change's effect measured on the same machine instance.
 # MEMMAP=1 (default) also runs the end-to-end comparison with the seeds' recipe
 # once: dstrain --data stream (tf32) against PyTorch fed by an np.memmap Dataset
 # + DataLoader(shuffle, 4 workers, pin_memory), both reading the dataset files.
@@ -73,6 +76,11 @@ for r in $(seq 1 "$runs"); do
       "$build/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
           --save "$work/model-$t-$p-$r.safetensors" --force --json >"$work/$name-$p-$r.json" 2>"$work/$name-$p-$r.err"
       printf '%s %s\t%s\n' "$name" "$p" "$(epoch_median "$work/$name-$p-$r.json")" >>"$results"
+      if [ -n "${BASELINE:-}" ] && [ "$t" = cls ]; then
+        "$BASELINE/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
+            --save "$work/model-base-$p-$r.safetensors" --force --json >"$work/base-$p-$r.json" 2>"$work/base-$p-$r.err"
+        printf 'dstrain-base %s\t%s\n' "$p" "$(epoch_median "$work/base-$p-$r.json")" >>"$results"
+      fi
       if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
         # PyTorch loads its own cuDNN: keep the system one out of the way.
         env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "${args[@]}" --batch "$batch" --epochs 2 \
@@ -113,6 +121,10 @@ for t in sys.argv[3].split():
         if d and c and t != "cls":
             print(f"dstrain{sfx} {p} median / dstrain (ref-cnn classification) median: "
                   f"{100 * st.median(d) / st.median(c):.1f}%")
+for p in sys.argv[2].split():
+    d, base = rows.get(f"dstrain {p}"), rows.get(f"dstrain-base {p}")
+    if d and base:
+        print(f"dstrain {p} median / the baseline build's median: {100 * st.median(d) / st.median(base):.1f}%")
 t, b = rows.get("dstrain tf32"), rows.get("dstrain bf16")
 if t and b:
     print(f"dstrain bf16 median / tf32 median: {st.median(b) / st.median(t):.2f}x")
