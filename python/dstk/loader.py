@@ -76,7 +76,8 @@ class Loader:
     classes, int32, or int64 with ``labels="int64"`` (the default with
     ``output="torch"``: what PyTorch's losses take); every other field as
     float32. ``convert=False`` keeps every field as stored (bf16 as its raw
-    uint16 bits); a dict sets single fields: ``convert={"moves": "int64",
+    uint16 bits; an integer label role is still widened with
+    ``labels="int64"``); a dict sets single fields: ``convert={"moves": "int64",
     "positions": False}`` (False or "stored", True for the default, "float32",
     "int32", "int64", "normalised").
 

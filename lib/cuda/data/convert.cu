@@ -35,7 +35,7 @@ __global__ void convert_kernel(FieldTable table, std::uint32_t n) {
             break;
         case FieldKind::classes32: {
             const std::int64_t v = widen_int(f.src, f.dtype, i);
-            static_cast<std::int32_t*>(f.dst)[i] = v >= 0 && v <= INT_MAX ? static_cast<std::int32_t>(v) : -1;
+            static_cast<std::int32_t*>(f.dst)[i] = v >= 0 && v < INT_MAX ? static_cast<std::int32_t>(v) : -1;
             break;
         }
         case FieldKind::classes64:

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda_check.hpp"
+#include "dstk/widen.hpp"
 
 namespace dstk::train::cuda {
 
@@ -23,6 +24,9 @@ __device__ __forceinline__ float ld(const bf16* p, std::uint64_t i) {
 }
 __device__ __forceinline__ float ld(const std::uint8_t* p, std::uint64_t i) {
     return p[i];
+}
+__device__ __forceinline__ float ld(const std::int8_t* p, std::uint64_t i) {
+    return static_cast<float>(dstk::widen_as<dstk::DType::i8>(p, i)); // the core's widening (dstk/widen.hpp)
 }
 __device__ __forceinline__ float ld(const __half* p, std::uint64_t i) {
     return __half2float(p[i]);

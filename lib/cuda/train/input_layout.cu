@@ -79,6 +79,10 @@ void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels
             convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::uint8_t*>(x), labels, n, channels, ch, mean,
                                                  inv_std, o, labels_out, out_channels);
             break;
+        case DType::i8:
+            convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::int8_t*>(x), labels, n, channels, ch, mean,
+                                                 inv_std, o, labels_out, out_channels);
+            break;
         case DType::bf16:
             convert_kernel<<<b, threads, 0, s>>>(static_cast<const bf16*>(x), labels, n, channels, ch, mean, inv_std, o,
                                                  labels_out, out_channels);

@@ -36,7 +36,7 @@ void convert_one(const FieldConversion& f, std::uint32_t n) {
         for (std::uint64_t i = 0; i < count; ++i) {
             const std::int64_t v = widen_int(f.src, f.dtype, i);
             static_cast<std::int32_t*>(f.dst)[i] =
-                v >= 0 && v <= std::numeric_limits<std::int32_t>::max() ? static_cast<std::int32_t>(v) : -1;
+                v >= 0 && v < std::numeric_limits<std::int32_t>::max() ? static_cast<std::int32_t>(v) : -1;
         }
         return;
     case FieldKind::classes64:

@@ -19,11 +19,13 @@ std::string flag_of(std::string_view setting) {
 } // namespace
 
 std::optional<data::SourcePlan> data_path_plan(const PlanOptions& o, std::optional<std::uint64_t> model_bytes) {
-    if (o.dataset.empty()) return std::nullopt;
-    const Dataset ds = Dataset::open(o.dataset);
+    if (o.datasets.size() != 1) return std::nullopt; // several datasets: a mix, planned per member (issue 25)
+    const Dataset ds = Dataset::open(o.datasets.front());
     const Manifest& m = ds.manifest();
     const SplitInfo* train = m.find("train");
-    if (!train || train->samples == 0) return std::nullopt;
+    // dstrain trains on the input and label roles: without them it builds no data path.
+    if (!train || train->samples == 0 || !train->find(m.input_field) || !train->find(m.label_field))
+        return std::nullopt;
     if (!o.dtype.empty() && parse_dtype(o.dtype, "--dtype") != train->field(m.input_field).dtype) return std::nullopt;
     data::SourceRequest r;
     r.placement = data::parse_placement(o.data, "--data");

@@ -12,8 +12,8 @@
 
 namespace dstk::plan {
 
-// The training split's plan; none without --dataset, or where --dtype asks
-// about a copy that does not exist yet. `model_bytes`: the model's footprint
+// The training split's plan for one --dataset; none without one (or with
+// several), or where --dtype asks about a copy that does not exist yet. `model_bytes`: the model's footprint
 // (--model), which auto placement leaves free on the GPU.
 std::optional<data::SourcePlan> data_path_plan(const PlanOptions& o, std::optional<std::uint64_t> model_bytes);
 void print_data_path(const data::SourcePlan& p);

@@ -25,7 +25,6 @@ namespace {
 using data::Placement;
 using train::Backend;
 
-
 train::Device choose_device(const TrainOptions& e, const OutputOptions& out) {
     if (e.device) return *e.device;
     std::string why;
@@ -63,16 +62,28 @@ void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t, std::ui
     stdev = n.std;
 }
 
+std::string field_list(const SplitInfo& split) {
+    std::string out;
+    for (const FieldInfo& f : split.fields) out += (out.empty() ? "" : ", ") + f.name;
+    return out;
+}
+
 void open_dataset(Session& s, const TrainOptions& e) {
     s.ds.emplace(Dataset::open(e.dataset));
     const Manifest& m = s.ds->manifest();
     s.train_split = &m.split("train");
     s.test_split = m.find("test");
     if (s.test_split && s.test_split->samples == 0) s.test_split = nullptr;
-    s.x = &s.train_split->field(m.input_field);
-    if (!m.num_classes)
-        throw runtime_error(s.ds->dir().string() + ": " + manifest_file_name +
-                            " has no num_classes (labels unknown); re-create the dataset with dsgen or dsconvert");
+    const std::string input = e.input.empty() ? m.input_field : e.input;
+    if (input.empty())
+        throw usage_error(s.ds->dir().string() +
+                          " names no input field (its manifest has no input role); name the "
+                          "field to train on with --input (its fields: " +
+                          field_list(*s.train_split) + ")");
+    s.x = s.train_split->find(input);
+    if (!s.x)
+        throw usage_error("--input " + input + ": split 'train' has no such field (its fields: " +
+                          field_list(*s.train_split) + "); name one of them");
     if (s.train_split->samples == 0)
         throw usage_error("split 'train' of " + s.ds->dir().string() + " is empty (nothing to train on)");
     const std::uint64_t global = std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks());
@@ -83,14 +94,32 @@ void open_dataset(Session& s, const TrainOptions& e) {
                                      " ranks x --batch " + std::to_string(e.batch) + ")"
                                : "--batch " + std::to_string(e.batch)) +
                           " (use a smaller --batch)");
-    s.classes = *m.num_classes;
 }
 
-train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
+// The model --model, --label, --loss and --side-input name, against the
+// training split's fields: its spec (heads' losses resolved, the side input
+// placed), its targets and the side input's width.
+train::ResolvedModel resolve_session_model(const Session& s, const TrainOptions& e) {
+    const Manifest& m = s.ds->manifest();
+    train::ModelRequest req;
+    req.model = e.model;
+    req.input = s.x->name;
+    req.label = e.label.empty() ? m.label_field : e.label;
+    req.loss = e.loss;
+    req.side = e.side_input;
+    for (const auto& f : s.train_split->fields) req.fields_known += (req.fields_known.empty() ? "" : ", ") + f.name;
+    const auto lookup = [&](const std::string& name) -> std::optional<train::FieldFacts> {
+        const FieldInfo* f = s.train_split->find(name);
+        if (!f) return std::nullopt;
+        return train::FieldFacts{f->dtype, f->shape, name == m.label_field ? m.num_classes : std::nullopt};
+    };
+    return train::resolve_model(req, lookup);
+}
+
+train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e, const train::ResolvedModel& rm) {
     train::TrainerConfig tc;
-    tc.plan = train::plan_network(s.spec, train::tensor_shape_from(s.x->shape), s.classes);
-    tc.input_field = s.ds->manifest().input_field;
-    tc.label_field = s.ds->manifest().label_field;
+    tc.plan = train::plan_network(rm.spec, train::tensor_shape_from(s.x->shape), rm.targets, rm.side);
+    tc.input_field = s.x->name;
     tc.input_dtype = s.x->dtype;
     tc.max_batch = e.batch;
     tc.precision = s.precision;
@@ -117,6 +146,13 @@ train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     tc.deterministic = e.deterministic;
     tc.kernels = e.kernels;
     channel_stats(*s.ds, *s.x, s.train_split->samples, tc.plan.input.c, tc.mean, tc.std);
+    if (!e.side_input.empty()) {
+        const FieldInfo& side = s.train_split->field(e.side_input);
+        tc.side.field = side.name;
+        tc.side.dtype = side.dtype;
+        const std::uint32_t channels = side.shape.dims.empty() ? 1 : train::tensor_shape_from(side.shape).c;
+        channel_stats(*s.ds, side, s.train_split->samples, channels, tc.side.mean, tc.side.std);
+    }
     return tc;
 }
 
@@ -146,6 +182,7 @@ std::string flag_of(std::string_view setting) {
 // The request of the training source, from the options.
 data::SourceRequest source_request(const Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
     data::SourceRequest r;
+    for (const BatchField& f : train::batch_fields(s.tc)) r.fields.push_back(f.name); // what the trainer takes
     r.placement = asked;
     r.device = s.device;
     r.order = s.order;
@@ -284,9 +321,11 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     }
 
     open_dataset(s, e);
-    s.spec = train::resolve_model(e.model, s.classes);
+    const train::ResolvedModel rm = resolve_session_model(s, e);
+    s.spec = rm.spec;
+    s.loss_default = !e.loss && rm.spec.heads.empty();
     s.steps_per_epoch = s.train_split->samples / (std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks()));
-    s.tc = trainer_config(s, e);
+    s.tc = trainer_config(s, e, rm);
     std::optional<model::SavedModel> init;
     if (!e.files.init_from.empty()) init = model::prepare_init_from(e.files, s.tc, out);
     if (s.on_gpu()) s.meter->attach(s.device.index);
