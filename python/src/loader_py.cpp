@@ -40,7 +40,8 @@ std::string argument_of(std::string_view setting) {
     return std::string(setting);
 }
 
-FieldKind kind_of(const std::string& field, const std::string& name) {
+data::FieldKind kind_of(const std::string& field, const std::string& name) {
+    using data::FieldKind;
     static constexpr EnumNames<FieldKind, 5> kinds{{{{FieldKind::stored, "stored"},
                                                      {FieldKind::normalised, "normalised"},
                                                      {FieldKind::values, "float32"},

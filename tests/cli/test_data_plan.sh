@@ -41,4 +41,25 @@ expect_exit 2 "$BIN/dstrain" "$WORK/ds" --data stream --prefetch 0 --model mlp:1
 expect_stderr 'invalid --prefetch 0'
 expect_exit 3 "$BIN/dstrain" "$WORK/ds" --data stream --host-mem 64K --model mlp:16 --epochs 1 -T 2
 expect_stderr '--host-mem 64.0 KiB (is below|leaves nothing)'
+
+# Chess-shaped data (an i8 input, two targets): dstrain takes the input by
+# name (--input), widens i8 like u8, and delivers every field the trainer
+# takes; a dataset without roles names the flag that sets one.
+PY=$(numpy_python)
+if [ -n "$PY" ] && [ -x "$BIN/dsconvert" ]; then
+    (cd "$WORK" && "$PY" -c '
+import numpy as np
+r = np.random.default_rng(0); n = 512
+np.savez("chess.npz", positions=r.integers(-1, 2, (n, 12, 8, 8)).astype(np.int8),
+         moves=r.integers(0, 10, n).astype(np.int32), results=r.integers(-1, 2, n).astype(np.int8))')
+    expect_exit 0 "$BIN/dsconvert" "$WORK/chess.npz" "$WORK/chess" --input positions --label moves -q
+    expect_exit 0 "$BIN/dstrain" "$WORK/chess" --input positions --model mlp:16 --epochs 1 --max-steps 2 -T 2 \
+        --batch 32 --device cpu
+    expect_stderr 'data path: fields positions i8\[12x8x8\] \+ moves i32'
+    expect_exit 0 "$BIN/dsconvert" "$WORK/chess.npz" "$WORK/bare" -q
+    expect_exit 2 "$BIN/dstrain" "$WORK/bare" --model mlp:16 --epochs 1 -T 2 --device cpu
+    expect_stderr 'no input role.*--input'
+    expect_exit 2 "$BIN/dstrain" "$WORK/chess" --input board --model mlp:16 --epochs 1 -T 2 --device cpu
+    expect_stderr '--input board: split .train. has no such field \(its fields: positions, moves, results\)'
+fi
 finish

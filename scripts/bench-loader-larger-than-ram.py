@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""dstk.Loader on chess-shaped data larger than memory (issue 24's seeds case):
+--positions chess positions (scripts/chess_data.py: positions i8[12,8,8],
+moves i32, results i8; 20M is about 15.5 GB) read from disk inside a memory
+cgroup of --limit (default 8G), every file's pages evicted before each run:
+
+  disk      the disk's best cold random-chunk read rate (dsbench
+            io.rand.chunk.pread.cold over 1, 4 and 16 threads), in the cgroup
+  dstk      dstk.Loader(fields=[positions, moves, results], placement="stream")
+            delivering batches (each field read once where it lands, no model)
+            for --seconds: samples/s, bytes/s against the disk's rate, the
+            process's peak RSS against the host ceiling the loader printed
+  numpy     the same data as a user would write it: np.load(mmap_mode="r") of
+            the dataset's .npy files, a Dataset of (positions[i], moves[i],
+            results[i]) and DataLoader(shuffle=True, 4 workers), for --seconds
+            (needs PyTorch; skipped, saying so, without it)
+
+Root and a memory cgroup controller (v2, or v1 at /sys/fs/cgroup/memory).
+DSTK_BIN names the tools' folder (default build-gpu/bin). --tiny runs a small
+case (a check of the script: any machine, no GPU needed).
+
+    sudo python3 scripts/bench-loader-larger-than-ram.py --out "$OUT"
+    sudo python3 scripts/bench-loader-larger-than-ram.py --tiny
+"""
+import argparse, json, os, resource, shutil, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIELDS = ["positions", "moves", "results"]
+
+
+def parse_size(text, powers=1024):
+    mult = {"K": powers, "M": powers**2, "G": powers**3, "T": powers**4}
+    return int(float(text[:-1]) * mult[text[-1].upper()]) if text[-1].upper() in mult else int(text)
+
+
+# ---- workers (run inside the cgroup) -----------------------------------------
+
+def touch(batch, np):
+    """Reads every value of a batch once (where it is: GPU tensors or NumPy)."""
+    total = 0.0
+    for v in batch.values():
+        total += float(v.sum())
+    return total
+
+
+def loader_worker(a):
+    import numpy as np
+    import dstk
+    try:
+        import torch
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        torch, gpu = None, False
+    loader = dstk.Loader(a.dataset, fields=FIELDS, batch=a.batch, order="chunk", seed=0, placement="stream",
+                         output="torch" if gpu else "arrays")
+    t0, samples = time.perf_counter(), 0
+    for b in loader:
+        touch(b, np)
+        samples += len(b["moves"])
+        if time.perf_counter() - t0 > a.seconds:
+            break
+    if gpu:
+        torch.cuda.synchronize()
+    s = time.perf_counter() - t0
+    print(json.dumps({"samples_per_s": samples / s, "samples": samples, "seconds": s,
+                      "host_ceiling": loader.host_bytes, "device": loader.device, "plan": loader.describe(),
+                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+class MemmapChess:
+    """What a user writes: the dataset's .npy files opened with np.load(mmap_mode='r') in each worker."""
+
+    def __init__(self, paths):
+        import numpy as np
+        self.paths, self.arrays = paths, None
+        self.n = np.load(paths[1], mmap_mode="r").shape[0]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import numpy as np
+        if self.arrays is None:
+            self.arrays = [np.load(p, mmap_mode="r") for p in self.paths]
+        p, m, r = self.arrays
+        return np.array(p[i]), int(m[i]), int(r[i])
+
+
+def numpy_worker(a):
+    import numpy as np
+    import torch
+    meta = json.load(open(os.path.join(a.dataset, "dataset.json")))
+    train = next(s for s in meta["splits"] if s["name"] == "train")
+    files = {f["name"]: os.path.join(a.dataset, f["file"]) for f in train["fields"]}
+    dl = torch.utils.data.DataLoader(MemmapChess([files[f] for f in FIELDS]), batch_size=a.batch, shuffle=True,
+                                     num_workers=4, pin_memory=torch.cuda.is_available(), drop_last=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t0, samples = time.perf_counter(), 0
+    for p, m, r in dl:
+        touch({"p": p.to(dev).float(), "m": m.to(dev), "r": r.to(dev).float()}, np)
+        samples += len(m)
+        if time.perf_counter() - t0 > a.seconds:
+            break
+    s = time.perf_counter() - t0
+    print(json.dumps({"samples_per_s": samples / s, "samples": samples, "seconds": s,
+                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "children_peak_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
+
+
+# ---- driver --------------------------------------------------------------------
+
+class Cgroup:
+    def __init__(self, limit):
+        if os.path.exists("/sys/fs/cgroup/cgroup.controllers") and \
+                "memory" in open("/sys/fs/cgroup/cgroup.controllers").read():
+            self.dir, self.v2 = f"/sys/fs/cgroup/dstk-ltr-chess-{os.getpid()}", True
+            open("/sys/fs/cgroup/cgroup.subtree_control", "w").write("+memory")
+            os.makedirs(self.dir)
+            open(os.path.join(self.dir, "memory.max"), "w").write(str(limit))
+        elif os.path.isdir("/sys/fs/cgroup/memory"):
+            self.dir, self.v2 = f"/sys/fs/cgroup/memory/dstk-ltr-chess-{os.getpid()}", False
+            os.makedirs(self.dir)
+            open(os.path.join(self.dir, "memory.limit_in_bytes"), "w").write(str(limit))
+        else:
+            sys.exit("bench-loader-larger-than-ram: no memory cgroup controller (needs root, cgroup v2 or v1)")
+
+    def run(self, cmd, log):
+        shell = ["bash", "-c", f'echo $BASHPID > {self.dir}/cgroup.procs && exec "$@"', "bash"]
+        with open(log, "a") as err:
+            return subprocess.run(shell + cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+
+    def remove(self):
+        os.rmdir(self.dir)
+
+
+def evict(folder):
+    subprocess.run(["sync"])
+    for f in os.listdir(folder):
+        subprocess.run(["dd", f"if={os.path.join(folder, f)}", "iflag=nocache", "count=0"], stderr=subprocess.DEVNULL)
+    open("/proc/sys/vm/drop_caches", "w").write("1")
+
+
+def disk_rate(cg, bindir, ds, out, size):
+    res = os.path.join(out, "disk.json")
+    p = cg.run([os.path.join(bindir, "dsbench"), "all", ds, "--cases", "io.rand.chunk.pread.cold", "--threads",
+                "1,4,16", "--size", str(size), "--chunk-size", "4M", "--repetitions", "1", "--min-time", "0",
+                "--json", res, "-f", "-q"], os.path.join(out, "runs.log"))
+    if p.returncode != 0:
+        sys.exit(f"bench-loader-larger-than-ram: dsbench failed; see {out}/runs.log")
+    results = json.load(open(res))["results"]
+    return max(r["metrics"]["rate"]["median"] for r in results if r["status"] == "ok")
+
+
+def worker_run(cg, a, way, ds):
+    p = cg.run([sys.executable, os.path.abspath(__file__), "--worker", way, "--dataset", ds, "--batch", str(a.batch),
+                "--seconds", str(a.seconds)], os.path.join(a.out, "runs.log"))
+    if p.returncode != 0:
+        sys.exit(f"bench-loader-larger-than-ram: the {way} run failed (rc {p.returncode}); see {a.out}/runs.log")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--positions", default="20M", help="chess positions (K M G: powers of 1000)")
+    ap.add_argument("--limit", default="8G", help="the memory cgroup's limit")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=60, help="timed seconds of each run")
+    ap.add_argument("--work", default="/var/tmp/dstk-ltr-chess", help="data folder, on disk")
+    ap.add_argument("--out", default=os.environ.get("OUT", "build-gpu/ltr-chess"), help="logs and JSON")
+    ap.add_argument("--keep-data", action="store_true", help="keep the dataset for another run")
+    ap.add_argument("--tiny", action="store_true", help="a small case: 500K positions, 160M, 5 s a run")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--dataset", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return loader_worker(a) if a.worker == "dstk" else numpy_worker(a)
+    if a.tiny:
+        a.positions, a.limit, a.seconds = "500K", "160M", 5
+    if os.geteuid() != 0:
+        sys.exit("bench-loader-larger-than-ram: needs root (memory cgroups, dropping the page cache)")
+    n, limit = parse_size(a.positions, 1000), parse_size(a.limit)
+    bindir = os.environ.get("DSTK_BIN", "build-gpu/bin")
+    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.work, exist_ok=True)
+    sys.path.insert(0, HERE)
+    from chess_data import ROW_BYTES, chess_dataset
+    t0 = time.time()
+    ds = os.path.join(a.work, "chess")
+    if not os.path.exists(os.path.join(ds, "dataset.json")):
+        ds = chess_dataset(os.path.join(bindir, "dsconvert"), a.work, n)
+    cg = Cgroup(limit)
+    try:
+        evict(ds)
+        disk = disk_rate(cg, bindir, ds, a.out, min(4 << 30, n * 768))
+        evict(ds)
+        d = worker_run(cg, a, "dstk", ds)
+        try:
+            import torch  # noqa: F401
+            evict(ds)
+            m = worker_run(cg, a, "numpy", ds)
+        except ImportError:
+            m = None
+    finally:
+        cg.remove()
+    rate = d["samples_per_s"] * ROW_BYTES
+    lines = [f"chess, {n:,} positions ({gib(n * ROW_BYTES)}) on disk, memory cgroup {gib(limit)}, batch {a.batch}, "
+             f"{a.seconds:g} s a run, device {d['device']}",
+             f"  disk (random 4 MiB chunks, cold, best of 1/4/16 threads) {disk / 1e9:.3f} GB/s",
+             f"  dstk.Loader  {d['samples_per_s']:12,.0f} samples/s  {rate / 1e9:.3f} GB/s = {rate / disk:.1%} of the "
+             f"disk; peak RSS {gib(d['peak_rss'])}, host ceiling printed {gib(d['host_ceiling'])}"]
+    lines += [f"    {line}" for line in d["plan"]]
+    if m:
+        lines.append(f"  np.load(mmap) + DataLoader {m['samples_per_s']:12,.0f} samples/s; peak RSS "
+                     f"{gib(m['peak_rss'])} (workers {gib(m['children_peak_rss'])}); dstk / numpy "
+                     f"{d['samples_per_s'] / m['samples_per_s']:.2f}x")
+    else:
+        lines.append("  np.load(mmap) + DataLoader: skipped (PyTorch is not installed)")
+    if not a.keep_data:
+        shutil.rmtree(a.work, ignore_errors=True)
+    lines.append(f"({time.time() - t0:.0f} s; logs in {a.out})")
+    open(os.path.join(a.out, "summary.txt"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
