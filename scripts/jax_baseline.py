@@ -22,15 +22,7 @@ import argparse, json, os, statistics, sys, time
 
 import numpy as np
 
-PRESETS = {
-    "ref-cnn": "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3:64,bn,relu,maxpool2,"
-               "conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu,fc:{c}",
-    "small-cnn": "conv3x3:16,bn,relu,maxpool2,conv3x3:32,bn,relu,maxpool2,flatten,fc:{c}",
-    "resnet9": "conv3x3:64,bn,relu,conv3x3:128,bn,relu,maxpool2,res(conv3x3:128,bn,relu,conv3x3:128,bn,relu),"
-               "conv3x3:256,bn,relu,maxpool2,conv3x3:512,bn,relu,maxpool2,res(conv3x3:512,bn,relu,conv3x3:512,bn,relu),"
-               "gap,flatten,fc:{c}",
-}
-
+from dstk_specs import resolve_spec
 
 def parse(spec):
     """A spec as a nested list of items: ("res", [items]) for a residual block, else the item's text."""
@@ -175,7 +167,7 @@ def main():
     mean = jnp.asarray(sample.mean((0, 2, 3)), jnp.float32)
     std = jnp.asarray(sample.std((0, 2, 3)) + 1e-6, jnp.float32)
 
-    spec = PRESETS.get(a.model, a.model).format(c=classes)
+    spec = resolve_spec(a.model, classes)
     items = parse(spec)
 
     results = {}
