@@ -18,6 +18,11 @@
 # BASELINE=BUILD_DIR: also ref-cnn classification by that build's dstrain (another
 # tree, built in the same call), alternating with this one, and the ratio of
 # their medians: a change's effect measured on the same machine instance.
+# CURVE="128 256 512 1024": also a batch-size curve of ref-cnn classification,
+# data on the GPU, per precision: dstrain (RUNS fresh processes per point), the
+# PyTorch twin compiled (torch.compile, CUDA graphs) and the JAX twin (steps
+# fused with lax.scan, scripts/jax_baseline.py; skipped where python3 has no
+# jax), one process each; printed as a table of medians.
 # MEMMAP=1 (default) also runs the end-to-end comparison with the seeds' recipe
 # once: dstrain --data stream (tf32) against PyTorch fed by an np.memmap Dataset
 # + DataLoader(shuffle, 4 workers, pin_memory), both reading the dataset files.
@@ -140,6 +145,50 @@ if [ "${MEMMAP:-1}" != 0 ] && [ "$torch" != 0 ]; then
   printf '\nend to end from the dataset files, tf32, shuffled (samples/s, one process each)\n'
   printf '%-34s %10s\n' "dstrain --data stream --order full" "$stream" "torch np.memmap + DataLoader(4)" "$memmap"
   printf '%-34s %9sx\n' "ratio" "$(python3 -c "print(f'{$stream/$memmap:.2f}')")"
+fi
+
+if [ -n "${CURVE:-}" ]; then
+  curve="$work/curve.tsv"
+  : >"$curve"
+  have_jax=0
+  env -u LD_LIBRARY_PATH python3 -c 'import jax' 2>/dev/null && have_jax=1
+  for b in $CURVE; do
+    for p in $precisions; do
+      for r in $(seq 1 "$runs"); do
+        "$build/bin/dstrain" "$data" --model ref-cnn --batch "$b" --epochs "$epochs" --precision "$p" --device cuda:0 \
+            --save "$work/model-curve.safetensors" --force --json >"$work/curve-$b-$p-$r.json" 2>"$work/curve-$b-$p-$r.err"
+        printf 'dstrain\t%s\t%s\t%s\n' "$p" "$b" "$(epoch_median "$work/curve-$b-$p-$r.json")" >>"$curve"
+      done
+      if [ "$torch" != 0 ]; then
+        env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --model ref-cnn --batch "$b" --epochs 2 \
+            --precision "$p" --modes compile --json >"$work/curve-torch-$b-$p.json" 2>"$work/curve-torch-$b-$p.err" &&
+          printf 'torch-compile\t%s\t%s\t%s\n' "$p" "$b" \
+              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/curve-torch-$b-$p.json")" >>"$curve"
+      fi
+      if [ "$have_jax" = 1 ]; then
+        env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model ref-cnn --batches "$b" --precision "$p" \
+            --json >"$work/curve-jax-$b-$p.json" 2>"$work/curve-jax-$b-$p.err" &&
+          printf 'jax-scan\t%s\t%s\t%s\n' "$p" "$b" \
+              "$(python3 -c 'import json,sys; print(int(list(json.load(open(sys.argv[1]))["batches"].values())[0]))' "$work/curve-jax-$b-$p.json")" >>"$curve"
+      fi
+    done
+  done
+  [ "$have_jax" = 1 ] || echo "bench-train: no jax in python3: the curve has no JAX column"
+  printf '\nbatch-size curve, ref-cnn, data on the GPU (samples/s; dstrain: median of %s processes)\n' "$runs"
+  python3 - "$curve" <<'EOF'
+import sys, statistics as st
+v = {}
+for line in open(sys.argv[1]):
+    who, p, b, x = line.split()
+    v.setdefault((p, int(b), who), []).append(float(x))
+print(f"{'precision':9s} {'batch':>6s} {'dstrain':>10s} {'torch-compile':>14s} {'jax-scan':>10s} {'dstrain/best':>13s}")
+for p, b in sorted({(p, b) for p, b, _ in v}):
+    d = st.median(v.get((p, b, "dstrain"), [0]))
+    t = st.median(v.get((p, b, "torch-compile"), [0]))
+    j = st.median(v.get((p, b, "jax-scan"), [0]))
+    best = max(t, j)
+    print(f"{p:9s} {b:6d} {d:10.0f} {t:14.0f} {j:10.0f} {(f'{d / best:.2f}x' if best else '-'):>13s}")
+EOF
 fi
 
 # The regression check of issue 18: every fresh dstrain process within 5% of

@@ -19,6 +19,8 @@
 #                     python (only when named; python-loader implies it): the package
 #                     built offline into python3 and its tests (python/tests, tests/python)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
+#   DSTK_CURVE, DSTK_BENCH_TASKS, DSTK_MEMMAP, DSTK_BENCH_RUNS, DSTK_BENCH_PRECISIONS:
+#                     bench-train's CURVE, TASKS, MEMMAP, RUNS and PRECISIONS
 #   DSTK_BASELINE     a tarball of another tree (git archive REV > .baseline/base.tar,
 #                     carried): built into build-base, and bench-train runs its dstrain
 #                     alternating with this tree's (a change measured on the same machine)
@@ -95,9 +97,14 @@ if [ "$benches" != none ]; then
         "$DSTK_BIN/dsgen" '"$work"'/gen16 --train 4M --test 0 --force; rm -rf '"$work"'/gen1 '"$work"'/gen16'
     want dsbench-gpu && SUMMARY_RE='h2d.pinned .*256' step dsbench-gpu 150 "$DSTK_BIN/dsbench" all --cases h2d,decode.convert \
         --json "$log/bench-gpu.json" --force
-    want bench-train && SUMMARY_RE='tf32|bf16|FAILED' step bench-train 540 env TRAIN=50000 EPOCHS=3 \
-        RUNS="${DSTK_BENCH_RUNS:-5}" TORCH_RUNS=1 PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}" \
-        ${DSTK_BASELINE:+BASELINE=build-base} scripts/bench-train.sh build-gpu "$work/train"
+    bench_env=(TRAIN=50000 EPOCHS=3 RUNS="${DSTK_BENCH_RUNS:-5}" TORCH_RUNS=1
+               PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}")
+    [ -n "${DSTK_BASELINE:-}" ] && bench_env+=(BASELINE=build-base)
+    [ -n "${DSTK_CURVE:-}" ] && bench_env+=(CURVE="$DSTK_CURVE")
+    [ -n "${DSTK_BENCH_TASKS:-}" ] && bench_env+=(TASKS="$DSTK_BENCH_TASKS")
+    [ -n "${DSTK_MEMMAP:-}" ] && bench_env+=(MEMMAP="$DSTK_MEMMAP")
+    want bench-train && SUMMARY_RE='tf32|bf16|FAILED' step bench-train 540 env "${bench_env[@]}" \
+        scripts/bench-train.sh build-gpu "$work/train"
     named kernel-choice && SUMMARY_RE='bf16/tf32|FAIL' step kernel-choice 420 scripts/bench-kernel-choice.sh build-gpu "$log"
     named bench-dist && SUMMARY_RE='mpirun -np 1 / plain|FAIL' step bench-dist 360 scripts/bench-dist.sh build-gpu/bin "$log"
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \

@@ -34,25 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# lib/src/train/model.cpp, resolve_model(): "{c}" is the class count.
-PRESETS = {
-    "ref-cnn": "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3:64,bn,relu,maxpool2,"
-               "conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu,fc:{c}",
-    "small-cnn": "conv3x3:16,bn,relu,maxpool2,conv3x3:32,bn,relu,maxpool2,flatten,fc:{c}",
-    "resnet9": "conv3x3:64,bn,relu,conv3x3:128,bn,relu,maxpool2,res(conv3x3:128,bn,relu,conv3x3:128,bn,relu),"
-               "conv3x3:256,bn,relu,maxpool2,conv3x3:512,bn,relu,maxpool2,res(conv3x3:512,bn,relu,conv3x3:512,bn,relu),"
-               "gap,flatten,fc:{c}",
-}
-
-
-def resolve_spec(model, classes):
-    if model in PRESETS:
-        return PRESETS[model].format(c=classes)
-    if model == "mlp" or model.startswith("mlp:"):
-        widths = "1024,512" if model == "mlp" else model[4:]
-        return "flatten," + "".join(f"fc:{w},relu," for w in widths.split(",")) + f"fc:{classes}"
-    return model
-
+from dstk_specs import resolve_spec
 
 def tokens(spec):
     """Items of a spec in plan order: 'res(' and ')' are items of their own, as in dstrain's NetworkPlan."""
