@@ -57,6 +57,10 @@ struct SplitInfo {
 struct ChannelStats {
     std::vector<double> mean, std; // per channel, in stored-value units (u8: 0..255)
 };
+// Statistics that can normalise: finite means, positive finite stds. A
+// manifest holding others is refused; serialize_manifest leaves them out
+// (a constant channel: dstrain then computes them from the data).
+bool usable_stats(const ChannelStats& s);
 
 struct Provenance {
     std::string tool, version, command_line, created; // created: ISO 8601 UTC

@@ -1,11 +1,13 @@
 #include "dstk/bench/case.hpp"
 
 #include <fnmatch.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <stdexcept>
 
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
@@ -111,6 +113,8 @@ Target open_target(const std::filesystem::path& path, std::uint64_t sample_bytes
         }
     } else {
         if (sample_bytes == 0) throw usage_error("invalid --sample-bytes=0 (must be positive)");
+        struct stat st {};
+        if (::stat(path.c_str(), &st) == 0) require_regular_file(st.st_mode, path, "benchmark target");
         t.file = path;
         t.sample_bytes = sample_bytes;
         t.file_bytes = fs::file_size(path, ec);

@@ -58,15 +58,21 @@ struct Job {
     std::vector<std::uint64_t> shard_totals;
     std::optional<DatasetWriter> writer;
     std::unique_ptr<ResumableOutput> resumable;
+    std::optional<AtomicFile> report_file; // --report-json, put in place just before OUTPUT
     std::filesystem::path out_dir;
     std::uint64_t resume_at = 0; // samples of the (concatenated) input already converted
     std::uint64_t bytes_written = 0;
 };
 
 void stream_input(Job& job);
+// The report: --report-json's file written (not yet in place), the summary returned.
+nlohmann::json write_report(Job& job, double seconds);
+// --report-json then OUTPUT put in place together (the report withdrawn when OUTPUT cannot be).
+void place_outputs(Job& job);
 // After the stream: labels in 0 .. 2^31-1 and below --num-classes; the class count.
 std::optional<std::uint32_t> check_labels(const Job& job);
-void report(Job& job, double seconds);
+// What was converted, on stderr (or --json on stdout), once everything is in place.
+void print_report(Job& job, const nlohmann::json& summary, double seconds);
 void run_verify(const ConvertOptions& o);
 
 } // namespace dstk::convert

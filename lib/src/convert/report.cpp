@@ -4,6 +4,7 @@
 
 #include "convert_job.hpp"
 #include "dstk/atomic_output.hpp"
+#include "dstk/json.hpp"
 #include "dstk/output.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/units.hpp"
@@ -17,13 +18,6 @@ std::string field_summary(const FieldPlan& p) {
     std::string s = p.name + ": " + std::string(dtype_name(p.in));
     if (p.convert) s += " -> " + std::string(dtype_name(p.out));
     return s;
-}
-
-void write_report_file(const fs::path& path, const nlohmann::json& j, bool force) {
-    AtomicFile f(path, force);
-    const std::string text = j.dump(2) + "\n";
-    f.write(text.data(), text.size());
-    f.commit();
 }
 
 nlohmann::json report_json(Job& j, double secs, std::uint64_t bytes_in) {
@@ -62,7 +56,7 @@ nlohmann::json report_json(Job& j, double secs, std::uint64_t bytes_in) {
     return out;
 }
 
-void print_report(Job& j, double secs, std::uint64_t bytes_in) {
+void print_text(Job& j, double secs, std::uint64_t bytes_in) {
     note(j.o.out, "dsconvert: " + format_count(j.total_samples) + " samples (" + j.src.description + ") -> " +
                       j.o.output.string() + ": " + format_bytes(bytes_in) + " -> " + format_bytes(j.bytes_written) +
                       " in " + format_duration(secs) + " (" + format_rate(secs > 0 ? bytes_in / secs : 0) + ")");
@@ -86,17 +80,28 @@ void print_report(Job& j, double secs, std::uint64_t bytes_in) {
     }
 }
 
+std::uint64_t bytes_in(const Job& j) {
+    std::uint64_t bytes = 0;
+    for (const auto& p : j.fields) bytes += p.stats.bytes_in;
+    return bytes;
+}
+
 } // namespace
 
-void report(Job& j, double secs) {
-    std::uint64_t bytes_in = 0;
-    for (const auto& p : j.fields) bytes_in += p.stats.bytes_in;
-    const nlohmann::json out = report_json(j, secs, bytes_in);
-    if (!j.o.report_json.empty()) write_report_file(j.o.report_json, out, true);
+nlohmann::json write_report(Job& j, double secs) {
+    nlohmann::json out = report_json(j, secs, bytes_in(j));
+    if (j.report_file) {
+        const std::string text = dump_json(out, 2, "the report '" + j.o.report_json.string() + "'") + "\n";
+        j.report_file->write(text.data(), text.size());
+    }
+    return out;
+}
+
+void print_report(Job& j, const nlohmann::json& summary, double secs) {
     if (j.o.out.json)
-        std::printf("%s\n", out.dump(2).c_str());
+        std::printf("%s\n", summary.dump(2).c_str());
     else
-        print_report(j, secs, bytes_in);
+        print_text(j, secs, bytes_in(j));
 }
 
 } // namespace dstk::convert

@@ -110,7 +110,7 @@ class NpyInput final : public SampleInput {
             fd_ = STDIN_FILENO;
             source = "<stdin>";
         } else {
-            owned_ = UniqueFd::open(path, O_RDONLY, "cannot open input");
+            owned_ = open_input_file(path, "input");
             fd_ = owned_.get();
             source = path.string();
         }

@@ -86,9 +86,9 @@ RandomReadRate predict_random_reads(const Dataset& ds, const FieldInfo& x, const
         return {rate, "a probe of random chunk decodes (one per sample read, " + std::to_string(readers) + " threads)"};
     }
     const std::uint64_t data_offset = read_npy_header(path).data_offset;
-    UniqueFd fd = UniqueFd::try_open(path, O_RDONLY | O_DIRECT);
+    UniqueFd fd = try_open_input_file(path, "dataset file", O_DIRECT);
     const bool direct = static_cast<bool>(fd);
-    if (!direct) fd = UniqueFd::open(path, O_RDONLY, "open");
+    if (!direct) fd = open_input_file(path, "dataset file");
     const std::uint64_t span = (sb + 2 * align - 1) / align * align + align;
     std::vector<std::unique_ptr<std::uint8_t, FreeDeleter>> bufs;
     for (unsigned t = 0; t < readers; ++t)

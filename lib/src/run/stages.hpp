@@ -3,7 +3,6 @@
 // this order): setup.cpp builds the Session and measures the memory ceiling,
 // loop.cpp trains epoch by epoch, report.cpp writes what the user reads.
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/device_memory.hpp"
+#include "dstk/atomic_output.hpp"
 #include "dstk/checkpoint.hpp"
 #include "dstk/data/batch_source.hpp"
 #include "dstk/dataset.hpp"
@@ -85,15 +85,23 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
 Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r);
 
 // --- report.cpp ---
-// --log-json: JSON lines, flushed one by one.
+// --log-json: JSON lines, written as they come to a temporary name beside
+// the file and put in place with the model (save_trained), or alone by
+// keep() when the run stops early. A resumed run's log starts with the lines
+// of the file it continues, and replaces it; otherwise an existing file is
+// refused without `force`.
 class JsonLog {
   public:
-    JsonLog(const std::string& path, bool append);
+    JsonLog(const std::string& path, bool resume, bool force);
     void emit(const nlohmann::json& j);
+    AtomicFile* output() { return file_ ? &*file_ : nullptr; }
+    // Puts the log in place alone (a run that stopped early: its lines are
+    // the record of what it did); failures become a warning.
+    void keep() noexcept;
 
   private:
     std::string path_;
-    std::ofstream file_;
+    std::optional<AtomicFile> file_;
 };
 RunReport first_report(const Session& s);
 void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out);

@@ -16,20 +16,26 @@ RunReport run_training(const TrainOptions& given, const DataOptions& d, const Ou
     describe_session(s, d, r, out);
     const Checkpointer ck(s, e, d);
     const CheckpointPosition pos = ck.start(*s.trainer, out);
-    const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume, out);
+    const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume);
     if (pos.epoch >= e.epochs) {
         note(out, "dstrain: the run in " + d.checkpoint.string() + " is finished (" + std::to_string(e.epochs) +
                       " epochs, " + std::to_string(pos.steps) + " steps); nothing to do: its model is " +
-                      save_to.front().string() + "; give --epochs N above " + std::to_string(e.epochs) +
+                      save_to.front().path.string() + "; give --epochs N above " + std::to_string(e.epochs) +
                       " to train further");
         return r;
     }
-    JsonLog log(s.root() ? e.log_json : std::string(), d.resume);
-    const Ceiling c = measure_ceiling(s, pos.epoch, r);
-    report_ceiling(s, c, r, log, out);
-    train_epochs(s, e, d, out, ck, pos, c, log, r);
-    s.trainer->average_states(); // every rank: a collective
-    if (s.root()) model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, out);
+    JsonLog log(s.root() ? e.log_json : std::string(), d.resume, e.files.force);
+    try {
+        const Ceiling c = measure_ceiling(s, pos.epoch, r);
+        report_ceiling(s, c, r, log, out);
+        train_epochs(s, e, d, out, ck, pos, c, log, r);
+        s.trainer->average_states(); // every rank: a collective
+    } catch (...) {
+        log.keep(); // interrupted, diverged, out of memory: the lines so far are the record
+        throw;
+    }
+    if (s.root())
+        model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, log.output(), out);
     return r;
 }
 
