@@ -91,11 +91,8 @@ void remove_stale_staging(const fs::path& final_path) {
 // fallbacks of filesystems without renameat2 flags.
 
 bool renameat2_disabled() {
-    static const bool off = [] {
-        const char* v = std::getenv("DSTK_TEST_NO_RENAMEAT2");
-        return v && *v && std::string(v) != "0";
-    }();
-    return off;
+    const char* v = std::getenv("DSTK_TEST_NO_RENAMEAT2");
+    return v && *v && std::string(v) != "0";
 }
 
 void hold_before_placing(const fs::path& final_path) {
