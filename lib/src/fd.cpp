@@ -77,8 +77,8 @@ std::string read_input_file(const std::filesystem::path& path, const std::string
         if (n < 0) throw_errno("cannot read " + what, path.string());
         if (n == 0) return text;
         if (text.size() + static_cast<std::size_t>(n) > max_bytes)
-            throw runtime_error(what + " '" + path.string() + "' is larger than " + std::to_string(max_bytes >> 20) +
-                                " MiB (corrupt, or not the file meant?)");
+            throw runtime_error(what + " '" + path.string() + "' is larger than " + format_bytes(max_bytes) +
+                                " (corrupt, or not the file meant?)");
         text.append(buf, static_cast<std::size_t>(n));
     }
 }
