@@ -117,32 +117,22 @@ void hold_before_placing(const fs::path& final_path) {
 // the field files and parts it names, and dsgen's feature-major copies
 // (images_SPLIT.bin, labels_SPLIT.bin). Read leniently (names only), so that
 // a dataset whose manifest a newer check refuses can still be replaced.
-std::set<std::string> dataset_entry_names(const fs::path& dir, std::string& why) {
+std::set<std::string> dataset_entry_names(const fs::path& dir) {
     std::set<std::string> names{manifest_file_name};
-    const fs::path manifest = dir / manifest_file_name;
-    try {
-        const UniqueFd fd = open_input_file(manifest, "manifest", O_NOFOLLOW);
-        struct stat st {};
-        if (::fstat(fd.get(), &st) != 0 || st.st_size > (64 << 20)) throw runtime_error("too large");
-        std::string text(static_cast<std::size_t>(st.st_size), '\0');
-        read_all(fd.get(), text.data(), text.size(), 0, manifest);
-        const nlohmann::json doc = parse_json(text);
-        auto add = [&](const nlohmann::json& v) {
-            if (v.is_object() && v.contains("file") && v["file"].is_string()) names.insert(v["file"]);
-        };
-        for (const auto& split : doc.at("splits")) {
-            if (split.contains("name") && split["name"].is_string()) {
-                names.insert("images_" + split["name"].get<std::string>() + ".bin");
-                names.insert("labels_" + split["name"].get<std::string>() + ".bin");
-            }
-            for (const auto& field : split.at("fields")) {
-                add(field);
-                if (field.contains("parts") && field["parts"].is_array())
-                    for (const auto& part : field["parts"]) add(part);
-            }
+    const nlohmann::json doc = parse_json(read_input_file(dir / manifest_file_name, "manifest", 64u << 20, O_NOFOLLOW));
+    auto add = [&](const nlohmann::json& v) {
+        if (v.is_object() && v.contains("file") && v["file"].is_string()) names.insert(v["file"]);
+    };
+    for (const auto& split : doc.at("splits")) {
+        if (split.contains("name") && split["name"].is_string()) {
+            names.insert("images_" + split["name"].get<std::string>() + ".bin");
+            names.insert("labels_" + split["name"].get<std::string>() + ".bin");
         }
-    } catch (const std::exception& e) {
-        why = "its " + std::string(manifest_file_name) + " cannot be read (" + e.what() + ")";
+        for (const auto& field : split.at("fields")) {
+            add(field);
+            if (field.contains("parts") && field["parts"].is_array())
+                for (const auto& part : field["parts"]) add(part);
+        }
     }
     return names;
 }
@@ -162,9 +152,12 @@ std::string why_not_replaceable(const fs::path& p, mode_t mode, bool dir) {
     std::error_code mec;
     if (!fs::exists(fs::symlink_status(p / manifest_file_name, mec)))
         return "is a directory but not a dataset (no " + std::string(manifest_file_name) + ")";
-    std::string why;
-    const std::set<std::string> names = dataset_entry_names(p, why);
-    if (!why.empty()) return "is a directory whose " + why.substr(4);
+    std::set<std::string> names;
+    try {
+        names = dataset_entry_names(p);
+    } catch (const std::exception& e) {
+        return "is a directory whose " + std::string(manifest_file_name) + " cannot be read (" + e.what() + ")";
+    }
     for (const auto& e : it) {
         const std::string name = e.path().filename().string();
         const auto st = e.symlink_status(ec);
@@ -176,11 +169,12 @@ std::string why_not_replaceable(const fs::path& p, mode_t mode, bool dir) {
     return {};
 }
 
-[[noreturn]] void refuse_replacing(const fs::path& p, mode_t mode, const std::string& why) {
+[[noreturn]] void refuse_replacing(const fs::path& p, mode_t mode, bool dir, const std::string& why) {
     if (!S_ISREG(mode) && !S_ISDIR(mode))
         throw usage_error("output '" + p.string() + "' exists and " + why +
                           " (not a regular file or directory: a link, device or pipe is never replaced, --force or "
                           "not); choose another name, or - for stdout where the tool takes it");
+    if (!dir) throw usage_error("output '" + p.string() + "' " + why + "; choose another name");
     throw usage_error("output '" + p.string() + "' " + why +
                       "; --force replaces only what a dstk tool wrote: move those files away, or choose another "
                       "name");
@@ -246,7 +240,7 @@ bool replace_earlier(const fs::path& tmp, const fs::path& final_path, bool dir, 
         const std::string why = why_not_replaceable(tmp, st.st_mode, dir);
         if (!why.empty()) {
             if (rename_with(tmp, final_path, RENAME_EXCHANGE) != 0) throw_errno("cannot restore", final_path.string());
-            refuse_replacing(final_path, st.st_mode, why);
+            refuse_replacing(final_path, st.st_mode, dir, why);
         }
         old = tmp;
         exchanged = true;
@@ -264,7 +258,7 @@ bool replace_earlier(const fs::path& tmp, const fs::path& final_path, bool dir, 
         if (!place_new(aside, final_path, S_ISDIR(st.st_mode)))
             throw runtime_error("output '" + final_path.string() + "' " + why + " and was moved to '" + aside.string() +
                                 "'; another process took its name meanwhile: move it back yourself");
-        refuse_replacing(final_path, st.st_mode, why);
+        refuse_replacing(final_path, st.st_mode, dir, why);
     }
     if (!place_new(tmp, final_path, dir)) {
         throw usage_error("output '" + final_path.string() +
@@ -336,12 +330,12 @@ void check_overwrite(const fs::path& final_path, bool force, bool directory) {
     struct stat st {};
     if (::lstat(final_path.c_str(), &st) != 0) return;
     const std::string why = why_not_replaceable(final_path, st.st_mode, directory);
-    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) refuse_replacing(final_path, st.st_mode, why);
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) refuse_replacing(final_path, st.st_mode, directory, why);
     if (!force)
         throw usage_error("output '" + final_path.string() +
                           "' already exists (refusing to overwrite it); use --force to replace it, or choose "
                           "another name");
-    if (!why.empty()) refuse_replacing(final_path, st.st_mode, why);
+    if (!why.empty()) refuse_replacing(final_path, st.st_mode, directory, why);
 }
 
 void check_free_disk(const fs::path& dir, std::uint64_t bytes) {
@@ -412,13 +406,13 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write(const void* data, std::size_t len) {
-    write_all(fd_.get(), data, len, -1, tmp_);
+    write_all(fd_.get(), data, len, -1, committed_ ? final_ : tmp_);
 }
 
 void AtomicFile::sync() {
     if (!fd_) return;
     if (::fsync(fd_.get()) != 0) throw_errno("cannot fsync", tmp_.string());
-    if (::close(fd_.release()) != 0) throw_errno("cannot close", tmp_.string());
+    if (!keep_open_ && ::close(fd_.release()) != 0) throw_errno("cannot close", tmp_.string());
 }
 
 namespace {

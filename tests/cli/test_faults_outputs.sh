@@ -90,7 +90,7 @@ for fallback in 0 1; do
     echo mine >"$W/c1/m.safetensors"
     release "$W/b1s"
     expect_held_exit 1
-    expect_stderr "m.safetensors' was created by another process during the run, so this run's file is '.*m-2.safetensors'"
+    expect_stderr "m.safetensors' was created by another process during the run, so this run's model is '.*m-2.safetensors'"
     expect_true "--save: the other process's file is kept" grep -qx mine "$W/c1/m.safetensors"
     expect_exit 0 "$DSTRAIN" eval "$WORK/ds" --weights "$W/c1/m-2.safetensors" --device cpu -q
     # --force replaces a regular file, never a link that appeared meanwhile (the model then withdrawn).
@@ -195,14 +195,22 @@ for fallback in 0 1; do
         expect_stderr "link.jsonl' exists and is a symbolic link"
         expect_true "the link's target is untouched ($f)" grep -qx keep "$W/c4/target"
     done
-    # Taken during the run: the log goes beside it, the run says so (exit 1), nothing replaced.
-    start_held run2.jsonl "$W/b4" /dev/null "$DSTRAIN" "${TRAIN[@]}" --log-json "$W/c4/run2.jsonl"
+    # The log is put in place at the start (read while the run goes): a name
+    # taken just before is refused then, before any training.
+    start_held run2.jsonl "$W/b4" /dev/null "$DSTRAIN" "${TRAIN[@]}" --log-json "$W/c4/run2.jsonl" --save "$W/c4/r2.safetensors"
     echo mine >"$W/c4/run2.jsonl"
     release "$W/b4"
-    expect_held_exit 1
-    expect_stderr "run2.jsonl' was created by another process during the run, so this run's file is '.*run2-2.jsonl'"
+    expect_held_exit 2
+    expect_stderr "run2.jsonl' already exists \(another process wrote it"
     expect_true "the other process's log is kept" grep -qx mine "$W/c4/run2.jsonl"
-    expect_true "this run's log beside it" jq_true "$W/c4/run2-2.jsonl" 'select(.event == "epoch") | .epoch == 1'
+    expect_no_file "$W/c4/r2.safetensors"
+    # Two runs to one log: the second is refused at its start, the first's log intact.
+    start_held model.safetensors "$W/b4b" /dev/null "$DSTRAIN" "${TRAIN[@]}" --log-json "$W/c4/run3.jsonl" --checkpoint "$W/c4/ck3"
+    expect_exit 2 "$DSTRAIN" "${TRAIN[@]}" --log-json "$W/c4/run3.jsonl"
+    expect_stderr "run3.jsonl' already exists"
+    release "$W/b4b"
+    expect_held_exit 0
+    expect_true "the first run's log is whole" jq_true "$W/c4/run3.jsonl" 'select(.event == "epoch") | .epoch == 1'
     # A run that fails keeps its log (the record of what it did); a resumed run continues it.
     expect_exit 1 "$DSTRAIN" "${TRAIN[@]}" --lr 1e30 --log-json "$W/c4/div.jsonl"
     expect_stderr "non-finite loss"

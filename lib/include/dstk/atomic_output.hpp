@@ -97,10 +97,15 @@ class AtomicFile final : public AtomicOutput {
 
     int fd() const { return fd_.get(); }
     void write(const void* data, std::size_t len); // whole write or throw
+    // A file that grows in place once committed (a log, read while the run
+    // goes and kept if the process is killed): commit() fsyncs but keeps the
+    // descriptor, write() appends to the placed file.
+    void keep_open() { keep_open_ = true; }
 
   private:
     void sync() override;
     UniqueFd fd_;
+    bool keep_open_ = false;
 };
 
 // Outputs put in place together, in the order added (side files first, the

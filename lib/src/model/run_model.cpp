@@ -89,12 +89,10 @@ SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, c
 }
 
 void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
-                  const std::string& dataset_checksum, const std::vector<SaveTarget>& targets, AtomicFile* side,
+                  const std::string& dataset_checksum, const std::vector<SaveTarget>& targets,
                   const OutputOptions& out) {
     const SavedModel m = model_from_trainer(t, spec, dataset, dataset_checksum);
     OutputSet set;
-    const fs::path side_wanted = side ? side->final_path() : fs::path();
-    if (side) set.add(*side);
     std::vector<std::unique_ptr<AtomicFile>> files;
     for (const SaveTarget& target : targets) {
         const std::vector<std::uint8_t> bytes = encode_model(target.path, m);
@@ -103,21 +101,17 @@ void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::st
         set.add(*files.back());
     }
     set.commit();
-    std::string taken; // names the user gave that another process took during the run
-    auto moved = [&](const fs::path& wanted, const fs::path& got) {
-        taken += (taken.empty() ? "" : "; ") + ("'" + wanted.string() +
-                                                "' was created by another process during the "
-                                                "run, so this run's file is '" +
-                                                got.string() + "'");
-    };
-    if (side && side->final_path() != side_wanted) moved(side_wanted, side->final_path());
+    std::string taken; // --save names another process took during the run
     for (std::size_t i = 0; i < targets.size(); ++i) {
         const fs::path& got = files[i]->final_path();
         if (got != targets[i].path && targets[i].default_name)
             note(out, "dstrain: " + targets[i].path.string() + " exists: this run's model goes to " + got.string() +
                           " (--save FILE to choose, --force to replace)");
         else if (got != targets[i].path)
-            moved(targets[i].path, got);
+            taken += (taken.empty() ? "" : "; ") + ("'" + targets[i].path.string() +
+                                                    "' was created by another process during the run, so this "
+                                                    "run's model is '" +
+                                                    got.string() + "'");
         note(out, "dstrain: model saved to " + got.string());
     }
     if (!taken.empty()) throw runtime_error(taken + " (nothing was replaced); move the files where you want them");

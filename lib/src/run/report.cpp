@@ -105,33 +105,22 @@ std::string fixed(double v, int digits) {
 
 JsonLog::JsonLog(const std::string& path, bool resume, bool force) : path_(path) {
     if (path.empty()) return;
-    // A taken name at the end goes to a free one beside it (save_trained says
-    // so): the run's record is never lost to another process's file.
-    if (!resume) check_overwrite(path, force);
-    file_.emplace(path, resume || force ? Replace::earlier : Replace::next_free);
+    file_.emplace(path, resume || force ? Replace::earlier : Replace::never);
     struct stat st {};
-    if (!resume || ::lstat(path.c_str(), &st) != 0) return;
-    // A resumed run's log continues the lines of the run it resumes.
-    const std::string earlier = read_input_file(path, "log", 1ull << 30, O_NOFOLLOW);
-    file_->write(earlier.data(), earlier.size());
+    if (resume && ::lstat(path.c_str(), &st) == 0) { // the lines of the run this one continues
+        const std::string earlier = read_input_file(path, "log", 1ull << 30, O_NOFOLLOW);
+        file_->write(earlier.data(), earlier.size());
+    }
+    // In place from the start: read while the run goes, kept if it is
+    // killed, and a second run to the same name is refused now, not at its end.
+    file_->keep_open();
+    file_->commit();
 }
 
 void JsonLog::emit(const nlohmann::json& j) {
     if (!file_) return;
     const std::string line = dump_json(j, -1, "the log '" + path_ + "'") + "\n";
     file_->write(line.data(), line.size());
-}
-
-void JsonLog::keep() noexcept {
-    if (!file_ || file_->committed()) return;
-    try {
-        file_->commit();
-        if (file_->final_path() != path_)
-            warning("'" + path_ + "' was created by another process during the run; this run's log is '" +
-                    file_->final_path().string() + "'");
-    } catch (const std::exception& e) {
-        warning(std::string("the log of this run was not kept (") + e.what() + ")");
-    }
 }
 
 RunReport first_report(const Session& s) {

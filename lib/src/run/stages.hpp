@@ -85,19 +85,14 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
 Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r);
 
 // --- report.cpp ---
-// --log-json: JSON lines, written as they come to a temporary name beside
-// the file and put in place with the model (save_trained), or alone by
-// keep() when the run stops early. A resumed run's log starts with the lines
-// of the file it continues, and replaces it; otherwise an existing file is
-// refused without `force`.
+// --log-json: JSON lines, appended as they come to a file put in place at
+// the start of the run (atomic_output.hpp: a temporary name renamed, refused
+// over an existing file without `force`, never through a link). A resumed
+// run's log starts with the lines of the file it continues, and replaces it.
 class JsonLog {
   public:
     JsonLog(const std::string& path, bool resume, bool force);
     void emit(const nlohmann::json& j);
-    AtomicFile* output() { return file_ ? &*file_ : nullptr; }
-    // Puts the log in place alone (a run that stopped early: its lines are
-    // the record of what it did); failures become a warning.
-    void keep() noexcept;
 
   private:
     std::string path_;

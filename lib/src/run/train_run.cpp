@@ -25,17 +25,11 @@ RunReport run_training(const TrainOptions& given, const DataOptions& d, const Ou
         return r;
     }
     JsonLog log(s.root() ? e.log_json : std::string(), d.resume, e.files.force);
-    try {
-        const Ceiling c = measure_ceiling(s, pos.epoch, r);
-        report_ceiling(s, c, r, log, out);
-        train_epochs(s, e, d, out, ck, pos, c, log, r);
-        s.trainer->average_states(); // every rank: a collective
-    } catch (...) {
-        log.keep(); // interrupted, diverged, out of memory: the lines so far are the record
-        throw;
-    }
-    if (s.root())
-        model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, log.output(), out);
+    const Ceiling c = measure_ceiling(s, pos.epoch, r);
+    report_ceiling(s, c, r, log, out);
+    train_epochs(s, e, d, out, ck, pos, c, log, r);
+    s.trainer->average_states(); // every rank: a collective
+    if (s.root()) model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, out);
     return r;
 }
 

@@ -54,12 +54,12 @@ void load_weights(train::Trainer& t, const SavedModel& m);
 SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
                               const std::string& dataset_checksum);
 // The end of a run: the trainer's model into each target (save_paths), put
-// in place after `side` (the --log-json file, or null) as one OutputSet, with
-// a note each. The default model.safetensors taken becomes model-N with a
-// note; a name the user gave that another process took during the run is a
-// runtime error once every file is in place, naming where it went instead.
+// in place together (one OutputSet), with a note each. The default
+// model.safetensors taken becomes model-N with a note; a --save name another
+// process took during the run is a runtime error once every file is in
+// place, naming where the model went instead.
 void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
-                  const std::string& dataset_checksum, const std::vector<SaveTarget>& targets, AtomicFile* side,
+                  const std::string& dataset_checksum, const std::vector<SaveTarget>& targets,
                   const OutputOptions& out);
 
 } // namespace dstk::model
