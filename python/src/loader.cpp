@@ -216,8 +216,13 @@ void Loader::feed_loop() {
     }
 }
 
+// A source batch holds the input field, then the label field (make_batch_source).
+Loader::XY Loader::xy(const Batch& b) const {
+    return {b.fields[0].data, static_cast<const std::int32_t*>(b.fields[1].data), b.size};
+}
+
 // The trainer's conversion on the host: x' = (x - mean[c]) / std[c], CHW.
-void Loader::convert_host(const train::Batch& b, void* x, void* y) const {
+void Loader::convert_host(const XY& b, void* x, void* y) const {
     if (config_.labels64)
         std::copy(b.y, b.y + b.size, static_cast<std::int64_t*>(y));
     else
@@ -247,8 +252,9 @@ void Loader::convert_host(const train::Batch& b, void* x, void* y) const {
 }
 
 std::uint32_t Loader::next_host(void* x, void* y) {
-    train::Batch b;
-    if (!source_->next(b)) return 0;
+    const Batch* batch = source_->next();
+    if (!batch) return 0;
+    const XY b = xy(*batch);
     try {
         convert_host(b, x, y);
     } catch (...) {
@@ -285,8 +291,9 @@ bool Loader::next_device(DeviceBatch& out) {
 
 std::uint32_t Loader::feed_one(std::uint64_t turn) {
     std::lock_guard lock(source_mutex_);
-    train::Batch b;
-    if (!source_->next(b)) return 0;
+    const Batch* batch = source_->next();
+    if (!batch) return 0;
+    const XY b = xy(*batch);
     DeviceSlots& s = *slots_;
     const auto k = static_cast<unsigned>(turn % s.x.size());
     // The slot's last batch (turn - slots) lives until turn - ahead (its

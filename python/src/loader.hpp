@@ -63,7 +63,7 @@ class Loader {
     Loader(const Loader&) = delete;
     Loader& operator=(const Loader&) = delete;
 
-    bool on_gpu() const { return config_.source.device.backend == train::Backend::cuda; }
+    bool on_gpu() const { return config_.source.device.backend == Backend::cuda; }
     const LoaderConfig& config() const { return config_; }
     const FieldInfo& x_field() const { return *x_; }
     DType out_dtype() const { return config_.convert ? DType::f32 : x_->dtype; }
@@ -101,7 +101,14 @@ class Loader {
 
   private:
     void resolve_stats(const Dataset& ds);
-    void convert_host(const train::Batch& b, void* x, void* y) const;
+    // The input and labels of a source batch.
+    struct XY {
+        const void* x;
+        const std::int32_t* y;
+        std::uint32_t size;
+    };
+    XY xy(const Batch& b) const;
+    void convert_host(const XY& b, void* x, void* y) const;
     void start_feeder();
     void stop_feeder();
     void feed_loop();

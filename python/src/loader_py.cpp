@@ -29,10 +29,10 @@ LoaderConfig config_of(const LoaderArgs& a) {
     LoaderConfig c;
     c.split = a.split;
     data::SourceConfig& s = c.source;
-    s.device = train::parse_device(a.device);
+    s.device = parse_device(a.device);
     // "host": the cpu backend's stream source (batches in host memory) whatever device says.
     if (a.placement == "host") {
-        s.device = train::Device{};
+        s.device = Device{};
         s.placement = data::Placement::stream;
     } else {
         s.placement = data::parse_placement(a.placement);
@@ -180,7 +180,7 @@ void bind_loader(nb::module_& m) {
         .def_prop_ro("std", &Loader::stdev)
         .def_prop_ro("placement",
                      [](const Loader& l) { return std::string(data::placement_name(l.config().source.placement)); })
-        .def_prop_ro("device", [](const Loader& l) { return train::device_name(l.config().source.device); })
+        .def_prop_ro("device", [](const Loader& l) { return device_name(l.config().source.device); })
         .def_prop_ro("dtype", [](const Loader& l) { return std::string(dtype_name(l.out_dtype())); })
         .def_prop_ro("stored_dtype", [](const Loader& l) { return std::string(dtype_name(l.x_field().dtype)); })
         .def("start_epoch",

@@ -67,7 +67,7 @@ Options options(const fs::path& ds, const fs::path& ck, const std::string& place
     o.e.model = "conv3x3:16,bn,relu,maxpool2,conv3x3:32,bn,relu,maxpool2,flatten,dropout:0.2,fc:4";
     o.e.epochs = 3;
     o.e.batch = 64; // 31 steps per epoch
-    o.e.device = train::Device{train::Backend::cuda, 0};
+    o.e.device = dstk::Device{dstk::Backend::cuda, 0};
     o.e.seed = 11;
     o.e.deterministic = true;
     o.d.data = placement;

@@ -1,5 +1,6 @@
 // The data path on the GPU: every placement delivers the same batches as the
-// host reads, in device memory; stream mode holds the same GPU memory
+// host reads, in device memory, every field a caller names (four fields of
+// different dtypes, shapes and storages); stream mode holds the same GPU memory
 // whatever the dataset size; a training run's measured peak GPU memory stays
 // under the ceiling it printed before the first step, and within 1% of it.
 #include <gtest/gtest.h>
@@ -13,12 +14,14 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/run/train_run.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/gpu_info.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
 #endif
+#include "support/fields_dataset.hpp"
 #include "support/test_dataset.hpp"
 
 namespace fs = std::filesystem;
@@ -58,7 +61,7 @@ struct Stream {
 SourceConfig config(Placement p, Order o, void* stream) {
     SourceConfig c;
     c.placement = p;
-    c.device = {train::Backend::cuda, 0};
+    c.device = {dstk::Backend::cuda, 0};
     c.order = {o, 3, 512, 4};
     c.batch = 256;
     c.prefetch = 4;
@@ -91,9 +94,9 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
             src->start_epoch(1, 2);
             std::vector<std::uint8_t> x(256 * row_bytes);
             std::vector<std::int32_t> y(256);
-            train::Batch b;
+            test_support::XY b;
             std::uint64_t position = 2 * 256;
-            while (src->next(b)) {
+            while (test_support::next_xy(*src, b)) {
                 gpu::stream_synchronize(stream.s); // the batch is ready for work on the stream
                 gpu::copy_d2h(x.data(), b.x, b.size * row_bytes);
                 gpu::copy_d2h(y.data(), b.y, b.size * 4);
@@ -110,6 +113,62 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
 #endif
 }
 
+// Every field of every batch in device memory is the dataset's value at the
+// order's sample index, in every placement, order and storage (.npy, zstd with
+// chunks other than the order's, fields in parts); the GPU memory held is the
+// plan's.
+TEST(GpuDataPath, EveryFieldOfEveryPlacementIsTheOrdersSample) {
+    if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
+#if defined(DSTK_HAVE_CUDA)
+    using test_support::FieldsStorage;
+    const std::uint64_t n = 1000;
+    const std::vector<std::string> names{"target", "image", "result", "label"};
+    Stream stream;
+    for (const FieldsStorage st : {FieldsStorage::npy, FieldsStorage::zstd, FieldsStorage::parts}) {
+        const fs::path dir = test_support::write_four_fields(
+            test_support::temp_path("dstk_gpu_fields", test_support::storage_name(st)), n, st);
+        const Dataset ds = Dataset::open(dir);
+        const auto specs = test_support::four_fields(st);
+        for (const Placement p : {Placement::stream, Placement::device, Placement::managed})
+            for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
+                const std::string what = std::string(test_support::storage_name(st)) + " " +
+                                         std::string(placement_name(p)) + " " + std::string(order_name(o));
+                SCOPED_TRACE(what);
+                SourceConfig c = config(p, o, stream.s);
+                c.fields = names;
+                c.order = {o, 3, 50, 3};
+                c.batch = 48;
+                c.drop_last = false;
+                auto src = make_batch_source(ds, "train", c);
+                const SplitInfo& split = ds.manifest().split("train");
+                EXPECT_EQ(planned_device_bytes(split, source_fields(ds.manifest(), split, c), c), src->device_bytes());
+                OrderConfig oc = c.order;
+                oc.chunk_samples = test_support::order_chunk(specs, names, oc.chunk_samples);
+                const EpochOrder order(oc, n, 1);
+                src->start_epoch(1, 2);
+                std::uint64_t position = 2 * 48;
+                while (const Batch* b = src->next()) {
+                    gpu::stream_synchronize(stream.s); // the batch is ready for work on the stream
+                    Batch host = *b;
+                    std::vector<std::vector<std::uint8_t>> copies;
+                    copies.reserve(host.fields.size());
+                    for (BatchField& f : host.fields) {
+                        copies.emplace_back(b->size * f.sample_bytes());
+                        gpu::copy_d2h(copies.back().data(), f.data, copies.back().size());
+                        f.data = copies.back().data();
+                    }
+                    src->release();
+                    test_support::expect_batch_is(host, specs, names, order, position, what);
+                    if (HasFatalFailure()) return;
+                    position += host.size;
+                }
+                EXPECT_EQ(position, n);
+            }
+        fs::remove_all(dir);
+    }
+#endif
+}
+
 TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
     if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
 #if defined(DSTK_HAVE_CUDA)
@@ -121,9 +180,9 @@ TEST(GpuDataPath, StreamHoldsTheSameGpuMemoryWhateverTheDatasetSize) {
         const std::uint64_t before = used_now();
         auto src = make_batch_source(ds, "train", config(Placement::stream, Order::chunk, stream.s));
         src->start_epoch(0, 0);
-        train::Batch b;
+        test_support::XY b;
         std::uint64_t peak = 0, batches = 0;
-        while (src->next(b)) {
+        while (test_support::next_xy(*src, b)) {
             src->release();
             if (++batches % 64 == 0) peak = std::max(peak, used_now() - before);
         }
@@ -157,7 +216,7 @@ TEST(GpuDataPath, TrainingPeakStaysUnderTheCeilingPrintedBeforeTheFirstStep) {
         e.model = "ref-cnn";
         e.epochs = 2;
         e.batch = 256;
-        e.device = train::Device{train::Backend::cuda, 0};
+        e.device = dstk::Device{dstk::Backend::cuda, 0};
         e.files.save = {dir / "model.safetensors"}; // every run saves its model: into the dataset, removed below
         run::DataOptions d;
         d.data = c.placement;

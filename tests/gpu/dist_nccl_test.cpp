@@ -91,18 +91,18 @@ struct DeviceData {
         y->upload(0, hy.data(), hy.size() * 4);
     }
     // Batch k of size n (batches laid end to end at max_batch spacing).
-    Batch batch(std::uint32_t k, std::uint32_t n) const {
+    Batch batch(const TrainerConfig& c, std::uint32_t k, std::uint32_t n) const {
         const std::uint64_t first = std::uint64_t{k} * max_batch;
-        return {static_cast<const float*>(x->data()) + first * in_shape.numel(),
-                static_cast<const std::int32_t*>(y->data()) + first, n};
+        return step_batch(c, static_cast<const float*>(x->data()) + first * in_shape.numel(),
+                          static_cast<const std::int32_t*>(y->data()) + first, n);
     }
 };
 
 // Four full batches (the graph), one partial batch (eager), two full ones.
 void run_steps(Trainer& t, const DeviceData& d) {
-    for (std::uint32_t k = 0; k < 4; ++k) t.train_step(d.batch(k, max_batch));
-    t.train_step(d.batch(4, max_batch - 7));
-    for (std::uint32_t k = 5; k < 7; ++k) t.train_step(d.batch(k, max_batch));
+    for (std::uint32_t k = 0; k < 4; ++k) t.train_step(d.batch(t.config(), k, max_batch));
+    t.train_step(d.batch(t.config(), 4, max_batch - 7));
+    for (std::uint32_t k = 5; k < 7; ++k) t.train_step(d.batch(t.config(), k, max_batch));
     t.synchronize();
 }
 
@@ -266,10 +266,6 @@ TEST(DistNcclBench, DISABLED_StepTimeWithAndWithoutReducer) {
     auto y = make_backend_buffer({Backend::cuda, 0}, hy.size() * 4);
     x->upload(0, hx.data(), hx.size());
     y->upload(0, hy.data(), hy.size() * 4);
-    std::vector<Batch> batches;
-    for (std::uint32_t k = 0; k < nbatches; ++k)
-        batches.push_back({static_cast<const std::uint8_t*>(x->data()) + std::uint64_t{k} * batch * in.numel(),
-                           static_cast<const std::int32_t*>(y->data()) + std::uint64_t{k} * batch, batch});
     auto reducer = single_rank_reducer();
     const int rounds = 7, steps = 150;
     std::unique_ptr<Trainer> t; // a trainer's compute stream for the all-reduce below, as in training
@@ -283,6 +279,11 @@ TEST(DistNcclBench, DISABLED_StepTimeWithAndWithoutReducer) {
         c.precision = p;
         c.device = {Backend::cuda, 0};
         c.schedule.total_steps = 100000;
+        std::vector<Batch> batches;
+        for (std::uint32_t k = 0; k < nbatches; ++k)
+            batches.push_back(
+                step_batch(c, static_cast<const std::uint8_t*>(x->data()) + std::uint64_t{k} * batch * in.numel(),
+                           static_cast<const std::int32_t*>(y->data()) + std::uint64_t{k} * batch, batch));
         auto plain = make_trainer(c);
         auto reduced = make_trainer(c);
         reduced->set_reducer(reducer.get());

@@ -87,7 +87,9 @@ struct DeviceData {
         x->upload(0, d.x.data(), d.x.size() * 4);
         y->upload(0, d.y.data(), d.y.size() * 4);
     }
-    Batch batch(std::uint32_t n) const { return {x->data(), static_cast<const std::int32_t*>(y->data()), n}; }
+    const float* xs() const { return static_cast<const float*>(x->data()); }
+    const std::int32_t* ys() const { return static_cast<const std::int32_t*>(y->data()); }
+    Batch batch(const TrainerConfig& c, std::uint32_t n) const { return step_batch(c, xs(), ys(), n); }
 };
 
 // One comparison: records the worst error of a run and, on failure, says
@@ -120,8 +122,8 @@ void compare_layers(const std::string& spec, TensorShape in, std::uint32_t class
                 params[l.param_offset + j] = static_cast<float>(rng.uniform(0.5, 1.5));
     cpu->write_parameters(params);
     gpu->write_parameters(params);
-    cpu->compute_gradients({d.x.data(), d.y.data(), batch});
-    gpu->compute_gradients(dd.batch(batch));
+    cpu->compute_gradients(step_batch(cpu->config(), d.x.data(), d.y.data(), batch));
+    gpu->compute_gradients(dd.batch(gpu->config(), batch));
     Checker check;
     const auto& layers = cpu->config().plan.layers;
     for (std::size_t i = 0; i < layers.size(); ++i)
@@ -209,8 +211,8 @@ TEST(TrainGpu, PartialBatchUsesEagerPathAndMatches) {
         config("conv3x3:4,bn,relu,maxpool2,flatten,fc:5", {3, 8, 8}, 5, 8, Backend::cuda, Precision::fp32));
     const Data d = make_random_data({3, 8, 8}, 5, 5, 8);
     const DeviceData dd(d);
-    cpu->compute_gradients({d.x.data(), d.y.data(), 5});
-    gpu->compute_gradients(dd.batch(5));
+    cpu->compute_gradients(step_batch(cpu->config(), d.x.data(), d.y.data(), 5));
+    gpu->compute_gradients(dd.batch(gpu->config(), 5));
     EXPECT_LE(rel_error(gpu->read_gradients(), cpu->read_gradients()), 1e-4);
 }
 
@@ -232,10 +234,10 @@ void compare_training(Precision p, double tol, double loss_tol) {
             const Data d = make_random_data(in, 10, batch * 4, 21);
             const DeviceData dd(d);
             for (int step = 0; step < 4; ++step) {
-                cpu->train_step({d.x.data() + step * batch * in.numel(), d.y.data() + step * batch, batch});
-                const Batch b = dd.batch(batch);
+                cpu->train_step(step_batch(cpu->config(), d.x.data() + step * batch * in.numel(),
+                                           d.y.data() + step * batch, batch));
                 gpu->train_step(
-                    {static_cast<const float*>(b.x) + step * batch * in.numel(), b.y + step * batch, batch});
+                    step_batch(gpu->config(), dd.xs() + step * batch * in.numel(), dd.ys() + step * batch, batch));
             }
             EXPECT_EQ(gpu->steps(), 4u);
             Checker check;
@@ -317,16 +319,14 @@ TrainResult train_learnable(Precision p, bool deterministic, int epochs) {
     TrainResult r;
     for (int e = 0; e < epochs; ++e) {
         for (std::uint32_t s = 0; s < n / batch; ++s) {
-            const Batch b = dd.batch(batch);
-            gpu->train_step({static_cast<const float*>(b.x) + s * batch * in.numel(), b.y + s * batch, batch});
+            gpu->train_step(step_batch(gpu->config(), dd.xs() + s * batch * in.numel(), dd.ys() + s * batch, batch));
         }
         const double loss = gpu->take_train_metrics().loss();
         if (e == 0) r.first_loss = loss;
         r.last_loss = loss;
     }
     for (std::uint32_t s = 0; s < n / batch; ++s) {
-        const Batch b = dd.batch(batch);
-        gpu->evaluate({static_cast<const float*>(b.x) + s * batch * in.numel(), b.y + s * batch, batch});
+        gpu->evaluate(step_batch(gpu->config(), dd.xs() + s * batch * in.numel(), dd.ys() + s * batch, batch));
     }
     r.accuracy = gpu->take_eval_metrics().accuracy();
     return r;
@@ -357,8 +357,7 @@ TrainerConfig deterministic_config(Precision p) {
 
 void run_steps(Trainer& t, const DeviceData& dd, TensorShape in, std::uint32_t batch, int from, int to) {
     for (int s = from; s < to; ++s) {
-        const Batch b = dd.batch(batch);
-        t.train_step({static_cast<const float*>(b.x) + s * batch * in.numel(), b.y + s * batch, batch});
+        t.train_step(step_batch(t.config(), dd.xs() + s * batch * in.numel(), dd.ys() + s * batch, batch));
     }
 }
 
@@ -403,8 +402,8 @@ TEST(TrainGpu, ConvertsU8InputOnTheDevice) {
     auto by = make_backend_buffer({Backend::cuda, 0}, 16);
     bx->upload(0, x.data(), x.size());
     by->upload(0, y.data(), 16);
-    cpu->compute_gradients({x.data(), y.data(), 4});
-    gpu->compute_gradients({bx->data(), static_cast<const std::int32_t*>(by->data()), 4});
+    cpu->compute_gradients(step_batch(cpu->config(), x.data(), y.data(), 4));
+    gpu->compute_gradients(step_batch(gpu->config(), bx->data(), static_cast<const std::int32_t*>(by->data()), 4));
     EXPECT_LE(rel_error(gpu->read_activation(1), cpu->read_activation(1)), 1e-5);
 }
 
@@ -441,7 +440,7 @@ TEST(TrainGpu, SecondRunReusesCachedKernelChoicesBitEqual) {
             c.kernels = mode;
             auto t = make_trainer(c);
             reports = t->kernel_choices();
-            for (int s = 0; s < 4; ++s) t->train_step(dd.batch(32));
+            for (int s = 0; s < 4; ++s) t->train_step(dd.batch(t->config(), 32));
             return t->read_parameters();
         };
         std::vector<KernelReport> first, second, heuristic;

@@ -49,7 +49,7 @@ Options options(const fs::path& ds, const fs::path& ck, const std::string& place
     o.e.epochs = 3;
     o.e.batch = 32;
     o.e.lr = 0.05f;
-    o.e.device = train::Device{train::Backend::cpu, 0};
+    o.e.device = dstk::Device{dstk::Backend::cpu, 0};
     o.e.seed = 11;
     o.e.threads = 2;
     o.d.data = placement;

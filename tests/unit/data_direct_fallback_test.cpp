@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "support/test_dataset.hpp"
 
@@ -69,8 +70,8 @@ fs::path make_dataset(const std::string& name, std::uint64_t samples, std::uint6
 std::vector<std::int32_t> run_epoch(BatchSource& s, std::uint64_t sample_bytes) {
     std::vector<std::int32_t> seen;
     s.start_epoch(0, 0);
-    train::Batch b;
-    while (s.next(b)) {
+    test_support::XY b;
+    while (test_support::next_xy(s, b)) {
         const auto* x = static_cast<const std::uint8_t*>(b.x);
         for (std::uint32_t i = 0; i < b.size; ++i) {
             for (std::uint64_t j = 0; j < sample_bytes; ++j)
@@ -92,7 +93,7 @@ struct Messages {
 std::vector<std::int32_t> direct_epoch(const Dataset& ds, std::uint64_t sample_bytes, long allowed, Messages& m) {
     SourceConfig c;
     c.placement = Placement::stream;
-    c.device = {train::Backend::cpu, 0};
+    c.device = {dstk::Backend::cpu, 0};
     c.order = {Order::chunk, 9, 50, 2};
     c.batch = 64;
     c.drop_last = false;
@@ -118,7 +119,7 @@ std::vector<std::int32_t> direct_epoch(const Dataset& ds, std::uint64_t sample_b
 std::vector<std::int32_t> buffered_epoch(const Dataset& ds, std::uint64_t sample_bytes) {
     SourceConfig c;
     c.placement = Placement::stream;
-    c.device = {train::Backend::cpu, 0};
+    c.device = {dstk::Backend::cpu, 0};
     c.order = {Order::chunk, 9, 50, 2};
     c.batch = 64;
     c.drop_last = false;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/dataset_writer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/output.hpp"
@@ -49,7 +50,7 @@ fs::path zstd_copy(const fs::path& plain, const std::string& name) {
 SourceConfig cpu_config(Placement p, Order o, std::uint32_t batch) {
     SourceConfig c;
     c.placement = p;
-    c.device = {train::Backend::cpu, 0};
+    c.device = {dstk::Backend::cpu, 0};
     c.order = {o, 17, 64, 3};
     c.batch = batch;
     c.prefetch = 3;
@@ -62,8 +63,8 @@ std::vector<std::int32_t> run_epoch(BatchSource& s, std::uint64_t epoch, std::ui
                                     std::uint64_t sample_bytes) {
     std::vector<std::int32_t> seen;
     s.start_epoch(epoch, first_batch);
-    train::Batch b;
-    while (s.next(b)) {
+    test_support::XY b;
+    while (test_support::next_xy(s, b)) {
         const auto* x = static_cast<const std::uint8_t*>(b.x);
         for (std::uint32_t i = 0; i < b.size; ++i) {
             const std::int32_t label = b.y[i];
@@ -126,8 +127,8 @@ TEST(DataSource, ResumesAtAnyBatch) {
     EXPECT_TRUE(std::equal(tail.begin(), tail.end(), all.begin() + 13 * 20));
     // Starting a new epoch in the middle of one (the ring is drained and reset).
     s->start_epoch(1, 0);
-    train::Batch b;
-    ASSERT_TRUE(s->next(b));
+    test_support::XY b;
+    ASSERT_TRUE(test_support::next_xy(*s, b));
     s->release();
     EXPECT_EQ(run_epoch(*s, 5, 0, sb), all);
     fs::remove_all(dir);
@@ -145,9 +146,9 @@ TEST(DataSource, StartEpochDropsAnAbandonedIterationsTimes) {
             for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
                 auto s = make_batch_source(ds, "train", cpu_config(p, o, 20));
                 s->start_epoch(0, 0);
-                train::Batch b;
+                test_support::XY b;
                 for (int i = 0; i < 5; ++i) {
-                    ASSERT_TRUE(s->next(b));
+                    ASSERT_TRUE(test_support::next_xy(*s, b));
                     s->release();
                 }
                 const std::vector<std::int32_t> seen = run_epoch(*s, 1, 0, sb);
@@ -202,12 +203,12 @@ TEST(DataSource, FileThatShrinksMidRunIsAnErrorNamingIt) {
     const Dataset ds = Dataset::open(dir);
     auto s = make_batch_source(ds, "train", cpu_config(Placement::stream, Order::sequential, 100));
     s->start_epoch(0, 0);
-    train::Batch b;
-    ASSERT_TRUE(s->next(b));
+    test_support::XY b;
+    ASSERT_TRUE(test_support::next_xy(*s, b));
     s->release();
     fs::resize_file(dir / ds.manifest().split("train").field("x").file, 1000);
     try {
-        while (s->next(b)) s->release();
+        while (test_support::next_xy(*s, b)) s->release();
         FAIL() << "no error after the file shrank";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::failure);
@@ -239,8 +240,8 @@ TEST(DataSource, StreamHostMemoryIsTheRingAndWindowCacheWhateverTheSplitSize) {
     }
     std::uint64_t samples = 0;
     s->start_epoch(0, 0);
-    train::Batch b;
-    while (s->next(b)) {
+    test_support::XY b;
+    while (test_support::next_xy(*s, b)) {
         samples += b.size;
         s->release();
     }
@@ -310,9 +311,9 @@ TEST(DataSource, DirectReadOfAShrunkFileIsAnErrorNamingIt) {
     auto s = make_batch_source(ds, "train", c);
     fs::resize_file(dir / ds.manifest().split("train").field("x").file, 70000);
     s->start_epoch(0, 0);
-    train::Batch b;
+    test_support::XY b;
     try {
-        while (s->next(b)) s->release();
+        while (test_support::next_xy(*s, b)) s->release();
         FAIL() << "no error after the file shrank";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::failure);

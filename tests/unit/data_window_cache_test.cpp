@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/field_reader.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/error.hpp"
@@ -78,6 +79,20 @@ class MemoryField final : public FieldReader {
     std::map<std::uint64_t, int> reads_;
 };
 
+// The cache's fields: bytes x_i and labels y_i, pages kept.
+std::vector<CachedField> cached(MemoryField& x, MemoryField& y) {
+    return {{&x, false}, {&y, false}};
+}
+
+std::vector<CachedBytes> bytes_of(std::uint64_t sb) {
+    return {{sb, false}, {4, false}};
+}
+
+// x and y of a batch as the cache's outputs.
+std::vector<std::uint8_t*> outputs(std::vector<std::uint8_t>& x, std::vector<std::int32_t>& y) {
+    return {x.data(), reinterpret_cast<std::uint8_t*>(y.data())};
+}
+
 // Gathers positions [first, n) in batches of `batch`, releasing each after
 // checking it against the order; returns the samples in visiting order.
 std::vector<std::uint64_t> run(WindowCache& cache, const EpochOrder& order, std::uint64_t sb, std::uint64_t batch,
@@ -88,7 +103,7 @@ std::vector<std::uint64_t> run(WindowCache& cache, const EpochOrder& order, std:
     cache.start(order, first);
     for (std::uint64_t p = first; p < order.size(); p += batch) {
         const std::uint64_t n = std::min(batch, order.size() - p);
-        cache.gather(p, n, x.data(), y.data());
+        cache.gather(p, n, outputs(x, y));
         for (std::uint64_t i = 0; i < n; ++i) {
             const std::uint64_t s = order[p + i];
             EXPECT_EQ(y[i], static_cast<std::int32_t>(s)) << "position " << p + i;
@@ -113,7 +128,7 @@ TEST(WindowCache, GathersExactlyTheOrderFunctionsSamplesFromAnyResumePoint) {
         for (const Order kind : {Order::sequential, Order::chunk}) {
             for (const std::uint64_t window : {1ull, 3ull, 8ull}) {
                 const OrderConfig oc{kind, 1234 + window, 64, window};
-                WindowCache cache(x, y, min_window_cache_bytes(oc, sb, false), 3, false);
+                WindowCache cache(cached(x, y), min_window_cache_bytes(oc, bytes_of(sb)), 3);
                 for (const std::uint64_t epoch : {0ull, 1ull, 7ull}) {
                     const EpochOrder order(oc, n, epoch);
                     const auto seen = run(cache, order, sb, 50);
@@ -132,8 +147,8 @@ TEST(WindowCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
     const std::uint64_t n = 5000, sb = 100, cs = 128, window = 4;
     MemoryField x(n, sb, false), y(n, sb, true);
     const OrderConfig oc{Order::chunk, 5, cs, window};
-    const std::uint64_t capacity = min_window_cache_bytes(oc, sb, false);
-    WindowCache cache(x, y, capacity, 4, false);
+    const std::uint64_t capacity = min_window_cache_bytes(oc, bytes_of(sb));
+    WindowCache cache(cached(x, y), capacity, 4);
     for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
         const EpochOrder order(oc, n, epoch);
         run(cache, order, sb, 64);
@@ -145,10 +160,10 @@ TEST(WindowCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
             EXPECT_EQ(times, 1) << "chunk at sample " << first << " read again within epoch " << epoch;
         }
         const CacheStats st = cache.take_stats();
-        EXPECT_EQ(st.x.reads, chunks);
-        EXPECT_EQ(st.x.bytes, n * sb);
-        EXPECT_EQ(st.x.largest, cs * sb);
-        EXPECT_EQ(st.x.smallest, (n % cs) * sb); // the partial last chunk
+        EXPECT_EQ(st.io[0].reads, chunks);
+        EXPECT_EQ(st.io[0].bytes, n * sb);
+        EXPECT_EQ(st.io[0].largest, cs * sb);
+        EXPECT_EQ(st.io[0].smallest, (n % cs) * sb); // the partial last chunk
         EXPECT_LE(st.peak, capacity);
         EXPECT_GT(st.peak, capacity / 2) << "the cache did not read ahead";
     }
@@ -158,13 +173,13 @@ TEST(WindowCache, FreesConsumedWindowsAndReadsAheadOnlyWhatFits) {
     const std::uint64_t n = 4096, sb = 64, cs = 64, window = 2;
     MemoryField x(n, sb, false), y(n, sb, true);
     const OrderConfig oc{Order::chunk, 9, cs, window};
-    const std::uint64_t group = window_group_bytes(oc, sb, false);
-    WindowCache cache(x, y, 3 * group, 2, false);
+    const std::uint64_t group = window_group_bytes(oc, bytes_of(sb));
+    WindowCache cache(cached(x, y), 3 * group, 2);
     const EpochOrder order(oc, n, 0);
     cache.start(order, 0);
     std::vector<std::uint8_t> xb(cs * sb);
     std::vector<std::int32_t> yb(cs);
-    cache.gather(0, cs, xb.data(), yb.data());
+    cache.gather(0, cs, outputs(xb, yb));
     EXPECT_EQ(cache.held_bytes(), 3 * group); // three windows admitted, no fourth
     cache.consumed(window * cs);              // the first window is done
     EXPECT_EQ(cache.held_bytes(), 3 * group); // ... freed, and the fourth admitted
@@ -177,7 +192,7 @@ TEST(WindowCache, AGatherNeverWaitsForMemoryItsOwnBatchHolds) {
     const std::uint64_t n = 2000, sb = 16;
     MemoryField x(n, sb, false), y(n, sb, true);
     const OrderConfig oc{Order::chunk, 3, 16, 2};
-    WindowCache cache(x, y, window_group_bytes(oc, sb, false), 2, false);
+    WindowCache cache(cached(x, y), window_group_bytes(oc, bytes_of(sb)), 2);
     const EpochOrder order(oc, n, 4);
     EXPECT_EQ(run(cache, order, sb, 500).size(), n);
 }
@@ -187,17 +202,17 @@ TEST(WindowCache, ReadErrorsReachTheGatherThatNeedsTheChunk) {
     MemoryField x(n, sb, false), y(n, sb, true);
     x.fail_first_ = 320;
     const OrderConfig oc{Order::sequential, 0, 64, 1};
-    WindowCache cache(x, y, min_window_cache_bytes(oc, sb, false), 2, false);
+    WindowCache cache(cached(x, y), min_window_cache_bytes(oc, bytes_of(sb)), 2);
     const EpochOrder order(oc, n, 0);
     cache.start(order, 0);
     std::vector<std::uint8_t> xb(64 * sb);
     std::vector<std::int32_t> yb(64);
     for (std::uint64_t p = 0; p < 320; p += 64) {
-        cache.gather(p, 64, xb.data(), yb.data()); // chunks before the bad one read fine
+        cache.gather(p, 64, outputs(xb, yb)); // chunks before the bad one read fine
         cache.consumed(p + 64);
     }
     try {
-        cache.gather(320, 64, xb.data(), yb.data());
+        cache.gather(320, 64, outputs(xb, yb));
         FAIL() << "the read error was lost";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("injected error at sample 320"), std::string::npos) << e.what();
@@ -219,7 +234,7 @@ TEST(WindowCache, AFileThatShrinksIsAnErrorNamingIt) {
     for (const bool direct : {false, true}) {
         SourceConfig c;
         c.placement = Placement::stream;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {Order::chunk, 3, 256, 2};
         c.batch = 100;
         c.direct = direct;
@@ -230,8 +245,8 @@ TEST(WindowCache, AFileThatShrinksIsAnErrorNamingIt) {
         std::string what;
         try {
             s->start_epoch(0, 0);
-            train::Batch b;
-            while (s->next(b)) s->release();
+            test_support::XY b;
+            while (test_support::next_xy(*s, b)) s->release();
         } catch (const Error& e) {
             what = e.what();
         }
@@ -252,7 +267,7 @@ TEST(WindowCache, StreamSourceReadsWholeChunksAndDeliversTheDeviceBatches) {
     const Dataset ds = Dataset::open(dir);
     for (const Order o : {Order::sequential, Order::chunk}) {
         SourceConfig c;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {o, 11, 128, 3};
         c.batch = 64;
         c.placement = Placement::stream;
@@ -262,16 +277,16 @@ TEST(WindowCache, StreamSourceReadsWholeChunksAndDeliversTheDeviceBatches) {
         for (const std::uint64_t epoch : {0ull, 2ull}) {
             stream->start_epoch(epoch, 0);
             device->start_epoch(epoch, 0);
-            train::Batch a, b;
-            while (device->next(b)) {
-                ASSERT_TRUE(stream->next(a));
+            test_support::XY a, b;
+            while (test_support::next_xy(*device, b)) {
+                ASSERT_TRUE(test_support::next_xy(*stream, a));
                 ASSERT_EQ(a.size, b.size);
                 EXPECT_EQ(std::memcmp(a.x, b.x, a.size * sb), 0);
                 EXPECT_EQ(std::memcmp(a.y, b.y, a.size * 4), 0);
                 stream->release();
                 device->release();
             }
-            EXPECT_FALSE(stream->next(a));
+            EXPECT_FALSE(test_support::next_xy(*stream, a));
             const StageTimes t = stream->take_times();
             EXPECT_EQ(t.io.reads, (n + 127) / 128) << order_name(o);
             EXPECT_EQ(t.io.largest, 128 * sb);

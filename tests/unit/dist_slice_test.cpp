@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/dist/world.hpp"
 #include "dstk/error.hpp"
 #include "support/test_dataset.hpp"
@@ -80,7 +81,7 @@ TEST(RankSlice, SourcesDeliverTheRanksSlicesOfTheSameGlobalBatches) {
                 for (std::uint32_t r = 0; r < world; ++r) {
                     SourceConfig c;
                     c.placement = p;
-                    c.device = {train::Backend::cpu, 0};
+                    c.device = {dstk::Backend::cpu, 0};
                     c.order = {o, 11, 50, 3};
                     c.batch = 24 / world;
                     c.slice = {r, world};
@@ -90,8 +91,8 @@ TEST(RankSlice, SourcesDeliverTheRanksSlicesOfTheSameGlobalBatches) {
                     ASSERT_EQ(src->batches_per_epoch(), n / 24);
                     steps.resize(src->batches_per_epoch());
                     src->start_epoch(1, 0);
-                    train::Batch b;
-                    for (std::uint64_t k = 0; src->next(b); ++k) {
+                    test_support::XY b;
+                    for (std::uint64_t k = 0; test_support::next_xy(*src, b); ++k) {
                         steps[k].insert(steps[k].end(), b.y, b.y + b.size);
                         src->release();
                     }

@@ -18,6 +18,7 @@
 #include "dstk/bench/case.hpp"
 #include "dstk/chunked_file.hpp"
 #include "dstk/data/batch_source.hpp"
+#include "support/source_batch.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "dstk/dataset.hpp"
 #include "dstk/dataset_writer.hpp"
@@ -199,7 +200,8 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
         x->set_direct(direct);
         ASSERT_EQ(x->direct(), direct) << l.name;
         const OrderConfig oc{Order::chunk, 5, chunk, 2};
-        WindowCache cache(*x, *y, min_window_cache_bytes(oc, sb, direct), 3, !direct);
+        const std::vector<CachedBytes> bytes{{sb, direct}, {4, false}};
+        WindowCache cache({{x.get(), !direct}, {y.get(), false}}, min_window_cache_bytes(oc, bytes), 3);
         const std::uint64_t n = split.samples, batch = 24;
         for (const std::uint64_t epoch : {0ull, 3ull}) {
             const EpochOrder order(oc, n, epoch);
@@ -208,7 +210,8 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
             std::vector<std::int32_t> ys(batch);
             for (std::uint64_t p = 0; p < n; p += batch) {
                 const std::uint64_t c = std::min(batch, n - p);
-                cache.gather(p, c, xs.data(), ys.data());
+                const std::vector<std::uint8_t*> out{xs.data(), reinterpret_cast<std::uint8_t*>(ys.data())};
+                cache.gather(p, c, out);
                 for (std::uint64_t i = 0; i < c; ++i) {
                     ASSERT_EQ(static_cast<std::uint64_t>(ys[i]), order[p + i]) << l.name << " position " << p + i;
                     std::vector<std::uint8_t> one(xs.begin() + static_cast<std::ptrdiff_t>(i * sb),
@@ -222,12 +225,12 @@ TEST(FieldReader, TheWindowCacheReadsAFieldInPartsChunkByChunk) {
             // across a part boundary is one read per part it touches (O_DIRECT)
             // or one assembled read (buffered, zstd).
             const std::uint64_t chunks = (n + chunk - 1) / chunk;
-            if (std::string(l.name).find("chunk_cuts") != std::string::npos) EXPECT_EQ(s.x.reads, chunks) << l.name;
-            EXPECT_GE(s.x.reads, chunks) << l.name;
+            if (std::string(l.name).find("chunk_cuts") != std::string::npos) EXPECT_EQ(s.io[0].reads, chunks) << l.name;
+            EXPECT_GE(s.io[0].reads, chunks) << l.name;
             if (std::string(l.name).find("zstd") == std::string::npos)
-                EXPECT_GE(s.x.bytes, n * sb) << l.name;
+                EXPECT_GE(s.io[0].bytes, n * sb) << l.name;
             else // the compressed frames: what came from the disk
-                EXPECT_GT(s.x.bytes, 0u) << l.name;
+                EXPECT_GT(s.io[0].bytes, 0u) << l.name;
         }
         fs::remove_all(dir);
     }
@@ -294,15 +297,15 @@ TEST(FieldReader, AStreamRunOpensEachFileOnce) {
     for (const Order o : {Order::chunk, Order::full}) {
         SourceConfig c;
         c.placement = Placement::stream;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {o, 3, 64, 2};
         c.batch = 50;
         c.readers = 3;
         auto s = make_batch_source(ds, "train", c);
         s->start_epoch(0, 0);
-        train::Batch b;
+        test_support::XY b;
         std::uint64_t seen = 0;
-        while (s->next(b)) {
+        while (test_support::next_xy(*s, b)) {
             seen += b.size;
             s->release();
         }
@@ -315,7 +318,7 @@ TEST(FieldReader, AStreamRunOpensEachFileOnce) {
     if (o_direct_works(xf)) { // the O_DIRECT descriptor is the one addition, for the input only
         SourceConfig c;
         c.placement = Placement::stream;
-        c.device = {train::Backend::cpu, 0};
+        c.device = {dstk::Backend::cpu, 0};
         c.order = {Order::chunk, 3, 64, 2};
         c.batch = 50;
         c.direct = true;
@@ -350,15 +353,15 @@ TEST(FieldReader, ADatasetInPartsStreamsTheDeviceBatches) {
             for (const Placement p : {Placement::stream, Placement::device}) {
                 SourceConfig c;
                 c.placement = p;
-                c.device = {train::Backend::cpu, 0};
+                c.device = {dstk::Backend::cpu, 0};
                 c.order = {o, 7, chunk, 2};
                 c.batch = 16;
                 c.drop_last = false;
                 auto s = make_batch_source(ds, "train", c);
                 s->start_epoch(1, 0);
-                train::Batch b;
+                test_support::XY b;
                 labels.emplace_back();
-                while (s->next(b)) {
+                while (test_support::next_xy(*s, b)) {
                     const auto* x = static_cast<const std::uint8_t*>(b.x);
                     for (std::uint32_t i = 0; i < b.size; ++i) {
                         labels.back().push_back(b.y[i]);

@@ -150,7 +150,7 @@ TEST(ModelIo, PredictorLogitsMatchAHandComputation) {
     SavedModel m = sample_model("flatten,fc:2", {3, 1, 1}, 2);
     const std::uint8_t x[] = {14, 6, 30, 10, 10, 10};
     InferenceOptions o;
-    o.device = train::Device{train::Backend::cpu, 0};
+    o.device = dstk::Device{dstk::Backend::cpu, 0};
     o.batch = 4;
     Predictor p(m, DType::u8, o, OutputOptions{true, false, false});
     const auto logits = p.logits(x, 2);

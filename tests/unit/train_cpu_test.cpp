@@ -75,8 +75,10 @@ Metrics train_toy(Trainer& t, int epochs) {
     toy_data(256, x, y, 1);
     toy_data(128, tx, ty, 2);
     for (int e = 0; e < epochs; ++e)
-        for (std::uint32_t s = 0; s < 256; s += 32) t.train_step({x.data() + s * 128, y.data() + s, 32});
-    for (std::uint32_t s = 0; s < 128; s += 32) t.evaluate({tx.data() + s * 128, ty.data() + s, 32});
+        for (std::uint32_t s = 0; s < 256; s += 32)
+            t.train_step(step_batch(t.config(), x.data() + s * 128, y.data() + s, 32));
+    for (std::uint32_t s = 0; s < 128; s += 32)
+        t.evaluate(step_batch(t.config(), tx.data() + s * 128, ty.data() + s, 32));
     return t.take_eval_metrics();
 }
 
@@ -144,7 +146,7 @@ TEST(TrainCpu, ConvertsEveryInputDtype) {
                 reinterpret_cast<float*>(raw.data())[i] = v;
         }
         const std::int32_t label = 0;
-        t->compute_gradients({raw.data(), &label, 1});
+        t->compute_gradients(step_batch(t->config(), raw.data(), &label, 1));
         // The layer-0 input gradient exists for each element: check the normalised input through fc weights.
         const auto p = t->read_parameters();
         const auto z = t->read_activation(1);
@@ -162,9 +164,9 @@ TEST(TrainCpu, RejectsBadBatchesAndConfigs) {
     auto t = make_trainer(toy_config("flatten,fc:4", 1, OptimizerKind::sgd));
     std::vector<std::uint8_t> x(33 * 128);
     std::vector<std::int32_t> y(33, 0);
-    EXPECT_THROW(t->train_step({x.data(), y.data(), 33}), Error);
+    EXPECT_THROW(t->train_step(step_batch(t->config(), x.data(), y.data(), 33)), Error);
     y[0] = 4;
-    EXPECT_THROW(t->train_step({x.data(), y.data(), 1}), Error);
+    EXPECT_THROW(t->train_step(step_batch(t->config(), x.data(), y.data(), 1)), Error);
     TrainerConfig c = toy_config("flatten,fc:4", 1, OptimizerKind::sgd);
     c.input_dtype = DType::i64;
     EXPECT_THROW(make_trainer(c), Error);
@@ -177,7 +179,7 @@ TEST(TrainCpu, DivergenceIsReportedWithTheStep) {
     std::vector<std::uint8_t> x;
     std::vector<std::int32_t> y;
     toy_data(32, x, y, 1);
-    for (int i = 0; i < 5; ++i) t->train_step({x.data(), y.data(), 32});
+    for (int i = 0; i < 5; ++i) t->train_step(step_batch(t->config(), x.data(), y.data(), 32));
     ASSERT_TRUE(t->first_nonfinite_step());
     EXPECT_LE(*t->first_nonfinite_step(), 3u);
 }

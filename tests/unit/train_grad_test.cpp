@@ -49,7 +49,7 @@ Net make_net(const char* spec, TensorShape in, std::uint32_t classes, std::uint3
 double loss(Net& n) {
     const auto& plan = n.t->config().plan;
     const std::uint32_t batch = static_cast<std::uint32_t>(n.y.size()), k = plan.classes;
-    n.t->compute_gradients({n.x.data(), n.y.data(), batch});
+    n.t->compute_gradients(step_batch(n.t->config(), n.x.data(), n.y.data(), batch));
     const auto z = n.t->read_activation(plan.layers.size() - 1);
     double total = 0.0;
     for (std::uint32_t s = 0; s < batch; ++s) {
@@ -87,7 +87,7 @@ void check_gradients(const char* spec, TensorShape in, std::uint32_t classes, st
                      float smoothing = 0.0f, int samples = 12) {
     SCOPED_TRACE(spec);
     Net n = make_net(spec, in, classes, batch, smoothing);
-    n.t->compute_gradients({n.x.data(), n.y.data(), batch});
+    n.t->compute_gradients(step_batch(n.t->config(), n.x.data(), n.y.data(), batch));
     const auto grads = n.t->read_gradients();
     const auto dx = n.t->read_input_gradient();
     auto params = n.t->read_parameters();

@@ -78,7 +78,7 @@ TEST(TrainRealData, SmallCnnOnMnistCpu) {
     o.model = "small-cnn";
     o.epochs = 5;
     o.batch = 64;
-    o.device = train::Device{train::Backend::cpu, 0};
+    o.device = dstk::Device{dstk::Backend::cpu, 0};
     o.threads = 2;
     o.files.save = {dir / "model.safetensors"}; // every run saves its model: into the dataset, removed below
     OutputOptions out;

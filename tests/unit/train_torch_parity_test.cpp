@@ -48,7 +48,7 @@ void expect_matches(const TorchReference& r) {
         x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 2 + 0.5);
     const std::vector<std::int32_t> y{0, 1, 2, 3, 1, 2};
     for (const double want : r.losses) {
-        t->train_step({x.data(), y.data(), 6});
+        t->train_step(step_batch(t->config(), x.data(), y.data(), 6));
         EXPECT_NEAR(t->take_train_metrics().loss(), want, 2e-5) << optimizer_name(r.optimizer);
     }
     const auto p = t->read_parameters();
@@ -113,6 +113,6 @@ TEST(TrainTorchParity, FreshSmallCnnStartsNearLogClasses) {
     std::vector<std::int32_t> y(64);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<std::uint8_t>((i * 2654435761u) >> 24);
     for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i % 10);
-    t->train_step({x.data(), y.data(), 64});
+    t->train_step(step_batch(t->config(), x.data(), y.data(), 64));
     EXPECT_NEAR(t->take_train_metrics().loss(), std::log(10.0), 0.35);
 }

@@ -20,18 +20,15 @@ cudaEvent_t as_event(void* e) {
     return static_cast<cudaEvent_t>(e);
 }
 
-// One block row per sample: 16-byte words when the row allows, bytes otherwise.
+// One block per row, in the widest words the row's size and alignment allow.
 template <typename Word>
 __global__ void gather_kernel(Word* __restrict__ dst, const Word* __restrict__ src, std::uint64_t row_words,
-                              std::int32_t* __restrict__ dst_y, const std::int32_t* __restrict__ src_y,
                               const std::uint64_t* __restrict__ idx, std::uint32_t count) {
     const std::uint32_t row = blockIdx.x;
     if (row >= count) return;
-    const std::uint64_t from = idx[row];
-    const Word* s = src + from * row_words;
+    const Word* s = src + idx[row] * row_words;
     Word* d = dst + std::uint64_t{row} * row_words;
     for (std::uint64_t i = threadIdx.x; i < row_words; i += blockDim.x) d[i] = s[i];
-    if (threadIdx.x == 0) dst_y[row] = src_y[from];
 }
 
 __global__ void widen_kernel(const std::int32_t* __restrict__ y, std::int64_t* __restrict__ out, std::uint32_t n) {
@@ -160,19 +157,36 @@ void widen_labels_async(const std::int32_t* y, std::int64_t* out, std::uint32_t 
     CUDA_CHECK(cudaGetLastError());
 }
 
-void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,
-                       const std::int32_t* src_y, const std::uint64_t* idx, std::uint32_t count, void* stream) {
-    if (count == 0) return;
-    const bool wide = row_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst_x) % 16 == 0 &&
-                      reinterpret_cast<std::uintptr_t>(src_x) % 16 == 0;
-    if (wide)
-        gather_kernel<uint4><<<count, 128, 0, as_stream(stream)>>>(
-            static_cast<uint4*>(dst_x), static_cast<const uint4*>(src_x), row_bytes / 16, dst_y, src_y, idx, count);
-    else
-        gather_kernel<unsigned char><<<count, 128, 0, as_stream(stream)>>>(static_cast<unsigned char*>(dst_x),
-                                                                           static_cast<const unsigned char*>(src_x),
-                                                                           row_bytes, dst_y, src_y, idx, count);
+namespace {
+
+// Rows of Word-sized words: a warp at least, up to 128 threads per row (a
+// label's row is one thread's work).
+template <typename Word>
+void launch_gather(void* dst, const void* src, std::uint64_t row_bytes, const std::uint64_t* idx, std::uint32_t count,
+                   cudaStream_t stream) {
+    const std::uint64_t words = row_bytes / sizeof(Word);
+    const unsigned threads = static_cast<unsigned>(words >= 128 ? 128 : (words + 31) / 32 * 32);
+    gather_kernel<Word>
+        <<<count, threads, 0, stream>>>(static_cast<Word*>(dst), static_cast<const Word*>(src), words, idx, count);
     CUDA_CHECK(cudaGetLastError());
+}
+
+bool aligned_rows(const void* dst, const void* src, std::uint64_t row_bytes, std::uint64_t word) {
+    return row_bytes % word == 0 && reinterpret_cast<std::uintptr_t>(dst) % word == 0 &&
+           reinterpret_cast<std::uintptr_t>(src) % word == 0;
+}
+
+} // namespace
+
+void gather_rows_async(void* dst, const void* src, std::uint64_t row_bytes, const std::uint64_t* idx,
+                       std::uint32_t count, void* stream) {
+    if (count == 0 || row_bytes == 0) return;
+    if (aligned_rows(dst, src, row_bytes, 16))
+        launch_gather<uint4>(dst, src, row_bytes, idx, count, as_stream(stream));
+    else if (aligned_rows(dst, src, row_bytes, 4))
+        launch_gather<unsigned>(dst, src, row_bytes, idx, count, as_stream(stream));
+    else
+        launch_gather<unsigned char>(dst, src, row_bytes, idx, count, as_stream(stream));
 }
 
 void advise_host_preferred(const void* p, std::uint64_t bytes, int device) {

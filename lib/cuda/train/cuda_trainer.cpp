@@ -198,7 +198,7 @@ class CudaTrainer final : public Trainer {
     const void* input_of(std::size_t i) const { return i == 0 ? act0_ : dev_[i - 1].out; }
     DirectConvShape direct_shape(std::uint32_t n) const;
     TcWgradShape wgrad_shape(std::size_t i, std::uint32_t n) const;
-    void convert(const Batch& b);
+    void convert(const StepFields& b);
     void forward(std::uint32_t n, bool training, bool fuse);
     void backward(std::uint32_t n, bool want_input_grad, bool fuse);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
@@ -208,7 +208,6 @@ class CudaTrainer final : public Trainer {
     void refresh_copies();
     void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a, cudaDataType_t at,
               int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc);
-    void check_batch(const Batch& b) const;
     Metrics take(DeviceMetrics* m, std::uint64_t& samples);
     std::vector<float> download(const float* p, std::uint64_t count) {
         std::vector<float> out(count);
@@ -410,7 +409,7 @@ void CudaTrainer::profile_layers(int steps) {
     const std::uint64_t in_bytes = std::uint64_t{n} * cfg_.plan.input.numel() * dtype_size(cfg_.input_dtype);
     CUDA_CHECK(cudaMalloc(&xin, in_bytes + 4ull * n));
     CUDA_CHECK(cudaMemset(xin, 0, in_bytes + 4ull * n));
-    const Batch zero_batch{xin, reinterpret_cast<const std::int32_t*>(static_cast<char*>(xin) + in_bytes), n};
+    const StepFields zero_batch{xin, reinterpret_cast<const std::int32_t*>(static_cast<char*>(xin) + in_bytes), n};
     const double convert_ms = time_on_stream(
         stream_, [&] { convert(zero_batch); }, 50);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -768,13 +767,6 @@ BatchDescs& CudaTrainer::descs(std::uint32_t n) {
     return descs_.emplace(n, std::move(d)).first->second;
 }
 
-void CudaTrainer::check_batch(const Batch& b) const {
-    if (b.size == 0 || b.size > cfg_.max_batch)
-        throw usage_error("batch of " + std::to_string(b.size) + " samples (the trainer was planned for 1 to " +
-                          std::to_string(cfg_.max_batch) + ")");
-    if (!b.x || !b.y) throw runtime_error("batch without data");
-}
-
 void CudaTrainer::refresh_copies() {
     launch_gather_weights(params_, map_, wcopy_, at_, map_host_.size(), stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -796,7 +788,7 @@ std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count)
     return out;
 }
 
-void CudaTrainer::convert(const Batch& b) {
+void CudaTrainer::convert(const StepFields& b) {
     const TensorShape in = cfg_.plan.input;
     launch_convert_input(b.x, cfg_.input_dtype, b.y, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_, act0_,
                          at_, nchw_, input_.c, labels_, stream_);
@@ -1020,8 +1012,8 @@ void CudaTrainer::step_body(std::uint32_t n) {
     mark(~std::size_t{0}, "optimizer");
 }
 
-void CudaTrainer::train_step(const Batch& b) {
-    check_batch(b);
+void CudaTrainer::train_step(const Batch& batch) {
+    const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
     convert(b);
     if (b.size == cfg_.max_batch)
@@ -1032,8 +1024,8 @@ void CudaTrainer::train_step(const Batch& b) {
     train_samples_ += b.size;
 }
 
-void CudaTrainer::evaluate(const Batch& b) {
-    check_batch(b);
+void CudaTrainer::evaluate(const Batch& batch) {
+    const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
     convert(b);
     if (b.size == cfg_.max_batch) {
@@ -1046,8 +1038,8 @@ void CudaTrainer::evaluate(const Batch& b) {
     eval_samples_ += b.size;
 }
 
-void CudaTrainer::compute_gradients(const Batch& b) {
-    check_batch(b);
+void CudaTrainer::compute_gradients(const Batch& batch) {
+    const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
     convert(b);
     forward(b.size, true, false);

@@ -73,7 +73,7 @@ std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, da
     data::SourceConfig c;
     c.placement = p;
     const bool gpu = have_gpu();
-    c.device = {gpu ? train::Backend::cuda : train::Backend::cpu, 0};
+    c.device = {gpu ? Backend::cuda : Backend::cpu, 0};
     c.order = {o, ctx.settings.seed, std::max<std::uint64_t>(1, ctx.settings.chunk_bytes / ctx.target->sample_bytes),
                8};
     c.batch = static_cast<std::uint32_t>(ctx.settings.batch_samples);
@@ -99,17 +99,18 @@ std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, da
 #endif
         }
     } guard{stream, sink};
-    const std::uint64_t sb = ctx.target->sample_bytes;
     std::uint64_t folded = 0;
-    const auto consume = [&](const train::Batch& b) {
+    const auto consume = [&](const Batch& b) {
+        for (const BatchField& f : b.fields) {
+            const std::uint64_t bytes = std::uint64_t{b.size} * f.sample_bytes();
 #if defined(DSTK_HAVE_CUDA)
-        if (gpu) {
-            data::gpu::consume_async(b.x, std::uint64_t{b.size} * sb, sink, stream);
-            data::gpu::consume_async(b.y, std::uint64_t{b.size} * 4, sink, stream);
-            return;
-        }
+            if (gpu) {
+                data::gpu::consume_async(f.data, bytes, sink, stream);
+                continue;
+            }
 #endif
-        folded ^= consume_host(b.x, std::uint64_t{b.size} * sb) ^ consume_host(b.y, std::uint64_t{b.size} * 4);
+            folded ^= consume_host(f.data, bytes);
+        }
     };
     auto src = data::make_batch_source(ds, ctx.target->split, c);
     const std::uint64_t batch_bytes = std::uint64_t{c.batch} * (ctx.target->sample_bytes + 4);
@@ -120,11 +121,12 @@ std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, da
         ctx.settings.repeat, [&] { src->start_epoch(epoch++, 0); },
         [&] {
             const auto t0 = std::chrono::steady_clock::now();
-            train::Batch b;
             samples = 0;
-            for (std::uint64_t i = 0; i < batches && src->next(b); ++i) {
-                consume(b);
-                samples += b.size;
+            for (std::uint64_t i = 0; i < batches; ++i) {
+                const Batch* b = src->next();
+                if (!b) break;
+                consume(*b);
+                samples += b->size;
                 src->release();
             }
 #if defined(DSTK_HAVE_CUDA)
@@ -144,7 +146,7 @@ std::vector<CaseResult> run_loader(const CaseContext& ctx, data::Placement p, da
                 {"batches_per_pass", batches},
                 {"fold", folded}};
     r.repetitions = static_cast<unsigned>(seconds.size());
-    r.metrics["rate"] = rate_metric(static_cast<double>(samples * (sb + 4)), seconds, "B/s");
+    r.metrics["rate"] = rate_metric(static_cast<double>(samples * (ctx.target->sample_bytes + 4)), seconds, "B/s");
     r.metrics["samples_rate"] = rate_metric(static_cast<double>(samples), seconds, "samples/s");
     return {r};
 }

@@ -18,8 +18,9 @@
 #include "dstk/units.hpp"
 #include "dstk/field_reader.hpp"
 #include "host_ring.hpp"
+#include "memory_plan.hpp"
+#include "source_fields.hpp"
 #include "dstk/data/window_cache.hpp"
-#include "dstk/sysinfo.hpp"
 #include "clock.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
@@ -28,87 +29,61 @@
 namespace dstk::data {
 namespace {
 
-constexpr std::uint64_t load_piece_bytes = 64ull << 20;
-
-struct Fields {
-    const SplitInfo* split = nullptr;
-    const FieldInfo* x = nullptr;
-    const FieldInfo* y = nullptr;
-};
-
-Fields check_fields(const Dataset& ds, std::string_view split_name, const SourceConfig& c) {
-    const Manifest& m = ds.manifest();
-    Fields f;
-    f.split = &m.split(split_name);
-    f.x = &f.split->field(m.input_field);
-    f.y = &f.split->field(m.label_field);
-    if (f.y->dtype != DType::i32 || f.y->shape.numel() != 1)
-        throw runtime_error(ds.dir().string() + ": labels '" + f.y->name + "' of split '" + f.split->name + "' are " +
-                            std::string(dtype_name(f.y->dtype)) + " " + f.y->shape.str() +
-                            " (training needs one i32 label per sample); convert them with dsconvert");
-    if (f.split->samples == 0)
-        throw usage_error("split '" + f.split->name + "' of " + ds.dir().string() +
+void check_config(const Dataset& ds, const SplitInfo& split, const SourceConfig& c) {
+    if (split.samples == 0)
+        throw usage_error("split '" + split.name + "' of " + ds.dir().string() +
                           " is empty (no samples to train on); regenerate the dataset with samples in it");
     if (c.batch == 0) throw usage_error("invalid --batch 0 (must be positive)");
-    if (c.drop_last && std::uint64_t{c.batch} * c.slice.world > f.split->samples)
+    if (c.drop_last && std::uint64_t{c.batch} * c.slice.world > split.samples)
         throw usage_error((c.slice.world > 1 ? "the global batch " + std::to_string(c.slice.world) + " x --batch " +
                                                    std::to_string(c.batch)
                                              : "--batch " + std::to_string(c.batch)) +
-                          " is larger than split '" + f.split->name + "' (" + format_count(f.split->samples) +
+                          " is larger than split '" + split.name + "' (" + format_count(split.samples) +
                           " samples); use a smaller --batch");
-    return f;
-}
-
-std::uint64_t round_up_page(std::uint64_t v) {
-    return (v + 4095) / 4096 * 4096;
-}
-
-// The order's chunk: the storage's chunk for chunked files, else the config's.
-OrderConfig effective_order(const SourceConfig& c, std::uint64_t storage_chunk) {
-    OrderConfig o = c.order;
-    if (storage_chunk != 0) o.chunk_samples = storage_chunk;
-    return o;
-}
-
-std::uint64_t cache_chunks_for(const SourceConfig& c) {
-    return c.order.window_chunks * 2 + c.readers + 1;
-}
-
-std::uint64_t storage_chunk_of(const FieldInfo& x) {
-    return x.storage == Storage::zstd_chunked ? x.chunk_samples : 0;
+    if (c.prefetch == 0) throw usage_error("invalid --prefetch 0 (the ring needs at least 1 slot)");
+    if (c.readers == 0) throw usage_error("invalid --readers 0 (at least 1 reader thread)");
 }
 
 // The window cache of a stream source: none for the full order, whose reads
-// are single samples wherever they fall.
-std::unique_ptr<WindowCache> make_cache(FieldReader& x, FieldReader& y, const SourceConfig& c, const HostPlan& plan) {
+// are single samples wherever they fall. Where the plan drops pages, the bulk
+// fields' pages go (source_fields.hpp says why the others stay).
+std::unique_ptr<WindowCache> make_cache(const SourceFields& f, const std::vector<FieldReader*>& readers,
+                                        const SourceConfig& c, const HostPlan& plan) {
     if (c.order.kind == Order::full) return nullptr;
-    return std::make_unique<WindowCache>(x, y, plan.cache, io_threads_for(c, x.storage_chunk_samples()),
-                                         plan.drop_pages);
+    std::vector<CachedField> cached;
+    for (std::size_t i = 0; i < f.size(); ++i) cached.push_back({readers[i], plan.drop_pages && f.bulk(i)});
+    return std::make_unique<WindowCache>(std::move(cached), plan.cache, io_threads_for(c, f.decoded_chunk()));
 }
 
-// The dataset's reader of a field, set to read as the stream source reads:
-// its files are the ones the dataset opened, not a second descriptor of each.
-FieldReader& stream_reader(const Dataset& ds, const Fields& f, const FieldInfo& field, const SourceConfig& c) {
-    FieldReader& r = ds.reader(f.split->name, field.name);
-    r.set_decoded_chunks(cache_chunks_for(c));
-    r.set_direct(c.direct && &field == f.x, c.notice, c.warn); // labels stay buffered
-    (void)r.take_io();
-    (void)r.take_decode_seconds();
-    return r;
+// The dataset's readers of the fields, set to read as the stream source reads:
+// their files are the ones the dataset opened, not a second descriptor of each.
+// O_DIRECT for the bulk fields alone (source_fields.hpp says why).
+std::vector<FieldReader*> stream_readers(const Dataset& ds, const SourceFields& f, const SourceConfig& c) {
+    std::vector<FieldReader*> out;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+        FieldReader& r = ds.reader(f.split().name, f[i].name);
+        r.set_decoded_chunks(decoded_chunks_for(c));
+        r.set_direct(c.direct && f.bulk(i), c.notice, c.warn);
+        (void)r.take_io();
+        (void)r.take_decode_seconds();
+        out.push_back(&r);
+    }
+    return out;
 }
 
-// What the stream sources share: the fields, the window cache and the ring.
+// What the stream sources share: the fields' readers, the window cache and the ring.
 struct StreamParts {
-    FieldReader &x, &y;
+    std::vector<FieldReader*> readers;
+    std::size_t lead;
     HostPlan plan;
     std::unique_ptr<WindowCache> cache;
     std::unique_ptr<HostRing> ring;
 
-    StreamParts(const Dataset& ds, const Fields& f, const SourceConfig& c, unsigned slots, HostMemory memory)
-        : x(stream_reader(ds, f, *f.x, c)), y(stream_reader(ds, f, *f.y, c)),
-          plan(plan_host_memory(*f.split, *f.x, c, available_host_memory())), cache(make_cache(x, y, c, plan)),
-          ring(std::make_unique<HostRing>(x, y, c.batch, c.drop_last, c.slice,
-                                          effective_order(c, x.storage_chunk_samples()), slots, c.readers,
+    StreamParts(const Dataset& ds, const SourceFields& f, const SourceConfig& c, unsigned slots, HostMemory memory)
+        : readers(stream_readers(ds, f, c)), lead(f.lead()),
+          plan(plan_host_memory(f.split(), f.list(), c, available_host_memory())),
+          cache(make_cache(f, readers, c, plan)),
+          ring(std::make_unique<HostRing>(readers, c.batch, c.drop_last, c.slice, c.order, slots, c.readers,
                                           std::move(memory), cache.get())) {}
 
     // Starts the ring at `first_batch` of `epoch` with fresh stage counters:
@@ -119,34 +94,45 @@ struct StreamParts {
         take_times(dropped);
         ring->start(epoch, first_batch);
     }
+    // The lead field's reads are the ones reported (StageTimes::io); the
+    // others' counters are taken so that they start afresh too.
     void take_times(StageTimes& t) {
         t.read_wait = ring->take_wait_seconds();
         if (cache) {
             const CacheStats cs = cache->take_stats();
-            t.decode = x.take_decode_seconds() + y.take_decode_seconds();
+            t.decode = 0;
+            for (FieldReader* r : readers) t.decode += r->take_decode_seconds();
             t.read = std::max(0.0, cs.io_seconds - t.decode);
-            t.io = cs.x;
+            t.io = cs.io[lead];
             t.cache_peak = cs.peak;
         } else {
             t.decode = ring->take_decode_seconds();
             t.read = std::max(0.0, ring->take_read_seconds() - t.decode);
-            t.io = x.take_io();
+            for (std::size_t i = 0; i < readers.size(); ++i) {
+                const IoCounters io = readers[i]->take_io();
+                if (i == lead) t.io = io;
+            }
         }
-        (void)y.take_io();
     }
     std::uint64_t host_bytes() const { return plan.total(); }
     std::uint64_t host_allocated() const { return ring->host_bytes() + (cache ? cache->allocated_bytes() : 0); }
 };
 
+// Points every field of `b` at data_of(field index) and sets the size.
+template <typename DataOf> const Batch* point(Batch& b, std::uint32_t size, DataOf&& data_of) {
+    b.size = size;
+    for (std::size_t f = 0; f < b.fields.size(); ++f) b.fields[f].data = data_of(f);
+    return &b;
+}
+
 // The running hash of the batches a cpu source delivered (hash_batches).
 struct BatchHash {
     bool on = false;
     std::optional<Xxh64> h;
-    void add(const train::Batch& b, std::uint64_t sample_bytes) {
+    void add(const Batch& b) {
         if (!on) return;
         if (!h) h.emplace();
-        h->update(b.x, std::uint64_t{b.size} * sample_bytes);
-        h->update(b.y, std::uint64_t{b.size} * sizeof(std::int32_t));
+        for (const BatchField& f : b.fields) h->update(f.data, std::uint64_t{b.size} * f.sample_bytes());
     }
     void take(StageTimes& t) {
         if (!on) return;
@@ -159,13 +145,13 @@ struct BatchHash {
 
 class HostStreamSource final : public BatchSource {
   public:
-    HostStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : parts_(ds, f, c, c.prefetch, plain_host_memory()) {
+    HostStreamSource(const Dataset& ds, const SourceFields& f, const SourceConfig& c)
+        : parts_(ds, f, c, c.prefetch, plain_host_memory()), batch_(f.batch()), row_bytes_(f.row_bytes()) {
         hash_.on = c.hash_batches;
     }
 
     Placement placement() const override { return Placement::stream; }
-    std::uint64_t samples() const override { return parts_.x.samples(); }
+    std::uint64_t samples() const override { return parts_.readers[0]->samples(); }
     std::uint64_t batches_per_epoch() const override { return parts_.ring->batches(); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         parts_.restart(epoch, first_batch);
@@ -173,15 +159,15 @@ class HostStreamSource final : public BatchSource {
         StageTimes dropped;
         hash_.take(dropped);
     }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         const RingSlot* s = parts_.ring->acquire();
-        if (!s) return false;
-        out = {s->x, s->y, s->size};
-        hash_.add(out, parts_.x.sample_bytes());
+        if (!s) return nullptr;
+        point(batch_, s->size, [&](std::size_t f) { return s->fields[f]; });
+        hash_.add(batch_);
         times_.batches += 1;
         times_.samples += s->size;
-        times_.bytes += s->size * (parts_.x.sample_bytes() + 4);
-        return true;
+        times_.bytes += s->size * row_bytes_;
+        return &batch_;
     }
     void release() override { parts_.ring->release(); }
     StageTimes take_times() override {
@@ -196,6 +182,8 @@ class HostStreamSource final : public BatchSource {
 
   private:
     StreamParts parts_;
+    Batch batch_;
+    std::uint64_t row_bytes_;
     StageTimes times_;
     BatchHash hash_;
 };
@@ -218,9 +206,11 @@ class ResidentSource : public BatchSource {
     StageTimes take_times() override { return std::exchange(times_, {}); }
 
   protected:
-    ResidentSource(const SourceConfig& c, std::uint64_t samples, std::uint64_t sample_bytes)
-        : config_(c), samples_(samples), sample_bytes_(sample_bytes),
-          batches_(c.slice.batches(samples, c.batch, c.drop_last)) {}
+    ResidentSource(const SourceFields& f, const SourceConfig& c)
+        : config_(c), samples_(f.samples()), row_bytes_(f.row_bytes()),
+          batches_(c.slice.batches(samples_, c.batch, c.drop_last)), batch_(f.batch()) {
+        for (std::size_t i = 0; i < f.size(); ++i) sample_bytes_.push_back(f[i].sample_bytes());
+    }
     // Advances to the next batch of the epoch: its first position and size.
     bool take(std::uint64_t& first, std::uint32_t& count) {
         if (next_ >= batches_) return false;
@@ -229,52 +219,52 @@ class ResidentSource : public BatchSource {
         ++next_;
         times_.batches += 1;
         times_.samples += count;
-        times_.bytes += count * (sample_bytes_ + 4);
+        times_.bytes += count * row_bytes_;
         return true;
     }
 
     SourceConfig config_;
-    std::uint64_t samples_, sample_bytes_, batches_, next_ = 0;
+    std::uint64_t samples_, row_bytes_, batches_, next_ = 0;
+    std::vector<std::uint64_t> sample_bytes_; // per field
     std::unique_ptr<EpochOrder> order_;
     StageTimes times_;
+    Batch batch_;
 };
 
 // ---- device placement, cpu backend: the split in host memory ------------------
 
 class HostResidentSource final : public ResidentSource {
   public:
-    HostResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : ResidentSource(c, f.split->samples, f.x->sample_bytes()) {
+    HostResidentSource(const Dataset& ds, const SourceFields& f, const SourceConfig& c) : ResidentSource(f, c) {
         hash_.on = c.hash_batches;
         const auto t0 = Clock::now();
-        x_.resize(checked_mul(samples_, sample_bytes_, "split bytes"));
-        y_.resize(samples_);
-        ds.reader(f.split->name, f.x->name).read(0, samples_, x_.data());
-        ds.reader(f.split->name, f.y->name).read(0, samples_, y_.data());
-        times_.read = seconds_since(t0);
-        if (c.order.kind != Order::sequential) {
-            slot_x_.resize(std::uint64_t{c.batch} * sample_bytes_);
-            slot_y_.resize(c.batch);
+        for (std::size_t i = 0; i < f.size(); ++i) {
+            data_.emplace_back(checked_mul(samples_, sample_bytes_[i], "split bytes"));
+            ds.reader(f.split().name, f[i].name).read(0, samples_, data_.back().data());
+            if (c.order.kind != Order::sequential) slot_.emplace_back(std::uint64_t{c.batch} * sample_bytes_[i]);
         }
+        times_.read = seconds_since(t0);
     }
 
     Placement placement() const override { return Placement::device; }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         std::uint64_t first;
         std::uint32_t count;
-        if (!take(first, count)) return false;
+        if (!take(first, count)) return nullptr;
         if (config_.order.kind == Order::sequential) {
-            out = {x_.data() + first * sample_bytes_, y_.data() + first, count};
+            point(batch_, count, [&](std::size_t f) { return data_[f].data() + first * sample_bytes_[f]; });
         } else {
             for (std::uint32_t i = 0; i < count; ++i) {
                 const std::uint64_t s = (*order_)[first + i];
-                std::memcpy(slot_x_.data() + i * sample_bytes_, x_.data() + s * sample_bytes_, sample_bytes_);
-                slot_y_[i] = y_[s];
+                for (std::size_t f = 0; f < data_.size(); ++f) {
+                    const std::uint64_t sb = sample_bytes_[f];
+                    std::memcpy(slot_[f].data() + i * sb, data_[f].data() + s * sb, sb);
+                }
             }
-            out = {slot_x_.data(), slot_y_.data(), count};
+            point(batch_, count, [&](std::size_t f) { return slot_[f].data(); });
         }
-        hash_.add(out, sample_bytes_);
-        return true;
+        hash_.add(batch_);
+        return &batch_;
     }
     StageTimes take_times() override {
         StageTimes t = ResidentSource::take_times();
@@ -282,13 +272,15 @@ class HostResidentSource final : public ResidentSource {
         return t;
     }
     std::uint64_t device_bytes() const override {
-        return x_.size() + y_.size() * 4 + slot_x_.size() + slot_y_.size() * 4;
+        std::uint64_t bytes = 0;
+        for (const auto& v : data_) bytes += v.size();
+        for (const auto& v : slot_) bytes += v.size();
+        return bytes;
     }
     std::uint64_t host_bytes() const override { return device_bytes(); }
 
   private:
-    std::vector<std::uint8_t> x_, slot_x_;
-    std::vector<std::int32_t> y_, slot_y_;
+    std::vector<std::vector<std::uint8_t>> data_, slot_; // per field: the split, the batch slot (gathering orders)
     BatchHash hash_;
 };
 
@@ -320,21 +312,23 @@ DeviceMem event(bool timing) {
 
 // Gathers batches in order from a split the GPU can read (device or managed
 // memory) into one device batch slot, on the compute stream: stream order
-// alone keeps the slot from being overwritten while a step reads it.
+// alone keeps the slot from being overwritten while a step reads it. The
+// epoch's indices go up once per batch; each field is one gather launch.
 class DeviceGather {
   public:
-    DeviceGather(std::uint32_t batch, std::uint64_t sample_bytes, void* stream)
-        : batch_(batch), sample_bytes_(sample_bytes), stream_(stream), x_(device_mem(batch * sample_bytes)),
-          y_(device_mem(std::uint64_t{batch} * 4)), idx_dev_(device_mem(std::uint64_t{batch} * 8 * 2)),
-          idx_host_(pinned_mem(std::uint64_t{batch} * 8 * 2)) {
+    DeviceGather(std::uint32_t batch, const std::vector<std::uint64_t>& sample_bytes, void* stream)
+        : batch_(batch), sample_bytes_(sample_bytes), stream_(stream),
+          idx_dev_(device_mem(std::uint64_t{batch} * 8 * 2)), idx_host_(pinned_mem(std::uint64_t{batch} * 8 * 2)) {
+        for (const std::uint64_t sb : sample_bytes_) slot_.push_back(device_mem(std::uint64_t{batch} * sb));
         idx_done_.emplace_back(event(false));
         idx_done_.emplace_back(event(false));
     }
-    static std::uint64_t bytes(std::uint32_t batch, std::uint64_t sample_bytes) {
-        return batch * sample_bytes + std::uint64_t{batch} * 4 + std::uint64_t{batch} * 16;
+    static std::uint64_t bytes(std::uint32_t batch, std::uint64_t row_bytes) {
+        return std::uint64_t{batch} * row_bytes + std::uint64_t{batch} * 16;
     }
-    train::Batch gather(const EpochOrder& order, std::uint64_t first, std::uint32_t count, const void* src_x,
-                        const std::int32_t* src_y) {
+    // src[f]: field f of the split, sample-major.
+    const Batch* gather(Batch& out, const EpochOrder& order, std::uint64_t first, std::uint32_t count,
+                        const std::vector<const void*>& src) {
         const unsigned k = turn_++ % 2;
         if (used_[k]) gpu::event_synchronize(idx_done_[k].p);
         auto* host = static_cast<std::uint64_t*>(idx_host_.p) + std::uint64_t{k} * batch_;
@@ -343,19 +337,31 @@ class DeviceGather {
         gpu::copy_h2d_async(dev, host, std::uint64_t{count} * 8, stream_);
         gpu::event_record(idx_done_[k].p, stream_);
         used_[k] = true;
-        gpu::gather_rows_async(x_.p, src_x, sample_bytes_, static_cast<std::int32_t*>(y_.p), src_y, dev, count,
-                               stream_);
-        return {x_.p, static_cast<const std::int32_t*>(y_.p), count};
+        for (std::size_t f = 0; f < slot_.size(); ++f)
+            gpu::gather_rows_async(slot_[f].p, src[f], sample_bytes_[f], dev, count, stream_);
+        return point(out, count, [&](std::size_t f) { return slot_[f].p; });
     }
 
   private:
     std::uint32_t batch_;
-    std::uint64_t sample_bytes_;
+    std::vector<std::uint64_t> sample_bytes_;
     void* stream_;
-    DeviceMem x_, y_, idx_dev_, idx_host_;
+    std::vector<DeviceMem> slot_; // per field
+    DeviceMem idx_dev_, idx_host_;
     std::vector<DeviceMem> idx_done_;
     bool used_[2] = {false, false};
     unsigned turn_ = 0;
+};
+
+// The fields of a split resident in device or managed memory, one allocation
+// per field.
+struct ResidentFields {
+    std::vector<DeviceMem> data;
+    std::vector<const void*> pointers() const {
+        std::vector<const void*> out;
+        for (const DeviceMem& d : data) out.push_back(d.p);
+        return out;
+    }
 };
 
 // ---- device placement, cuda ------------------------------------------------------
@@ -363,43 +369,44 @@ class DeviceGather {
 // Positions [first, first + count) of a split resident in device or managed
 // memory: gathered into the batch buffer in the epoch's order, or, in
 // sequential order (no gather), a slice of the split itself.
-train::Batch resident_batch(DeviceGather* gather, const EpochOrder& order, std::uint64_t first, std::uint32_t count,
-                            const void* x, const void* y, std::uint64_t sample_bytes) {
-    const auto* xs = static_cast<const std::uint8_t*>(x);
-    const auto* ys = static_cast<const std::int32_t*>(y);
-    return gather ? gather->gather(order, first, count, xs, ys)
-                  : train::Batch{xs + first * sample_bytes, ys + first, count};
+const Batch* resident_batch(Batch& out, DeviceGather* gather, const EpochOrder& order, std::uint64_t first,
+                            std::uint32_t count, const std::vector<const void*>& src,
+                            const std::vector<std::uint64_t>& sample_bytes) {
+    if (gather) return gather->gather(out, order, first, count, src);
+    return point(out, count,
+                 [&](std::size_t f) { return static_cast<const std::uint8_t*>(src[f]) + first * sample_bytes[f]; });
 }
 
 class DeviceResidentSource final : public ResidentSource {
   public:
-    DeviceResidentSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : ResidentSource(c, f.split->samples, f.x->sample_bytes()),
-          x_(device_mem(checked_mul(samples_, sample_bytes_, "split bytes"))), y_(device_mem(samples_ * 4)) {
+    DeviceResidentSource(const Dataset& ds, const SourceFields& f, const SourceConfig& c) : ResidentSource(f, c) {
         const auto t0 = Clock::now();
-        load(ds.reader(f.split->name, f.x->name), x_.p, sample_bytes_);
-        load(ds.reader(f.split->name, f.y->name), y_.p, 4);
+        for (std::size_t i = 0; i < f.size(); ++i) {
+            split_.data.push_back(device_mem(checked_mul(samples_, sample_bytes_[i], "split bytes")));
+            load(ds.reader(f.split().name, f[i].name), split_.data.back().p, sample_bytes_[i]);
+            staging_ = std::max(staging_, staging_bytes(sample_bytes_[i]));
+        }
+        src_ = split_.pointers();
         times_.read = seconds_since(t0);
         if (c.order.kind != Order::sequential)
             gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream);
     }
 
     Placement placement() const override { return Placement::device; }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         std::uint64_t first;
         std::uint32_t count;
-        if (!take(first, count)) return false;
-        out = resident_batch(gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
-        return true;
+        if (!take(first, count)) return nullptr;
+        return resident_batch(batch_, gather_.get(), *order_, first, count, src_, sample_bytes_);
     }
     std::uint64_t device_bytes() const override {
-        return samples_ * (sample_bytes_ + 4) + (gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0);
+        return samples_ * row_bytes_ + (gather_ ? DeviceGather::bytes(config_.batch, row_bytes_) : 0);
     }
-    std::uint64_t host_bytes() const override { return load_piece_bytes; }
+    std::uint64_t host_bytes() const override { return staging_; }
 
   private:
     static void load(const FieldReader& r, void* dst, std::uint64_t sb) {
-        std::vector<std::uint8_t> staging(std::max<std::uint64_t>(sb, load_piece_bytes / sb * sb));
+        std::vector<std::uint8_t> staging(staging_bytes(sb));
         const std::uint64_t per = staging.size() / sb;
         for (std::uint64_t first = 0; first < r.samples(); first += per) {
             throw_if_interrupted();
@@ -409,7 +416,9 @@ class DeviceResidentSource final : public ResidentSource {
         }
     }
 
-    DeviceMem x_, y_;
+    ResidentFields split_;
+    std::vector<const void*> src_;
+    std::uint64_t staging_ = 0;
     std::unique_ptr<DeviceGather> gather_;
 };
 
@@ -417,13 +426,14 @@ class DeviceResidentSource final : public ResidentSource {
 
 class DeviceStreamSource final : public BatchSource {
   public:
-    DeviceStreamSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : config_(c), sample_bytes_(f.x->sample_bytes()),
+    DeviceStreamSource(const Dataset& ds, const SourceFields& f, const SourceConfig& c)
+        : config_(c), row_bytes_(f.row_bytes()),
           parts_(ds, f, c, std::max(c.prefetch, 2u), HostMemory{gpu::pinned_alloc, gpu::pinned_free}),
-          ring_(*parts_.ring), copy_stream_(gpu::stream_create(), gpu::stream_destroy) {
+          ring_(*parts_.ring), copy_stream_(gpu::stream_create(), gpu::stream_destroy), batch_(f.batch()) {
+        for (std::size_t i = 0; i < f.size(); ++i) sample_bytes_.push_back(f[i].sample_bytes());
         for (unsigned k = 0; k < std::max(c.prefetch, 2u); ++k) {
-            Slot s{device_mem(std::uint64_t{c.batch} * sample_bytes_), device_mem(std::uint64_t{c.batch} * 4),
-                   event(true), event(true), event(false)};
+            Slot s{{}, event(true), event(true), event(false)};
+            for (const std::uint64_t sb : sample_bytes_) s.fields.push_back(device_mem(std::uint64_t{c.batch} * sb));
             slots_.push_back(std::move(s));
         }
     }
@@ -433,37 +443,32 @@ class DeviceStreamSource final : public BatchSource {
         gpu::stream_synchronize(copy_stream_.p);
     }
 
-    static std::uint64_t bytes(const SourceConfig& c, std::uint64_t sample_bytes) {
-        return std::max(c.prefetch, 2u) * (std::uint64_t{c.batch} * sample_bytes + std::uint64_t{c.batch} * 4);
-    }
-
     Placement placement() const override { return Placement::stream; }
-    std::uint64_t samples() const override { return parts_.x.samples(); }
+    std::uint64_t samples() const override { return parts_.readers[0]->samples(); }
     std::uint64_t batches_per_epoch() const override { return ring_.batches(); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         drain();
         parts_.restart(epoch, first_batch);
         times_ = {};
     }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         const RingSlot* h = ring_.acquire();
-        if (!h) return false;
+        if (!h) return nullptr;
         const std::size_t k = turn_++ % slots_.size();
         Slot& d = slots_[k];
         if (d.used) gpu::stream_wait_event(copy_stream_.p, d.computed.p);
         gpu::event_record(d.copy_start.p, copy_stream_.p);
-        gpu::copy_h2d_async(d.x.p, h->x, std::uint64_t{h->size} * sample_bytes_, copy_stream_.p);
-        gpu::copy_h2d_async(d.y.p, h->y, std::uint64_t{h->size} * 4, copy_stream_.p);
+        for (std::size_t f = 0; f < d.fields.size(); ++f)
+            gpu::copy_h2d_async(d.fields[f].p, h->fields[f], std::uint64_t{h->size} * sample_bytes_[f], copy_stream_.p);
         gpu::event_record(d.copied.p, copy_stream_.p);
         gpu::stream_wait_event(config_.compute_stream, d.copied.p);
         d.used = true;
         pending_.push_back(k);
         current_ = k;
-        out = {d.x.p, static_cast<const std::int32_t*>(d.y.p), h->size};
         times_.batches += 1;
         times_.samples += h->size;
-        times_.bytes += h->size * (sample_bytes_ + 4);
-        return true;
+        times_.bytes += h->size * row_bytes_;
+        return point(batch_, h->size, [&](std::size_t f) { return d.fields[f].p; });
     }
     void release() override {
         gpu::event_record(slots_[current_].computed.p, config_.compute_stream);
@@ -476,13 +481,16 @@ class DeviceStreamSource final : public BatchSource {
         parts_.take_times(t);
         return t;
     }
-    std::uint64_t device_bytes() const override { return bytes(config_, sample_bytes_); }
+    std::uint64_t device_bytes() const override {
+        return std::uint64_t{std::max(config_.prefetch, 2u)} * config_.batch * row_bytes_;
+    }
     std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
     std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
 
   private:
     struct Slot {
-        DeviceMem x, y, copy_start, copied, computed;
+        std::vector<DeviceMem> fields;
+        DeviceMem copy_start, copied, computed;
         bool used = false;
     };
     void retire() {
@@ -497,7 +505,8 @@ class DeviceStreamSource final : public BatchSource {
     }
 
     SourceConfig config_;
-    std::uint64_t sample_bytes_;
+    std::uint64_t row_bytes_;
+    std::vector<std::uint64_t> sample_bytes_;
     StreamParts parts_;
     HostRing& ring_;
     DeviceMem copy_stream_;
@@ -505,25 +514,25 @@ class DeviceStreamSource final : public BatchSource {
     std::deque<std::size_t> pending_;
     std::size_t turn_ = 0, current_ = 0;
     StageTimes times_;
+    Batch batch_;
 };
 
 // ---- managed placement, cuda -----------------------------------------------------
 
 class ManagedSource final : public ResidentSource {
   public:
-    ManagedSource(const Dataset& ds, const Fields& f, const SourceConfig& c)
-        : ResidentSource(c, f.split->samples, f.x->sample_bytes()),
-          x_(gpu::managed_alloc(checked_mul(samples_, sample_bytes_, "split bytes")), gpu::managed_free),
-          y_(gpu::managed_alloc(samples_ * 4), gpu::managed_free),
-          side_stream_(gpu::stream_create(), gpu::stream_destroy) {
+    ManagedSource(const Dataset& ds, const SourceFields& f, const SourceConfig& c)
+        : ResidentSource(f, c), side_stream_(gpu::stream_create(), gpu::stream_destroy) {
         const auto t0 = Clock::now();
-        read_into(ds.reader(f.split->name, f.x->name), x_.p);
-        read_into(ds.reader(f.split->name, f.y->name), y_.p);
-        times_.read = seconds_since(t0);
-        if (c.managed_policy == ManagedPolicy::advise) {
-            gpu::advise_host_preferred(x_.p, samples_ * sample_bytes_, c.device.index);
-            gpu::advise_host_preferred(y_.p, samples_ * 4, c.device.index);
+        for (std::size_t i = 0; i < f.size(); ++i) {
+            const std::uint64_t bytes = checked_mul(samples_, sample_bytes_[i], "split bytes");
+            split_.data.emplace_back(gpu::managed_alloc(bytes), gpu::managed_free);
+            read_into(ds.reader(f.split().name, f[i].name), split_.data.back().p);
+            if (c.managed_policy == ManagedPolicy::advise)
+                gpu::advise_host_preferred(split_.data.back().p, bytes, c.device.index);
         }
+        src_ = split_.pointers();
+        times_.read = seconds_since(t0);
         if (c.order.kind != Order::sequential)
             gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream);
     }
@@ -537,18 +546,15 @@ class ManagedSource final : public ResidentSource {
         ResidentSource::start_epoch(epoch, first_batch);
         prefetched_until_ = config_.slice.first_position(next_, config_.batch);
     }
-    bool next(train::Batch& out) override {
+    const Batch* next() override {
         std::uint64_t first;
         std::uint32_t count;
-        if (!take(first, count)) return false;
+        if (!take(first, count)) return nullptr;
         if (config_.managed_policy == ManagedPolicy::prefetch) prefetch(first + count);
-        out = resident_batch(gather_.get(), *order_, first, count, x_.p, y_.p, sample_bytes_);
-        return true;
+        return resident_batch(batch_, gather_.get(), *order_, first, count, src_, sample_bytes_);
     }
-    std::uint64_t device_bytes() const override {
-        return gather_ ? DeviceGather::bytes(config_.batch, sample_bytes_) : 0;
-    }
-    std::uint64_t host_bytes() const override { return samples_ * (sample_bytes_ + 4); }
+    std::uint64_t device_bytes() const override { return gather_ ? DeviceGather::bytes(config_.batch, row_bytes_) : 0; }
+    std::uint64_t host_bytes() const override { return samples_ * row_bytes_; }
 
   private:
     static void read_into(const FieldReader& r, void* dst) {
@@ -559,38 +565,53 @@ class ManagedSource final : public ResidentSource {
             r.read(first, n, static_cast<std::uint8_t*>(dst) + first * r.sample_bytes());
         }
     }
+    // Samples [first, first + count) of every field to the GPU, on the side stream.
+    void prefetch_samples(std::uint64_t first, std::uint64_t count) {
+        for (std::size_t f = 0; f < src_.size(); ++f)
+            gpu::prefetch_to_device(static_cast<const std::uint8_t*>(src_[f]) + first * sample_bytes_[f],
+                                    count * sample_bytes_[f], config_.device.index, side_stream_.p);
+    }
     // Asks for what the next `prefetch` batches will read: their range in
     // sequential order, their window's chunks in chunk order. A full
     // permutation touches pages everywhere: nothing useful to prefetch.
     void prefetch(std::uint64_t end_position) {
         const std::uint64_t target = std::min(samples_, end_position + std::uint64_t{config_.prefetch} * config_.batch);
-        const int dev = config_.device.index;
         if (config_.order.kind == Order::sequential) {
             if (prefetched_until_ < target) {
-                gpu::prefetch_to_device(static_cast<std::uint8_t*>(x_.p) + prefetched_until_ * sample_bytes_,
-                                        (target - prefetched_until_) * sample_bytes_, dev, side_stream_.p);
-                gpu::prefetch_to_device(static_cast<std::int32_t*>(y_.p) + prefetched_until_,
-                                        (target - prefetched_until_) * 4, dev, side_stream_.p);
+                prefetch_samples(prefetched_until_, target - prefetched_until_);
                 prefetched_until_ = target;
             }
         } else if (config_.order.kind == Order::chunk) {
             const std::uint64_t cs = config_.order.chunk_samples;
             while (prefetched_until_ < target) {
-                for (const std::uint64_t ch : order_->window_chunks(prefetched_until_)) {
-                    const std::uint64_t n = std::min(cs, samples_ - ch * cs);
-                    gpu::prefetch_to_device(static_cast<std::uint8_t*>(x_.p) + ch * cs * sample_bytes_,
-                                            n * sample_bytes_, dev, side_stream_.p);
-                    gpu::prefetch_to_device(static_cast<std::int32_t*>(y_.p) + ch * cs, n * 4, dev, side_stream_.p);
-                }
+                for (const std::uint64_t ch : order_->window_chunks(prefetched_until_))
+                    prefetch_samples(ch * cs, std::min(cs, samples_ - ch * cs));
                 prefetched_until_ = order_->next_window_start(prefetched_until_);
             }
         }
     }
 
     std::uint64_t prefetched_until_ = 0;
-    DeviceMem x_, y_, side_stream_;
+    ResidentFields split_;
+    std::vector<const void*> src_;
+    DeviceMem side_stream_;
     std::unique_ptr<DeviceGather> gather_;
 };
+
+// The managed split must fit the GPU's free memory unless oversubscription was asked for.
+void check_managed_fits(const SourceFields& f, const SourceConfig& c) {
+    std::uint64_t free_b = 0, total_b = 0;
+    gpu::mem_info(c.device.index, free_b, total_b);
+    const std::uint64_t need = checked_mul(f.samples(), f.row_bytes(), "split bytes");
+    if (need > free_b && !c.oversubscribe)
+        throw no_fit_error("--data managed: split '" + f.split().name + "' needs " + format_bytes(need) +
+                           " but the GPU has " + format_bytes(free_b) +
+                           " free (oversubscribing managed memory can slow training 100x under random "
+                           "access); use --data stream, or --oversubscribe to allow it");
+    if (need > free_b)
+        warning("--oversubscribe: managed split of " + format_bytes(need) + " exceeds the GPU's " +
+                format_bytes(free_b) + " free; speed can collapse under random access (--order full)");
+}
 
 #endif
 
@@ -620,19 +641,6 @@ std::string_view managed_policy_name(ManagedPolicy p) {
     return managed_policy_names.name(p);
 }
 
-// Chunk reads in flight. A disk reaches its random-chunk rate only with a deep
-// queue (a few reads leave it idle between completions), so raw chunks get as
-// many threads as the capacity's two groups hold chunks, up to 16: the threads
-// wait in pread, and the cache's capacity, not the thread count, bounds the
-// bytes in flight. zstd chunks are decoded by the same threads, so there they
-// are also held to the cores (more would only add compressed frames).
-unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk) {
-    const std::uint64_t group = c.order.kind == Order::chunk ? std::max<std::uint64_t>(c.order.window_chunks, 1) : 1;
-    std::uint64_t want = std::clamp<std::uint64_t>(2 * group, 4, 16);
-    if (storage_chunk) want = std::min<std::uint64_t>(want, std::max(4u, std::thread::hardware_concurrency()));
-    return std::max(c.readers, static_cast<unsigned>(want));
-}
-
 std::string_view stage_name(Stage s) {
     static constexpr EnumNames<Stage, 4> names{{{{Stage::compute, "compute"},
                                                  {Stage::read, "read (disk)"},
@@ -649,84 +657,14 @@ std::string_view limiting_stage(const StageTimes& t) {
     return stage_name(Stage::read);
 }
 
-std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c) {
-    const std::uint64_t sb = x.sample_bytes();
-    const std::uint64_t slot = std::uint64_t{c.batch} * (sb + 4);
-    const std::uint64_t gather = c.order.kind == Order::sequential ? 0 : slot + std::uint64_t{c.batch} * 16;
-    switch (c.placement) {
-    case Placement::device:
-        return checked_mul(split.samples, sb + 4, "split bytes") + gather;
-    case Placement::managed:
-        return gather;
-    case Placement::stream:
-        return c.device.backend == train::Backend::cpu ? std::uint64_t{std::max(c.prefetch, 1u)} * slot
-                                                       : std::uint64_t{std::max(c.prefetch, 2u)} * slot;
-    case Placement::automatic:
-        break;
-    }
-    throw std::logic_error("planned_device_bytes: unresolved placement");
-}
-
-HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const SourceConfig& c, std::uint64_t available) {
-    const bool cuda = c.device.backend == train::Backend::cuda;
-    const std::uint64_t sb = x.sample_bytes();
-    const std::uint64_t slots = cuda ? std::max(c.prefetch, 2u) : std::max(c.prefetch, 1u);
-    HostPlan p;
-    p.ring = slots * (round_up_page(std::uint64_t{c.batch} * sb) + round_up_page(std::uint64_t{c.batch} * 4)) +
-             std::uint64_t{std::max(c.readers, 1u)} * c.batch * sizeof(std::uint64_t);
-    const std::uint64_t storage_chunk = storage_chunk_of(x);
-    const OrderConfig order = effective_order(c, storage_chunk);
-    if (c.order.kind == Order::full) {
-        // Sample gathers: O_DIRECT bounce buffers per reader, decoded chunks for zstd storage.
-        if (c.direct) p.other += std::uint64_t{c.readers} * ((4ull << 20) + 8192);
-        if (storage_chunk) // and each reader's frame buffer
-            p.other +=
-                cache_chunks_for(c) * storage_chunk * sb + std::uint64_t{c.readers} * (storage_chunk * sb + 3 * 4096);
-    } else {
-        // Two windows, or the whole split where it is smaller: every chunk read once and held.
-        const bool slack = c.direct && x.storage == Storage::npy;
-        const std::uint64_t cs = std::max<std::uint64_t>(order.chunk_samples, 1);
-        const std::uint64_t whole =
-            split.samples * (sb + 4) + (split.samples + cs - 1) / cs * (slack ? 3 * 4096 : 4096);
-        p.min_cache = std::min(min_window_cache_bytes(order, sb, slack), whole);
-        if (storage_chunk)
-            p.other += std::uint64_t{io_threads_for(c, storage_chunk)} * // compressed frames, O_DIRECT's slack
-                       (storage_chunk * sb + 3 * 4096);
-        const std::uint64_t fixed = p.ring + p.other;
-        if (c.host_mem != 0) {
-            if (c.host_mem < fixed + p.min_cache)
-                throw no_fit_error("--host-mem " + format_bytes(c.host_mem) + " is below the " +
-                                   format_bytes(fixed + p.min_cache) + " the stream needs (ring " +
-                                   format_bytes(p.ring) + " + two windows of " + std::to_string(order.window_chunks) +
-                                   " chunks of " + format_count(order.chunk_samples) +
-                                   " samples, read whole); raise --host-mem or lower --window or --prefetch");
-            p.cache = c.host_mem - fixed;
-        } else {
-            const std::uint64_t share = available / 4 > fixed ? available / 4 - fixed : 0;
-            p.cache = std::min(std::max(p.min_cache, std::min(share, 2 * p.min_cache)), whole);
-            if (fixed + p.cache > available)
-                throw no_fit_error("--data stream needs " + format_bytes(fixed + p.cache) + " of host memory (ring " +
-                                   format_bytes(p.ring) + " + two windows of " + std::to_string(order.window_chunks) +
-                                   " chunks) but " + format_bytes(available) +
-                                   " is available; lower --window or --batch, or free memory");
-        }
-    }
-    const std::uint64_t split_bytes = split.samples * (sb + 4);
-    p.drop_pages = !c.direct && split_bytes + p.total() > available;
-    return p;
-}
-
-std::uint64_t available_host_memory() {
-    const MemoryReading m = read_host_memory();
-    if (!m.cgroup_limit) return m.available;
-    return std::min(m.available, *m.cgroup_limit > m.cgroup_anon ? *m.cgroup_limit - m.cgroup_anon : 0);
-}
-
-std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_view split, const SourceConfig& c) {
-    const Fields f = check_fields(ds, split, c);
-    if (c.prefetch == 0) throw usage_error("invalid --prefetch 0 (the ring needs at least 1 slot)");
-    if (c.readers == 0) throw usage_error("invalid --readers 0 (at least 1 reader thread)");
-    const bool cuda = c.device.backend == train::Backend::cuda;
+std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_view split_name,
+                                               const SourceConfig& config) {
+    const SplitInfo& split = ds.manifest().split(split_name);
+    const SourceFields f(split, source_fields(ds.manifest(), split, config));
+    check_config(ds, split, config);
+    SourceConfig c = config;
+    c.order = f.order(config.order); // every placement visits the same order
+    const bool cuda = c.device.backend == Backend::cuda;
     switch (c.placement) {
     case Placement::automatic:
         throw std::logic_error("make_batch_source: resolve --data auto first");
@@ -749,26 +687,15 @@ std::unique_ptr<BatchSource> make_batch_source(const Dataset& ds, std::string_vi
         return std::make_unique<DeviceStreamSource>(ds, f, c);
     case Placement::device:
         return std::make_unique<DeviceResidentSource>(ds, f, c);
-    case Placement::managed: {
-        std::uint64_t free_b = 0, total_b = 0;
-        gpu::mem_info(c.device.index, free_b, total_b);
-        const std::uint64_t need = f.split->samples * (f.x->sample_bytes() + 4);
-        if (need > free_b && !c.oversubscribe)
-            throw no_fit_error("--data managed: split '" + f.split->name + "' needs " + format_bytes(need) +
-                               " but the GPU has " + format_bytes(free_b) +
-                               " free (oversubscribing managed memory can slow training 100x under random "
-                               "access); use --data stream, or --oversubscribe to allow it");
-        if (need > free_b)
-            warning("--oversubscribe: managed split of " + format_bytes(need) + " exceeds the GPU's " +
-                    format_bytes(free_b) + " free; speed can collapse under random access (--order full)");
+    case Placement::managed:
+        check_managed_fits(f, c);
         return std::make_unique<ManagedSource>(ds, f, c);
-    }
     case Placement::automatic:
         break;
     }
     throw std::logic_error("make_batch_source: unreachable");
 #else
-    throw no_fit_error("--device " + train::device_name(c.device) + " (built without CUDA support) use --device cpu");
+    throw no_fit_error("--device " + device_name(c.device) + " (built without CUDA support) use --device cpu");
 #endif
 }
 

@@ -28,25 +28,21 @@ HostMemory plain_host_memory() {
             [](void* p) { std::free(p); }};
 }
 
-HostRing::HostRing(FieldReader& x, FieldReader& y, std::uint32_t batch, bool drop_last, RankSlice slice,
+HostRing::HostRing(std::vector<FieldReader*> fields, std::uint32_t batch, bool drop_last, RankSlice slice,
                    const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory, WindowCache* cache)
-    : x_(x), y_(y), batch_(batch), slice_(slice), order_config_(order), samples_(x.samples()),
-      batches_(slice.batches(x.samples(), batch, drop_last)), readers_(std::max(readers, 1u)),
-      memory_(std::move(memory)), cache_(cache) {
-    const std::uint64_t xb = checked_mul(batch, x.sample_bytes(), "batch bytes");
-    const std::uint64_t yb = std::uint64_t{batch} * sizeof(std::int32_t);
+    : fields_(std::move(fields)), batch_(batch), slice_(slice), order_config_(order),
+      samples_(fields_.at(0)->samples()), batches_(slice.batches(samples_, batch, drop_last)),
+      readers_(std::max(readers, 1u)), memory_(std::move(memory)), cache_(cache) {
     slots_.resize(std::max(slots, 1u));
     try {
-        for (auto& s : slots_) {
-            s.data.x = static_cast<std::uint8_t*>(memory_.alloc(xb));
-            s.data.y = static_cast<std::int32_t*>(memory_.alloc(yb));
-            host_bytes_ += round_up(xb, 4096) + round_up(yb, 4096);
-        }
+        for (auto& s : slots_)
+            for (const FieldReader* f : fields_) {
+                const std::uint64_t bytes = checked_mul(batch, f->sample_bytes(), "batch bytes");
+                s.data.fields.push_back(static_cast<std::uint8_t*>(memory_.alloc(bytes)));
+                host_bytes_ += round_up(bytes, 4096);
+            }
     } catch (...) {
-        for (auto& s : slots_) {
-            if (s.data.x) memory_.free(s.data.x);
-            if (s.data.y) memory_.free(s.data.y);
-        }
+        free_slots();
         throw;
     }
     host_bytes_ += std::uint64_t{readers_} * batch * sizeof(std::uint64_t); // index buffers
@@ -54,10 +50,12 @@ HostRing::HostRing(FieldReader& x, FieldReader& y, std::uint32_t batch, bool dro
 
 HostRing::~HostRing() {
     stop();
-    for (auto& s : slots_) {
-        memory_.free(s.data.x);
-        memory_.free(s.data.y);
-    }
+    free_slots();
+}
+
+void HostRing::free_slots() {
+    for (auto& s : slots_)
+        for (std::uint8_t* p : s.data.fields) memory_.free(p);
 }
 
 void HostRing::stop() {
@@ -122,14 +120,13 @@ void HostRing::fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64
     slot.size = static_cast<std::uint32_t>(count);
     slot.batch = batch;
     if (cache_) {
-        cache_->gather(first, count, slot.x, slot.y);
+        cache_->gather(first, count, slot.fields);
         return;
     }
     for (std::uint64_t i = 0; i < count; ++i) indices[i] = (*order_)[first + i];
     hint(first + count);
     const std::span<const std::uint64_t> idx(indices.data(), count);
-    x_.gather(idx, slot.x);
-    y_.gather(idx, reinterpret_cast<std::uint8_t*>(slot.y));
+    for (std::size_t f = 0; f < fields_.size(); ++f) fields_[f]->gather(idx, slot.fields[f]);
 }
 
 // Chunk order: ask for every window up to one window past what is being read,
@@ -141,8 +138,7 @@ void HostRing::hint(std::uint64_t end_position) {
         std::min(samples_, end_position + order_config_.chunk_samples * order_config_.window_chunks);
     while (hinted_until_ < target) {
         const auto chunks = order_->window_chunks(hinted_until_);
-        x_.will_need(chunks, order_config_.chunk_samples);
-        y_.will_need(chunks, order_config_.chunk_samples);
+        for (FieldReader* f : fields_) f->will_need(chunks, order_config_.chunk_samples);
         hinted_until_ = order_->next_window_start(hinted_until_);
     }
 }
@@ -183,7 +179,9 @@ double HostRing::take_read_seconds() {
 }
 
 double HostRing::take_decode_seconds() {
-    return x_.take_decode_seconds() + y_.take_decode_seconds();
+    double s = 0;
+    for (FieldReader* f : fields_) s += f->take_decode_seconds();
+    return s;
 }
 
 } // namespace dstk::data

@@ -1,6 +1,6 @@
 #pragma once
 // The host half of the stream placement: R reader threads fill a ring of K
-// host batch slots in batch order. Batch j of an epoch goes to slot j mod K
+// host batch slots in batch order, every slot one buffer per field. Batch j of an epoch goes to slot j mod K
 // and is filled by reader j mod R; a slot is refilled once the consumer has
 // released the batch it held. With a window cache (sequential and chunk
 // orders) batches are gathered from the cache's chunks in host memory, and
@@ -28,15 +28,16 @@ struct HostMemory {
 HostMemory plain_host_memory();
 
 struct RingSlot {
-    std::uint8_t* x = nullptr;
-    std::int32_t* y = nullptr;
+    std::vector<std::uint8_t*> fields; // per field: batch samples of its sample_bytes
     std::uint32_t size = 0;
     std::uint64_t batch = 0;
 };
 
 class HostRing {
   public:
-    HostRing(FieldReader& x, FieldReader& y, std::uint32_t batch, bool drop_last, RankSlice slice,
+    // `fields`: the readers of the delivered fields, in batch order (the
+    // cache's fields, when there is one).
+    HostRing(std::vector<FieldReader*> fields, std::uint32_t batch, bool drop_last, RankSlice slice,
              const OrderConfig& order, unsigned slots, unsigned readers, HostMemory memory,
              WindowCache* cache = nullptr);
     ~HostRing();
@@ -67,8 +68,9 @@ class HostRing {
     void reader_loop(unsigned reader);
     void fill(RingSlot& slot, std::uint64_t batch, std::vector<std::uint64_t>& indices);
     void hint(std::uint64_t end_position);
+    void free_slots();
 
-    FieldReader &x_, &y_;
+    std::vector<FieldReader*> fields_;
     std::uint32_t batch_;
     RankSlice slice_;
     OrderConfig order_config_;

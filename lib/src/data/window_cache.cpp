@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <utility>
 
 #include "dstk/error.hpp"
@@ -17,12 +16,6 @@ constexpr std::uint64_t buffer_align = 4096;
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
     return (v + to - 1) / to * to;
-}
-
-// Host bytes of one chunk of `count` samples: its aligned x buffer (with
-// O_DIRECT's alignment slack where reads are direct) and its labels.
-std::uint64_t chunk_bytes(std::uint64_t x_buffer, std::uint64_t count) {
-    return round_up(x_buffer, buffer_align) + count * sizeof(std::int32_t);
 }
 
 std::uint64_t direct_slack(bool direct) {
@@ -45,28 +38,41 @@ std::uint64_t WindowCache::allocated_bytes() const {
     return allocated_.load();
 }
 
+// One chunk of the order, every field of it: field f's samples start at
+// data[f] + offset[f] (O_DIRECT reads of unaligned ranges start past the
+// buffer's start).
 struct WindowCache::Chunk {
     enum class State : std::uint8_t { queued, loading, ready, failed };
-    std::uint64_t index = 0, first = 0, count = 0, bytes = 0, x_bytes = 0;
+    std::uint64_t index = 0, first = 0, count = 0, bytes = 0;
     State state = State::queued;
-    Buffer x;
-    std::uint64_t x_offset = 0;
-    std::vector<std::int32_t> y;
+    std::vector<Buffer> data;
+    std::vector<std::uint64_t> data_bytes, offset;
     std::exception_ptr error;
 };
 
-std::uint64_t window_group_bytes(const OrderConfig& order, std::uint64_t sample_bytes, bool direct) {
+std::uint64_t window_group_bytes(const OrderConfig& order, std::span<const CachedBytes> fields) {
     const std::uint64_t c = std::max<std::uint64_t>(order.chunk_samples, 1);
-    return group_chunks(order) * chunk_bytes(c * sample_bytes + direct_slack(direct), c);
+    std::uint64_t chunk = 0;
+    for (const CachedBytes& f : fields) chunk += round_up(c * f.sample_bytes + direct_slack(f.direct), buffer_align);
+    return group_chunks(order) * chunk;
 }
 
-std::uint64_t min_window_cache_bytes(const OrderConfig& order, std::uint64_t sample_bytes, bool direct) {
-    return 2 * window_group_bytes(order, sample_bytes, direct);
+std::uint64_t min_window_cache_bytes(const OrderConfig& order, std::span<const CachedBytes> fields) {
+    return 2 * window_group_bytes(order, fields);
 }
 
-WindowCache::WindowCache(FieldReader& x, FieldReader& y, std::uint64_t capacity, unsigned io_threads, bool drop_pages)
-    : x_(x), y_(y), capacity_(capacity), drop_pages_(drop_pages) {
+WindowCache::WindowCache(std::vector<CachedField> fields, std::uint64_t capacity, unsigned io_threads)
+    : fields_(std::move(fields)), capacity_(capacity), pool_(fields_.size()), pooled_bytes_(fields_.size(), 0) {
+    if (fields_.empty()) throw std::logic_error("WindowCache: no fields");
     for (unsigned t = 0; t < std::max(io_threads, 1u); ++t) threads_.emplace_back([this] { io_loop(); });
+}
+
+// Host bytes of one chunk of `count` samples: each field's aligned buffer,
+// with O_DIRECT's alignment slack where its reads are direct.
+std::uint64_t WindowCache::chunk_bytes(std::uint64_t count) const {
+    std::uint64_t bytes = 0;
+    for (const CachedField& f : fields_) bytes += round_up(f.reader->range_buffer_bytes(count), buffer_align);
+    return bytes;
 }
 
 WindowCache::~WindowCache() {
@@ -94,12 +100,13 @@ void WindowCache::start(const EpochOrder& order, std::uint64_t first) {
     ready_.wait(lock, [&] { return loading_ == 0; });
     order_ = &order;
     const bool in_file_order = order.config().kind != Order::chunk;
-    x_.read_ahead(in_file_order);
-    y_.read_ahead(in_file_order);
     chunk_samples_ = std::max<std::uint64_t>(order.config().chunk_samples, 1);
-    const std::uint64_t full = round_up(x_.range_buffer_bytes(chunk_samples_), buffer_align);
-    if (full != pooled_bytes_) pool_.clear();
-    pooled_bytes_ = full;
+    for (std::size_t f = 0; f < fields_.size(); ++f) {
+        fields_[f].reader->read_ahead(in_file_order);
+        const std::uint64_t full = round_up(fields_[f].reader->range_buffer_bytes(chunk_samples_), buffer_align);
+        if (full != pooled_bytes_[f]) pool_[f].clear();
+        pooled_bytes_[f] = full;
+    }
     cancelled_ = false;
     // The group holding `first` starts at or before it: admit from there.
     planned_until_ = consumed_until_ = std::min(first, order.size());
@@ -131,7 +138,7 @@ WindowCache::Group WindowCache::make_group(std::uint64_t position) const {
         c->index = id;
         c->first = id * chunk_samples_;
         c->count = std::min(chunk_samples_, n - c->first);
-        c->bytes = chunk_bytes(x_.range_buffer_bytes(c->count), c->count);
+        c->bytes = chunk_bytes(c->count);
         g.bytes += c->bytes;
         g.chunks.push_back(std::move(c));
     }
@@ -176,8 +183,7 @@ std::shared_ptr<WindowCache::Chunk> WindowCache::find_locked(std::uint64_t posit
                            std::to_string(position) + " is in no admitted window");
 }
 
-void WindowCache::gather(std::uint64_t first, std::uint64_t count, std::uint8_t* x, std::int32_t* y) {
-    const std::uint64_t sb = x_.sample_bytes();
+void WindowCache::gather(std::uint64_t first, std::uint64_t count, std::span<std::uint8_t* const> out) {
     std::vector<std::shared_ptr<Chunk>> held; // the chunks this batch reads, kept alive while copying
     for (std::uint64_t i = 0; i < count; ++i) {
         const std::uint64_t p = first + i, s = (*order_)[p];
@@ -197,8 +203,10 @@ void WindowCache::gather(std::uint64_t first, std::uint64_t count, std::uint8_t*
             c = found.get();
             held.push_back(std::move(found));
         }
-        std::memcpy(x + i * sb, c->x.get() + c->x_offset + (s - c->first) * sb, sb);
-        y[i] = c->y[s - c->first];
+        for (std::size_t f = 0; f < fields_.size(); ++f) {
+            const std::uint64_t sb = fields_[f].reader->sample_bytes();
+            std::memcpy(out[f] + i * sb, c->data[f].get() + c->offset[f] + (s - c->first) * sb, sb);
+        }
     }
 }
 
@@ -209,8 +217,11 @@ void WindowCache::consumed(std::uint64_t end) {
         while (!groups_.empty() && groups_.front().end <= consumed_until_) {
             // Full-size buffers nobody holds are reused: memory stays the
             // same pages from window to window instead of going back to malloc.
-            for (auto& c : groups_.front().chunks)
-                if (c.use_count() == 1 && c->x && c->x_bytes == pooled_bytes_) pool_.push_back(std::move(c->x));
+            for (auto& c : groups_.front().chunks) {
+                if (c.use_count() != 1) continue;
+                for (std::size_t f = 0; f < c->data.size(); ++f)
+                    if (c->data[f] && c->data_bytes[f] == pooled_bytes_[f]) pool_[f].push_back(std::move(c->data[f]));
+            }
             bytes_ -= groups_.front().bytes;
             groups_.pop_front();
         }
@@ -248,44 +259,44 @@ void WindowCache::io_loop() {
     }
 }
 
-void WindowCache::load(Chunk& c) {
-    const std::uint64_t buf_bytes = round_up(x_.range_buffer_bytes(c.count), buffer_align);
-    c.x_bytes = buf_bytes;
+// A buffer of `bytes` for a chunk of `field`: a pooled one of that size, else
+// a fresh one.
+WindowCache::Buffer WindowCache::take_buffer(std::size_t field, std::uint64_t bytes) {
     {
         std::lock_guard lock(mutex_);
-        if (buf_bytes == pooled_bytes_ && !pool_.empty()) {
-            c.x = std::move(pool_.back());
-            pool_.pop_back();
+        if (bytes == pooled_bytes_[field] && !pool_[field].empty()) {
+            Buffer b = std::move(pool_[field].back());
+            pool_[field].pop_back();
+            return b;
         }
     }
-    if (!c.x) {
-        c.x.reset(static_cast<std::uint8_t*>(std::aligned_alloc(buffer_align, buf_bytes)));
-        if (c.x) allocated_ += buf_bytes;
-    }
-    if (!c.x)
-        throw no_fit_error("cannot allocate " + format_bytes(buf_bytes) +
+    Buffer b(static_cast<std::uint8_t*>(std::aligned_alloc(buffer_align, bytes)));
+    if (!b)
+        throw no_fit_error("cannot allocate " + format_bytes(bytes) +
                            " of host memory for a chunk of the window cache; lower --host-mem or --window");
-    c.x_offset = x_.read_range(c.first, c.count, c.x.get());
-    c.y.resize(c.count);
-    const std::uint64_t y_bytes = y_.range_buffer_bytes(c.count);
-    if (y_bytes == c.count * sizeof(std::int32_t)) {
-        y_.read_range(c.first, c.count, reinterpret_cast<std::uint8_t*>(c.y.data()));
-    } else { // labels read with alignment slack (not the case today: labels stay buffered)
-        Buffer tmp(static_cast<std::uint8_t*>(std::aligned_alloc(buffer_align, round_up(y_bytes, buffer_align))));
-        if (!tmp) throw std::bad_alloc();
-        const std::uint64_t off = y_.read_range(c.first, c.count, tmp.get());
-        std::memcpy(c.y.data(), tmp.get() + off, c.count * sizeof(std::int32_t));
+    allocated_ += bytes;
+    return b;
+}
+
+// Every field's samples of the chunk, each with one large read. A field's
+// pages are dropped only where its CachedField says so (StreamParts drops the
+// bulk fields' alone: source_fields.hpp says why).
+void WindowCache::load(Chunk& c) {
+    c.data.resize(fields_.size());
+    c.data_bytes.assign(fields_.size(), 0);
+    c.offset.assign(fields_.size(), 0);
+    for (std::size_t f = 0; f < fields_.size(); ++f) {
+        FieldReader& r = *fields_[f].reader;
+        c.data_bytes[f] = round_up(r.range_buffer_bytes(c.count), buffer_align);
+        c.data[f] = take_buffer(f, c.data_bytes[f]);
+        c.offset[f] = r.read_range(c.first, c.count, c.data[f].get());
+        if (fields_[f].drop_pages) r.drop_pages(c.first, c.count);
     }
-    // Only the input's pages: labels take 4 B a sample of page cache, and a
-    // label page holds the labels of several chunks, so dropping it would make
-    // the next chunk's label read a disk read of its own (a small read queued
-    // behind the large ones).
-    if (drop_pages_) x_.drop_pages(c.first, c.count);
 }
 
 CacheStats WindowCache::take_stats() {
     CacheStats s;
-    s.x = x_.take_io();
+    for (const CachedField& f : fields_) s.io.push_back(f.reader->take_io());
     std::lock_guard lock(mutex_);
     s.io_seconds = std::exchange(io_seconds_, 0.0);
     s.peak = peak_;

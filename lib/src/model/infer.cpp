@@ -264,7 +264,8 @@ std::vector<float> Predictor::logits(const void* x, std::uint32_t n, const std::
     if (n == 0 || n > batch_) throw std::logic_error("Predictor::logits: bad batch size");
     x_->upload(0, x, n * sample_bytes_);
     y_->upload(0, labels ? labels : zeros_.data(), 4ull * n);
-    trainer_->evaluate({x_->data(), static_cast<const std::int32_t*>(y_->data()), n});
+    trainer_->evaluate(
+        train::step_batch(trainer_->config(), x_->data(), static_cast<const std::int32_t*>(y_->data()), n));
     std::vector<float> out = trainer_->read_activation(trainer_->config().plan.layers.size() - 1);
     if (!labels) (void)trainer_->take_eval_metrics();
     return out;

@@ -168,12 +168,11 @@ class Loop {
         const std::uint64_t epoch_start = steps_ - pos_.steps;
         s_.train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
-        train::Batch b;
         EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
                                s_.steps_per_epoch - first, static_cast<std::uint32_t>(s_.global_batch()), out_);
-        for (auto h0 = Clock::now(); s_.train_src->next(b); h0 = Clock::now()) {
+        for (auto h0 = Clock::now(); const Batch* b = s_.train_src->next(); h0 = Clock::now()) {
             const auto h1 = Clock::now();
-            compute_.time([&] { s_.trainer->train_step(b); });
+            compute_.time([&] { s_.trainer->train_step(*b); });
             const auto h2 = Clock::now();
             s_.train_src->release();
             ++batch_index;
@@ -253,9 +252,8 @@ class Loop {
         if (!s_.test_src) return {};
         s_.trainer->average_states(); // the ranks' BN statistics differ; every rank evaluates the whole test split
         s_.test_src->start_epoch(0, 0);
-        train::Batch b;
-        while (s_.test_src->next(b)) {
-            s_.trainer->evaluate(b);
+        while (const Batch* b = s_.test_src->next()) {
+            s_.trainer->evaluate(*b);
             s_.test_src->release();
         }
         (void)s_.test_src->take_times();

@@ -150,6 +150,8 @@ void open_dataset(Session& s, const TrainOptions& e) {
 train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     train::TrainerConfig tc;
     tc.plan = train::plan_network(s.spec, train::tensor_shape_from(s.x->shape), s.classes);
+    tc.input_field = s.ds->manifest().input_field;
+    tc.label_field = s.ds->manifest().label_field;
     tc.input_dtype = s.x->dtype;
     tc.max_batch = e.batch;
     tc.precision = s.precision;
@@ -271,7 +273,8 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     if (sc.placement == Placement::stream) {
         const std::uint64_t avail = data::available_host_memory();
         // Never more host memory than there is: the stream's plan must fit (else exit 3, saying why).
-        const data::HostPlan hp = data::plan_host_memory(*s.train_split, x, sc, avail);
+        const data::HostPlan hp = data::plan_host_memory(
+            *s.train_split, data::source_fields(s.ds->manifest(), *s.train_split, sc), sc, avail);
         if (asked == Placement::automatic)
             s.placement_why += "; host memory " + format_bytes(hp.total()) + " (ring + window cache) of " +
                                format_bytes(avail) + " available";
@@ -302,7 +305,9 @@ void open_sources(Session& s) {
     data::SourceConfig train_sc = s.sc;
     if (s.sc.placement == Placement::stream && s.test_split) {
         // Evaluation streams with the least window cache; --host-mem caps both.
-        const data::HostPlan tp = data::plan_host_memory(*s.test_split, *s.x, test_sc, data::available_host_memory());
+        const data::HostPlan tp =
+            data::plan_host_memory(*s.test_split, data::source_fields(s.ds->manifest(), *s.test_split, test_sc),
+                                   test_sc, data::available_host_memory());
         test_sc.host_mem = tp.ring + tp.other + tp.min_cache;
         if (s.sc.host_mem) {
             if (s.sc.host_mem <= test_sc.host_mem)
@@ -326,17 +331,16 @@ void open_sources(Session& s) {
 // test batch (a partial one runs outside the captured graph).
 void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource* test_src, std::uint64_t epoch) {
     const std::vector<std::uint8_t> state = t.save_state();
-    train::Batch b;
     train_src.start_epoch(epoch, 0);
-    if (train_src.next(b)) {
-        t.evaluate(b);
-        t.train_step(b);
+    if (const Batch* b = train_src.next()) {
+        t.evaluate(*b);
+        t.train_step(*b);
         train_src.release();
     }
     if (test_src) {
         test_src->start_epoch(0, test_src->batches_per_epoch() - 1);
-        if (test_src->next(b)) {
-            t.evaluate(b);
+        if (const Batch* b = test_src->next()) {
+            t.evaluate(*b);
             test_src->release();
         }
         (void)test_src->take_times();

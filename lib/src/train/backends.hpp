@@ -19,6 +19,16 @@ std::unique_ptr<BackendBuffer> make_cuda_buffer(int device, std::uint64_t bytes)
 // Checks what both backends require of a config; usage errors otherwise.
 void validate_config(const TrainerConfig& c);
 
+// The fields a step reads, taken from a batch by the names the config gives
+// them: the input (c.input_dtype) and one int32 label per sample. Usage errors
+// for a batch size outside 1..max_batch or a field of another dtype or shape.
+struct StepFields {
+    const void* x = nullptr;
+    const std::int32_t* y = nullptr;
+    std::uint32_t size = 0;
+};
+StepFields step_fields(const TrainerConfig& c, const Batch& b);
+
 struct StateView {
     std::span<const float> params, states, slots;
     std::uint64_t step = 0;

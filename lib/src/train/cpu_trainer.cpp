@@ -82,12 +82,11 @@ class CpuTrainer final : public Trainer {
 
   private:
     const std::vector<LayerPlan>& layers() const { return cfg_.plan.layers; }
-    void convert_input(const Batch& b);
+    void convert_input(const StepFields& b);
     void forward(std::uint32_t n, bool training);
     double loss_and_grad(const std::int32_t* y, std::uint32_t n, Metrics& m, bool want_grad);
     void backward(std::uint32_t n);
     void run_forward_backward(const Batch& b, bool update);
-    void check_batch(const Batch& b) const;
 
     // Splits [0, n) into at most `parts` contiguous ranges and runs them on the pool.
     template <class F> void parallel_ranges(std::uint64_t n, std::uint64_t parts, F&& fn) {
@@ -155,14 +154,7 @@ CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
     plan_.workspace = 4 * wpart_.size();
 }
 
-void CpuTrainer::check_batch(const Batch& b) const {
-    if (b.size == 0 || b.size > cfg_.max_batch)
-        throw usage_error("batch of " + std::to_string(b.size) + " samples (the trainer was planned for 1 to " +
-                          std::to_string(cfg_.max_batch) + ")");
-    if (!b.x || !b.y) throw runtime_error("batch without data");
-}
-
-void CpuTrainer::convert_input(const Batch& b) {
+void CpuTrainer::convert_input(const StepFields& b) {
     const TensorShape in = cfg_.plan.input;
     const std::uint64_t hw = std::uint64_t{in.h} * in.w, per = in.numel();
     float* dst = act_[0].data();
@@ -584,8 +576,8 @@ void CpuTrainer::backward(std::uint32_t n) {
     }
 }
 
-void CpuTrainer::run_forward_backward(const Batch& b, bool update) {
-    check_batch(b);
+void CpuTrainer::run_forward_backward(const Batch& batch, bool update) {
+    const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
     convert_input(b);
     forward(b.size, true);
@@ -618,8 +610,8 @@ void CpuTrainer::train_step(const Batch& b) {
     run_forward_backward(b, true);
 }
 
-void CpuTrainer::evaluate(const Batch& b) {
-    check_batch(b);
+void CpuTrainer::evaluate(const Batch& batch) {
+    const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
     convert_input(b);
     forward(b.size, false);

@@ -43,6 +43,32 @@ void validate_config(const TrainerConfig& c) {
     if (c.plan.params > (std::uint64_t{1} << 31)) throw usage_error("model has more than 2^31 parameters");
 }
 
+Batch step_batch(const TrainerConfig& c, const void* x, const std::int32_t* y, std::uint32_t size) {
+    const TensorShape in = c.plan.input;
+    Batch b;
+    b.size = size;
+    b.fields.push_back({c.input_field, c.input_dtype, Shape{{in.c, in.h, in.w}}, x});
+    b.fields.push_back({c.label_field, DType::i32, Shape{}, y});
+    return b;
+}
+
+StepFields step_fields(const TrainerConfig& c, const Batch& b) {
+    if (b.size == 0 || b.size > c.max_batch)
+        throw usage_error("batch of " + std::to_string(b.size) + " samples (the trainer was planned for 1 to " +
+                          std::to_string(c.max_batch) + ")");
+    const BatchField& x = b.field(c.input_field);
+    const BatchField& y = b.field(c.label_field);
+    if (x.dtype != c.input_dtype || x.shape.numel() != c.plan.input.numel())
+        throw usage_error("batch field '" + x.name + "' is " + std::string(dtype_name(x.dtype)) + " " + x.shape.str() +
+                          " but the model takes " + std::string(dtype_name(c.input_dtype)) + " of " +
+                          std::to_string(c.plan.input.numel()) + " values per sample");
+    if (y.dtype != DType::i32 || y.shape.numel() != 1)
+        throw usage_error("batch field '" + y.name + "' is " + std::string(dtype_name(y.dtype)) + " " + y.shape.str() +
+                          " but the model takes one i32 class label per sample");
+    if (!x.data || !y.data) throw runtime_error("batch without data");
+    return {x.data, static_cast<const std::int32_t*>(y.data), b.size};
+}
+
 std::vector<std::uint8_t> pack_state(const StateView& s) {
     std::vector<std::uint8_t> out(state_magic.size() + 4 * 8 +
                                   4 * (s.params.size() + s.states.size() + s.slots.size()));

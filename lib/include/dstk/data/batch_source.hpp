@@ -17,7 +17,10 @@
 //   managed  (cuda) the split in cudaMallocManaged memory, read from the file
 //            into it; the next batches are prefetched on a side stream.
 //
-// The batch from next() stays valid until release(); the caller calls
+// A batch (dstk/batch.hpp) holds the fields SourceConfig::fields names, in
+// that order, under their dataset names, whatever their dtypes and per-sample
+// shapes: every field the same samples in the same order, each copied once per
+// batch. The batch from next() stays valid until release(); the caller calls
 // release() after it has enqueued (cuda) or done (cpu) all work reading it.
 #include <cstdint>
 #include <functional>
@@ -25,12 +28,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "dstk/batch.hpp"
+#include "dstk/device.hpp"
 #include "dstk/field_reader.hpp"
 #include "dstk/data/order.hpp"
 #include "dstk/data/stage.hpp"
 #include "dstk/dataset.hpp"
-#include "dstk/train/trainer.hpp"
 
 namespace dstk::data {
 
@@ -47,8 +52,12 @@ ManagedPolicy parse_managed_policy(std::string_view text);
 std::string_view managed_policy_name(ManagedPolicy p);
 
 struct SourceConfig {
+    // The split's fields every batch holds, in this order (any dtype and
+    // per-sample shape, at least one). Empty: the manifest's input and label
+    // roles, the label one i32 per sample (the trainer's pair).
+    std::vector<std::string> fields;
     Placement placement = Placement::stream; // resolved: never automatic here
-    train::Device device;
+    Device device;
     OrderConfig order;
     std::uint32_t batch = 256;
     RankSlice slice;       // data parallel: this rank's part of each global batch (order.hpp)
@@ -58,15 +67,17 @@ struct SourceConfig {
     ManagedPolicy managed_policy = ManagedPolicy::prefetch;
     bool oversubscribe = false;     // managed: allow a split larger than free GPU memory
     void* compute_stream = nullptr; // cuda: the trainer's stream (batches are ordered before work on it)
-    // stream: read the input field's .npy file with O_DIRECT (labels, 4 bytes a
-    // sample, stay in the page cache); falls back to the page cache with a
-    // notice where the filesystem refuses O_DIRECT at open, with a warning
-    // (once per file) where it refuses a read later on.
+    // stream: read the bulk fields with O_DIRECT (.npy chunks, zstd frames; a
+    // field under a quarter of the lead field's bytes per sample, a label,
+    // stays in the page cache: lib/src/data/source_fields.hpp says why); falls
+    // back to the page cache with a notice where the filesystem refuses
+    // O_DIRECT at open, with a warning (once per file) where it refuses a read
+    // later on.
     bool direct = false;
     // stream: host memory for ring + window cache + reader buffers (--host-mem);
     // 0: chosen from the memory available (plan_host_memory).
     std::uint64_t host_mem = 0;
-    // cpu: an XXH64 of every batch's bytes and labels, in order, per epoch
+    // cpu: an XXH64 of every batch's fields, in order, per epoch
     // (StageTimes::batch_hash): two placements deliver the same batches iff
     // their hashes agree (dstrain --log-json).
     bool hash_batches = false;
@@ -81,8 +92,8 @@ struct StageTimes {
     double decode = 0;    // reader threads decompressing zstd frames, their reads excluded (sum over threads)
     double h2d = 0;       // host -> device copies (cuda; measured with events)
     double compute = 0;   // train steps (filled in by the training loop)
-    std::uint64_t batches = 0, samples = 0, bytes = 0;
-    IoCounters io;                // stream: reads of the input field (chunk reads through the window cache)
+    std::uint64_t batches = 0, samples = 0, bytes = 0; // bytes: of every field delivered
+    IoCounters io; // stream: reads of the lead field (the most bytes per sample; chunk reads through the window cache)
     std::uint64_t cache_peak = 0; // stream: most bytes the window cache held at once (since the source was built)
     std::optional<std::uint64_t> batch_hash; // with SourceConfig::hash_batches: the batches since the last take
 };
@@ -99,12 +110,20 @@ std::string_view limiting_stage(const StageTimes& t);
 // 0 for .npy. dsplan times the disk at this thread count.
 unsigned io_threads_for(const SourceConfig& c, std::uint64_t storage_chunk);
 
+// The split's fields a source of `config` delivers, in batch order:
+// config.fields, or the manifest's input and label roles. Usage errors (naming
+// the setting `fields`): a field the split lacks (listing the split's fields),
+// a field named twice, no roles in the manifest where fields is empty, a label
+// role that is not one i32 per sample.
+std::vector<const FieldInfo*> source_fields(const Manifest& manifest, const SplitInfo& split,
+                                            const SourceConfig& config);
+
 // Host memory of the stream placement, known before it is built: the host
-// ceiling printed beside the GPU's.
+// ceiling printed beside the GPU's. Every delivered field counts.
 struct HostPlan {
     std::uint64_t ring = 0;      // K batch slots (pinned on cuda) and the readers' index buffers
     std::uint64_t cache = 0;     // window cache: whole chunks (0 for the full order, which gathers samples)
-    std::uint64_t other = 0;     // O_DIRECT bounce buffers and decoded chunks of the sample gathers (full order)
+    std::uint64_t other = 0;     // the readers' zstd frames and decoded chunks, O_DIRECT bounce buffers
     std::uint64_t min_cache = 0; // the least window cache that reads ahead (two windows)
     bool drop_pages = false;     // the split does not fit beside it: chunks leave the page cache once read
     std::uint64_t total() const { return ring + cache + other; }
@@ -113,8 +132,8 @@ struct HostPlan {
 // config.host_mem == 0 the cache takes up to a quarter of it (at most four
 // windows, at least two); a --host-mem below ring + two windows is a
 // no_fit_error (exit 3) naming what to lower.
-HostPlan plan_host_memory(const SplitInfo& split, const FieldInfo& x, const SourceConfig& config,
-                          std::uint64_t available);
+HostPlan plan_host_memory(const SplitInfo& split, const std::vector<const FieldInfo*>& fields,
+                          const SourceConfig& config, std::uint64_t available);
 // Memory this process may still take: /proc/meminfo's MemAvailable, lowered
 // to the cgroup v2 limit less the cgroup's anonymous memory where one is set.
 std::uint64_t available_host_memory();
@@ -128,9 +147,9 @@ class BatchSource {
     // Positions the source at batch `first_batch` of `epoch` (a resume point).
     // The stage times start afresh: what an abandoned iteration counted is dropped.
     virtual void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) = 0;
-    // The next batch of the epoch; false when the epoch is done. Rethrows
-    // reader errors (naming the file and chunk).
-    virtual bool next(train::Batch& out) = 0;
+    // The next batch of the epoch, owned by the source; nullptr when the
+    // epoch is done. Rethrows reader errors (naming the file and chunk).
+    virtual const Batch* next() = 0;
     virtual void release() = 0;
     virtual StageTimes take_times() = 0;
     virtual std::uint64_t device_bytes() const = 0; // backend memory held: slots or the resident split
@@ -139,13 +158,14 @@ class BatchSource {
     virtual std::uint64_t host_allocated() const { return host_bytes(); }
 };
 
-// Opens `split` of `dataset` (fields manifest().input_field / label_field).
-// Usage errors: an empty split, a batch larger than the split.
+// Opens `split` of `dataset`, delivering source_fields(). Usage errors: those
+// of source_fields, an empty split, a batch larger than the split.
 std::unique_ptr<BatchSource> make_batch_source(const Dataset& dataset, std::string_view split,
                                                const SourceConfig& config);
 
 // Bytes a source of this configuration will hold in backend memory, known
-// before it is built (the GPU memory ceiling).
-std::uint64_t planned_device_bytes(const SplitInfo& split, const FieldInfo& x, const SourceConfig& config);
+// before it is built (the GPU memory ceiling): its device_bytes().
+std::uint64_t planned_device_bytes(const SplitInfo& split, const std::vector<const FieldInfo*>& fields,
+                                   const SourceConfig& config);
 
 } // namespace dstk::data

@@ -47,10 +47,10 @@ void convert_batch_async(const void* x, DType dtype, const std::int32_t* y, std:
 // out[i] = y[i] as int64, i < n: labels for consumers whose losses take int64 (PyTorch's).
 void widen_labels_async(const std::int32_t* y, std::int64_t* out, std::uint32_t n, void* stream);
 
-// dst row i = src row idx[i] (rows of row_bytes bytes), x and labels at once;
-// idx in device (or managed) memory.
-void gather_rows_async(void* dst_x, const void* src_x, std::uint64_t row_bytes, std::int32_t* dst_y,
-                       const std::int32_t* src_y, const std::uint64_t* idx, std::uint32_t count, void* stream);
+// dst row i = src row idx[i], i < count (rows of row_bytes bytes: one field
+// of a batch); idx in device (or managed) memory.
+void gather_rows_async(void* dst, const void* src, std::uint64_t row_bytes, const std::uint64_t* idx,
+                       std::uint32_t count, void* stream);
 
 // Reads every byte of [p, p + bytes) (device or managed memory) on `stream`,
 // XOR-folded into *sink (device memory): dsbench's stand-in for a model

@@ -1,7 +1,11 @@
 #pragma once
 // The stream placement's host window cache: whole chunks read with large reads
 // by a pool of I/O threads, held in host memory while the epoch's positions
-// visit them, and batches gathered from that memory.
+// visit them, and batches gathered from that memory. Every field the source
+// delivers is read chunk by chunk the same way (one large read per field per
+// chunk, whatever its sample size): a chunk is ready once all its fields are
+// in. A zstd field whose storage chunks differ from the order's chunks is read
+// the same way (read_range decodes whichever storage chunks a range touches).
 //
 // An epoch is cut into groups of positions that read a known set of chunks:
 // the windows of the chunk order (W chunks each), single chunks in sequential
@@ -23,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -31,24 +36,36 @@
 
 namespace dstk::data {
 
+// What a field costs the cache per chunk: its bytes per sample, and whether
+// its reads are O_DIRECT (alignment slack around each chunk).
+struct CachedBytes {
+    std::uint64_t sample_bytes = 0;
+    bool direct = false;
+};
 // Bytes of the chunks of one group (a window, or one chunk in sequential
-// order), labels and O_DIRECT's alignment slack (`direct`) included.
-std::uint64_t window_group_bytes(const OrderConfig& order, std::uint64_t sample_bytes, bool direct);
+// order) over every field, each field's buffer page-aligned with O_DIRECT's
+// slack where its reads are direct.
+std::uint64_t window_group_bytes(const OrderConfig& order, std::span<const CachedBytes> fields);
 // The least capacity that keeps reading ahead: the group being consumed and
 // the next one loading.
-std::uint64_t min_window_cache_bytes(const OrderConfig& order, std::uint64_t sample_bytes, bool direct);
+std::uint64_t min_window_cache_bytes(const OrderConfig& order, std::span<const CachedBytes> fields);
+
+// A field the cache reads.
+struct CachedField {
+    FieldReader* reader = nullptr;
+    bool drop_pages = false; // its pages leave the page cache once a chunk of it is read
+};
 
 struct CacheStats {
-    IoCounters x;           // reads of the input field
-    double io_seconds = 0;  // I/O threads reading chunks (decode included), summed over threads
-    std::uint64_t peak = 0; // most bytes of chunks held at once, since construction
+    std::vector<IoCounters> io; // reads of each field, in the cache's field order
+    double io_seconds = 0;      // I/O threads reading chunks (decode included), summed over threads
+    std::uint64_t peak = 0;     // most bytes of chunks held at once, since construction
 };
 
 class WindowCache {
   public:
-    // x, y: the input and label fields (y read alongside x, chunk by chunk).
-    // `drop_pages`: tell the kernel to forget a chunk's input pages once it is read.
-    WindowCache(FieldReader& x, FieldReader& y, std::uint64_t capacity, unsigned io_threads, bool drop_pages);
+    // `fields`: at least one, all of the same samples.
+    WindowCache(std::vector<CachedField> fields, std::uint64_t capacity, unsigned io_threads);
     ~WindowCache();
     WindowCache(const WindowCache&) = delete;
     WindowCache& operator=(const WindowCache&) = delete;
@@ -57,17 +74,18 @@ class WindowCache {
     // Starts reading for `order` (kept by reference: it must outlive the
     // epoch) from position `first`. No gather may be running.
     void start(const EpochOrder& order, std::uint64_t first);
-    // Sample order[p] of each position p in [first, first + count) into x
-    // (sample_bytes each) and y; blocks until their chunks are read. Rethrows
-    // the read error of a chunk it needs (naming the file).
-    void gather(std::uint64_t first, std::uint64_t count, std::uint8_t* x, std::int32_t* y);
+    // Sample order[p] of each position p in [first, first + count) into
+    // out[f] (the field's sample_bytes each) for every field f; blocks until
+    // their chunks are read. Rethrows the read error of a chunk it needs
+    // (naming the file).
+    void gather(std::uint64_t first, std::uint64_t count, std::span<std::uint8_t* const> out);
     // Every position before `end` has been gathered and its batch released.
     void consumed(std::uint64_t end);
     // Wakes gathers blocked on chunks (they throw); the next start() resumes.
     void cancel();
     CacheStats take_stats();
     std::uint64_t held_bytes() const;
-    std::uint64_t allocated_bytes() const; // chunk buffers and labels allocated now, pooled ones included
+    std::uint64_t allocated_bytes() const; // chunk buffers allocated so far, pooled ones included
 
   private:
     struct BufferFree {
@@ -85,10 +103,11 @@ class WindowCache {
     void io_loop();
     void load(Chunk& c);
     void reset_locked();
+    std::uint64_t chunk_bytes(std::uint64_t count) const;
+    Buffer take_buffer(std::size_t field, std::uint64_t bytes);
 
-    FieldReader &x_, &y_;
+    std::vector<CachedField> fields_;
     std::uint64_t capacity_, chunk_samples_ = 0;
-    bool drop_pages_;
     const EpochOrder* order_ = nullptr;
 
     mutable std::mutex mutex_;
@@ -100,8 +119,8 @@ class WindowCache {
     unsigned loading_ = 0;
     bool stop_ = false, cancelled_ = false;
     double io_seconds_ = 0;
-    std::vector<Buffer> pool_; // free chunk buffers of pooled_bytes_
-    std::uint64_t pooled_bytes_ = 0;
+    std::vector<std::vector<Buffer>> pool_; // per field: free chunk buffers of pooled_bytes_[field]
+    std::vector<std::uint64_t> pooled_bytes_;
     std::atomic<std::uint64_t> allocated_{0};
     std::vector<std::thread> threads_;
 };

@@ -2,12 +2,13 @@
 // The training engine: one network, one optimiser, one backend.
 //
 // Design (the seam for the data path, issue 7):
-// - A Trainer never reads datasets. It is handed batches: `Batch{x, y, size}`
-//   where x holds `size` samples in the dataset's stored dtype (u8, bf16, f16,
-//   f32; TrainerConfig::input_dtype) and y holds `size` int32 labels. For the
-//   cuda backend both pointers are device memory, for the cpu backend host
-//   memory. Where the batch came from (a resident split, a pinned ring, managed
-//   memory) is the caller's business.
+// - A Trainer never reads datasets. It is handed batches of named fields
+//   (dstk/batch.hpp) and takes the two it names: TrainerConfig::input_field,
+//   `size` samples in the dataset's stored dtype (u8, bf16, f16, f32;
+//   TrainerConfig::input_dtype), and TrainerConfig::label_field, `size` int32
+//   labels. For the cuda backend the fields are device memory, for the cpu
+//   backend host memory. Where the batch came from (a resident split, a pinned
+//   ring, managed memory) is the caller's business.
 // - train_step(batch) does convert + normalise -> forward -> softmax-CE ->
 //   backward -> optimiser update. On the GPU it is asynchronous on
 //   compute_stream() (a cudaStream_t, as void*) and replays a captured CUDA
@@ -31,6 +32,8 @@
 #include <string_view>
 #include <vector>
 
+#include "dstk/batch.hpp"
+#include "dstk/device.hpp"
 #include "dstk/dtype.hpp"
 #include "dstk/train/model.hpp"
 #include "dstk/train/optimizer.hpp"
@@ -41,7 +44,12 @@ class Reducer;
 
 namespace dstk::train {
 
-enum class Backend : std::uint8_t { cpu, cuda };
+// The device names are the core's (dstk/device.hpp); the trainer's code says them unqualified.
+using dstk::Backend;
+using dstk::Device;
+using dstk::device_name;
+using dstk::parse_device;
+
 // fp32: float math, FMA convolution algorithms only (no FFT or non-fused
 // Winograd); tf32: float storage, TF32 tensor cores in convolutions and matrix
 // products; bf16: mixed precision: bf16 activations, activation gradients and
@@ -78,12 +86,6 @@ struct KernelReport {
     double median_ms = 0.0; // timed or cached: the median time; else 0
 };
 
-struct Device {
-    Backend backend = Backend::cpu;
-    int index = 0;
-};
-Device parse_device(std::string_view text); // "cpu", "cuda", "cuda:N"; usage error otherwise
-std::string device_name(const Device& d);
 Precision parse_precision(std::string_view text);
 std::string_view precision_name(Precision p);
 // The sample dtypes a model reads (its input conversion's): u8, bf16, f16, f32.
@@ -91,6 +93,7 @@ bool is_input_dtype(DType t);
 
 struct TrainerConfig {
     NetworkPlan plan;
+    std::string input_field = "x", label_field = "y"; // the batch fields the trainer takes
     DType input_dtype = DType::f32;
     std::vector<float> mean, std; // per input channel, in stored units; x' = (x - mean) / std
     std::uint32_t max_batch = 256;
@@ -116,11 +119,11 @@ struct TrainerConfig {
     std::string choice_dir;
 };
 
-struct Batch {
-    const void* x = nullptr;         // size samples, stored dtype, backend memory
-    const std::int32_t* y = nullptr; // size labels in [0, classes)
-    std::uint32_t size = 0;          // 1..max_batch
-};
+// A batch of the input and labels the config names (its input dtype and
+// shape, one i32 label a sample), over buffers the caller holds in the
+// trainer's backend memory: for code that feeds a trainer without a
+// BatchSource (dstrain predict, tests).
+Batch step_batch(const TrainerConfig& c, const void* x, const std::int32_t* y, std::uint32_t size);
 
 struct Metrics {
     std::uint64_t samples = 0, correct = 0;

@@ -1,11 +1,10 @@
-// Device names, apart from the trainers: code that only moves data (the batch
-// sources, the Python module) links them without pulling in cuDNN and cuBLAS.
+#include "dstk/device.hpp"
+
 #include <string>
 
 #include "dstk/error.hpp"
-#include "dstk/train/trainer.hpp"
 
-namespace dstk::train {
+namespace dstk {
 
 Device parse_device(std::string_view text) {
     if (text == "cpu") return {Backend::cpu, 0};
@@ -26,4 +25,4 @@ std::string device_name(const Device& d) {
     return d.backend == Backend::cpu ? std::string("cpu") : "cuda:" + std::to_string(d.index);
 }
 
-} // namespace dstk::train
+} // namespace dstk
