@@ -241,8 +241,17 @@ for fallback in 0 1; do
         expect_no_file "$W/out5"
     done
     rm -rf "$W/.out5.partial" "$W/elsewhere"
-    expect_exit 0 "$D" x.raw "$W/out5" "${RAW[@]}" --resume
+    # OUTPUT taken at the rename: the partial directory stays resumable.
+    start_held out5 "$W/b5" /dev/null "$D" x.raw "$W/out5" --from raw --shape 16 --in-dtype u8 --resume
+    mkdir "$W/out5" && echo mine >"$W/out5/notes.txt"
+    release "$W/b5"
+    expect_held_exit 2
+    expect_true "the partial directory is kept, resumable" test -f "$W/.out5.partial/resume.json"
+    rm -r "$W/out5"
+    expect_exit 0 "$D" x.raw "$W/out5" --from raw --shape 16 --in-dtype u8 --resume
+    expect_stderr "resuming the partial conversion"
     expect_same "$W/out5/train_x.npy" "$W/ref5/train_x.npy"
+    expect_no_file "$W/.out5.partial"
 
     # ---- 6. --report-json: no-replace, a side file put in place before OUTPUT and withdrawn with it
     echo old >"$W/r6.json"

@@ -186,6 +186,7 @@ std::unique_ptr<FieldSink> ResumableOutput::sink(const FieldInfo& fi, std::uint6
 }
 
 void ResumableOutput::stage(const Manifest& m, bool force) {
+    staged_.emplace(dir_, final_, replace_when(force)); // checks OUTPUT again while resume.json is there
     const std::string text = serialize_manifest(m);
     {
         AtomicFile f(dir_ / manifest_file_name, true);
@@ -193,7 +194,6 @@ void ResumableOutput::stage(const Manifest& m, bool force) {
         f.commit();
     }
     fs::remove(dir_ / "resume.json");
-    staged_.emplace(dir_, final_, replace_when(force));
 }
 
 } // namespace dstk::convert
