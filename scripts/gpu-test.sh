@@ -17,6 +17,9 @@
 #                     with DSTK_PY_ARGS, e.g. "--runs 3 --seconds 3";
 #                     DSTK_PY_CGROUP=4G adds its larger-than-RAM run)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
+# Carried files for a machine without network: .whl/ (nanobind, scikit-build-core
+# for python-loader) and .deb/libxxhash-dev_*.deb (apt-get download libxxhash-dev)
+# where the machine has no libxxhash-dev.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=${1:-${OUT:-build-gpu/logs}}
@@ -45,8 +48,17 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader >"$log/gpu.txt" 2>&1 || true
 scripts/setup.sh >"$log/setup.log" 2>&1 || echo "setup: see $log/setup.log (continuing: the build says what is missing)" >&2
 
+# libxxhash-dev where the machine lacks it (it has no network): from .deb/
+# (apt-get download libxxhash-dev, on a machine with one), unpacked into
+# build-gpu/deps and linked statically.
+deps_args=()
+if ! pkg-config --exists libxxhash 2>/dev/null && compgen -G ".deb/libxxhash-dev_*.deb" >/dev/null; then
+    mkdir -p build-gpu/deps
+    for f in .deb/libxxhash-dev_*.deb; do dpkg -x "$f" build-gpu/deps; done
+    deps_args+=("-DDSTK_XXHASH_ROOT=$PWD/build-gpu/deps/usr")
+fi
 SUMMARY_RE='dstk:' step configure 120 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}"
+    -DCMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" "${deps_args[@]}"
 SUMMARY_RE='Built target|error' step build 420 cmake --build build-gpu -j"$(nproc)" || {
     grep -E 'error' -A3 "$log/build.log" | head -40 >&2
     cat "$table"
@@ -79,7 +91,8 @@ if [ "$benches" != none ]; then
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
     if named python-loader; then
         # The package into the python3 that holds PyTorch, offline (no build
-        # isolation); nanobind (2 or newer) and scikit-build-core from .whl/ where
+        # isolation), linking build-gpu's library (built above; nothing compiled
+        # twice); nanobind (2 or newer) and scikit-build-core from .whl/ where
         # that python3 lacks them (it holds pytest).
         export PIP_BREAK_SYSTEM_PACKAGES=1
         SUMMARY_RE='Successfully|rror' step python-install 300 bash -c '
@@ -89,7 +102,7 @@ if [ "$benches" != none ]; then
             python3 -c "import scikit_build_core" || wheel scikit-build-core || exit 1
             python3 -c "import nanobind, pytest; print(nanobind.__version__)" || exit 1
             python3 -m pip install -v --no-build-isolation --no-deps --no-index \
-                -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" ./python'
+                -C cmake.define.DSTK_BUILD_DIR="$PWD/build-gpu" ./python'
         SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
         SUMMARY_RE='dstk / reference' step python-loader 450 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
             ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"} ${DSTK_PY_ARGS:-}

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages dstk needs, and only those missing:
 # apt-get runs only when something is missing (the GPU test machine has no
-# network but has everything). Usage: scripts/setup.sh [--test]
+# network but has everything). Usage: scripts/setup.sh [--test | --demo]
+#   --demo  also Python 3 with matplotlib (the demo draws demo-out/curves.png)
+#   --test  also what the tests need, and build/venv for pytest
 set -euo pipefail
 
 # Open MPI: data-parallel dstrain (mpirun); the build works without it, in one process.
 packages=(build-essential cmake pkg-config libcli11-dev libzstd-dev libhwloc-dev zlib1g-dev nlohmann-json3-dev zstd
-          openmpi-bin libopenmpi-dev)
+          libxxhash-dev openmpi-bin libopenmpi-dev)
+# Pictures (python/dstk/plot.py): the demo's curves.png, dsbench compare --plot, their tests.
+case "${1:-}" in --demo | --test) packages+=(python3 python3-matplotlib) ;; esac
 if [ "${1:-}" = "--test" ]; then
     # Tests: GoogleTest, numpy for interop checks, clang for the fuzzers, xxhsum
     # to cross-check checksums, jq for the CLI tests that read JSON.
@@ -38,6 +42,8 @@ provided() {
         nlohmann-json3-dev) header nlohmann/json.hpp ;;
         libgtest-dev) header gtest/gtest.h ;;
         python3-numpy) python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 ;;
+        python3-matplotlib) python3 -c 'import matplotlib' >/dev/null 2>&1 || /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 ;;
+        libxxhash-dev) header xxhash.h ;;
         python3-dev) python3 -c 'import os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' >/dev/null 2>&1 ;;
         python3-venv) python3 -c 'import ensurepip, venv' >/dev/null 2>&1 ;;
         *) return 1 ;;
@@ -73,8 +79,10 @@ if [ "${1:-}" = "--test" ]; then
     venv=$(cd "$(dirname "$0")/.." && pwd)/build/venv
     [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
     pip_missing=()
+    # matplotlib: the pictures' tests; tensorboard: reads dstrain's event
+    # files back; lizard: the function-length check (scripts/check-function-length.py).
     for spec in nanobind:nanobind scikit-build-core:scikit_build_core numpy:numpy pytest:pytest \
-        safetensors:safetensors onnxruntime:onnxruntime; do
+        safetensors:safetensors onnxruntime:onnxruntime matplotlib:matplotlib tensorboard:tensorboard lizard:lizard; do
         "$venv/bin/python" -c "import ${spec#*:}" >/dev/null 2>&1 || pip_missing+=("${spec%%:*}")
     done
     if [ ${#pip_missing[@]} -gt 0 ]; then

@@ -8,28 +8,34 @@
 #include "dstk/gpu_info.hpp"
 
 namespace dstk {
-namespace {
-
-std::string version_string(int v) { // 12040 -> "12.4"
-    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-}
-
-} // namespace
 
 bool built_with_cuda() {
     return true;
 }
 
-std::vector<GpuInfo> detect_gpus(std::string* why) {
-    std::vector<GpuInfo> gpus;
+std::optional<std::string> no_gpu_reason() {
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        if (why)
-            *why = err != cudaSuccess ? std::string("no usable GPU (") + cudaGetErrorString(err) + ")" : "no GPU found";
-        cudaGetLastError(); // clear the sticky-free error state
+    if (err == cudaSuccess && count > 0) return std::nullopt;
+    cudaGetLastError(); // clear the error state
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver); // 0 where no driver is installed
+    cudaRuntimeGetVersion(&runtime);
+    const GpuAbsence a = driver == 0                                      ? GpuAbsence::driver_missing
+                         : err == cudaSuccess || err == cudaErrorNoDevice ? GpuAbsence::no_device
+                         : err == cudaErrorInsufficientDriver             ? GpuAbsence::driver_too_old
+                                                                          : GpuAbsence::other;
+    return describe_no_gpu(a, driver, runtime, err == cudaSuccess ? "" : cudaGetErrorString(err));
+}
+
+std::vector<GpuInfo> detect_gpus(std::string* why) {
+    std::vector<GpuInfo> gpus;
+    if (const auto reason = no_gpu_reason()) {
+        if (why) *why = *reason;
         return gpus;
     }
+    int count = 0;
+    cudaGetDeviceCount(&count);
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
@@ -51,8 +57,8 @@ std::vector<GpuInfo> detect_gpus(std::string* why) {
         g.compute_minor = prop.minor;
         g.total_memory = prop.totalGlobalMem;
         g.multiprocessors = prop.multiProcessorCount;
-        g.driver_version = version_string(driver);
-        g.runtime_version = version_string(runtime);
+        g.driver_version = cuda_version_string(driver);
+        g.runtime_version = cuda_version_string(runtime);
         g.cudnn_version = cudnn_str;
         std::size_t free_b = 0, total_b = 0;
         if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_memory = free_b;

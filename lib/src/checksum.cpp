@@ -1,117 +1,53 @@
 #include "dstk/checksum.hpp"
 
+#include <array>
 #include <cstdio>
-#include <cstring>
 #include <fcntl.h>
 #include <unistd.h>
 #include <vector>
 
-#include "dstk/fd.hpp"
-#include "dstk/error.hpp"
+#define XXH_STATIC_LINKING_ONLY // XXH64_state_t's size, to keep the state inside Xxh64
+#include <xxhash.h>
 
-// XXH64 as specified in xxHash's doc/xxhash_spec.md (section "XXH64 algorithm").
+#include "dstk/error.hpp"
+#include "dstk/fd.hpp"
+
 namespace dstk {
 namespace {
 
-constexpr std::uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full, P3 = 0x165667B19E3779F9ull,
-                        P4 = 0x85EBCA77C2B2AE63ull, P5 = 0x27D4EB2F165667C5ull;
+static_assert(sizeof(XXH64_state_t) <= 88 && alignof(XXH64_state_t) <= 8, "Xxh64::state_ is too small");
 
-inline std::uint64_t rotl(std::uint64_t x, int r) {
-    return (x << r) | (x >> (64 - r));
+XXH64_state_t* state_of(unsigned char* s) {
+    return reinterpret_cast<XXH64_state_t*>(s);
 }
-inline std::uint64_t load64(const unsigned char* p) {
-    std::uint64_t v;
-    std::memcpy(&v, p, 8);
-    return v; // little-endian hosts only (x86-64, aarch64)
+const XXH64_state_t* state_of(const unsigned char* s) {
+    return reinterpret_cast<const XXH64_state_t*>(s);
 }
-inline std::uint32_t load32(const unsigned char* p) {
-    std::uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-inline std::uint64_t round(std::uint64_t acc, std::uint64_t lane) {
-    acc += lane * P2;
-    acc = rotl(acc, 31);
-    return acc * P1;
-}
-inline std::uint64_t merge(std::uint64_t acc, std::uint64_t v) {
-    acc ^= round(0, v);
-    return acc * P1 + P4;
-}
+
+// The reflected Castagnoli polynomial 0x1EDC6F41, one byte at a time: the
+// records it checks are a few hundred bytes.
+constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+        std::uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        t[i] = c;
+    }
+    return t;
+}();
 
 } // namespace
 
-Xxh64::Xxh64(std::uint64_t seed) : seed_(seed) {
-    v_[0] = seed + P1 + P2;
-    v_[1] = seed + P2;
-    v_[2] = seed;
-    v_[3] = seed - P1;
+Xxh64::Xxh64(std::uint64_t seed) {
+    XXH64_reset(state_of(state_), seed);
 }
 
 void Xxh64::update(const void* data, std::size_t len) {
-    auto p = static_cast<const unsigned char*>(data);
-    total_ += len;
-    if (buf_len_ + len < 32) {
-        std::memcpy(buf_ + buf_len_, p, len);
-        buf_len_ += len;
-        return;
-    }
-    if (buf_len_) {
-        const std::size_t fill = 32 - buf_len_;
-        std::memcpy(buf_ + buf_len_, p, fill);
-        for (int i = 0; i < 4; ++i) v_[i] = round(v_[i], load64(buf_ + 8 * i));
-        p += fill;
-        len -= fill;
-        buf_len_ = 0;
-    }
-    std::uint64_t v0 = v_[0], v1 = v_[1], v2 = v_[2], v3 = v_[3];
-    while (len >= 32) {
-        v0 = round(v0, load64(p));
-        v1 = round(v1, load64(p + 8));
-        v2 = round(v2, load64(p + 16));
-        v3 = round(v3, load64(p + 24));
-        p += 32;
-        len -= 32;
-    }
-    v_[0] = v0, v_[1] = v1, v_[2] = v2, v_[3] = v3;
-    std::memcpy(buf_, p, len);
-    buf_len_ = len;
+    XXH64_update(state_of(state_), data, len);
 }
 
 std::uint64_t Xxh64::digest() const {
-    std::uint64_t acc;
-    if (total_ >= 32) {
-        acc = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
-        for (int i = 0; i < 4; ++i) acc = merge(acc, v_[i]);
-    } else {
-        acc = seed_ + P5;
-    }
-    acc += total_;
-    const unsigned char* p = buf_;
-    std::size_t len = buf_len_;
-    while (len >= 8) {
-        acc ^= round(0, load64(p));
-        acc = rotl(acc, 27) * P1 + P4;
-        p += 8;
-        len -= 8;
-    }
-    if (len >= 4) {
-        acc ^= std::uint64_t{load32(p)} * P1;
-        acc = rotl(acc, 23) * P2 + P3;
-        p += 4;
-        len -= 4;
-    }
-    while (len > 0) {
-        acc ^= (*p++) * P5;
-        acc = rotl(acc, 11) * P1;
-        --len;
-    }
-    acc ^= acc >> 33;
-    acc *= P2;
-    acc ^= acc >> 29;
-    acc *= P3;
-    acc ^= acc >> 32;
-    return acc;
+    return XXH64_digest(state_of(state_));
 }
 
 std::string Xxh64::hex() const {
@@ -121,13 +57,11 @@ std::string Xxh64::hex() const {
 }
 
 std::uint64_t xxh64(const void* data, std::size_t len, std::uint64_t seed) {
-    Xxh64 h(seed);
-    h.update(data, len);
-    return h.digest();
+    return XXH64(data, len, seed);
 }
 
 std::string file_checksum(const std::filesystem::path& path) {
-    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "open");
+    const UniqueFd fd = open_input_file(path, "file");
     posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     std::vector<unsigned char> buf(4 << 20);
     Xxh64 h;
@@ -141,6 +75,13 @@ std::string file_checksum(const std::filesystem::path& path) {
         h.update(buf.data(), static_cast<std::size_t>(n));
     }
     return h.hex();
+}
+
+std::uint32_t crc32c(const void* data, std::size_t len, std::uint32_t crc) {
+    auto p = static_cast<const unsigned char*>(data);
+    crc = ~crc;
+    for (std::size_t i = 0; i < len; ++i) crc = crc32c_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return ~crc;
 }
 
 } // namespace dstk

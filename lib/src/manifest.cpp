@@ -108,6 +108,21 @@ void check_usable_stats(const Reader& r, const ChannelStats& cs, const std::stri
     }
 }
 
+// A field's "stats": one finite mean and one positive, finite std per channel
+// of its shape (stats_channels), so that a reader can normalise with them
+// without checking again.
+ChannelStats parse_field_stats(const Reader& r, const json& v, const std::string& path, const Shape& shape) {
+    ChannelStats cs;
+    cs.mean = parse_doubles(r, r.member(v, path, "mean"), path + ".mean");
+    cs.std = parse_doubles(r, r.member(v, path, "std"), path + ".std");
+    const std::uint64_t channels = stats_channels(shape);
+    if (cs.mean.size() != channels || cs.std.size() != channels)
+        r.fail(path, "expected " + std::to_string(channels) + " channels for shape " + shape.str() + ", got " +
+                         std::to_string(cs.mean.size()) + " means and " + std::to_string(cs.std.size()) + " stds");
+    check_usable_stats(r, cs, path);
+    return cs;
+}
+
 std::string plain_file_name(const Reader& r, const json& obj, const std::string& path) {
     std::string file = r.string(obj, path, "file");
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
@@ -172,7 +187,22 @@ FieldInfo parse_field(const Reader& r, const json& fj, const std::string& fp, st
         r.fail(fp, "samples x sample size overflows 64 bits");
     }
     if (in_parts) f.parts = parse_parts(r, fj["parts"], fp + ".parts", f, split_samples);
+    if (fj.contains("stats")) f.stats = parse_field_stats(r, fj["stats"], fp + ".stats", f.shape);
     return f;
+}
+
+// "field_chunk_sums": {"FIELD": [[row], ...], ...}.
+std::map<std::string, std::vector<std::vector<double>>> parse_field_chunk_sums(const Reader& r, const json& v,
+                                                                               const std::string& path) {
+    if (!v.is_object()) r.fail(path, "expected an object of fields' rows");
+    std::map<std::string, std::vector<std::vector<double>>> out;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+        const std::string fp = path + "." + it.key();
+        if (!it->is_array()) r.fail(fp, "expected an array of arrays of numbers");
+        auto& rows = out[it.key()];
+        for (const auto& row : *it) rows.push_back(parse_doubles(r, row, fp));
+    }
+    return out;
 }
 
 // "shard": what part of a whole a --shard output holds (ShardInfo).
@@ -201,6 +231,8 @@ ShardInfo parse_shard(const Reader& r, const json& v, const Manifest& m) {
             if (!cs.is_array()) r.fail(sp + ".chunk_sums", "expected an array of arrays of numbers");
             for (const auto& row : cs) s.chunk_sums.push_back(parse_doubles(r, row, sp + ".chunk_sums"));
         }
+        if (splits[i].contains("field_chunk_sums"))
+            s.field_chunk_sums = parse_field_chunk_sums(r, splits[i]["field_chunk_sums"], sp + ".field_chunk_sums");
         sh.splits.push_back(std::move(s));
     }
     return sh;
@@ -222,6 +254,11 @@ const FieldInfo& SplitInfo::field(std::string_view f) const {
     if (const auto* p = find(f)) return *p;
     std::string have;
     for (const auto& field : fields) have += (have.empty() ? "" : ", ") + field.name;
+    if (f.empty()) // a role (input_field, label_field) that the dataset does not give
+        throw usage_error("split '" + name +
+                          "': no field has the role asked for (the dataset names no input or "
+                          "label field; it has: " +
+                          have + "); name the field, or set the roles with dsconvert");
     throw runtime_error("split '" + name + "' has no field '" + std::string(f) + "' (it has: " + have + ")");
 }
 
@@ -236,6 +273,21 @@ const SplitInfo& Manifest::split(std::string_view s) const {
     std::string have;
     for (const auto& split : splits) have += (have.empty() ? "" : ", ") + split.name;
     throw runtime_error("dataset has no split '" + std::string(s) + "' (it has: " + have + ")");
+}
+
+const ChannelStats* Manifest::stats_of(std::string_view field) const {
+    const SplitInfo* train = find("train");
+    if (!train && !splits.empty()) train = &splits.front();
+    if (const FieldInfo* f = train ? train->find(field) : nullptr; f && f->stats) return &*f->stats;
+    if (stats && !field.empty() && field == input_field) return &*stats;
+    return nullptr;
+}
+
+// As dstrain's models read a sample (train::tensor_shape_from): D is D
+// channels of 1x1, HxW one channel, CxHxW C channels.
+std::uint64_t stats_channels(const Shape& s) {
+    const std::size_t rank = s.dims.size();
+    return rank == 1 || rank >= 3 ? s.dims[0] : 1;
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& source) {
@@ -258,22 +310,25 @@ namespace {
 // A manifest never names a field that a split lacks: dstrain would otherwise
 // fail late ("split 'train' has no field 'x'") on a dataset --verify called OK.
 // A label field only defaulted to "y" is dropped where no split has one.
-template <typename Fail> void check_named_fields(Manifest& m, Fail fail, bool label_named) {
-    for (const auto& split : m.splits)
-        if (!split.find(m.input_field))
-            fail("input_field", "names field '" + m.input_field + "', which split '" + split.name +
-                                    "' does not have (re-create the dataset with dsconvert)");
-    if (m.label_field.empty()) return;
+// An empty role names no field; a role only defaulted ("x", "y") is dropped
+// where no split has such a field.
+template <typename Fail> void check_role(Manifest& m, std::string& role, const char* key, bool named, Fail fail) {
+    if (role.empty()) return;
     bool any = false;
-    for (const auto& split : m.splits) any |= split.find(m.label_field) != nullptr;
-    if (!any && !label_named) {
-        m.label_field.clear();
+    for (const auto& split : m.splits) any |= split.find(role) != nullptr;
+    if (!any && !named) {
+        role.clear();
         return;
     }
     for (const auto& split : m.splits)
-        if (!split.find(m.label_field))
-            fail("label_field", "names field '" + m.label_field + "', which split '" + split.name +
-                                    "' does not have (re-create the dataset with dsconvert)");
+        if (!split.find(role))
+            fail(key, "names field '" + role + "', which split '" + split.name +
+                          "' does not have (re-create the dataset with dsconvert)");
+}
+
+template <typename Fail> void check_named_fields(Manifest& m, Fail fail, bool input_named, bool label_named) {
+    check_role(m, m.input_field, "input_field", input_named, fail);
+    check_role(m, m.label_field, "label_field", label_named, fail);
 }
 
 Manifest manifest_from_json(const Reader& r, const json& doc) {
@@ -314,7 +369,8 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
         m.splits.push_back(std::move(split));
     }
     check_named_fields(
-        m, [&](const std::string& key, const std::string& why) { r.fail(key, why); }, doc.contains("label_field"));
+        m, [&](const std::string& key, const std::string& why) { r.fail(key, why); }, doc.contains("input_field"),
+        doc.contains("label_field"));
     if (doc.contains("stats")) {
         const json& st = doc["stats"];
         ChannelStats cs;
@@ -352,6 +408,15 @@ bool usable_stats(const ChannelStats& s) {
     return true;
 }
 
+std::string field_type_text(DType t, const Shape& s) {
+    std::string out(dtype_name(t));
+    if (s.dims.empty()) return out;
+    out += '[';
+    out += s.str();
+    out += ']';
+    return out;
+}
+
 std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples) {
     return checked_mul(f.sample_bytes(), samples, "field '" + f.name + "' size");
 }
@@ -367,6 +432,7 @@ json shard_json(const ShardInfo& sh) {
     for (const auto& s : sh.splits) {
         json sj = {{"name", s.name}, {"first", s.first}, {"total", s.total}};
         if (!s.chunk_sums.empty()) sj["chunk_sums"] = s.chunk_sums;
+        if (!s.field_chunk_sums.empty()) sj["field_chunk_sums"] = s.field_chunk_sums;
         j["splits"].push_back(std::move(sj));
     }
     return j;
@@ -381,7 +447,7 @@ std::string serialize_manifest(const Manifest& m) {
         [](const std::string& key, const std::string& why) {
             throw runtime_error("internal: the manifest's " + key + " " + why);
         },
-        false);
+        true, false);
     json doc;
     doc["format_version"] = m.format_version;
     if (m.num_classes) doc["num_classes"] = *m.num_classes;
@@ -408,6 +474,7 @@ std::string serialize_manifest(const Manifest& m) {
                 if (!part.checksum.empty()) pj["checksum"] = part.checksum;
                 fj["parts"].push_back(std::move(pj));
             }
+            if (f.stats && usable_stats(*f.stats)) fj["stats"] = {{"mean", f.stats->mean}, {"std", f.stats->std}};
             sj["fields"].push_back(std::move(fj));
         }
         doc["splits"].push_back(std::move(sj));

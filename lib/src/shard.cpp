@@ -45,24 +45,4 @@ SampleRange shard_range(std::uint64_t samples, std::uint64_t chunk_samples, Shar
     return {first, end - first};
 }
 
-void ChannelSums::add(const std::vector<double>& row) {
-    if (row.size() != 2 * sum_.size())
-        throw runtime_error("per-chunk sums of " + std::to_string(row.size() / 2) + " channels where " +
-                            std::to_string(sum_.size()) + " were expected (parts of different datasets?)");
-    for (std::size_t c = 0; c < sum_.size(); ++c) {
-        sum_[c] += row[c];
-        sumsq_[c] += row[sum_.size() + c];
-    }
-}
-
-ChannelStats ChannelSums::stats(double n) const {
-    ChannelStats st;
-    for (std::size_t c = 0; c < sum_.size(); ++c) {
-        const double mean = sum_[c] / n;
-        st.mean.push_back(mean);
-        st.std.push_back(std::sqrt(std::max(0.0, sumsq_[c] / n - mean * mean)));
-    }
-    return st;
-}
-
 } // namespace dstk

@@ -1,4 +1,6 @@
 """dstk.Loader on the cpu backend: orders, conversion, resume, errors, Ctrl-C."""
+import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,9 +137,18 @@ def test_bad_settings_raise_library_errors(index_sets, kwargs, message, code):
     assert e.value.exit_code == code
 
 
-def test_missing_stats_say_what_to_do(index_sets):
+def test_missing_stats_say_what_to_do(index_sets, tmp_path):
+    # Imports now write statistics: a copy of the dataset without them.
+    bare = tmp_path / "bare"
+    shutil.copytree(index_sets["npy"], bare)
+    manifest = json.loads((bare / "dataset.json").read_text())
+    manifest.pop("stats", None)
+    for split in manifest["splits"]:
+        for field in split["fields"]:
+            field.pop("stats", None)
+    (bare / "dataset.json").write_text(json.dumps(manifest))
     with pytest.raises(dstk.Error, match="pass mean= and std=, or normalize=False"):
-        dstk.Loader(index_sets["npy"], placement="host")
+        dstk.Loader(bare, placement="host")
 
 
 def test_loader_bad_path(tmp_path):

@@ -54,6 +54,20 @@ numpy_python() {
     done
 }
 
+# A python with matplotlib (build/venv's first), or empty; `plot_python
+# package`: one that also imports the installed dstk package (python -m dstk.plot).
+plot_python() {
+    local p root want='import matplotlib'
+    root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+    [ "${1:-}" = package ] && want='import matplotlib, dstk.plot'
+    for p in "$root/build/venv/bin/python" python3 /usr/bin/python3; do
+        if "$p" -c "$want" >/dev/null 2>&1; then
+            echo "$p"
+            return
+        fi
+    done
+}
+
 # run_measuring_rss cmd args...: runs the command (stdout discarded, stderr
 # to $ERR) and sets RSS_RC (its exit code) and RSS_BYTES (its peak RSS,
 # children included, from python3's resource module).

@@ -77,7 +77,7 @@ expect_true "--json says fp32" grep -q '"precision": "fp32"' "$OUT"
 # --device cuda:0 without a usable GPU: exit 3, the cause and what to do.
 if ! nvidia-smi -L >/dev/null 2>&1; then
     expect_exit 3 "$T" "$WORK/a" --device cuda:0 --epochs 1
-    expect_stderr '^dstrain: error: --device cuda:0.*(built without CUDA support|no usable GPU|no GPU found).* --device cpu'
+    expect_stderr '^dstrain: error: --device cuda:0.*(built without CUDA support|no usable GPU|no NVIDIA (driver or )?GPU|the NVIDIA driver supports).* --device cpu'
 fi
 
 # An all-NaN f32 dataset is bad data: exit 1 naming the sample and field

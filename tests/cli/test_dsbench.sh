@@ -58,7 +58,7 @@ expect_stderr 'nothing could be measured'
 "$DSB" all --cases h2d.pinned "${FAST[@]}" >"$OUT" 2>"$ERR"
 rc=$?
 if [ $rc -eq 3 ]; then
-    expect_stdout 'h2d\.pinned +waived: (built without CUDA|no usable GPU|no GPU)'
+    expect_stdout 'h2d\.pinned +waived: (built without CUDA|no usable GPU|no NVIDIA (driver or )?GPU|the NVIDIA driver supports)'
 else
     expect_true "h2d.pinned runs with a GPU (exit $rc)" test $rc -eq 0
 fi

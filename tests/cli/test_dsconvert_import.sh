@@ -63,18 +63,21 @@ PY
 expect_exit 0 "$D" split.npz sp
 expect_field sp y "i32  4"
 expect_exit 0 "$T" sp "${MODEL[@]}"
-# The usual names: images/labels, data/target (float inputs, int16 labels).
+# The usual names give the roles: images/labels, data/target (float inputs,
+# int16 labels); the fields keep the arrays' names.
 expect_exit 0 "$D" named.npz named
-expect_field named x "u8 3x8x8 4"
+expect_stderr "images: samples of shape 8x8x3 read as height x width x channels"
+expect_field named images "u8 3x8x8 4"
 expect_exit 0 "$D" sk.npz sk
-expect_field sk x "f32 3x8x8 4"
-expect_field sk y "i32  4"
+expect_field sk data "f32 3x8x8 4"
+expect_field sk target "i32  4"
 expect_exit 0 "$T" sk "${MODEL[@]}"
-# Other names, given with options.
+# Other names, given with options (--x-array and --y-array: the old names of --input and --label).
 expect_exit 0 "$D" custom.npz custom --x-array pix --y-array cls
-expect_field custom y "i32  4"
+expect_field custom cls "i32  4"
+expect_exit 0 "$T" custom "${MODEL[@]}"
 expect_exit 2 "$D" custom.npz nope --x-array pixels
-expect_stderr "--x-array pixels: .* has no such array"
+expect_stderr "--input pixels: .* has no such array \(it has: pix, cls\)"
 # .npy images with .npy (u8) or raw (--label-dtype) labels.
 expect_exit 0 "$D" x.npy n1 --labels y.npy
 expect_field n1 y "i32  4"

@@ -171,5 +171,8 @@ expect_stdout '"resumed_after_samples": 16750'
 expect_same res_out/train_x.zst res_ref/train_x.zst
 expect_same res_out/train_y.zst res_ref/train_y.zst
 expect_no_file .res_out.partial
+# The statistics count the samples of the interrupted run too (u8 sums are exact).
+stats_of() { python3 -c 'import json,sys; m=json.load(open(sys.argv[1]+"/dataset.json")); print(m["splits"][0]["fields"][0]["stats"])' "$1"; }
+expect_true "statistics of the resumed run equal the single run's" test "$(stats_of res_out)" = "$(stats_of res_ref)"
 
 finish

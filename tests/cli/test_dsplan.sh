@@ -163,8 +163,8 @@ if [ -x "$BIN/dsgen" ]; then
     expect_exit 0 "$P" --dataset "$WORK/ds" --ram 16G --disk 1K --check # already on disk
     expect_stdout "^verdict: ram"
     expect_exit 0 "$P" --dataset "$WORK/ds" --dtype f32 --ram 16G --disk 1T
-    expect_stdout "sample +3x8x8 f32 = 768 B"
-    expect_stdout "on disk .*npy files as dsgen writes them"
+    expect_stdout "sample +x f32\[3x8x8\] 768 B \+ y i32 4 B = 772 B"
+    expect_stdout "on disk .*npy files as dsgen and dsconvert write them"
     # A zstd-chunked dataset: its disk bytes are its (compressed) files.
     if [ -x "$BIN/dsconvert" ] && [ -n "${PY:=$(command -v python3 || true)}" ]; then
         expect_exit 0 "$BIN/dsconvert" "$WORK/ds" "$WORK/dsz" --compress zstd -q
@@ -174,6 +174,89 @@ if [ -x "$BIN/dsgen" ]; then
             "import json,sys; d=json.load(open(sys.argv[1])); assert d['data']['disk_bytes'] == int(sys.argv[2]), d['data']; assert d['data']['dataset_bytes'] == 2500 * 196" \
             "$OUT" "$ZBYTES"
     fi
+fi
+
+# ---- samples of several fields (issue 24): --field, and datasets of them ----
+# The neuroscience recording: every field counts, 1,792 B a sample, not "label 4 B".
+NEURO=(--field stim:1x36x36:u8 --field robs:120:f32 --field behavior:4:f32)
+expect_exit 0 "$P" --ram 64G --disk 1T "${NEURO[@]}" --samples 1M --test 100K
+expect_stdout "sample +stim u8\[1x36x36\] 1,296 B \+ robs f32\[120\] 480 B \+ behavior f32\[4\] 16 B = 1,792 B"
+expect_stdout "roles +input stim, label none"
+expect_stdout "in memory .*\(1,971,200,000 bytes; inputs"
+# The capacity rows vary the input field (the first --field): stim as bf16 is 2,592 + 496 B.
+expect_stdout "bf16 +3,088 B "
+expect_exit 0 "$P" --json --ram 64G --disk 1T "${NEURO[@]}" --field moves::i32 --samples 1000
+expect_true "--field in --json" "${PY:-python3}" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))["data"]
+assert [f["name"] for f in d["fields"]] == ["stim", "robs", "behavior", "moves"], d["fields"]
+assert d["fields"][3] == {"name": "moves", "shape": "scalar", "dtype": "i32", "bytes_per_sample": 4}, d["fields"][3]
+assert d["bytes_per_sample"] == 1796 and d["dataset_bytes"] == 1796000 and d["input_field"] == "stim"
+' "$OUT"
+# --shape describes x and y; --field adds more.
+expect_exit 0 "$P" --ram 16G --shape 3x32x32 --dtype u8 --field aux:4:f32 --samples 10
+expect_stdout "sample +x u8\[3x32x32\] 3,072 B \+ y i32 4 B \+ aux f32\[4\] 16 B = 3,092 B"
+expect_exit 2 "$P" --ram 16G --field robs:120 --samples 10
+expect_stderr "invalid --field 'robs:120' \(expected three parts separated by ':'\); give NAME:SHAPE:DTYPE"
+expect_exit 2 "$P" --ram 16G --field robs:120:f99 --samples 10
+expect_stderr "f99"
+expect_exit 2 "$P" --ram 16G --shape 3x8x8 --field y::i64 --samples 10
+expect_stderr "a field named 'y' is given already \(--shape describes x and y\)"
+expect_exit 2 "$P" --ram 16G "${NEURO[@]}" --label-dtype i64 --samples 10
+expect_stderr "--label-dtype describes the label of --shape; give a label as --field NAME::DTYPE"
+# No RAM left after the OS reserve: said, with the option to change.
+expect_exit 0 "$P" --ram 8G --disk 1T "${NEURO[@]}" --samples 1M
+expect_stdout "RAM +0 B = \(8.0 GiB - 10.0 GiB\)"
+expect_stdout "note: the OS reserve of 10.0 GiB \(--os-reserve\) leaves no RAM of the 8.0 GiB .*give a smaller --os-reserve"
+expect_stdout "not ram: the OS reserve of 10.0 GiB \(--os-reserve\) leaves no RAM budget"
+expect_exit 0 "$P" --ram 8G --disk 1T "${NEURO[@]}" --samples 1M --os-reserve 2G
+expect_stdout "^verdict: ram"
+expect_exit 0 "$P" --json --ram 8G --disk 1T "${NEURO[@]}" --samples 1M
+expect_true "the note in --json" jq -e '.budgets.ram_bytes == 0 and (.budgets.notes[0] | test("--os-reserve"))' "$OUT"
+
+# Existing datasets of several fields, one or several: every field of every
+# split counts, and the disk bytes are the files' sizes, exactly.
+NPY=$(numpy_python)
+if [ -x "$BIN/dsconvert" ] && [ -n "$NPY" ]; then
+    (cd "$WORK" && "$NPY" -c '
+import numpy as np
+r = np.random.default_rng(2)
+for name, n in (("r1", 300), ("r2", 120)):
+    np.savez(name + ".npz", stim_train=r.integers(0, 256, (n, 1, 36, 36)).astype(np.uint8),
+             robs_train=r.random((n, 120), dtype=np.float32), behavior_train=r.random((n, 4), dtype=np.float32),
+             stim_test=r.integers(0, 256, (20, 1, 36, 36)).astype(np.uint8),
+             robs_test=r.random((20, 120), dtype=np.float32), behavior_test=r.random((20, 4), dtype=np.float32))
+np.savez("other.npz", x=np.zeros((10, 3), np.float32))')
+    for m in r1 r2; do expect_exit 0 "$BIN/dsconvert" "$WORK/$m.npz" "$WORK/$m" --input stim -q; done
+    expect_exit 0 "$BIN/dsconvert" "$WORK/other.npz" "$WORK/other" -q
+    expect_exit 0 "$BIN/dsconvert" "$WORK/r2.npz" "$WORK/r2z" --input stim --compress zstd -q
+    files_bytes() { local t=0 f; for d in "$@"; do for f in "$d"/*.npy "$d"/*.zst; do [ -e "$f" ] && t=$((t + $(stat -c %s "$f"))); done; done; echo $t; }
+    expect_exit 0 "$P" --dataset "$WORK/r1" --ram 16G --disk 1T
+    expect_stdout "dataset +$WORK/r1: 300 train \+ 20 test"
+    expect_stdout "sample +stim u8\[1x36x36\] 1,296 B \+ robs f32\[120\] 480 B \+ behavior f32\[4\] 16 B = 1,792 B"
+    expect_stdout "in memory .*\(573,440 bytes; inputs"
+    expect_exit 0 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2z" --ram 16G --disk 1T --json
+    expect_true "two datasets: the totals are the files' sizes ($(files_bytes "$WORK/r1" "$WORK/r2z"))" "${PY:-python3}" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))["data"]
+assert d["disk_bytes"] == int(sys.argv[2]), (d["disk_bytes"], sys.argv[2])
+assert [x["disk_bytes"] for x in d["datasets"]] == [int(sys.argv[3]), int(sys.argv[4])], d["datasets"]
+assert d["train"] == 420 and d["test"] == 40 and d["dataset_bytes"] == 460 * 1792
+assert [x["train"] for x in d["datasets"]] == [300, 120]
+' "$OUT" "$(files_bytes "$WORK/r1" "$WORK/r2z")" "$(files_bytes "$WORK/r1")" "$(files_bytes "$WORK/r2z")"
+    expect_exit 0 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2" --ram 16G --disk 1T
+    expect_stdout "dataset +$WORK/r2: 120 train \+ 20 test"
+    expect_stdout "samples +420 train \+ 40 test = 460 \(2 datasets\)"
+    expect_stdout "on disk +$(( $(files_bytes "$WORK/r1" "$WORK/r2") / 1024 ))\.[0-9] KiB \(already there\)"
+    expect_exit 2 "$P" --dataset "$WORK/r1" --dataset "$WORK/other" --ram 16G
+    expect_stderr "'$WORK/other' has fields x f32\[3\] but '$WORK/r1' has stim u8\[1x36x36\], robs f32\[120\], behavior f32\[4\]"
+    expect_exit 2 "$P" --dataset "$WORK/r1" --field a:1:u8 --ram 16G
+    expect_stderr "cannot be used with --dataset"
+    expect_exit 0 "$BIN/dsconvert" "$WORK/r1.npz" "$WORK/r1-noroles" -q
+    expect_exit 2 "$P" --dataset "$WORK/r1-noroles" --dtype bf16 --ram 16G
+    expect_stderr "names no input field; set it with dsconvert --input NAME"
+    expect_exit 0 "$P" --dataset "$WORK/r1-noroles" --ram 16G --disk 1T
+    expect_stdout "as stored +1,792 B"
 fi
 
 # --bench: predicted epoch time from dsbench's measured rates.

@@ -136,7 +136,18 @@ for bad in "0" "-1.5"; do
     t 1 "$D" --verify std0
     expect_stderr "stats.std\[0\]"
 done
-edit_json std0/dataset.json "del j['stats']"
+# A field's own statistics are held to the same rule.
+rm -rf std0f && cp -r ds std0f
+edit_json std0f/dataset.json "
+for f in j['splits'][0]['fields']:
+    if 'stats' in f: f['stats']['std'][0] = 0
+del j['stats']"
+t 1 "$DSTRAIN" std0f "${TRAIN[@]}"
+expect_stderr "std0f/dataset.json: splits\[0\].fields\[0\].stats.std\[0\]: 0 cannot normalise"
+edit_json std0/dataset.json "
+del j['stats']
+for s in j['splits']:
+    for f in s['fields']: f.pop('stats', None)"
 t 0 "$DSTRAIN" std0 "${TRAIN[@]}" --save std0.safetensors
 # A constant channel: dsgen writes no statistics it could not read back.
 t 0 "$DSGEN" const --train 1 --test 1 --shape 1x1x1 --classes 2 --noise 0 -q

@@ -25,6 +25,9 @@ SKIP=(
 command -v fio >/dev/null || SKIP+=("scripts/fio-compare.sh") # needs fio, not installed here
 SKIP+=("srun ") # needs a Slurm cluster
 command -v mpirun >/dev/null || SKIP+=("mpirun ") # needs Open MPI (scripts/setup.sh)
+# dsbench compare --plot draws with a python that has matplotlib (scripts/setup.sh --test).
+PLOT_PY=$(plot_python)
+if [ -n "$PLOT_PY" ]; then export DSTK_PYTHON=$PLOT_PY; else SKIP+=("--plot "); fi
 # mpirun as root in CI's container, with more ranks than its 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
@@ -66,10 +69,21 @@ fixtures() {
 np.savez("images.npz", r.integers(0, 256, (100, 8, 8, 3)).astype(np.uint8))
 np.savez("labels.npz", r.integers(0, 10, 100).astype(np.int64))
 r.integers(0, 256, 1 << 20).astype(np.uint8).tofile("data.raw")
+n = 64
+np.savez("chess.npz", positions=r.integers(-1, 2, (n, 12, 8, 8)).astype(np.int8),
+         moves=r.integers(0, 4672, n).astype(np.int32), results=r.integers(-1, 2, n).astype(np.int8))
+for rec in ("rec1", "rec2"):
+    np.savez(rec + ".npz", stim=r.integers(0, 256, (n, 1, 36, 36)).astype(np.uint8),
+             robs=r.random((n, 120), dtype=np.float32), behavior=r.random((n, 4), dtype=np.float32))
+import os; os.mkdir("arrays")
+np.save("arrays/positions_train.npy", r.integers(-1, 2, (n, 12, 8, 8)).astype(np.int8))
+np.save("arrays/moves_train.npy", r.integers(0, 4672, n).astype(np.int32))
 ' ;;
     dstrain) # samples for predict, the shape of the page's dataset
         "$PY" -c 'import numpy as np; np.save("samples.npy", np.random.default_rng(1).integers(0, 256, (8, 3, 32, 32)).astype(np.uint8))' ;;
-    dsplan) dsgen data/ --train 512 --test 64 --shape 3x16x16 --dtype u8 -q ;;
+    dsplan)
+        dsgen data/ --train 512 --test 64 --shape 3x16x16 --dtype u8 -q
+        dsgen data2/ --train 256 --test 32 --shape 3x16x16 --dtype u8 --seed 2 -q ;;
     esac
 }
 

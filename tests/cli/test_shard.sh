@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dsgen/dsconvert --shard I/N and dsconvert --merge on the real binaries: the
-# merged parts equal a single run byte for byte (samples through a plain
-# conversion back to single files, stats in the manifest) for N = 1, 2, 3
+# merged parts equal a single run (the same command without --shard) byte for
+# byte (samples through a plain conversion back to single files, stats in the
+# manifest: dsconvert adds its per-chunk sums in the same rows) for N = 1, 2, 3
 # (uneven ranges, a part empty in a small split), both storages, dsconvert
 # from a dataset, an .npz and a feature-major input; the errors and their
 # exit codes.
@@ -11,8 +12,8 @@ C=$BIN/dsconvert
 command -v python3 >/dev/null || skip "python3 is needed to compare manifests"
 cd "$WORK" || exit 1
 
-# stats_of DIR: the manifest's stats and class count, as one line.
-stats_of() { python3 -c 'import json,sys; m=json.load(open(sys.argv[1]+"/dataset.json")); print(m.get("stats"), m.get("num_classes"))' "$1"; }
+# stats_of DIR: the manifest's stats, class count and every field's stats, as one line.
+stats_of() { python3 -c 'import json,sys; m=json.load(open(sys.argv[1]+"/dataset.json")); print(m.get("stats"), m.get("num_classes"), [[f.get("stats") for f in s["fields"]] for s in m["splits"]])' "$1"; }
 # same_dataset WHOLE MERGED CONVERT-OPTIONS...: MERGED converted back to single files equals WHOLE's files.
 same_dataset() {
     local whole=$1 merged=$2
@@ -53,7 +54,7 @@ for i in 0 1 2; do expect_exit 0 "$C" g-u8 "z-$i" --compress zstd --chunk-sample
 expect_exit 0 "$C" --merge z-0 z-1 z-2 z-m --json
 expect_stdout '"parts": 3'
 same_dataset z-whole z-m --compress zstd --chunk-samples 100
-expect_exit 0 "$C" g-f32 n-whole --dtype bf16 -q
+expect_exit 0 "$C" g-f32 n-whole --dtype bf16 --chunk-samples 200 -q
 for i in 0 1; do expect_exit 0 "$C" g-f32 "n-$i" --dtype bf16 --chunk-samples 200 --shard "$i/2" -q; done
 expect_exit 0 "$C" --merge n-0 n-1 n-m -q
 same_dataset n-whole n-m
@@ -64,7 +65,7 @@ same_dataset g-u8 r-m
 
 # ---- dsconvert from a feature-major input (v28b) -------------------------
 expect_exit 0 "$G" v28b --train 700 --test 0 --shape 1x8x8 --dtype f32 --layout feature-major -q
-expect_exit 0 "$C" v28b v-whole --from v28b --shape 1x8x8 -q
+expect_exit 0 "$C" v28b v-whole --from v28b --shape 1x8x8 --chunk-samples 64 -q
 for i in 0 1 2; do expect_exit 0 "$C" v28b "v-$i" --from v28b --shape 1x8x8 --chunk-samples 64 --shard "$i/3" -q; done
 expect_exit 0 "$C" --merge v-0 v-1 v-2 v-m -q
 same_dataset v-whole v-m
@@ -77,7 +78,7 @@ import numpy as np
 r = np.random.default_rng(3)
 y = r.integers(0, 5, 900); y[850] = 8
 np.savez("d.npz", x_train=r.random((900, 1, 4, 4), dtype=np.float32), y_train=y)'
-    expect_exit 0 "$C" d.npz npz-whole -q
+    expect_exit 0 "$C" d.npz npz-whole --chunk-samples 100 -q
     for i in 0 1 2; do expect_exit 0 "$C" d.npz "npz-$i" --chunk-samples 100 --shard "$i/3" -q; done
     expect_exit 0 "$C" --merge npz-0 npz-1 npz-2 npz-m -q
     same_dataset npz-whole npz-m

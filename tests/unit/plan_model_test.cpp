@@ -13,10 +13,7 @@ namespace {
 constexpr std::uint64_t GiB = std::uint64_t{1} << 30;
 
 DataSpec cifar(DType t, std::uint64_t train, std::optional<DType> label = DType::i32) {
-    DataSpec d;
-    d.shape = parse_shape("3x32x32");
-    d.dtype = t;
-    d.label_dtype = label;
+    DataSpec d = input_and_label(parse_shape("3x32x32"), t, label);
     d.train = train;
     return d;
 }
@@ -230,7 +227,7 @@ TEST(PlanModel, Headroom) {
 TEST(PlanModel, OverflowIsAUsageError) {
     DataSpec d = cifar(DType::f64, 0);
     try {
-        d.shape = parse_shape("4294967296x4294967296");
+        d.fields[0].shape = parse_shape("4294967296x4294967296");
         (void)input_bytes_per_sample(d);
         ADD_FAILURE();
     } catch (const Error& e) {
@@ -241,7 +238,7 @@ TEST(PlanModel, OverflowIsAUsageError) {
 }
 
 TEST(PlanModel, QuickReferenceRows) {
-    const std::vector<DType> cols{DType::f32, DType::u8};
+    const std::vector<std::optional<DType>> cols{DType::f32, DType::u8};
     const auto rows = quick_reference(cifar(DType::f32, 0), Job{}, cols, Assumptions{});
     ASSERT_EQ(rows.size(), 7u);
     EXPECT_EQ(rows.front().ram, 16 * GiB);
@@ -310,7 +307,8 @@ TEST(PlanModel, EpochFromDiskInChunkOrderReadsAtTheRandomChunkRate) {
 
 TEST(PlanModel, EpochFromDiskOfZstdDataIsLimitedByTheSlowestStage) {
     // 1M u8 samples stored at 2:1: the disk reads half the bytes, the decoder
-    // writes all of them; the stages overlap, so the slowest one is the epoch.
+    // writes all of them (the labels' too); the stages overlap, so the slowest
+    // one is the epoch.
     DataSpec d = cifar(DType::u8, 1'000'000);
     d.stored_bytes = 1'538'000'000;
     d.on_disk = true;
@@ -322,12 +320,12 @@ TEST(PlanModel, EpochFromDiskOfZstdDataIsLimitedByTheSlowestStage) {
     EpochEstimate e = estimate_epoch(d, Job{}, Fit::disk, r, 500'000, false);
     ASSERT_TRUE(e.read_seconds && e.decode_seconds && e.epoch_seconds);
     EXPECT_DOUBLE_EQ(*e.read_seconds, 1.538);
-    EXPECT_DOUBLE_EQ(*e.decode_seconds, 3.072e9 / 0.5e9);
+    EXPECT_DOUBLE_EQ(*e.decode_seconds, 3.076e9 / 0.5e9);
     EXPECT_DOUBLE_EQ(*e.epoch_seconds, *e.decode_seconds);
     EXPECT_EQ(e.limited_by, data::Stage::decode);
     EXPECT_TRUE(e.io_bound);
     // A decoder that keeps up leaves the GPU the limit; ties go to compute.
-    r.decode = 3.072e9 / 2.0;
+    r.decode = 3.076e9 / 2.0;
     e = estimate_epoch(d, Job{}, Fit::disk, r, 500'000, false);
     EXPECT_EQ(e.limited_by, data::Stage::compute);
     EXPECT_FALSE(e.io_bound);
@@ -341,4 +339,112 @@ TEST(PlanModel, StageNamesAreDstrainsEpochLineNames) {
     EXPECT_EQ(data::stage_name(data::Stage::read), "read (disk)");
     EXPECT_EQ(data::stage_name(data::Stage::decode), "decode (zstd)");
     EXPECT_EQ(data::stage_name(data::Stage::h2d), "h2d (host to device)");
+}
+
+namespace {
+
+// The neuroscience recording of issue 24: stim u8[1x36x36], robs f32[120], behavior f32[4].
+DataSpec neuro(std::uint64_t train) {
+    DataSpec d;
+    d.fields = {parse_field_spec("stim:1x36x36:u8"), parse_field_spec("robs:120:f32"),
+                parse_field_spec("behavior:4:f32")};
+    d.input = 0;
+    d.train = train;
+    return d;
+}
+
+} // namespace
+
+TEST(PlanFields, FieldSpecsParse) {
+    const FieldSpec robs = parse_field_spec("robs:120:f32");
+    EXPECT_EQ(robs.name, "robs");
+    EXPECT_EQ(robs.shape, parse_shape("120"));
+    EXPECT_EQ(robs.dtype, DType::f32);
+    EXPECT_EQ(robs.bytes(), 480u);
+    const FieldSpec moves = parse_field_spec("moves::i32");
+    EXPECT_TRUE(moves.shape.dims.empty());
+    EXPECT_EQ(moves.bytes(), 4u);
+    for (const char* bad : {"robs", "robs:120", ":120:f32", "robs:120:f99", "robs:12x:f32", "a:1:u8:x", "a:0:u8"}) {
+        try {
+            (void)parse_field_spec(bad);
+            ADD_FAILURE() << "accepted " << bad;
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ExitCode::usage) << bad;
+            EXPECT_NE(std::string(e.what()).find("--field"), std::string::npos) << e.what();
+        }
+    }
+}
+
+TEST(PlanFields, EveryFieldCounts) {
+    const DataSpec d = neuro(1000);
+    EXPECT_EQ(bytes_per_sample(d), 1296u + 480 + 16);
+    EXPECT_EQ(input_bytes_per_sample(d), 1296u);
+    EXPECT_EQ(label_bytes_per_sample(d), 0u);
+    EXPECT_EQ(widest_field_bytes(d), 1296u);
+    EXPECT_EQ(dataset_bytes(d), 1'792'000u);
+    // One .npy header per field (128 bytes each here).
+    EXPECT_EQ(npy_overhead(d), 3u * 128);
+    EXPECT_EQ(disk_bytes(d), 1'792'000u + 384);
+    EXPECT_EQ(ring_bytes(d, Job{}), 4u * 256 * 1792);
+}
+
+TEST(PlanFields, CapacityVariesTheInputField) {
+    const auto caps = capacity_by_dtype(neuro(1000), Job{}, budgets(64 * GiB, std::nullopt, std::nullopt));
+    ASSERT_EQ(caps.size(), 3u); // u8 (as stored), bf16, f32
+    EXPECT_EQ(caps[0].dtype, DType::u8);
+    EXPECT_EQ(caps[0].bytes_per_sample, 1792u);
+    EXPECT_EQ(caps[1].dtype, DType::bf16);
+    EXPECT_EQ(caps[1].bytes_per_sample, 2u * 1296 + 496);
+    EXPECT_EQ(caps[2].dtype, DType::f32);
+    EXPECT_EQ(caps[2].bytes_per_sample, 4u * 1296 + 496);
+    // Without an input field: the fields as they are, one row.
+    DataSpec none = neuro(1000);
+    none.input.reset();
+    const auto one = capacity_by_dtype(none, Job{}, budgets(64 * GiB, std::nullopt, std::nullopt));
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_FALSE(one[0].dtype.has_value());
+    EXPECT_EQ(one[0].bytes_per_sample, 1792u);
+    EXPECT_EQ(input_bytes(none), 0u);
+}
+
+TEST(PlanFields, DatasetsAddUp) {
+    DataSpec a = neuro(1000), b = neuro(500);
+    a.test = 100;
+    a.stored_bytes = 2'000'000;
+    b.stored_bytes = 900'000;
+    a.on_disk = b.on_disk = true;
+    const DataSpec all = combine_data({{"a/", a}, {"b/", b}});
+    EXPECT_EQ(all.train, 1500u);
+    EXPECT_EQ(all.test, 100u);
+    EXPECT_EQ(disk_bytes(all), 2'900'000u);
+    EXPECT_EQ(dataset_bytes(all), 1600u * 1792);
+    EXPECT_TRUE(all.on_disk);
+    // The same fields in another order are the same fields.
+    DataSpec c = neuro(10);
+    std::swap(c.fields[1], c.fields[2]);
+    EXPECT_EQ(combine_data({{"a/", a}, {"c/", c}}).train, 1010u);
+    // A field missing, or of another dtype: named, usage error.
+    DataSpec d = neuro(10);
+    d.fields[1].dtype = DType::bf16;
+    DataSpec e = neuro(10);
+    e.fields.pop_back();
+    for (const DataSpec& bad : {d, e}) {
+        try {
+            (void)combine_data({{"a/", a}, {"bad/", bad}});
+            ADD_FAILURE();
+        } catch (const Error& err) {
+            EXPECT_EQ(err.code(), ExitCode::usage);
+            EXPECT_NE(std::string(err.what()).find("'bad/' has fields"), std::string::npos) << err.what();
+        }
+    }
+}
+
+TEST(PlanFields, NoRamLeftSaysWhy) {
+    const Budgets b = budgets(8 * GiB, 1024 * GiB, std::nullopt);
+    EXPECT_EQ(b.ram.bytes, 0u);
+    const Verdict v = plan_placement(neuro(1000), Job{}, b);
+    EXPECT_EQ(v.fit, Fit::disk);
+    bool said = false;
+    for (const std::string& r : v.reasons) said |= r.find("--os-reserve) leaves no RAM budget") != std::string::npos;
+    EXPECT_TRUE(said);
 }

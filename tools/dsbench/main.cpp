@@ -4,6 +4,7 @@
 #include "dstk/bench/bench.hpp"
 #include "dstk/cli.hpp"
 #include "dstk/error.hpp"
+#include "dstk/plot.hpp"
 #include "dstk/units.hpp"
 
 int main(int argc, char** argv) {
@@ -11,7 +12,7 @@ int main(int argc, char** argv) {
     CLI::App app{
         "Measure this machine's data path: disk and page cache reads, host-to-device transfers, decoding.\n"
         "  dsbench all DATA [--json FILE]     run the default cases (or --cases PATTERN) on a dataset or file\n"
-        "  dsbench compare A.json B.json      two results side by side, with ratios\n"
+        "  dsbench compare A.json B.json      two results side by side, with ratios (--plot FILE: as a PNG)\n"
         "  dsbench --list                     the cases",
         "dsbench"};
     app.fallthrough();
@@ -72,6 +73,14 @@ int main(int argc, char** argv) {
     std::string file_a, file_b;
     compare->add_option("A", file_a, "Results file (dsbench all --json)")->required();
     compare->add_option("B", file_b, "Results file to compare with A")->required();
+    std::string plot;
+    bool plot_force = false;
+    compare
+        ->add_option("--plot", plot,
+                     "Also draw both as a PNG: each case's rate as bars beside the disk's and PCIe's figures "
+                     "(python3 with matplotlib; the picture of python -m dstk.plot A B)")
+        ->type_name("FILE");
+    compare->add_flag("-f,--force", plot_force, "Overwrite an existing --plot FILE");
     app.require_subcommand(0, 1);
     dstk::add_output_options(app, o.out, /*with_json=*/false);
 
@@ -84,6 +93,7 @@ int main(int argc, char** argv) {
             b::run_bench(o);
         } else if (*compare) {
             b::run_compare(file_a, file_b, o.out);
+            if (!plot.empty()) dstk::draw_plot({file_a, file_b}, plot, plot_force);
         } else {
             throw dstk::usage_error("no command given (run 'dsbench all DATA', 'dsbench compare A.json B.json' "
                                     "or 'dsbench --list')");

@@ -4,13 +4,15 @@
 #include "dstk/error.hpp"
 #include "dstk/units.hpp"
 
+#include <tuple>
+
 namespace {
 
 // The option texts as typed, parsed in main once CLI11 has filled them.
 struct Texts {
-    std::string input, from = "auto", to, dtype, shape, in_dtype, label_dtype = "i32", layout = "sample-major";
+    std::string input, from = "auto", to, shape, in_dtype, label_dtype = "i32", layout = "sample-major";
     std::string out_layout = "sample-major", chunk_samples, chunk_size, shuffle, in_layout = "auto", shard;
-    std::vector<std::string> merge;
+    std::vector<std::string> dtype, merge, concat;
 };
 
 void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
@@ -34,8 +36,10 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
                    "Output format: dataset, npy or raw (default: npy when OUTPUT ends in .npy, else "
                    "dataset)");
     app.add_option("--dtype", t.dtype,
-                   "Convert the input field (x) to u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64; labels "
-                   "are copied");
+                   "DTYPE: convert the input field to u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64; FIELD=DTYPE: convert "
+                   "that field (e.g. robs=bf16); repeatable; class labels are stored as i32")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     app.add_option("--scale", o.scale,
                    "Mapping out = in * SCALE + OFFSET (e.g. --scale 0.00392156862745098 for u8 "
                    "-> f32 in 0..1)")
@@ -57,8 +61,8 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
                    "Re-split the (concatenated) input, e.g. train=0.9,test=0.1 (after "
                    "--shuffle)");
     app.add_option("--select", o.select,
-                   "SPLIT[/FIELD] written to a single .npy/raw OUTPUT (default: the only "
-                   "split, field x)");
+                   "SPLIT[/FIELD] written to a single .npy/raw OUTPUT (default: the only split, the input "
+                   "field)");
     app.add_option("--shape", t.shape, "Per-sample shape of raw and v28b inputs, e.g. 3x32x32");
     app.add_option("--in-dtype", t.in_dtype, "Element type of raw inputs (required) and v28b images (default f32)");
     app.add_option("--label-dtype", t.label_dtype, "Element type of v28b labels_*.bin and of a raw --labels file")
@@ -66,8 +70,12 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
     app.add_option("--labels", o.raw.labels,
                    "Labels (field y) of an image array: .npy, .npz with one array, IDX (plain or .gz) or raw "
                    "(--label-dtype), one per sample; with raw stdin it also sets the sample count");
-    app.add_option("--x-array", o.raw.x_array, "The .npz array of the inputs (field x), e.g. images or x_train");
-    app.add_option("--y-array", o.raw.y_array, "The .npz array of the labels (field y), e.g. labels or y_train");
+    auto* input = app.add_option("--input", o.raw.input,
+                                 "The field (.npz array, .npy file) that is the input, e.g. positions or x_train");
+    auto* label = app.add_option("--label", o.raw.label,
+                                 "The field (.npz array, .npy file) that is the label, e.g. moves or y_train");
+    app.add_option("--x-array", o.raw.input, "The old name of --input")->excludes(input);
+    app.add_option("--y-array", o.raw.label, "The old name of --label")->excludes(label);
     app.add_option("--in-layout", t.in_layout,
                    "Layout of npy/npz/raw images: nhwc (height x width x channels, transposed to CHW), nchw, or "
                    "auto (nhwc where the last axis is 1, 3 or 4 and the others are not, with a notice)")
@@ -89,9 +97,15 @@ void add_options(CLI::App& app, dstk::ConvertOptions& o, Texts& t) {
                    "PART... OUTPUT: join the --shard parts 0..N-1, given in order, into the dataset OUTPUT "
                    "without copying samples (hard links; see --move)")
         ->expected(2, -1);
+    app.add_option("--concat", t.concat,
+                   "MEMBER... OUTPUT: join datasets with the same fields, dtypes and shapes, in order, into the "
+                   "dataset OUTPUT (hard links where the filesystem allows, else copies; see --move)")
+        ->expected(2, -1);
+    app.add_flag("--dataset-field", o.dataset_field,
+                 "With --concat: add an i32 field 'dataset' holding each sample's member index (0, 1, ...)");
     app.add_flag("--move", o.move,
-                 "With --merge: rename the parts' files into OUTPUT instead of hard-linking them (filesystems "
-                 "without hard links); the emptied part directories are removed");
+                 "With --merge or --concat: rename the inputs' files into OUTPUT instead of hard-linking them "
+                 "(filesystems without hard links); the emptied input directories are removed");
     app.add_flag("--resume", o.resume,
                  "Stage the dataset in .OUTPUT.partial/ and keep it if interrupted; run the "
                  "same command with --resume again to continue after the last complete chunk");
@@ -112,22 +126,21 @@ int main(int argc, char** argv) {
     add_options(app, o, t);
 
     return run_tool(app, argc, argv, [&] {
-        if (!t.merge.empty()) {
+        if (!t.merge.empty() && !t.concat.empty()) throw usage_error("give --merge or --concat, not both");
+        for (auto [paths, flag, into] :
+             {std::tuple{&t.merge, "--merge", &o.merge_parts}, std::tuple{&t.concat, "--concat", &o.concat_members}}) {
+            if (paths->empty()) continue;
             if (!t.input.empty() || !o.output.empty())
-                throw usage_error("--merge takes all its paths itself: dsconvert --merge PART... OUTPUT");
-            o.output = t.merge.back();
-            o.merge_parts.assign(t.merge.begin(), t.merge.end() - 1);
-        } else if (o.move) {
-            throw usage_error("--move goes with --merge (it moves the parts' files into the merged dataset)");
+                throw usage_error(std::string(flag) + " takes all its paths itself: dsconvert " + flag +
+                                  " INPUT... OUTPUT");
+            o.output = paths->back();
+            into->assign(paths->begin(), paths->end() - 1);
         }
         if (!t.shard.empty()) o.shard = parse_shard(t.shard);
         o.input = t.input;
-        if (t.input.empty() && !o.benchmark && o.merge_parts.empty())
-            throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
-        if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
         o.from = parse_input_format(t.from);
         if (!t.to.empty()) o.to = parse_output_format(t.to);
-        if (!t.dtype.empty()) o.dtype = parse_dtype(t.dtype, "--dtype");
+        parse_dtype_options(t.dtype, o);
         if (!t.shape.empty()) o.raw.shape = parse_shape(t.shape, "--shape");
         if (!t.in_dtype.empty()) o.raw.dtype = parse_dtype(t.in_dtype, "--in-dtype");
         o.raw.label_dtype = parse_dtype(t.label_dtype, "--label-dtype");
@@ -142,8 +155,6 @@ int main(int argc, char** argv) {
             throw usage_error("invalid --chunk-size 0 (must be positive)");
         if (o.chunk_samples && o.chunk_bytes) throw usage_error("give --chunk-samples or --chunk-size, not both");
         if (!t.shuffle.empty()) o.shuffle_seed = parse_count(t.shuffle, "--shuffle");
-        if (o.verify_only && !o.output.empty())
-            throw usage_error("--verify checks one dataset and writes nothing; drop OUTPUT");
         o.command_line = command_line(argc, argv);
         run_convert(o);
     });

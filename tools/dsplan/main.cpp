@@ -13,13 +13,23 @@ int main(int argc, char** argv) {
     app.add_option("--ram", o.ram, "RAM to plan for, e.g. 128G (default: detected MemTotal)");
     app.add_option("--disk", o.disk, "Free disk to plan for, e.g. 2T (default: detected at --dir)");
     app.add_option("--gpu-mem", o.gpu_mem, "GPU memory to plan for, e.g. 8G (default: detected free GPU memory)");
-    app.add_option("--dir", o.dir, "Where the dataset lives or would be written (default: --dataset, else .)");
-    app.add_option("--dataset", o.dataset,
-                   "An existing dataset directory: shape, dtype and samples from its manifest "
-                   "(--dtype then asks 'what if it were stored as')");
-    app.add_option("--shape", o.shape, "Per-sample input shape, e.g. 3x32x32");
+    app.add_option("--dir", o.dir,
+                   "Where the dataset lives or would be written (default: the first --dataset, else .)");
+    app.add_option("--dataset", o.datasets,
+                   "An existing dataset directory: its fields and samples from its manifest, its disk bytes its "
+                   "files'; repeatable: datasets with the same fields sized together (--dtype then asks 'what if "
+                   "the input were stored as')")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    app.add_option("--field", o.fields,
+                   "A field of the samples, NAME:SHAPE:DTYPE (e.g. robs:120:f32, moves::i32 for a scalar); "
+                   "repeatable; without --shape the first is the input")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    app.add_option("--shape", o.shape, "Per-sample shape of the input field x, e.g. 3x32x32");
     app.add_option("--dtype", o.dtype, "Input dtype: u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64 (default f32)");
-    app.add_option("--label-dtype", o.label_dtype, "Label dtype, or none")->capture_default_str();
+    app.add_option("--label-dtype", o.label_dtype, "Dtype of the label field y of --shape, or none")
+        ->capture_default_str();
     app.add_option("--samples", o.samples, "Training samples, e.g. 10M (without it: capacity only)");
     app.add_option("--test", o.test, "Test samples, e.g. 10K")->capture_default_str();
     app.add_option("--batch", o.batch, "Training batch size")->capture_default_str();

@@ -69,6 +69,10 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--log-json", o.log_json,
                    "Also write JSON lines to this file: the memory ceiling, then one per epoch (and per --eval-every)");
+    app.add_option("--tensorboard", o.tensorboard,
+                   "Also write a TensorBoard event file into this directory (loss, accuracy, samples/s, stage times, "
+                   "memory per step and per epoch; a new file per run): tensorboard --logdir DIR")
+        ->type_name("DIR");
     app.add_option("--dist-timeout", o.dist_timeout,
                    "Under mpirun or srun: seconds every rank has to reach the start-up rendezvous (a rank that does "
                    "not ends the run with exit 1, naming it)")

@@ -9,6 +9,7 @@
 #include "cuda_check.hpp"
 #include "dstk/bench/gpu.hpp"
 #include "dstk/error.hpp"
+#include "dstk/gpu_info.hpp"
 #include "train/input_layout.hpp"
 
 namespace dstk::bench {
@@ -76,14 +77,7 @@ cudaMemLocation device_location(int device) {
 } // namespace
 
 std::optional<std::string> gpu_unavailable() {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        return std::string("no usable GPU (") + cudaGetErrorString(err) + ")";
-    }
-    if (count == 0) return "no GPU found";
-    return std::nullopt;
+    return no_gpu_reason();
 }
 
 struct TransferBench::Impl {

@@ -18,7 +18,19 @@ struct GpuInfo {
 };
 
 bool built_with_cuda();
-// Empty without CUDA support or without a visible GPU; `why` says which.
+// Empty without CUDA support or without a visible GPU; `why` says which
+// (no_gpu_reason's words).
 std::vector<GpuInfo> detect_gpus(std::string* why = nullptr);
+
+// Why this process has no usable GPU, in words a user acts on; nothing when
+// it has one. Cheaper than detect_gpus (no device properties).
+std::optional<std::string> no_gpu_reason();
+
+// What the CUDA runtime's answer means. driver_missing: cudaDriverGetVersion
+// gave 0 (no driver installed); driver_too_old: a driver older than the
+// runtime dstk was built with; no_device: a driver that sees no GPU.
+enum class GpuAbsence : std::uint8_t { driver_missing, driver_too_old, no_device, other };
+std::string describe_no_gpu(GpuAbsence a, int driver_version, int runtime_version, const std::string& detail);
+std::string cuda_version_string(int v); // 12040 -> "12.4"
 
 } // namespace dstk

@@ -29,8 +29,24 @@ struct FieldPart {
     std::string checksum;    // "xxh64:<hex>" of the whole part file
 };
 
+// Per-channel statistics of a field's values, in stored-value units (u8:
+// 0..255), over the train split. The channels of a per-sample shape are
+// those dstrain's models read (stats_channels).
+struct ChannelStats {
+    std::vector<double> mean, std; // per channel
+};
+// Statistics that can normalise: finite means, positive finite stds. A
+// manifest holding others is refused; serialize_manifest leaves them out
+// (a constant channel: dstrain then computes them from the data).
+bool usable_stats(const ChannelStats& s);
+
+// The channels of a field of per-sample shape `s`, for its statistics: one
+// for a scalar, one per element of a vector (D features), one for a 2-d
+// sample (an HxW image), the first dimension for 3 or more (CxHxW).
+std::uint64_t stats_channels(const Shape& s);
+
 struct FieldInfo {
-    std::string name; // "x", "y"
+    std::string name; // "x", "y", "positions"
     DType dtype = DType::u8;
     Shape shape; // per sample
     Storage storage = Storage::npy;
@@ -41,6 +57,9 @@ struct FieldInfo {
     // Empty for a field in one file (`file`, `bytes`, `checksum` describe it);
     // otherwise the field's files in sample order, and `file` is empty.
     std::vector<FieldPart> parts;
+    // Its statistics (stats_channels(shape) channels), where the tool that
+    // wrote it computed them: for the fields that can be an input.
+    std::optional<ChannelStats> stats;
 
     std::uint64_t sample_bytes() const { return dstk::sample_bytes(shape, dtype); }
 };
@@ -53,14 +72,6 @@ struct SplitInfo {
     const FieldInfo* find(std::string_view field) const;
     const FieldInfo& field(std::string_view field) const; // runtime error naming the split if absent
 };
-
-struct ChannelStats {
-    std::vector<double> mean, std; // per channel, in stored-value units (u8: 0..255)
-};
-// Statistics that can normalise: finite means, positive finite stds. A
-// manifest holding others is refused; serialize_manifest leaves them out
-// (a constant channel: dstrain then computes them from the data).
-bool usable_stats(const ChannelStats& s);
 
 struct Provenance {
     std::string tool, version, command_line, created; // created: ISO 8601 UTC
@@ -81,6 +92,9 @@ struct ShardSplit {
     // channel's values then the sum of their squares, so that a merge adds
     // them in the order of a single run (identical stats).
     std::vector<std::vector<double>> chunk_sums;
+    // dsconvert's split of statistics (train, else the first): the same rows,
+    // per field that has statistics.
+    std::map<std::string, std::vector<std::vector<double>>> field_chunk_sums;
 };
 
 struct ShardInfo {
@@ -93,19 +107,28 @@ struct Manifest {
     int format_version = manifest_format_version;
     std::vector<SplitInfo> splits;
     std::optional<std::uint32_t> num_classes;
-    std::optional<ChannelStats> stats;
+    std::optional<ChannelStats> stats; // the input field's, for readers of per-field-less manifests
+    // The roles of fields, by name; empty: no field has the role (a dataset
+    // imported without naming its input or label).
     std::string input_field = "x", label_field = "y";
     Provenance provenance;
     std::optional<ShardInfo> shard; // set in a --shard output only
 
     const SplitInfo* find(std::string_view split) const;
     const SplitInfo& split(std::string_view split) const; // runtime error listing the splits if absent
+    // The statistics of `field`: its own (in the train split, else the first
+    // split), else the top-level ones when it is the input field; null when
+    // there are none. Every reader of statistics asks here.
+    const ChannelStats* stats_of(std::string_view field) const;
 };
 
 // Throws Error(failure) naming `source` and the JSON path of the problem.
 Manifest parse_manifest(std::string_view json_text, const std::string& source);
 std::string serialize_manifest(const Manifest& m); // pretty JSON, trailing newline
 Manifest load_manifest(const std::filesystem::path& dataset_dir);
+
+// "u8[3x32x32]", "i32" (a scalar): a field's type, for messages and reports.
+std::string field_type_text(DType t, const Shape& s);
 
 // sample_bytes * samples, checked.
 std::uint64_t checked_sample_total(const FieldInfo& f, std::uint64_t samples);

@@ -8,7 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dstk/chunked_file.hpp" // SampleRange
+#include "dstk/channel_stats.hpp" // ChannelSums, for the parts' per-chunk sums
+#include "dstk/chunked_file.hpp"  // SampleRange
 #include "dstk/manifest.hpp"
 
 namespace dstk {
@@ -26,21 +27,5 @@ ShardSpec parse_shard(std::string_view text);
 // disjoint, in order and cover the split; they differ by at most one chunk,
 // and a part is empty where N > C.
 SampleRange shard_range(std::uint64_t samples, std::uint64_t chunk_samples, ShardSpec s);
-
-// Per-channel sums of values, added chunk by chunk in sample order: a single
-// run and a merge of shards add the same per-chunk rows in the same order, so
-// their statistics are bit-identical.
-class ChannelSums {
-  public:
-    explicit ChannelSums(std::uint64_t channels) : sum_(channels, 0.0), sumsq_(channels, 0.0) {}
-    // A chunk's row: its channels' sums, then their sums of squares.
-    void add(const std::vector<double>& row);
-    std::uint64_t channels() const { return sum_.size(); }
-    // Mean and standard deviation of `values_per_channel` values per channel.
-    ChannelStats stats(double values_per_channel) const;
-
-  private:
-    std::vector<double> sum_, sumsq_;
-};
 
 } // namespace dstk

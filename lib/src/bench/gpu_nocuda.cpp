@@ -2,6 +2,7 @@
 #ifndef DSTK_HAVE_CUDA
 #include "dstk/bench/gpu.hpp"
 #include "dstk/error.hpp"
+#include "dstk/gpu_info.hpp"
 
 namespace dstk::bench {
 namespace {
@@ -14,7 +15,7 @@ struct TransferBench::Impl {};
 struct GpuConvertBench::Impl {};
 
 std::optional<std::string> gpu_unavailable() {
-    return "built without CUDA support";
+    return no_gpu_reason();
 }
 
 TransferBench::TransferBench(Transfer, std::uint64_t) {

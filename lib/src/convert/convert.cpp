@@ -27,8 +27,8 @@ void open_input(Job& j) {
     const ConvertOptions& o = j.o;
     j.src = open_source(o.input, o.from, o.raw, j.pool);
     for (const std::string& n : j.src.notices) note(o.out, n);
-    j.x_name = j.src.manifest ? j.src.manifest->input_field : "x";
-    j.y_name = j.src.manifest ? j.src.manifest->label_field : "y";
+    j.x_name = j.src.input_field;
+    j.y_name = j.src.label_field;
     // Raw stdin without --labels: the count is what arrives before the pipe ends.
     for (const auto& sp : j.src.splits) j.count_known &= sp.count_known;
     if (!j.count_known) {
@@ -38,52 +38,6 @@ void open_input(Job& j) {
                               " needs the sample count before it starts, and raw stdin gives it only at its end; "
                               "save the input to a file first, or give --labels FILE (the labels set the count)");
     }
-}
-
-// Every split of the source must have the same fields; the input field gets
-// the output dtype and the mapping.
-void plan_fields(Job& j) {
-    const ConvertOptions& o = j.o;
-    for (const auto& f : j.src.splits.front().fields) {
-        FieldPlan p;
-        p.name = f.name;
-        p.in = p.out = f.dtype;
-        p.shape = f.shape;
-        j.fields.push_back(p);
-    }
-    for (const auto& sp : j.src.splits) {
-        bool same = sp.fields.size() == j.fields.size();
-        for (std::size_t i = 0; same && i < j.fields.size(); ++i)
-            same = sp.fields[i].name == j.fields[i].name && sp.fields[i].dtype == j.fields[i].in &&
-                   sp.fields[i].shape == j.fields[i].shape;
-        if (!same)
-            throw runtime_error(o.input.string() + ": split '" + sp.name + "' has different fields from split '" +
-                                j.src.splits.front().name +
-                                "' (a dataset's splits must share fields, dtypes and shapes)");
-    }
-    for (std::size_t i = 0; i < j.fields.size(); ++i) {
-        FieldPlan& p = j.fields[i];
-        if (p.name == j.x_name) j.x_index = i;
-        // Labels of any integer type become i32, the type dstrain reads.
-        if (p.name == j.y_name && !is_float(p.in) && p.shape.numel() == 1) {
-            p.label = true;
-            p.out = DType::i32;
-        }
-    }
-    FieldPlan* xp = j.x();
-    if ((o.dtype || o.scale || o.offset || !o.range.empty()) && !xp)
-        throw usage_error("the input has no field '" + j.x_name + "' to convert");
-    if (!xp) return;
-    if (o.dtype) xp->out = *o.dtype;
-    xp->map.scale = o.scale.value_or(1.0);
-    xp->map.offset = o.offset.value_or(0.0);
-    if (is_float(xp->in) && !is_float(xp->out) && !o.scale && !o.offset && o.range.empty())
-        throw usage_error("converting float " + std::string(dtype_name(xp->in)) + " to integer " +
-                          std::string(dtype_name(xp->out)) +
-                          " needs an explicit mapping (values would be clipped and rounded): give --range auto, "
-                          "--range LO:HI, or --scale/--offset");
-    if (j.settings.range_given)
-        xp->map = range_mapping(j.settings.range_given->first, j.settings.range_given->second, xp->out);
 }
 
 // --range auto: a first pass over the input field finds its finite range.
@@ -164,6 +118,9 @@ void select_single_output(Job& j) {
         throw usage_error("a single-file output holds one split, the input has " + std::to_string(j.outs.size()) +
                           " (" + names + "); choose one with --select SPLIT[/FIELD]");
     }
+    if (want_field.empty())
+        throw usage_error("a single-file output holds one field, and the input names no input field (its fields: " +
+                          fields_text(j.fields) + "); choose one with --select SPLIT/FIELD");
     for (std::size_t i = 0; i < j.outs.size(); ++i)
         if (j.outs[i].name == want_split) j.only_split = i;
     if (!j.only_split) throw usage_error("--select: no split '" + want_split + "' in the input");
@@ -192,8 +149,13 @@ std::string resume_fingerprint(Job& j) {
                                {"compress", o.compress},
                                {"chunk_samples", j.chunk_samples},
                                {"split", o.split}};
-    if (!o.shard) return fp.dump() + "\n";
-    nlohmann::json with_shard = fp;
+    nlohmann::json with_fields = fp;
+    if (!o.field_dtypes.empty() || !o.raw.input.empty() || !o.raw.label.empty()) {
+        for (const auto& p : j.fields) with_fields["field_dtypes"][p.name] = std::string(dtype_name(p.out));
+        with_fields["roles"] = {j.x_name, j.y_name};
+    }
+    if (!o.shard) return with_fields.dump() + "\n";
+    nlohmann::json with_shard = with_fields;
     with_shard["shard"] = std::to_string(o.shard->index) + "/" + std::to_string(o.shard->count);
     return with_shard.dump() + "\n";
 }
@@ -304,12 +266,32 @@ void make_dataset_sinks(Job& j) {
         }
 }
 
+// The fields that get statistics pass through a statistics sink in the train
+// split (else the first split: the one Manifest::stats_of reads), in rows of
+// the shard chunk.
+void add_stats_sinks(Job& j) {
+    for (std::size_t i = 0; i < j.outs.size(); ++i)
+        if (j.outs[i].name == "train") j.stats_split = i;
+    OutSplit& s = j.outs[j.stats_split];
+    for (std::size_t f = 0; f < j.fields.size(); ++f) {
+        const FieldPlan& p = j.fields[f];
+        if (!p.channel_stats) continue;
+        StatsSinkSpec spec{s.name,    s.samples,
+                           s.written, chunk_samples_of(j),
+                           j.out_dir, [out = j.o.out](const std::string& line) { note(out, line); },
+                           nullptr};
+        if (j.o.shard) spec.rows = j.stats_rows[p.name] = std::make_shared<std::vector<std::vector<double>>>();
+        s.sinks[f] = make_stats_sink(std::move(s.sinks[f]), p.out, p.shape, std::move(spec));
+    }
+}
+
 void make_sinks(Job& j) {
     const ConvertOptions& o = j.o;
     if (j.resumable)
         make_resumable_sinks(j);
     else if (j.settings.to == OutputFormat::dataset)
         make_dataset_sinks(j);
+    if (j.settings.to == OutputFormat::dataset) add_stats_sinks(j);
     if (j.settings.to != OutputFormat::dataset) {
         // Only the selected field gets a real sink; the others are dropped.
         OutSplit& s = j.outs[*j.only_split];
@@ -335,8 +317,8 @@ ShardInfo shard_info(Job& j) {
     settings.erase("shard");
     settings["shard_chunk"] = j.shard_chunk;
     settings["in_layout"] = static_cast<int>(o.raw.in_layout);
-    settings["x_array"] = o.raw.x_array;
-    settings["y_array"] = o.raw.y_array;
+    settings["input_field"] = j.x_name;
+    settings["label_field"] = j.y_name;
     settings["labels"] = o.raw.labels.empty() ? "" : fs::absolute(o.raw.labels).lexically_normal().string();
     settings["num_classes"] = o.num_classes ? static_cast<std::int64_t>(*o.num_classes) : -1;
     const std::string text = settings.dump();
@@ -348,25 +330,34 @@ ShardInfo shard_info(Job& j) {
     sh.chunk_samples = j.shard_chunk;
     sh.settings = h.hex();
     for (std::size_t i = 0; i < j.outs.size(); ++i)
-        sh.splits.push_back({j.outs[i].name, j.shard_ranges[i].first, j.shard_totals[i], {}});
+        sh.splits.push_back({j.outs[i].name, j.shard_ranges[i].first, j.shard_totals[i], {}, {}});
+    for (const auto& [field, rows] : j.stats_rows) sh.splits[j.stats_split].field_chunk_sums[field] = *rows;
     return sh;
 }
 
 Manifest output_manifest(Job& j, Manifest m) {
     const ConvertOptions& o = j.o;
     const FieldPlan* xp = j.x();
+    m.input_field = j.x_name;
+    m.label_field = j.y_name;
+    // A dataset's class count holds for its own label field.
+    const bool same_label = j.src.manifest && j.src.manifest->label_field == j.y_name;
+    m.num_classes = j.src.manifest ? (same_label ? j.src.manifest->num_classes : std::nullopt) : j.src.num_classes;
     if (j.src.manifest) {
-        m.num_classes = j.src.manifest->num_classes;
-        m.input_field = j.src.manifest->input_field;
-        m.label_field = j.src.manifest->label_field;
-        if (xp && !xp->convert && !o.shuffle_seed && o.split.empty()) m.stats = j.src.manifest->stats;
+        const auto& from = j.src.manifest->provenance.params;
+        const auto it = from.find("num_classes_from");
+        j.classes_from = "the input's manifest" + (it == from.end() ? std::string() : ": " + it->second);
     } else {
-        m.num_classes = j.src.num_classes;
+        j.classes_from = "the input format (" + std::string(input_format_name(j.src.format)) + ")";
     }
-    if (const auto classes = check_labels(j); classes && (o.num_classes || !m.num_classes)) m.num_classes = classes;
-    bool has_label = false;
-    for (const auto& p : j.fields) has_label |= p.name == m.label_field;
-    if (!has_label) m.label_field.clear();
+    if (const auto classes = check_labels(j); classes && (o.num_classes || !m.num_classes)) {
+        m.num_classes = classes;
+        j.classes_from = o.num_classes ? "--num-classes" : "the largest label + 1";
+    }
+    j.classes = m.num_classes;
+    if (m.num_classes) m.provenance.params["num_classes_from"] = j.classes_from;
+    // The input's statistics also top-level, for readers of older manifests.
+    if (const ChannelStats* st = m.stats_of(m.input_field)) m.stats = *st;
     m.provenance.tool = "dsconvert";
     m.provenance.version = DSTK_VERSION;
     m.provenance.command_line = o.command_line;
@@ -434,9 +425,11 @@ void place_outputs(Job& j) {
 } // namespace convert
 
 void run_convert(const ConvertOptions& o) {
+    convert::check_modes(o);
     if (o.verify_only) return convert::run_verify(o);
     if (o.benchmark) return run_convert_benchmark(o);
     if (!o.merge_parts.empty()) return run_merge(o);
+    if (!o.concat_members.empty()) return run_concat(o);
     const auto start = std::chrono::steady_clock::now();
     convert::Job job(o, convert::check_settings(o));
     convert::open_input(job);

@@ -5,6 +5,7 @@
 // -> stream_input -> commit_output -> report.
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -30,6 +31,9 @@ struct Settings {
     std::optional<std::pair<double, double>> range_given;
 };
 Settings check_settings(const ConvertOptions& o);
+// The modes (convert, --verify, --benchmark, --merge, --concat) and the
+// options that go with them only.
+void check_modes(const ConvertOptions& o);
 
 struct Job {
     Job(const ConvertOptions& options, Settings s) : o(options), settings(std::move(s)), pool(options.threads) {}
@@ -38,8 +42,8 @@ struct Job {
     ThreadPool pool;
 
     Source src;
-    std::string x_name;      // the input field (x), which --dtype and the mapping apply to
-    std::string y_name;      // the label field (y)
+    std::string x_name;      // the input field, which --dtype and the mapping apply to ("": none)
+    std::string y_name;      // the label field ("": none)
     bool count_known = true; // false: raw stdin without labels, counted when it ends
     std::vector<FieldPlan> fields;
     std::optional<std::size_t> x_index;
@@ -56,14 +60,26 @@ struct Job {
     std::uint64_t shard_chunk = 0;
     std::vector<SampleRange> shard_ranges;
     std::vector<std::uint64_t> shard_totals;
+    // --shard: the rows of per-channel sums of each field with statistics (ShardSplit::field_chunk_sums).
+    std::size_t stats_split = 0;
+    std::map<std::string, std::shared_ptr<std::vector<std::vector<double>>>> stats_rows;
     std::optional<DatasetWriter> writer;
     std::unique_ptr<ResumableOutput> resumable;
     std::optional<AtomicFile> report_file; // --report-json, put in place just before OUTPUT
     std::filesystem::path out_dir;
     std::uint64_t resume_at = 0; // samples of the (concatenated) input already converted
     std::uint64_t bytes_written = 0;
+    // The output's class count and where it came from (the manifest's
+    // provenance param num_classes_from), for the report.
+    std::optional<std::uint32_t> classes;
+    std::string classes_from;
 };
 
+// Every split of the source must have the same fields; each field's output
+// dtype, mapping and statistics are planned (plan_fields.cpp).
+void plan_fields(Job& job);
+// "positions i8[12x8x8], moves i32, results i8": the fields, for messages.
+std::string fields_text(const std::vector<FieldPlan>& fields);
 void stream_input(Job& job);
 // The report: --report-json's file written (not yet in place), the summary returned.
 nlohmann::json write_report(Job& job, double seconds);

@@ -28,6 +28,9 @@ struct FieldPlan {
     // the class count.
     bool label = false;
     double label_lo = 0, label_hi = -1; // lo > hi: none seen yet
+    // Per-channel statistics of the output values, written into the field's
+    // manifest entry in the train split (the fields that can be an input).
+    bool channel_stats = false;
 };
 
 // The manifest entry of field `p` in output split `split`: zstd-chunked

@@ -76,7 +76,39 @@ std::vector<SplitFraction> parse_split_fractions(const std::string& text) {
     return out;
 }
 
+void parse_dtype_options(const std::vector<std::string>& texts, ConvertOptions& o) {
+    for (const std::string& t : texts) {
+        const auto eq = t.find('=');
+        if (eq == std::string::npos) {
+            if (o.dtype)
+                throw usage_error("--dtype " + t +
+                                  ": a bare DTYPE is the input field's, and one was given already; "
+                                  "give other fields as FIELD=DTYPE (e.g. --dtype robs=bf16)");
+            o.dtype = parse_dtype(t, "--dtype");
+            continue;
+        }
+        const std::string field = t.substr(0, eq);
+        if (field.empty())
+            throw usage_error("invalid --dtype '" + t + "' (expected DTYPE or FIELD=DTYPE, e.g. --dtype robs=bf16)");
+        for (const auto& [name, dtype] : o.field_dtypes)
+            if (name == field) throw usage_error("--dtype names field '" + field + "' twice");
+        o.field_dtypes.emplace_back(field, parse_dtype(t.substr(eq + 1), "--dtype " + field));
+    }
+}
+
 namespace convert {
+
+void check_modes(const ConvertOptions& o) {
+    const bool merge = !o.merge_parts.empty(), concat = !o.concat_members.empty();
+    if (o.move && !merge && !concat)
+        throw usage_error("--move goes with --merge or --concat (it moves the inputs' files into OUTPUT)");
+    if (o.dataset_field && !concat) throw usage_error("--dataset-field goes with --concat (it numbers the members)");
+    if (o.input.empty() && !o.benchmark && !merge && !concat)
+        throw usage_error("no INPUT given (dsconvert INPUT OUTPUT; see --help)");
+    if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
+    if (o.verify_only && !o.output.empty())
+        throw usage_error("--verify checks one dataset and writes nothing; drop OUTPUT");
+}
 
 Settings check_settings(const ConvertOptions& o) {
     if (o.output.empty()) throw usage_error("no output given (dsconvert INPUT OUTPUT, or dsconvert --verify DIR)");

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include "dstk/atomic_output.hpp"
+#include "dstk/channel_stats.hpp"
 #include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
+#include "dstk/field_reader.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/signals.hpp"
 
@@ -184,6 +186,76 @@ class StdoutSink final : public FieldSink {
     FieldInfo info_;
 };
 
+// The statistics of what passes through, in rows of spec.row_samples.
+class StatsSink final : public FieldSink {
+  public:
+    StatsSink(std::unique_ptr<FieldSink> inner, DType dtype, const Shape& shape, StatsSinkSpec spec)
+        : inner_(std::move(inner)), dtype_(dtype), shape_(shape), spec_(std::move(spec)), sums_(stats_channels(shape)),
+          row_(2 * sums_.channels(), 0.0), filled_(spec_.keep % spec_.row_samples) {}
+    void append(const void* data, std::uint64_t count) override {
+        add(data, count);
+        inner_->append(data, count);
+    }
+    std::uint64_t batch_samples() const override { return inner_->batch_samples(); }
+    void limit_batch_samples(std::uint64_t samples) override { inner_->limit_batch_samples(samples); }
+    FieldInfo finish() override {
+        FieldInfo fi = inner_->finish();
+        if (filled_ > 0) end_row();
+        if (spec_.keep > 0) add_kept(fi);
+        if (samples_ == 0) return fi;
+        std::string why;
+        const double per_channel = static_cast<double>(shape_.numel() / sums_.channels());
+        fi.stats = usable_stats(sums_.stats(static_cast<double>(samples_) * per_channel), why);
+        if (!fi.stats && spec_.notice) spec_.notice("no statistics written for field " + fi.name + ": " + why);
+        return fi;
+    }
+
+  private:
+    void add(const void* data, std::uint64_t count) {
+        const auto* p = static_cast<const std::uint8_t*>(data);
+        const std::uint64_t sb = sample_bytes(shape_, dtype_);
+        while (count > 0) {
+            const std::uint64_t take = std::min(count, spec_.row_samples - filled_);
+            add_channel_sums(row_, p, take, dtype_, shape_);
+            p += take * sb;
+            count -= take;
+            filled_ += take;
+            samples_ += take;
+            if (filled_ == spec_.row_samples) end_row();
+        }
+    }
+    void end_row() {
+        sums_.add(row_);
+        if (spec_.rows) spec_.rows->push_back(row_);
+        std::fill(row_.begin(), row_.end(), 0.0);
+        filled_ = 0;
+    }
+    // --resume: the samples written by the interrupted run, read back (its
+    // rows after the others': the statistics equal a single run's to
+    // rounding).
+    void add_kept(const FieldInfo& fi) {
+        const SplitInfo split{spec_.split, spec_.split_samples, {}};
+        const auto reader = open_field_reader(spec_.dir, split, fi);
+        std::vector<std::uint8_t> buf;
+        for (std::uint64_t at = 0; at < spec_.keep; at += spec_.row_samples) {
+            throw_if_interrupted();
+            const std::uint64_t n = std::min(spec_.row_samples, spec_.keep - at);
+            buf.resize(n * fi.sample_bytes());
+            reader->read(at, n, buf.data());
+            add(buf.data(), n);
+            if (filled_ > 0) end_row();
+        }
+    }
+
+    std::unique_ptr<FieldSink> inner_;
+    DType dtype_;
+    Shape shape_;
+    StatsSinkSpec spec_;
+    ChannelSums sums_;
+    std::vector<double> row_;
+    std::uint64_t filled_ = 0, samples_ = 0;
+};
+
 } // namespace
 
 void align_batches(std::vector<std::unique_ptr<FieldSink>>& sinks) {
@@ -210,6 +282,11 @@ std::unique_ptr<FieldSink> make_file_sink(const fs::path& out, bool force, DType
 
 std::unique_ptr<FieldSink> make_null_sink() {
     return std::make_unique<NullSink>();
+}
+
+std::unique_ptr<FieldSink> make_stats_sink(std::unique_ptr<FieldSink> inner, DType dtype, const Shape& shape,
+                                           StatsSinkSpec spec) {
+    return std::make_unique<StatsSink>(std::move(inner), dtype, shape, std::move(spec));
 }
 
 } // namespace dstk::convert

@@ -4,6 +4,7 @@
 // or nowhere).
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,5 +72,22 @@ std::unique_ptr<FieldSink> make_file_sink(const std::filesystem::path& out, bool
                                           std::optional<std::uint64_t> samples, bool npy, Layout layout);
 // Drops what it is given: fields and splits a single-file output leaves out.
 std::unique_ptr<FieldSink> make_null_sink();
+
+// Passes the samples on to `inner` and adds up their per-channel statistics
+// (channel_stats.hpp) in rows of `row_samples` consecutive samples of the
+// split, which finish() turns into the FieldInfo's stats where they are usable
+// (else `notice` says why not). Rows at fixed sample positions make a --shard
+// part's rows (kept in `rows`, when given) the whole run's, so that a merge
+// adds them into the same statistics. A resumed sink (keep > 0 samples
+// already in the file) reads those back from `dir` when it finishes.
+struct StatsSinkSpec {
+    std::string split;
+    std::uint64_t split_samples = 0, keep = 0, row_samples = 1;
+    std::filesystem::path dir;
+    std::function<void(const std::string&)> notice;
+    std::shared_ptr<std::vector<std::vector<double>>> rows;
+};
+std::unique_ptr<FieldSink> make_stats_sink(std::unique_ptr<FieldSink> inner, DType dtype, const Shape& shape,
+                                           StatsSinkSpec spec);
 
 } // namespace dstk::convert

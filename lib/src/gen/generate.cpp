@@ -30,7 +30,7 @@ constexpr std::uint64_t round_budget_bytes = 96u << 20; // per buffer set; two s
 struct Block {
     std::vector<unsigned char> x;
     std::vector<std::int32_t> y;
-    std::vector<double> sum, sumsq; // per channel, train split only
+    std::vector<double> sums; // train split only: the block's row of per-channel sums (ChannelSums)
     std::uint64_t first = 0, count = 0;
 };
 
@@ -92,47 +92,6 @@ void to_floats(const void* src, DType t, std::uint64_t n, float* out) {
     }
 }
 
-__attribute__((target_clones("avx2", "default"))) void sum_u8(const unsigned char* p, std::uint64_t n,
-                                                              std::uint64_t& sum, std::uint64_t& sumsq) {
-    // 32-bit partial sums vectorise; flush them before they can overflow.
-    for (std::uint64_t i0 = 0; i0 < n; i0 += 65536) {
-        const std::uint64_t end = std::min(n, i0 + 65536);
-        std::uint32_t s = 0, s2 = 0;
-        for (std::uint64_t j = i0; j < end; ++j) {
-            s += p[j];
-            s2 += std::uint32_t{p[j]} * p[j];
-        }
-        sum += s;
-        sumsq += s2;
-    }
-}
-
-// Adds one sample's per-channel sum and sum of squares (stored units).
-void accumulate_stats(const unsigned char* sample, DType t, std::uint64_t channels, std::uint64_t per_channel,
-                      std::vector<float>& scratch, double* sum, double* sumsq) {
-    if (t == DType::u8) { // exact integer sums: cheap and order-independent
-        for (std::uint64_t c = 0; c < channels; ++c) {
-            std::uint64_t s = 0, s2 = 0;
-            sum_u8(sample + c * per_channel, per_channel, s, s2);
-            sum[c] += static_cast<double>(s);
-            sumsq[c] += static_cast<double>(s2);
-        }
-        return;
-    }
-    scratch.resize(channels * per_channel);
-    to_floats(sample, t, channels * per_channel, scratch.data());
-    for (std::uint64_t c = 0; c < channels; ++c) {
-        double s = 0, s2 = 0;
-        for (std::uint64_t j = 0; j < per_channel; ++j) {
-            const double v = scratch[c * per_channel + j];
-            s += v;
-            s2 += v * v;
-        }
-        sum[c] += s;
-        sumsq[c] += s2;
-    }
-}
-
 } // namespace
 
 void finalize_options(GenerateOptions& o) {
@@ -159,8 +118,8 @@ namespace {
 struct GenRun {
     GenRun(const GenerateOptions& options, Progress& p)
         : o(options), gen(options.synth), sb(sample_bytes(options.synth.shape, options.synth.dtype)),
-          features(options.synth.shape.numel()), channels(gen.channels()), per_channel(features / channels),
-          pool(options.threads), progress(p), sums(channels) {
+          features(options.synth.shape.numel()), channels(stats_channels(options.synth.shape)),
+          per_channel(features / channels), pool(options.threads), progress(p), sums(channels) {
         block_samples = generate_chunk_samples(sb);
         blocks_per_round =
             std::clamp<std::uint64_t>(round_budget_bytes / (block_samples * sb), 1, 4 * std::uint64_t{pool.size()});
@@ -211,24 +170,18 @@ void generate_round(GenRun& r, const SplitPlan& split, std::vector<Block>& set, 
         blk.count = std::min(r.block_samples, split.samples - blk.first);
         blk.x.resize(blk.count * r.sb);
         blk.y.resize(blk.count);
-        blk.sum.assign(r.channels, 0);
-        blk.sumsq.assign(r.channels, 0);
-        std::vector<float> f;
         for (std::uint64_t i = 0; i < blk.count; ++i) {
             const std::uint64_t idx = blk.first + i;
             blk.y[i] = r.gen.label(split.stream, idx);
-            unsigned char* dst = blk.x.data() + i * r.sb;
-            r.gen.sample(split.stream, idx, dst);
-            if (stats && r.o.synth.kind != SynthKind::bytes)
-                accumulate_stats(dst, r.o.synth.dtype, r.channels, r.per_channel, f, blk.sum.data(), blk.sumsq.data());
+            r.gen.sample(split.stream, idx, blk.x.data() + i * r.sb);
         }
+        if (stats && r.o.synth.kind != SynthKind::bytes)
+            blk.sums = channel_sums_row(blk.x.data(), blk.count, r.o.synth.dtype, r.o.synth.shape);
     });
     if (!stats || r.o.synth.kind == SynthKind::bytes) return;
     for (std::uint64_t k = 0; k < nb; ++k) {
-        std::vector<double> row = set[k].sum;
-        row.insert(row.end(), set[k].sumsq.begin(), set[k].sumsq.end());
-        r.sums.add(row);
-        if (r.o.shard) r.sum_rows.push_back(std::move(row));
+        r.sums.add(set[k].sums);
+        if (r.o.shard) r.sum_rows.push_back(set[k].sums);
     }
 }
 
@@ -308,7 +261,7 @@ void describe_shard(const GenRun& r, const std::vector<SplitPlan>& splits, Manif
     sh.chunk_samples = r.block_samples;
     sh.settings = generate_settings(r.o);
     for (const auto& s : splits) {
-        ShardSplit ss{s.name, s.range.first, s.samples, {}};
+        ShardSplit ss{s.name, s.range.first, s.samples, {}, {}};
         if (s.name == "train") ss.chunk_sums = r.sum_rows;
         sh.splits.push_back(std::move(ss));
     }
@@ -318,8 +271,15 @@ void describe_shard(const GenRun& r, const std::vector<SplitPlan>& splits, Manif
 void describe_run(const GenRun& r, const std::vector<SplitPlan>& splits, Manifest& m) {
     const GenerateOptions& o = r.o;
     const std::uint64_t train = o.train ? splits.front().range.count : 0;
-    if (train && o.synth.kind != SynthKind::bytes)
-        m.stats = r.sums.stats(static_cast<double>(train) * static_cast<double>(r.per_channel));
+    if (train && o.synth.kind != SynthKind::bytes) {
+        // The input's statistics, top-level (older readers) and in its field.
+        std::string why;
+        m.stats = usable_stats(r.sums.stats(static_cast<double>(train) * static_cast<double>(r.per_channel)), why);
+        if (m.stats)
+            m.splits.front().fields.front().stats = m.stats;
+        else
+            note(o.out, "no statistics written for field x: " + why);
+    }
     if (o.shard) describe_shard(r, splits, m);
     m.num_classes = o.synth.classes;
     m.provenance.tool = "dsgen";

@@ -45,10 +45,27 @@ void check_input_dtype(DType given, const SavedModel& m, const std::string& sour
                       std::string(dtype_name(m.input_dtype)) + ": values are taken in the same units");
 }
 
-void check_input_shape(const train::TensorShape& given, const SavedModel& m, const std::string& source) {
-    if (!(given == m.input))
-        throw usage_error(source + " holds samples of " + given.str() + " but the model takes " + m.input.str() +
-                          " (data of another kind, or in another layout?)");
+// A flat sample (N x D, what x.reshape(N, -1) makes of N x C x H x W) of
+// the model's size is taken as the model's sample in C order; any other shape
+// must be the model's. Channels-last images of the right size are refused
+// with the transpose that fixes them: read flat, they would be wrong silently.
+void check_input_shape(const train::TensorShape& given, const SavedModel& m, const std::string& source,
+                       const OutputOptions& out) {
+    if (given == m.input) return;
+    const bool flat = given.h == 1 && given.w == 1;
+    if (flat && given.numel() == m.input.numel()) {
+        note(out, "dstrain: " + source + " holds flat samples of " + std::to_string(given.numel()) +
+                      " values: read as the model's " + m.input.str() + " (C x H x W, row-major)");
+        return;
+    }
+    std::string fix = "data of another kind, or in another layout?";
+    if (given.numel() == m.input.numel())
+        fix = given.c == m.input.h && given.h == m.input.w && given.w == m.input.c
+                  ? "channels last? numpy.ascontiguousarray(x.transpose(0, 3, 1, 2)) makes N x C x H x W"
+                  : "the same number of values in another shape: x.reshape(len(x), -1) if they are the model's "
+                    "samples in C order";
+    throw usage_error(source + " holds samples of " + given.str() + " but the model takes " + m.input.str() + " (" +
+                      fix + ")");
 }
 
 std::vector<float> softmax(const float* logits, std::uint32_t classes) {
@@ -278,7 +295,7 @@ train::Metrics Predictor::take_metrics() {
 EvalReport evaluate_model(const SavedModel& m, const fs::path& dataset, const std::string& split,
                           const InferenceOptions& o, const OutputOptions& out) {
     SplitInput in(dataset, split);
-    check_input_shape(in.shape, m, in.source);
+    check_input_shape(in.shape, m, in.source, out);
     check_input_dtype(in.dtype, m, in.source, out);
     const Dataset& ds = in.dataset();
     const Manifest& man = ds.manifest();
@@ -386,7 +403,7 @@ std::uint64_t predict(const SavedModel& m, const PredictOptions& po, const Infer
     const auto in = open_input(po);
     // NumPy has no bfloat16: bf16 samples travel as u2 (dstk-format(5)).
     if (in->dtype == DType::u16 && m.input_dtype == DType::bf16) in->dtype = DType::bf16;
-    check_input_shape(in->shape, m, in->source);
+    check_input_shape(in->shape, m, in->source, out);
     check_input_dtype(in->dtype, m, in->source, out);
     Predictor p(m, in->dtype, o, out);
     PredictionSink sink(po.output, po.force, m.classes);

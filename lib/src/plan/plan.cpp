@@ -9,6 +9,7 @@
 
 #include "dstk/error.hpp"
 #include "dstk/enum_names.hpp"
+#include "dstk/manifest.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/units.hpp"
 
@@ -22,12 +23,14 @@ std::uint64_t headroom_of(std::uint64_t bytes, std::uint32_t ppm) {
     return static_cast<std::uint64_t>((u128{bytes} * ppm + (million - 1)) / million);
 }
 
-DataSpec with_dtype(const DataSpec& d, DType t) {
+// The data with the input field stored as `t` (nullopt, or no input field: as it is).
+DataSpec with_dtype(const DataSpec& d, std::optional<DType> t) {
     DataSpec c = d;
-    if (t != d.dtype) {
-        c.dtype = t;
+    if (t && d.input && *t != d.fields[*d.input].dtype) {
+        c.fields[*d.input].dtype = *t;
         c.stored_bytes.reset(); // a converted dataset is a new one, in the npy layout
         c.on_disk = false;
+        c.compressed = false;
     }
     return c;
 }
@@ -82,9 +85,11 @@ Verdict place(const DataSpec& d, const Job& j, const Budgets& b) {
         v.fit = Fit::ram;
         return v;
     }
-    v.reasons.push_back(b.ram.known() ? "not ram: the data and the pinned ring (" + format_bytes(v.ram) +
-                                            ") exceed the RAM budget of " + format_bytes(b.ram.bytes)
-                                      : "not ram: RAM size unknown (give --ram)");
+    v.reasons.push_back(!b.ram.known()     ? "not ram: RAM size unknown (give --ram)"
+                        : b.ram.bytes == 0 ? "not ram: the OS reserve of " + format_bytes(b.assumptions.os_reserve) +
+                                                 " (--os-reserve) leaves no RAM budget"
+                                           : "not ram: the data and the pinned ring (" + format_bytes(v.ram) +
+                                                 ") exceed the RAM budget of " + format_bytes(b.ram.bytes));
     v.fit = Fit::disk;
     return v;
 }
@@ -115,7 +120,7 @@ std::vector<std::string> fixes_for_disk(const DataSpec& d, const Job& j, const B
     std::vector<std::string> fixes;
     // Smaller dtypes, the least precision lost first.
     for (const DType t : {DType::bf16, DType::u8}) {
-        if (dtype_size(t) >= dtype_size(d.dtype)) continue;
+        if (!d.input_field() || dtype_size(t) >= dtype_size(d.input_field()->dtype)) continue;
         const DataSpec c = with_dtype(d, t);
         const Verdict cv = place(c, j, b);
         if (cv.fit == Fit::none) continue;
@@ -206,16 +211,55 @@ Budgets compute_budgets(const Machine& m, const Assumptions& a) {
     return b;
 }
 
+FieldSpec parse_field_spec(std::string_view text) {
+    const auto bad = [&](const std::string& why) {
+        return usage_error("invalid --field '" + std::string(text) + "' (" + why +
+                           "); give NAME:SHAPE:DTYPE, e.g. --field robs:120:f32, --field stim:1x36x36:u8, or "
+                           "--field moves::i32 for one value per sample");
+    };
+    const auto a = text.find(':');
+    const auto b = a == std::string_view::npos ? a : text.find(':', a + 1);
+    if (b == std::string_view::npos || text.find(':', b + 1) != std::string_view::npos)
+        throw bad("expected three parts separated by ':'");
+    FieldSpec f;
+    f.name = std::string(text.substr(0, a));
+    if (f.name.empty()) throw bad("the NAME is empty");
+    const std::string_view shape = text.substr(a + 1, b - a - 1);
+    if (!shape.empty()) f.shape = parse_shape(shape, "--field " + f.name + " shape");
+    f.dtype = parse_dtype(text.substr(b + 1), "--field " + f.name + " dtype");
+    (void)f.bytes(); // an overflowing shape is a usage error here
+    return f;
+}
+
+DataSpec input_and_label(const Shape& shape, DType dtype, std::optional<DType> label) {
+    DataSpec d;
+    d.fields.push_back({"x", shape, dtype});
+    d.input = 0;
+    if (label) {
+        d.fields.push_back({"y", Shape{}, *label});
+        d.label = 1;
+    }
+    return d;
+}
+
 std::uint64_t input_bytes_per_sample(const DataSpec& d) {
-    return sample_bytes(d.shape, d.dtype);
+    return d.input ? d.fields.at(*d.input).bytes() : 0;
 }
 
 std::uint64_t label_bytes_per_sample(const DataSpec& d) {
-    return d.label_dtype ? dtype_size(*d.label_dtype) : 0;
+    return d.label ? d.fields.at(*d.label).bytes() : 0;
 }
 
 std::uint64_t bytes_per_sample(const DataSpec& d) {
-    return checked_add(input_bytes_per_sample(d), label_bytes_per_sample(d), "bytes per sample");
+    std::uint64_t total = 0;
+    for (const FieldSpec& f : d.fields) total = checked_add(total, f.bytes(), "bytes per sample");
+    return total;
+}
+
+std::uint64_t widest_field_bytes(const DataSpec& d) {
+    std::uint64_t widest = 0;
+    for (const FieldSpec& f : d.fields) widest = std::max(widest, f.bytes());
+    return widest;
 }
 
 std::uint64_t total_samples(const DataSpec& d) {
@@ -234,8 +278,7 @@ std::uint64_t npy_overhead(const DataSpec& d) {
     std::uint64_t total = 0;
     for (const std::uint64_t n : {d.train, d.test}) {
         if (n == 0) continue;
-        total += header_bytes(d.dtype, n, d.shape);
-        if (d.label_dtype) total += header_bytes(*d.label_dtype, n, Shape{});
+        for (const FieldSpec& f : d.fields) total += header_bytes(f.dtype, n, f.shape);
     }
     return total;
 }
@@ -243,6 +286,44 @@ std::uint64_t npy_overhead(const DataSpec& d) {
 std::uint64_t disk_bytes(const DataSpec& d) {
     if (d.stored_bytes) return *d.stored_bytes;
     return checked_add(dataset_bytes(d), npy_overhead(d), "dataset size");
+}
+
+namespace {
+
+std::string field_desc(const FieldSpec& f) {
+    return f.name + ' ' + field_type_text(f.dtype, f.shape);
+}
+
+} // namespace
+
+DataSpec combine_data(const std::vector<NamedData>& members) {
+    if (members.empty()) throw usage_error("internal: combine_data of no data");
+    DataSpec all = members.front().data;
+    all.train = all.test = 0;
+    all.stored_bytes = std::uint64_t{0};
+    const DataSpec& ref = members.front().data;
+    for (const NamedData& m : members) {
+        const DataSpec& d = m.data;
+        bool same = d.fields.size() == ref.fields.size();
+        for (const FieldSpec& f : ref.fields) {
+            const auto g =
+                std::find_if(d.fields.begin(), d.fields.end(), [&](const FieldSpec& x) { return x.name == f.name; });
+            same = same && g != d.fields.end() && g->dtype == f.dtype && g->shape == f.shape;
+        }
+        if (!same) {
+            std::string a, b;
+            for (const FieldSpec& f : ref.fields) a += (a.empty() ? "" : ", ") + field_desc(f);
+            for (const FieldSpec& f : d.fields) b += (b.empty() ? "" : ", ") + field_desc(f);
+            throw usage_error("'" + m.name + "' has fields " + b + " but '" + members.front().name + "' has " + a +
+                              ": datasets sized together have the same fields, dtypes and shapes; plan them one "
+                              "at a time");
+        }
+        all.train = checked_add(all.train, d.train, "samples");
+        all.test = checked_add(all.test, d.test, "samples");
+        all.stored_bytes = checked_add(*all.stored_bytes, disk_bytes(d), "dataset size");
+        all.compressed |= d.compressed;
+    }
+    return all;
 }
 
 std::uint64_t ring_bytes(const DataSpec& d, const Job& j) {
@@ -280,11 +361,14 @@ std::uint64_t max_samples(std::uint64_t budget, std::uint64_t per_sample, std::u
 }
 
 std::vector<Capacity> capacity_by_dtype(const DataSpec& d, const Job& j, const Budgets& b) {
-    std::vector<DType> types{d.dtype};
-    for (const DType t : {DType::u8, DType::bf16, DType::f32})
-        if (dtype_size(t) != dtype_size(d.dtype)) types.push_back(t);
+    std::vector<std::optional<DType>> types{std::nullopt};
+    if (const FieldSpec* x = d.input_field()) {
+        types = {x->dtype};
+        for (const DType t : {DType::u8, DType::bf16, DType::f32})
+            if (dtype_size(t) != dtype_size(x->dtype)) types.push_back(t);
+    }
     std::vector<Capacity> out;
-    for (const DType t : types) {
+    for (const std::optional<DType> t : types) {
         const DataSpec c = with_dtype(d, t);
         Capacity cap;
         cap.dtype = t;
@@ -314,14 +398,14 @@ std::vector<std::uint64_t> table_ram_sizes() {
     return sizes;
 }
 
-std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span<const DType> columns,
+std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span<const std::optional<DType>> columns,
                                       const Assumptions& a) {
     std::vector<TableRow> rows;
     for (const std::uint64_t ram : table_ram_sizes()) {
         TableRow r;
         r.ram = ram;
         r.usable = usable_bytes(ram, a.os_reserve, a.headroom_ppm);
-        for (const DType t : columns) {
+        for (const std::optional<DType> t : columns) {
             const DataSpec c = with_dtype(d, t);
             r.max_samples.push_back(max_samples(r.usable, bytes_per_sample(c), ring_bytes(c, j)));
         }
@@ -334,7 +418,8 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates
                              bool random_order) {
     EpochEstimate e;
     const std::uint64_t samples = total_samples(d);
-    const std::uint64_t in_batch = checked_mul(j.batch, input_bytes_per_sample(d), "batch bytes");
+    // The widest field sets the chunk, as dsconvert's --chunk-size does.
+    const std::uint64_t in_batch = checked_mul(j.batch, widest_field_bytes(d), "batch bytes");
     e.chunk_samples = std::uint64_t{j.batch} * std::max<std::uint64_t>(1, (min_chunk_bytes + in_batch - 1) / in_batch);
     // A chunk larger than the dataset would just be the dataset.
     if (samples > 0) e.chunk_samples = std::min(e.chunk_samples, samples);
@@ -349,7 +434,7 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates
         if (rate && *rate > 0) e.read_seconds = static_cast<double>(e.read_bytes) / *rate;
         if (d.compressed && r.decode && *r.decode > 0)
             e.decode_seconds =
-                static_cast<double>(checked_mul(d.train, input_bytes_per_sample(d), "epoch bytes")) / *r.decode;
+                static_cast<double>(checked_mul(d.train, bytes_per_sample(d), "epoch bytes")) / *r.decode;
     }
     if (p != Fit::device) {
         e.transfer_bytes = checked_mul(d.train, bytes_per_sample(d), "epoch bytes");

@@ -57,7 +57,7 @@ struct Inputs {
     Assumptions assumptions;
     bool os_reserve_given = false, headroom_given = false;
     DataSpec data;
-    std::string dataset_dir;
+    std::vector<NamedData> datasets; // --dataset, each (data is their sum)
     Job job;
     std::optional<ModelInfo> model;
     std::optional<std::uint32_t> manifest_classes;
@@ -133,37 +133,52 @@ void detect_machine(const PlanOptions& o, const std::string& dir, Machine& m) {
     if (!o.gpu_mem.empty()) m.gpu = {positive_size(o.gpu_mem, "--gpu-mem"), Source::given};
 }
 
-void describe_dataset(const PlanOptions& o, Inputs& in) {
-    for (const auto& [value, name] : {std::pair{&o.shape, "--shape"}, std::pair{&o.samples, "--samples"}})
-        if (!value->empty())
-            throw usage_error(std::string(name) + " cannot be used with --dataset (it comes from the manifest)");
-    if (o.test != "0" || o.label_dtype != "i32")
-        throw usage_error("--test and --label-dtype cannot be used with --dataset (they come from the manifest)");
-    const Dataset ds = Dataset::open(o.dataset); // validates the manifest against the files: exit 1
+// One existing dataset: its fields (the train split's), samples (train, and
+// every other split as test) and its files' bytes, exactly.
+NamedData describe_one_dataset(const std::string& dir, Inputs& in) {
+    const Dataset ds = Dataset::open(dir); // validates the manifest against the files: exit 1
     const Manifest& m = ds.manifest();
     const SplitInfo* train = m.find("train");
     const SplitInfo& first = train ? *train : m.splits.at(0);
-    const FieldInfo& x = first.field(m.input_field);
-    DataSpec& d = in.data;
-    d.shape = x.shape;
-    d.dtype = x.dtype;
-    d.label_dtype = first.find(m.label_field) ? std::optional<DType>(first.field(m.label_field).dtype) : std::nullopt;
+    NamedData nd{dir, {}};
+    DataSpec& d = nd.data;
+    for (const FieldInfo& f : first.fields) {
+        if (f.name == m.input_field) d.input = d.fields.size();
+        if (f.name == m.label_field) d.label = d.fields.size();
+        d.fields.push_back({f.name, f.shape, f.dtype});
+        d.compressed |= f.storage == Storage::zstd_chunked;
+        if (f.storage == Storage::zstd_chunked && (f.name == m.input_field || !in.storage_chunk))
+            in.storage_chunk = f.chunk_samples;
+    }
     std::uint64_t stored = 0;
     for (const SplitInfo& s : m.splits) {
         (&s == train ? d.train : d.test) += s.samples;
-        for (const FieldInfo& f : s.fields)
-            if (f.name == m.input_field || f.name == m.label_field) stored = checked_add(stored, f.bytes, "dataset");
+        for (const FieldInfo& f : s.fields) stored = checked_add(stored, f.bytes, "dataset");
     }
     d.stored_bytes = stored;
     d.on_disk = true;
-    d.compressed = x.storage == Storage::zstd_chunked;
-    in.storage_chunk = d.compressed ? x.chunk_samples : 0;
-    in.dataset_dir = o.dataset;
-    in.manifest_classes = m.num_classes;
+    if (m.num_classes && (!in.manifest_classes || *m.num_classes > *in.manifest_classes))
+        in.manifest_classes = m.num_classes;
+    return nd;
+}
+
+void describe_datasets(const PlanOptions& o, Inputs& in) {
+    for (const auto& [value, name] : {std::pair{&o.shape, "--shape"}, std::pair{&o.samples, "--samples"}})
+        if (!value->empty())
+            throw usage_error(std::string(name) + " cannot be used with --dataset (it comes from the manifest)");
+    if (o.test != "0" || o.label_dtype != "i32" || !o.fields.empty())
+        throw usage_error("--test, --label-dtype and --field cannot be used with --dataset (they come from the "
+                          "manifest)");
+    for (const std::string& dir : o.datasets) in.datasets.push_back(describe_one_dataset(dir, in));
+    in.data = combine_data(in.datasets);
+    DataSpec& d = in.data;
     if (!o.dtype.empty()) {
         const DType t = parse_dtype(o.dtype, "--dtype");
-        if (t != d.dtype) { // "what if it were stored as t": a converted copy, written at --dir
-            d.dtype = t;
+        if (!d.input)
+            throw usage_error("--dtype asks 'what if the input field were stored as " + o.dtype + "', and '" +
+                              o.datasets.front() + "' names no input field; set it with dsconvert --input NAME");
+        if (t != d.fields[*d.input].dtype) { // "what if it were stored as t": a converted copy, written at --dir
+            d.fields[*d.input].dtype = t;
             d.stored_bytes.reset();
             d.on_disk = false;
             d.compressed = false;
@@ -172,24 +187,48 @@ void describe_dataset(const PlanOptions& o, Inputs& in) {
     }
 }
 
-void describe_data(const PlanOptions& o, Inputs& in) {
+// --shape (the input x, with --dtype, and a label y of --label-dtype) and
+// --field NAME:SHAPE:DTYPE (more fields; without --shape the first is the
+// input, and --dtype asks "what if it were stored as").
+void describe_fields(const PlanOptions& o, Inputs& in) {
     DataSpec& d = in.data;
-    if (o.shape.empty()) {
+    if (o.shape.empty() && o.fields.empty()) {
         if (!o.samples.empty())
-            throw usage_error("no data to plan (give --shape 3x32x32 [--dtype f32] --samples N, or --dataset DIR)");
+            throw usage_error("no data to plan (give --shape 3x32x32 [--dtype f32] --samples N, --field "
+                              "NAME:SHAPE:DTYPE ... --samples N, or --dataset DIR)");
         if (!o.table)
             throw usage_error("nothing to plan: dsplan needs the data (--shape 3x32x32 [--dtype f32] [--samples "
-                              "N], or --dataset DIR), or --table for the quick-reference table; see dsplan --help");
+                              "N], --field NAME:SHAPE:DTYPE ..., or --dataset DIR), or --table for the "
+                              "quick-reference table; see dsplan --help");
         in.table_default_shape = true; // the seeds' table is for CIFAR-sized samples
-        d.shape = parse_shape("3x32x32");
-    } else {
-        d.shape = parse_shape(o.shape, "--shape");
     }
-    d.dtype = o.dtype.empty() ? DType::f32 : parse_dtype(o.dtype, "--dtype");
-    if (o.label_dtype == "none")
-        d.label_dtype.reset();
-    else
-        d.label_dtype = parse_dtype(o.label_dtype, "--label-dtype");
+    const std::optional<DType> dtype =
+        o.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(o.dtype, "--dtype"));
+    if (!o.shape.empty() || o.fields.empty()) {
+        const Shape shape = o.shape.empty() ? parse_shape("3x32x32") : parse_shape(o.shape, "--shape");
+        const std::optional<DType> label =
+            o.label_dtype == "none" ? std::nullopt : std::optional(parse_dtype(o.label_dtype, "--label-dtype"));
+        d = input_and_label(shape, dtype.value_or(DType::f32), label);
+    } else if (o.label_dtype != "i32") {
+        throw usage_error("--label-dtype describes the label of --shape; give a label as --field NAME::DTYPE");
+    }
+    for (const std::string& text : o.fields) {
+        FieldSpec f = parse_field_spec(text);
+        for (const FieldSpec& g : d.fields)
+            if (g.name == f.name)
+                throw usage_error("--field " + text + ": a field named '" + f.name + "' is given already" +
+                                  (o.shape.empty() ? "" : " (--shape describes x and y)"));
+        d.fields.push_back(std::move(f));
+    }
+    if (!d.input) {
+        d.input = 0;
+        if (dtype) d.fields[0].dtype = *dtype;
+    }
+}
+
+void describe_data(const PlanOptions& o, Inputs& in) {
+    DataSpec& d = in.data;
+    describe_fields(o, in);
     if (!o.samples.empty()) {
         d.train = parse_count(o.samples, "--samples");
         if (d.train == 0) throw usage_error("invalid --samples 0 (must be at least 1)");
@@ -266,24 +305,28 @@ Inputs gather(const PlanOptions& o) {
     in.table = o.table;
     if (!o.require.empty() || o.check) in.require = o.require.empty() ? Fit::disk : parse_fit(o.require);
 
-    if (!o.dataset.empty())
-        describe_dataset(o, in);
+    if (!o.datasets.empty())
+        describe_datasets(o, in);
     else
         describe_data(o, in);
-    (void)sample_bytes(in.data.shape, in.data.dtype); // overflowing shapes fail here, as usage errors
+    (void)bytes_per_sample(in.data); // overflowing shapes fail here, as usage errors
     if (in.require && !in.data.has_samples())
         throw usage_error("--check needs a dataset to check (give --samples N, or --dataset DIR)");
     if (in.data.has_samples()) (void)disk_bytes(in.data);
 
     if (!o.model.empty()) {
+        const FieldSpec* x = in.data.input_field();
+        if (!x)
+            throw usage_error("--model is planned against the input field, and the dataset names none; set it "
+                              "with dsconvert --input NAME");
         const std::uint32_t classes = o.classes.value_or(in.manifest_classes.value_or(10));
         const train::ModelSpec spec = train::resolve_model(o.model, classes);
-        const train::NetworkPlan net = train::plan_network(spec, train::tensor_shape_from(in.data.shape), classes);
+        const train::NetworkPlan net = train::plan_network(spec, train::tensor_shape_from(x->shape), classes);
         in.model = ModelInfo{spec.name, net.params, classes};
-        in.job.model_bytes = model_footprint(net, in.data.dtype, in.job.batch);
+        in.job.model_bytes = model_footprint(net, x->dtype, in.job.batch);
     }
 
-    const std::string dir = !o.dir.empty() ? o.dir : !o.dataset.empty() ? o.dataset : ".";
+    const std::string dir = !o.dir.empty() ? o.dir : !o.datasets.empty() ? o.datasets.front() : ".";
     detect_machine(o, dir, in.machine);
 
     if (!o.bench.empty()) read_rates(o.bench, in);
@@ -348,6 +391,17 @@ void print_machine(const Machine& m) {
     for (const std::string& n : m.notes) std::printf("  note: %s\n", n.c_str());
 }
 
+// What the assumptions leave: no RAM at all is said, with the setting to change.
+std::vector<std::string> budget_notes(const Inputs& in, const Budgets& b) {
+    std::vector<std::string> notes;
+    if (b.ram.known() && b.ram.bytes == 0)
+        notes.push_back("the OS reserve of " + format_bytes(in.assumptions.os_reserve) + " (--os-reserve) leaves no " +
+                        "RAM of the " + format_bytes(in.machine.ram.bytes) +
+                        " for the data: every RAM figure below is 0; give a smaller --os-reserve (e.g. "
+                        "--os-reserve 2G) if this machine keeps less for the OS and other processes");
+    return notes;
+}
+
 void print_budgets(const Inputs& in, const Budgets& b) {
     const Machine& m = in.machine;
     std::printf("assumptions\n  OS reserve  %s (%s, --os-reserve)\n  headroom    %s of each budget (%s, --headroom)\n",
@@ -366,28 +420,46 @@ void print_budgets(const Inputs& in, const Budgets& b) {
     std::printf("  GPU         %s\n",
                 b.gpu.known() ? (format_bytes(b.gpu.bytes) + " = " + format_bytes(m.gpu.bytes) + " x " + keep).c_str()
                               : "unknown (no GPU: placement device not considered)");
+    for (const std::string& n : budget_notes(in, b)) std::printf("  note: %s\n", n.c_str());
+}
+
+// "x u8[3x32x32] 3,072 B + y i32 4 B = 3,076 B" (with_bytes), or "x u8[3x32x32] + y i32".
+std::string sample_text(const DataSpec& d, bool with_bytes) {
+    std::string out;
+    for (const FieldSpec& f : d.fields) {
+        if (!out.empty()) out += " + ";
+        out += f.name + ' ' + field_type_text(f.dtype, f.shape);
+        if (with_bytes) out += ' ' + format_count(f.bytes()) + " B";
+    }
+    if (with_bytes && d.fields.size() > 1) out += " = " + format_count(bytes_per_sample(d)) + " B";
+    return out;
+}
+
+std::string role_text(const DataSpec& d, const std::optional<std::size_t>& role) {
+    return role ? d.fields.at(*role).name : std::string("none");
 }
 
 void print_data(const Inputs& in) {
     const DataSpec& d = in.data;
     std::printf("data\n");
-    if (!in.dataset_dir.empty()) std::printf("  dataset     %s\n", in.dataset_dir.c_str());
+    for (const NamedData& m : in.datasets)
+        std::printf("  dataset     %s: %s train + %s test, %s on disk, %s in memory\n", m.name.c_str(),
+                    format_count(m.data.train).c_str(), format_count(m.data.test).c_str(),
+                    format_bytes(disk_bytes(m.data)).c_str(), format_bytes(dataset_bytes(m.data)).c_str());
     if (in.table_default_shape) std::printf("  note: no --shape given: sizing 3x32x32 samples\n");
-    std::string sample = "  sample      " + d.shape.str() + " " + std::string(dtype_name(d.dtype)) + " = " +
-                         format_count(input_bytes_per_sample(d)) + " B";
-    if (d.label_dtype)
-        sample += " + label " + std::string(dtype_name(*d.label_dtype)) + " " +
-                  format_count(label_bytes_per_sample(d)) + " B = " + format_count(bytes_per_sample(d)) + " B";
-    std::printf("%s\n", sample.c_str());
+    std::printf("  sample      %s\n", sample_text(d, true).c_str());
+    std::printf("  roles       input %s, label %s\n", role_text(d, d.input).c_str(), role_text(d, d.label).c_str());
     if (d.has_samples()) {
-        std::printf("  samples     %s train + %s test = %s\n", format_count(d.train).c_str(),
-                    format_count(d.test).c_str(), format_count(total_samples(d)).c_str());
-        std::printf("  in memory   %s (%s bytes; inputs %s)\n", format_bytes(dataset_bytes(d)).c_str(),
-                    format_count(dataset_bytes(d)).c_str(), format_bytes(input_bytes(d)).c_str());
+        const std::string all = in.datasets.size() > 1 ? " (" + std::to_string(in.datasets.size()) + " datasets)" : "";
+        std::printf("  samples     %s train + %s test = %s%s\n", format_count(d.train).c_str(),
+                    format_count(d.test).c_str(), format_count(total_samples(d)).c_str(), all.c_str());
+        const std::string inputs = d.input ? "; inputs " + format_bytes(input_bytes(d)) : "";
+        std::printf("  in memory   %s (%s bytes%s)\n", format_bytes(dataset_bytes(d)).c_str(),
+                    format_count(dataset_bytes(d)).c_str(), inputs.c_str());
         std::printf("  on disk     %s%s\n", format_bytes(disk_bytes(d)).c_str(),
                     d.on_disk        ? " (already there)"
                     : d.stored_bytes ? ""
-                                     : " (npy files as dsgen writes them)");
+                                     : " (npy files as dsgen and dsconvert write them)");
     }
 }
 
@@ -416,8 +488,9 @@ void print_capacity(const DataSpec& d, const std::vector<Capacity>& caps) {
         rows[0].push_back("placement");
     }
     for (const Capacity& c : caps) {
-        rows.push_back({std::string(dtype_name(c.dtype)), format_count(c.bytes_per_sample) + " B",
-                        opt_count(c.ram_samples), opt_count(c.disk_samples), opt_count(c.gpu_samples)});
+        rows.push_back({c.dtype ? std::string(dtype_name(*c.dtype)) : "as stored",
+                        format_count(c.bytes_per_sample) + " B", opt_count(c.ram_samples), opt_count(c.disk_samples),
+                        opt_count(c.gpu_samples)});
         if (c.dataset_bytes) {
             rows.back().push_back(format_bytes(*c.dataset_bytes));
             rows.back().push_back(std::string(fit_name(*c.fit)));
@@ -478,9 +551,9 @@ void print_epoch(const Inputs& in, Fit path, const std::optional<EpochEstimate>&
         if (path == Fit::disk && !e->read_seconds)
             std::printf("  I/O-bound?  unknown (run dsbench on this disk and give --bench FILE)\n");
         if (e->prefetch) std::printf("  recommended --prefetch %u\n", *e->prefetch);
-        std::printf("  recommended chunk size %s samples (%s of input, >= %s, whole batches)\n",
+        std::printf("  recommended chunk size %s samples (%s of the widest field, >= %s, whole batches)\n",
                     format_count(e->chunk_samples).c_str(),
-                    format_bytes(e->chunk_samples * input_bytes_per_sample(d)).c_str(),
+                    format_bytes(e->chunk_samples * widest_field_bytes(d)).c_str(),
                     format_bytes(min_chunk_bytes).c_str());
     }
     if (in.order == Order::full && path == Fit::disk)
@@ -488,14 +561,15 @@ void print_epoch(const Inputs& in, Fit path, const std::optional<EpochEstimate>&
                 "sequential");
 }
 
-void print_table(const Inputs& in, const std::vector<TableRow>& table, const std::vector<DType>& table_types) {
+void print_table(const Inputs& in, const std::vector<TableRow>& table,
+                 const std::vector<std::optional<DType>>& table_types) {
     const DataSpec& d = in.data;
     if (in.table) {
-        std::printf("quick reference (%s, %s per ring, OS reserve %s, headroom %s)\n", d.shape.str().c_str(),
+        std::printf("quick reference (%s, %s per ring, OS reserve %s, headroom %s)\n", sample_text(d, false).c_str(),
                     format_bytes(ring_bytes(d, in.job)).c_str(), format_bytes(in.assumptions.os_reserve).c_str(),
                     format_headroom(in.assumptions.headroom_ppm).c_str());
         std::vector<std::vector<std::string>> t{{"RAM", "max dataset"}};
-        for (const DType ty : table_types) t[0].push_back("samples " + std::string(dtype_name(ty)));
+        for (const auto& ty : table_types) t[0].push_back(ty ? "samples " + std::string(dtype_name(*ty)) : "samples");
         for (const TableRow& r : table) {
             t.push_back({format_bytes(r.ram), format_bytes(r.usable)});
             for (const std::uint64_t n : r.max_samples) t.back().push_back(format_count(n));
@@ -506,7 +580,7 @@ void print_table(const Inputs& in, const std::vector<TableRow>& table, const std
 
 void print_text(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
                 Fit path, const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
-                const std::vector<DType>& table_types) {
+                const std::vector<std::optional<DType>>& table_types) {
     print_machine(in.machine);
     print_budgets(in, b);
     print_data(in);
@@ -527,9 +601,48 @@ template <class T> json opt(const std::optional<T>& v) {
     return v ? json(*v) : json(nullptr);
 }
 
+// "data": the fields, their roles, the datasets and the sizes.
+json data_json(const Inputs& in) {
+    const DataSpec& d = in.data;
+    const FieldSpec* x = d.input_field();
+    json fields = json::array();
+    for (const FieldSpec& f : d.fields)
+        fields.push_back({{"name", f.name},
+                          {"shape", f.shape.str()},
+                          {"dtype", dtype_name(f.dtype)},
+                          {"bytes_per_sample", f.bytes()}});
+    json datasets = json::array();
+    for (const NamedData& m : in.datasets)
+        datasets.push_back({{"dir", m.name},
+                            {"train", m.data.train},
+                            {"test", m.data.test},
+                            {"disk_bytes", disk_bytes(m.data)},
+                            {"dataset_bytes", dataset_bytes(m.data)}});
+    json data = {{"fields", fields},
+                 {"input_field", x ? json(x->name) : json(nullptr)},
+                 {"label_field", d.label ? json(d.fields[*d.label].name) : json(nullptr)},
+                 {"shape", x ? json(x->shape.str()) : json(nullptr)},
+                 {"dtype", x ? json(dtype_name(x->dtype)) : json(nullptr)},
+                 {"label_dtype", d.label ? json(dtype_name(d.fields[*d.label].dtype)) : json(nullptr)},
+                 {"input_bytes_per_sample", input_bytes_per_sample(d)},
+                 {"label_bytes_per_sample", label_bytes_per_sample(d)},
+                 {"bytes_per_sample", bytes_per_sample(d)},
+                 {"dataset", in.datasets.empty() ? json(nullptr) : json(in.datasets.front().name)},
+                 {"datasets", datasets},
+                 {"on_disk", d.on_disk}};
+    if (d.has_samples()) {
+        data["train"] = d.train;
+        data["test"] = d.test;
+        data["input_bytes"] = input_bytes(d);
+        data["dataset_bytes"] = dataset_bytes(d);
+        data["disk_bytes"] = disk_bytes(d);
+    }
+    return data;
+}
+
 json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& caps, const std::optional<Verdict>& v,
              Fit path, const std::optional<EpochEstimate>& e, const std::vector<TableRow>& table,
-             const std::vector<DType>& table_types, std::optional<bool> check_passed) {
+             const std::vector<std::optional<DType>>& table_types, std::optional<bool> check_passed) {
     const Machine& m = in.machine;
     const DataSpec& d = in.data;
     json doc;
@@ -546,23 +659,11 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
     doc["assumptions"] = {{"os_reserve_bytes", in.assumptions.os_reserve},
                           {"headroom_percent", in.assumptions.headroom_ppm / 10'000.0}};
     const auto budget = [](const Figure& f) { return f.known() ? json(f.bytes) : json(nullptr); };
-    doc["budgets"] = {{"ram_bytes", budget(b.ram)}, {"disk_bytes", budget(b.disk)}, {"gpu_bytes", budget(b.gpu)}};
-    json data = {{"shape", d.shape.str()},
-                 {"dtype", dtype_name(d.dtype)},
-                 {"label_dtype", d.label_dtype ? json(dtype_name(*d.label_dtype)) : json(nullptr)},
-                 {"input_bytes_per_sample", input_bytes_per_sample(d)},
-                 {"label_bytes_per_sample", label_bytes_per_sample(d)},
-                 {"bytes_per_sample", bytes_per_sample(d)},
-                 {"dataset", in.dataset_dir.empty() ? json(nullptr) : json(in.dataset_dir)},
-                 {"on_disk", d.on_disk}};
-    if (d.has_samples()) {
-        data["train"] = d.train;
-        data["test"] = d.test;
-        data["input_bytes"] = input_bytes(d);
-        data["dataset_bytes"] = dataset_bytes(d);
-        data["disk_bytes"] = disk_bytes(d);
-    }
-    doc["data"] = data;
+    doc["budgets"] = {{"ram_bytes", budget(b.ram)},
+                      {"disk_bytes", budget(b.disk)},
+                      {"gpu_bytes", budget(b.gpu)},
+                      {"notes", budget_notes(in, b)}};
+    doc["data"] = data_json(in);
     doc["job"] = {{"batch", in.job.batch},
                   {"prefetch", in.job.prefetch},
                   {"ring_bytes", ring_bytes(d, in.job)},
@@ -573,7 +674,7 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
                   {"model_footprint_bytes", in.job.model_bytes ? json(*in.job.model_bytes) : json(nullptr)}};
     json cj = json::array();
     for (const Capacity& c : caps) {
-        cj.push_back({{"dtype", dtype_name(c.dtype)},
+        cj.push_back({{"dtype", c.dtype ? json(dtype_name(*c.dtype)) : json(nullptr)},
                       {"bytes_per_sample", c.bytes_per_sample},
                       {"ram_samples", opt(c.ram_samples)},
                       {"disk_samples", opt(c.disk_samples)},
@@ -618,7 +719,8 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
         for (const TableRow& r : table) {
             json row = {{"ram_bytes", r.ram}, {"usable_bytes", r.usable}};
             for (std::size_t i = 0; i < table_types.size(); ++i)
-                row["max_samples"][std::string(dtype_name(table_types[i]))] = r.max_samples[i];
+                row["max_samples"][table_types[i] ? std::string(dtype_name(*table_types[i])) : "as_stored"] =
+                    r.max_samples[i];
             t.push_back(row);
         }
         doc["table"] = t;
@@ -642,7 +744,7 @@ void run_plan(const PlanOptions& o) {
         path = epoch_path(in, v->fit);
         e = estimate_epoch(in.data, in.job, path, in.rates, in.compute_rate, in.order == Order::full);
     }
-    std::vector<DType> table_types;
+    std::vector<std::optional<DType>> table_types;
     for (const Capacity& c : caps) table_types.push_back(c.dtype);
     const std::vector<TableRow> table =
         in.table ? quick_reference(in.data, in.job, table_types, in.assumptions) : std::vector<TableRow>{};

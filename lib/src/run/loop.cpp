@@ -14,6 +14,7 @@
 #include "dstk/signals.hpp"
 #include "dstk/units.hpp"
 #include "run/stages.hpp"
+#include "run/tensorboard_log.hpp"
 #if defined(DSTK_HAVE_CUDA)
 #include "dstk/data/gpu_ops.hpp"
 #endif
@@ -110,6 +111,12 @@ class ComputeTimer {
     double seconds_ = 0;
 };
 
+void add_metrics(train::Metrics& sum, const train::Metrics& m) {
+    sum.samples += m.samples;
+    sum.correct += m.correct;
+    sum.loss_sum += m.loss_sum;
+}
+
 void add_step(LoopTimes& t, Clock::time_point t0, Clock::time_point t1, Clock::time_point t2, Clock::time_point t3) {
     t.next += std::chrono::duration<double>(t1 - t0).count();
     t.launch += std::chrono::duration<double>(t2 - t1).count();
@@ -149,7 +156,7 @@ class Loop {
     Loop(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out, const Checkpointer& ck,
          CheckpointPosition pos, const Ceiling& c, JsonLog& log, RunReport& r)
         : s_(s), e_(e), d_(d), out_(out), ck_(ck), pos_(pos), c_(c), log_(log), r_(r),
-          compute_(s.trainer->compute_stream()), steps_(pos.steps) {}
+          compute_(s.trainer->compute_stream()), steps_(pos.steps), board_(s.root() ? e.tensorboard : "", out) {}
 
     void run() {
         if (s_.on_gpu()) s_.meter->reset_peak();
@@ -168,6 +175,7 @@ class Loop {
         const std::uint64_t epoch_start = steps_ - pos_.steps;
         s_.train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
+        window_ = {Clock::now(), 0, 0.0};
         EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
                                s_.steps_per_epoch - first, static_cast<std::uint32_t>(s_.global_batch()), out_);
         for (auto h0 = Clock::now(); const Batch* b = s_.train_src->next(); h0 = Clock::now()) {
@@ -180,6 +188,7 @@ class Loop {
             const bool stop = after_step({epoch, batch_index, steps_});
             add_step(o.loop, h0, h1, h2, Clock::now());
             progress.step(o.loop.next);
+            if (board_.due()) board_point(o.loop);
             if (stop) break;
         }
         progress.finish();
@@ -195,7 +204,9 @@ class Loop {
         o.stages = s_.train_src->take_times();
         o.stages.compute = compute_.take(&o.loop.between);
         if (epoch == pos_.epoch) o.stages.read += c_.load_seconds;
-        o.report.train = s_.trainer->take_train_metrics();
+        if (board_.on()) board_point(o.loop); // the epoch's last steps
+        o.report.train = std::exchange(taken_, {});
+        add_metrics(o.report.train, s_.trainer->take_train_metrics());
         const auto t1 = Clock::now();
         if (d_.eval_every == 0 || stopped_) o.report.test = evaluate();
         o.report.train_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -215,6 +226,7 @@ class Loop {
         o.peaks = s_.world->gather(o.peak);
         o.peak = *std::max_element(o.peaks.begin(), o.peaks.end());
         if (s_.root()) report_epoch(s_, e_, o, c_, log_, out_);
+        board_.epoch(s_, o, c_);
         if (s_.on_gpu() && !c_.managed && !warned_ceiling_ && o.peak > c_.bytes) {
             warned_ceiling_ = true;
             warn_over_ceiling(o.peak, c_, r_);
@@ -242,8 +254,11 @@ class Loop {
         }
         if (d_.checkpoint_every && here.steps % d_.checkpoint_every == 0 && here.next_batch < s_.steps_per_epoch)
             ck_.write(*s_.trainer, here);
-        if (d_.eval_every && here.steps % d_.eval_every == 0 && s_.test_src)
-            report_eval(here.steps, evaluate(), log_, out_);
+        if (d_.eval_every && here.steps % d_.eval_every == 0 && s_.test_src) {
+            const train::Metrics m = evaluate();
+            report_eval(here.steps, m, log_, out_);
+            board_.eval(here.steps, m);
+        }
         if (d_.max_steps && here.steps >= d_.max_steps) stopped_ = true;
         return stopped_;
     }
@@ -292,6 +307,25 @@ class Loop {
         return hashes;
     }
 
+    // --tensorboard: a step point over the steps since the previous one. It
+    // takes the trainer's metrics, which the epoch's figures then add up.
+    void board_point(const LoopTimes& t) {
+        const train::Metrics m = s_.trainer->take_train_metrics();
+        add_metrics(taken_, m);
+        StepWindow w;
+        w.step = steps_;
+        w.steps = t.steps - window_.first_step;
+        w.train = m;
+        w.seconds = seconds_since(window_.start);
+        w.host_wait = t.next - window_.waited;
+        w.lr = train::learning_rate(s_.tc.optimizer, s_.tc.schedule, steps_);
+        w.host_rss = current_rss_bytes();
+        if (s_.on_gpu()) w.gpu_peak = s_.meter->peak();
+        w.ranks = s_.ranks();
+        board_.step(w);
+        window_ = {Clock::now(), t.steps, t.next};
+    }
+
     // The epoch's peak: samples every 0.25 s of training and one after evaluation and checkpoint.
     std::uint64_t epoch_peak() {
         if (!s_.on_gpu()) return 0;
@@ -316,6 +350,13 @@ class Loop {
     std::uint64_t steps_;
     Clock::time_point sampled_;
     bool stopped_ = false, warned_ceiling_ = false;
+    TensorBoardLog board_;
+    train::Metrics taken_; // this epoch's metrics taken for step points
+    struct {
+        Clock::time_point start;
+        std::uint64_t first_step = 0; // LoopTimes::steps at the window's start
+        double waited = 0;            // LoopTimes::next there
+    } window_;
 };
 
 } // namespace

@@ -95,6 +95,18 @@ std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutco
     return line.str();
 }
 
+// The class count and where it came from: a count dsconvert took from the
+// largest label misses the classes no sample shows, silently otherwise.
+std::string classes_text(const Manifest& m, std::uint32_t classes) {
+    const auto it = m.provenance.params.find("num_classes_from");
+    std::string from = "num_classes of dataset.json";
+    if (it != m.provenance.params.end())
+        from += ", from " + it->second + " (" + m.provenance.tool + ")";
+    else if (!m.provenance.tool.empty())
+        from += ", written by " + m.provenance.tool;
+    return std::to_string(classes) + " classes (" + from + ")";
+}
+
 } // namespace
 
 std::string fixed(double v, int digits) {
@@ -140,7 +152,7 @@ RunReport first_report(const Session& s) {
 void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out) {
     note(out, "dstrain: model " + s.tc.plan.name + " (" + train::to_spec_string(s.spec) + ")");
     note(out, "dstrain: " + format_count(s.tc.plan.params) + " parameters, input " + s.tc.plan.input.str() + " " +
-                  std::string(dtype_name(s.x->dtype)) + ", " + std::to_string(s.classes) + " classes, " +
+                  std::string(dtype_name(s.x->dtype)) + ", " + classes_text(s.ds->manifest(), s.classes) + ", " +
                   format_count(s.train_split->samples) + " train / " +
                   format_count(s.test_split ? s.test_split->samples : 0) + " test samples, device " + r.device + ", " +
                   r.precision);

@@ -1,6 +1,7 @@
 #include "dstk/run/train_run.hpp"
 
 #include "dstk/model/run_model.hpp"
+#include "run/cpu_estimate.hpp"
 #include "run/stages.hpp"
 
 namespace dstk::run {
@@ -27,6 +28,7 @@ RunReport run_training(const TrainOptions& given, const DataOptions& d, const Ou
     JsonLog log(s.root() ? e.log_json : std::string(), d.resume, e.files.force);
     const Ceiling c = measure_ceiling(s, pos.epoch, r);
     report_ceiling(s, c, r, log, out);
+    estimate_cpu_epoch(s, e, out);
     train_epochs(s, e, d, out, ck, pos, c, log, r);
     s.trainer->average_states(); // every rank: a collective
     if (s.root()) model::save_trained(*s.trainer, s.spec, s.ds->dir().string(), s.x->checksum, save_to, out);

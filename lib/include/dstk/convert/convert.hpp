@@ -16,5 +16,10 @@ void run_convert(const ConvertOptions& o);
 // --shard run, then makes o.output a dataset whose fields list the parts'
 // files (FieldInfo::parts), hard-linked (or, with o.move, renamed) into it.
 void run_merge(const ConvertOptions& o);
+// dsconvert --concat: checks that o.concat_members have the same fields,
+// dtypes and shapes, then makes o.output a dataset whose fields list the
+// members' files in order (FieldInfo::parts), hard-linked (else copied, or
+// with o.move renamed) into it; o.dataset_field adds the member index field.
+void run_concat(const ConvertOptions& o);
 
 } // namespace dstk

@@ -1,6 +1,8 @@
 #pragma once
 // The input formats of dsconvert, read as streams of samples: a dataset
-// directory, .npy, .npz (stored or deflated), raw binary (sample- or
+// directory, .npy (a file, or a directory of .npy files of one length per
+// split: one field per file), .npz (stored or deflated: one field per array),
+// raw binary (sample- or
 // feature-major), v28b (images_*.bin + labels_*.bin, feature-major), MNIST IDX
 // (plain or gzip, a file or a directory of images/labels pairs) and CIFAR-10
 // binary batches. Every header parser checks counts against the bytes present
@@ -68,6 +70,10 @@ struct Source {
     std::vector<SourceSplit> splits;
     std::optional<std::uint32_t> num_classes;
     std::optional<Manifest> manifest; // the input's, for a dataset directory
+    // The fields with the input and label roles; empty where none has it
+    // (arrays named neither by --input/--label nor by the usual names).
+    std::string input_field = "x", label_field = "y";
+    bool roles_applied = false;       // --input/--label resolved by the opener (by array names)
     bool rereadable = true;           // false for stdin
     std::vector<std::string> notices; // what was guessed (e.g. HWC images), for the user
 };
@@ -85,19 +91,22 @@ struct RawInputOptions {
     // --labels: an IDX label file (plain or gzip) that gives field y to raw or
     // IDX-file images (stdin included); its count must match the images'.
     std::filesystem::path labels;
-    // .npz arrays that hold the inputs (x) and the labels (y), by member name
-    // ("x_train", "images") or by the field name after the split suffix is
-    // taken off ("images" for images_train and images_test); empty: found
-    // by the usual names.
-    std::string x_array, y_array;
-    // Images stored height x width x channels (nhwc) are transposed to CHW;
-    // automatic: where the last axis is 1, 3 or 4 and the others are not.
+    // --input, --label: the fields (or .npz arrays, or .npy files of a
+    // directory) that take the input and the label roles, by member name
+    // ("x_train", "positions") or by the field name after the split affix is
+    // taken off ("positions" for positions_train and positions_test); empty:
+    // the input's own roles (a dataset's manifest; x and y of the formats
+    // that have them; arrays with the usual names).
+    std::string input, label;
+    // The input field's images stored height x width x channels (nhwc) are
+    // transposed to CHW; automatic: where the last axis is 1, 3 or 4 and the
+    // others are not.
     InLayout in_layout = InLayout::automatic;
 };
 
 // Detects the format when `format` is automatic, then opens every split and
-// field. `path` "-" is stdin (raw and IDX only); raw stdin without labels
-// has no known count (count_known false).
+// field and sets the roles. `path` "-" is stdin (raw and IDX only); raw stdin
+// without labels has no known count (count_known false).
 Source open_source(const std::filesystem::path& path, InputFormat format, const RawInputOptions& raw, ThreadPool& pool);
 
 // Header parsers, exposed for the fuzzers and unit tests; each throws

@@ -25,6 +25,11 @@ struct SplitFraction {
 // "train=0.9,test=0.1": fractions must be positive and sum to 1 (within 1e-6).
 std::vector<SplitFraction> parse_split_fractions(const std::string& text);
 
+struct ConvertOptions;
+// The --dtype values: a bare DTYPE (the input field's, at most one) or
+// FIELD=DTYPE (each field once); usage errors otherwise.
+void parse_dtype_options(const std::vector<std::string>& texts, ConvertOptions& o);
+
 struct ConvertOptions {
     std::filesystem::path input, output;
     bool verify_only = false; // dsconvert --verify DIR
@@ -33,8 +38,10 @@ struct ConvertOptions {
     InputFormat from = InputFormat::automatic;
     RawInputOptions raw; // --shape, --in-dtype, --layout, --label-dtype
 
-    std::optional<OutputFormat> to;           // default: dataset, or npy/raw by the output's extension
-    std::optional<DType> dtype;               // of the input field (x); integer labels are stored as i32
+    std::optional<OutputFormat> to; // default: dataset, or npy/raw by the output's extension
+    std::optional<DType> dtype;     // of the input field; integer class labels are stored as i32
+    // --dtype FIELD=DTYPE: the dtype of other fields (f32 targets as bf16), in the order given.
+    std::vector<std::pair<std::string, DType>> field_dtypes;
     std::optional<std::uint32_t> num_classes; // --num-classes; default: the input's, else max label + 1
     std::optional<double> scale, offset;
     std::string range;                        // "", "auto" or "LO:HI"
@@ -52,6 +59,12 @@ struct ConvertOptions {
     // OUTPUT by hard links (or renames with --move), never copies.
     std::vector<std::filesystem::path> merge_parts;
     bool move = false;
+    // --concat MEMBER... OUTPUT: datasets with the same fields joined, in
+    // order, into the dataset OUTPUT (hard links where the filesystem
+    // allows, else copies); with dataset_field, an i32 field "dataset" holds
+    // each sample's member index.
+    std::vector<std::filesystem::path> concat_members;
+    bool dataset_field = false;
     bool resume = false; // keep .OUTPUT.partial/ when interrupted; continue from it
     bool force = false;
     unsigned threads = 0; // 0: all cores

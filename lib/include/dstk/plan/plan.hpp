@@ -64,33 +64,60 @@ struct Budgets {
 // RAM: (ram - os_reserve) x (1 - headroom); disk and GPU: figure x (1 - headroom).
 Budgets compute_budgets(const Machine& m, const Assumptions& a);
 
-// The data: one input field and, optionally, a label per sample.
-struct DataSpec {
-    Shape shape;
+// One field of a sample.
+struct FieldSpec {
+    std::string name;
+    Shape shape; // per sample; empty: a scalar
     DType dtype = DType::f32;
-    std::optional<DType> label_dtype = DType::i32; // nullopt: no labels
-    std::uint64_t train = 0, test = 0;             // samples; train == 0 and test == 0: capacity only
+    std::uint64_t bytes() const { return sample_bytes(shape, dtype); }
+};
+// "NAME:SHAPE:DTYPE" (--field): "robs:120:f32", "stim:1x36x36:u8"; a scalar
+// has an empty SHAPE ("moves::i32"). Usage error naming --field otherwise.
+FieldSpec parse_field_spec(std::string_view text);
+
+// The data: the fields of a sample, the samples, and where they are stored.
+struct DataSpec {
+    std::vector<FieldSpec> fields;
+    // The fields with the input and label roles (indices in fields). The
+    // capacity rows vary the input's dtype; without one they size the
+    // fields as they are.
+    std::optional<std::size_t> input, label;
+    std::uint64_t train = 0, test = 0; // samples; train == 0 and test == 0: capacity only
     // Bytes on disk where they are known and differ from the npy layout
-    // (an existing dataset: the sum of its files, compressed or not).
+    // (existing datasets: the sum of their files, compressed or not).
     std::optional<std::uint64_t> stored_bytes;
-    bool on_disk = false;    // an existing dataset: it already has its disk space
-    bool compressed = false; // zstd-chunked input: an epoch from disk decodes what it reads
+    bool on_disk = false;    // existing datasets: they already have their disk space
+    bool compressed = false; // zstd-chunked fields: an epoch from disk decodes what it reads
 
     bool has_samples() const { return train + test > 0; }
+    const FieldSpec* input_field() const { return input ? &fields.at(*input) : nullptr; }
 };
+// The classic sample: an input field "x" and, unless `label` is nullopt, a
+// scalar label field "y" (what --shape, --dtype and --label-dtype describe).
+DataSpec input_and_label(const Shape& shape, DType dtype, std::optional<DType> label);
 
-std::uint64_t input_bytes_per_sample(const DataSpec& d);
-std::uint64_t label_bytes_per_sample(const DataSpec& d); // 0 without labels
-std::uint64_t bytes_per_sample(const DataSpec& d);       // input + label
+std::uint64_t input_bytes_per_sample(const DataSpec& d); // 0 without an input field
+std::uint64_t label_bytes_per_sample(const DataSpec& d); // 0 without a label field
+std::uint64_t bytes_per_sample(const DataSpec& d);       // every field
+std::uint64_t widest_field_bytes(const DataSpec& d);     // per sample: what sets the chunk size
 std::uint64_t total_samples(const DataSpec& d);          // train + test, checked
 // Bytes in memory (RAM or GPU), decoded: samples x bytes_per_sample.
 std::uint64_t dataset_bytes(const DataSpec& d);
 std::uint64_t input_bytes(const DataSpec& d); // samples x input bytes per sample
 // Bytes on disk: stored_bytes, or the npy layout (data plus one .npy header
-// per field per split, as dsgen writes it).
+// per field per split, as dsgen and dsconvert write it).
 std::uint64_t disk_bytes(const DataSpec& d);
 // The npy headers of that layout, for n samples split as train/test.
 std::uint64_t npy_overhead(const DataSpec& d);
+
+// Several datasets sized as one (dsplan --dataset A --dataset B): the same
+// fields, samples and stored bytes added up. Usage error naming the first
+// difference in fields, dtypes or shapes.
+struct NamedData {
+    std::string name; // the dataset's directory
+    DataSpec data;
+};
+DataSpec combine_data(const std::vector<NamedData>& members);
 
 // The training job, for the GPU footprint.
 struct Job {
@@ -101,8 +128,8 @@ struct Job {
     std::optional<std::uint64_t> model_bytes;
 };
 
-// K batch slots of input and labels: the device ring in stream placement
-// (the pinned host ring is the same size, in RAM).
+// K batch slots of every field: the device ring in stream placement (the
+// pinned host ring is the same size, in RAM).
 std::uint64_t ring_bytes(const DataSpec& d, const Job& j);
 
 // Which budget the data fits: GPU memory (device), RAM, disk, or none of them.
@@ -133,15 +160,17 @@ Verdict plan_placement(const DataSpec& d, const Job& j, const Budgets& b);
 // Fixes list compression before "fewer samples" only up to this ratio.
 inline constexpr double plausible_zstd_ratio = 2.0;
 
-// What fits, for one dtype of the input field.
+// What fits, for one dtype of the input field (nullopt: the fields as they
+// are, for data without an input field).
 struct Capacity {
-    DType dtype = DType::f32;
+    std::optional<DType> dtype;
     std::uint64_t bytes_per_sample = 0;
     std::optional<std::uint64_t> ram_samples, disk_samples, gpu_samples; // most samples in each budget
     std::optional<std::uint64_t> dataset_bytes;                          // when the data has samples
     std::optional<Fit> fit;                                              // when the data has samples
 };
-// The input field's dtype first, then u8, bf16 (f16 is the same size) and f32.
+// The input field's dtype first, then u8, bf16 (f16 is the same size) and
+// f32; without an input field, one row of the fields as they are.
 std::vector<Capacity> capacity_by_dtype(const DataSpec& d, const Job& j, const Budgets& b);
 // Most samples n with n x per_sample + fixed <= budget (0 when fixed > budget).
 std::uint64_t max_samples(std::uint64_t budget, std::uint64_t per_sample, std::uint64_t fixed = 0);
@@ -152,7 +181,8 @@ struct TableRow {
     std::vector<std::uint64_t> max_samples; // one per dtype column
 };
 std::vector<std::uint64_t> table_ram_sizes(); // 16, 32, 64, 128, 256, 512 GiB, 1 TiB
-std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span<const DType> columns,
+// One column per input dtype (nullopt: the fields as they are).
+std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span<const std::optional<DType>> columns,
                                       const Assumptions& a);
 
 // Measured rates, from dsbench's JSON (bytes per second; nullopt where not measured).
@@ -193,9 +223,10 @@ inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{4} << 20;
 
 // The options of the dsplan command line, as typed; run_plan validates them.
 struct PlanOptions {
-    std::string ram, disk, gpu_mem; // empty: detect
-    std::string dir;                // where the dataset lives (free disk); default: --dataset or "."
-    std::string dataset;            // an existing dataset directory
+    std::string ram, disk, gpu_mem;    // empty: detect
+    std::string dir;                   // where the dataset lives (free disk); default: the first --dataset, or "."
+    std::vector<std::string> datasets; // existing dataset directories (sized together)
+    std::vector<std::string> fields;   // NAME:SHAPE:DTYPE (--field)
     std::string shape, dtype, label_dtype = "i32", samples, test = "0";
     std::uint32_t batch = 256, prefetch = 4;
     std::string model;                    // a dstrain model name or spec (validated against the shape)

@@ -40,6 +40,7 @@ struct TrainOptions {
     bool deterministic = false; // cuda: deterministic cuDNN algorithms and kernels only (TrainerConfig)
     train::KernelMode kernels = train::KernelMode::automatic; // cuda: --kernels (TrainerConfig::kernels)
     std::string log_json;     // JSON lines: the memory ceiling, then one per epoch (and per --eval-every)
+    std::string tensorboard;  // directory for a TensorBoard event file (run/tensorboard_log.hpp); empty: none
     std::string command_line; // recorded in checkpoints
     // The options given on the command line, recorded in checkpoints for
     // --resume (dstk/checkpoint.hpp, resume_options).

@@ -33,6 +33,8 @@ Source open_dataset_dir(const fs::path& dir, ThreadPool& pool) {
     s.description = "dataset directory";
     s.manifest = load_manifest(dir);
     s.num_classes = s.manifest->num_classes;
+    s.input_field = s.manifest->input_field;
+    s.label_field = s.manifest->label_field;
     for (const SplitInfo& sp : s.manifest->splits) {
         SourceSplit split;
         split.name = sp.name;

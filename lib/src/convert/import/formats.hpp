@@ -15,7 +15,18 @@ class ThreadPool;
 
 namespace dstk::import {
 
-Source open_npy(const fs::path& path);
+// A .npy file (field x), or a directory of .npy files (one field per file).
+Source open_npy(const fs::path& path, const RawInputOptions& raw);
+// An array of a named collection (an .npz member, a .npy file of a directory).
+struct NamedArray {
+    std::string member; // its name without .npy: "x_train", "positions"
+    SourceField field;
+    std::uint64_t samples = 0;
+};
+// One field per array, in the splits their names' affixes give; the roles
+// from raw.input/raw.label, else from the usual names. `where` names the
+// collection in messages.
+Source source_from_arrays(std::vector<NamedArray> arrays, const RawInputOptions& raw, const std::string& where);
 // One field of an .npy file or .npz member whose header `h` starts its data at `offset`.
 SourceField npy_field_from(std::shared_ptr<File> f, const NpyHeader& h, std::uint64_t offset, std::string name,
                            const std::string& source);

@@ -185,8 +185,9 @@ void attach_labels(Source& s, const fs::path& images, const RawInputOptions& raw
                           std::to_string(s.splits.size()) + " splits");
     SourceSplit& split = s.splits.front();
     for (const auto& f : split.fields)
-        if (f.name == "y")
-            throw usage_error("--labels: '" + images.string() + "' already holds labels (field y); drop --labels");
+        if (f.name == "y" || f.name == s.label_field)
+            throw usage_error("--labels: '" + images.string() + "' already holds labels (field " + f.name +
+                              "); drop --labels");
     std::string prefix;
     bool is_images = false;
     if (images == "-" && idx_name(labels.filename().string(), prefix, is_images) && !is_images)
@@ -195,7 +196,8 @@ void attach_labels(Source& s, const fs::path& images, const RawInputOptions& raw
     SourceField y;
     const std::string ext = lower(labels.extension().string());
     if (labels != "-" && (ext == ".npy" || ext == ".npz")) {
-        y = labels_in_memory(ext == ".npy" ? open_npy(labels) : open_npz(labels, RawInputOptions{}), labels, count);
+        y = labels_in_memory(ext == ".npy" ? open_npy(labels, RawInputOptions{}) : open_npz(labels, RawInputOptions{}),
+                             labels, count);
     } else if (labels == "-" || looks_like_idx(labels)) {
         std::uint32_t classes = 0;
         y.name = "y";
@@ -213,6 +215,7 @@ void attach_labels(Source& s, const fs::path& images, const RawInputOptions& raw
                                        std::to_string(split.samples) + " samples");
     }
     split.fields.push_back(std::move(y));
+    s.label_field = "y";
 }
 
 } // namespace dstk::import

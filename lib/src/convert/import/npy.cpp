@@ -48,22 +48,54 @@ SourceField npy_field_from(std::shared_ptr<File> f, const NpyHeader& h, std::uin
     return sf;
 }
 
-Source open_npy(const fs::path& path) {
+namespace {
+
+// The header of a whole .npy file, checked against the file's size.
+NpyHeader whole_npy_header(const File& f) {
+    const NpyHeader h = read_npy_header_fd(f.fd, f.path.string());
+    if (h.data_offset + h.data_bytes() != f.bytes)
+        bad_input(f.path.string(), "header (shape " + Shape{h.shape}.str() + " of " + h.descr + ", " +
+                                       std::to_string(h.data_bytes()) + " bytes) disagrees with the file size (" +
+                                       std::to_string(f.bytes - std::min(f.bytes, h.data_offset)) +
+                                       " data bytes; file truncated?)");
+    if (h.shape.empty()) bad_input(f.path.string(), "a 0-d array has no samples (need at least one dimension)");
+    return h;
+}
+
+// A directory of .npy files: one field per file, named by the file.
+Source open_npy_dir(const fs::path& dir, const RawInputOptions& raw) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir))
+        if (ends_with(e.path().filename().string(), ".npy")) files.push_back(e.path());
+    std::sort(files.begin(), files.end()); // the fields' order, whatever the directory's
+    std::vector<NamedArray> arrays;
+    for (const fs::path& p : files) {
+        auto f = std::make_shared<File>(p);
+        const NpyHeader h = whole_npy_header(*f);
+        const std::string member = p.stem().string();
+        arrays.push_back({member, npy_field_from(f, h, h.data_offset, member, p.string()), h.shape[0]});
+    }
+    Source s = source_from_arrays(std::move(arrays), raw, dir.string());
+    s.format = InputFormat::npy;
+    s.description = "directory of .npy files";
+    return s;
+}
+
+} // namespace
+
+Source open_npy(const fs::path& path, const RawInputOptions& raw) {
+    if (path != "-" && fs::is_directory(path)) return open_npy_dir(path, raw);
     auto f = std::make_shared<File>(path);
-    const NpyHeader h = read_npy_header_fd(f->fd, path.string());
-    if (h.data_offset + h.data_bytes() != f->bytes)
-        bad_input(path.string(), "header (shape " + Shape{h.shape}.str() + " of " + h.descr + ", " +
-                                     std::to_string(h.data_bytes()) + " bytes) disagrees with the file size (" +
-                                     std::to_string(f->bytes - std::min(f->bytes, h.data_offset)) +
-                                     " data bytes; file truncated?)");
+    const NpyHeader h = whole_npy_header(*f);
     Source s;
     s.format = InputFormat::npy;
     s.description = ".npy file";
     SourceSplit split;
     split.name = "train";
     split.fields.push_back(npy_field_from(f, h, h.data_offset, "x", path.string()));
-    split.samples = h.shape.empty() ? 0 : h.shape[0];
+    split.samples = h.shape[0];
     s.splits.push_back(std::move(split));
+    s.label_field.clear();
     return s;
 }
 

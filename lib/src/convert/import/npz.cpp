@@ -1,25 +1,9 @@
 // .npz archives: stored or deflated members, zip64; arrays found by name.
 #include "formats.hpp"
 
-#include <map>
-
 namespace dstk::import {
 
 // ---- .npz ---------------------------------------------------------------
-
-// "x_train" -> (train, x); "train_y" -> (train, y); anything else -> (train, name).
-std::pair<std::string, std::string> npz_split_field(std::string name) {
-    if (ends_with(name, ".npy")) name.resize(name.size() - 4);
-    static const char* splits[] = {"train", "test", "val", "valid", "validation"};
-    for (const char* sp : splits) {
-        const std::string s = sp;
-        if (ends_with(name, "_" + s) && name.size() > s.size() + 1)
-            return {split_for_prefix(s), name.substr(0, name.size() - s.size() - 1)};
-        if (name.rfind(s + "_", 0) == 0 && name.size() > s.size() + 1)
-            return {split_for_prefix(s), name.substr(s.size() + 1)};
-    }
-    return {"train", name};
-}
 
 // A deflated member: its .npy header read through the inflater, then samples
 // streamed from it.
@@ -57,82 +41,15 @@ SourceField deflated_npy_field(const std::shared_ptr<File>& f, const ZipMember& 
     return sf;
 }
 
-// The arrays' fields named x and y: as --x-array/--y-array say, else by the
-// usual names (images/labels, data/target, X/y, features/targets); a lone
-// array (numpy's arr_0) is x.
-void name_npz_fields(std::vector<SourceSplit>& splits, std::map<std::string, std::string>& member_of,
-                     const RawInputOptions& raw, const std::string& where) {
-    std::size_t arrays = 0;
-    for (const auto& sp : splits) arrays += sp.fields.size();
-    for (auto& sp : splits) {
-        auto rename = [&](const std::string& from, const std::string& to) {
-            SourceField* hit = nullptr;
-            for (auto& f : sp.fields)
-                if (f.name == from || member_of[sp.name + "/" + f.name] == from) hit = &f;
-            if (!hit || hit->name == to) return hit != nullptr;
-            for (const auto& f : sp.fields)
-                if (f.name == to)
-                    bad_input(where, "array '" + from + "' would become field '" + to + "', which split '" + sp.name +
-                                         "' already has");
-            hit->name = to;
-            return true;
-        };
-        auto has = [&](const char* name) {
-            for (const auto& f : sp.fields)
-                if (f.name == name) return true;
-            return false;
-        };
-        bool x_found = !raw.x_array.empty() ? rename(raw.x_array, "x") : has("x");
-        bool y_found = !raw.y_array.empty() ? rename(raw.y_array, "y") : has("y");
-        if (arrays == 1 && !x_found && !y_found) x_found = rename(sp.fields.front().name, "x");
-        static const std::pair<const char*, const char*> usual[] = {
-            {"images", "labels"}, {"data", "target"},      {"X", "Y"},
-            {"X", "y"},           {"features", "targets"}, {"inputs", "targets"}};
-        for (const auto& [xn, yn] : usual) {
-            if (!x_found) x_found = rename(xn, "x");
-            if (!y_found) y_found = rename(yn, "y");
-        }
-    }
-    for (const auto& [opt, name] : {std::pair{"--x-array", raw.x_array}, std::pair{"--y-array", raw.y_array}}) {
-        if (name.empty()) continue;
-        bool found = false;
-        for (const auto& [key, member] : member_of) found |= member == name || key.substr(key.find('/') + 1) == name;
-        if (!found)
-            throw usage_error(std::string(opt) + " " + name + ": " + where +
-                              " has no such array (numpy's np.load(FILE).files lists them)");
-    }
-}
-
 Source open_npz(const fs::path& path, const RawInputOptions& raw) {
     auto f = std::make_shared<File>(path);
     const std::string where = path.string();
     const std::uint64_t tail_bytes = std::min<std::uint64_t>(f->bytes, 1 << 20);
     const auto tail = f->read_at(f->bytes - tail_bytes, tail_bytes);
     std::vector<ZipMember> members = parse_zip_directory(tail, f->bytes, where);
-    Source s;
-    s.format = InputFormat::npz;
-    s.description = ".npz archive";
-    std::map<std::string, SourceSplit> splits;
-    std::vector<std::string> order;
-    std::map<std::string, std::string> member_of; // "split/field" -> member name without .npy
+    std::vector<NamedArray> arrays;
     auto add = [&](const std::string& member, SourceField sf, std::uint64_t samples) {
-        auto [split, field] = npz_split_field(member);
-        sf.name = field;
-        member_of[split + "/" + field] = member.substr(0, member.size() - 4);
-        SourceSplit& sp = splits[split];
-        if (sp.name.empty()) {
-            order.push_back(split);
-            sp.name = split;
-            sp.samples = samples;
-        } else if (sp.samples != samples) {
-            bad_input(where + ":" + member, "has " + std::to_string(samples) +
-                                                " samples but the other arrays of split '" + split + "' have " +
-                                                std::to_string(sp.samples));
-        }
-        for (const auto& other : sp.fields)
-            if (other.name == sf.name)
-                bad_input(where, "two arrays map to field '" + sf.name + "' of split '" + split + "'");
-        sp.fields.push_back(std::move(sf));
+        arrays.push_back({member.substr(0, member.size() - 4), std::move(sf), samples});
     };
     for (ZipMember& m : members) {
         if (!ends_with(m.name, ".npy")) continue;
@@ -172,9 +89,9 @@ Source open_npz(const fs::path& path, const RawInputOptions& raw) {
         SourceField sf = deflated_npy_field(f, m, source, samples);
         add(m.name, std::move(sf), samples);
     }
-    if (order.empty()) bad_input(where, "holds no .npy arrays");
-    for (const std::string& name : order) s.splits.push_back(std::move(splits[name]));
-    name_npz_fields(s.splits, member_of, raw, where);
+    Source s = source_from_arrays(std::move(arrays), raw, where);
+    s.format = InputFormat::npz;
+    s.description = ".npz archive";
     return s;
 }
 

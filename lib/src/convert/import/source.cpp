@@ -5,6 +5,7 @@
 #include "dstk/enum_names.hpp"
 
 #include <cstring>
+#include <tuple>
 
 namespace dstk {
 namespace {
@@ -39,8 +40,9 @@ InputFormat detect_format(const fs::path& path) {
             bool images = false;
             if (idx_name(e.path().filename().string(), prefix, images)) return InputFormat::idx;
         }
+        if (has_file_starting(path, "", ".npy")) return InputFormat::npy;
         throw usage_error("cannot tell the format of directory '" + path.string() +
-                          "' (no dataset.json, CIFAR-10 batches, v28b or IDX files); give --from");
+                          "' (no dataset.json, CIFAR-10 batches, v28b, IDX or .npy files); give --from");
     }
     const std::string name = lower(path.filename().string());
     if (ends_with(name, ".npy")) return InputFormat::npy;
@@ -91,7 +93,7 @@ bool channel_count(std::uint64_t n) {
 }
 
 // --in-layout: images of the array formats stored HWC become CHW, the layout
-// dstk's models read.
+// dstk's models read; only the input field is images.
 void apply_in_layout(Source& s, InputFormat format, InLayout layout) {
     if (layout == InLayout::nchw) return;
     const bool arrays = format == InputFormat::npy || format == InputFormat::npz || format == InputFormat::raw;
@@ -102,24 +104,53 @@ void apply_in_layout(Source& s, InputFormat format, InLayout layout) {
                               std::string(input_format_name(format)) + " inputs have their own layout");
         return;
     }
+    if (s.input_field.empty() && layout == InLayout::nhwc)
+        throw usage_error("--in-layout nhwc applies to the input field, and the input names none; give --input NAME");
     for (auto& sp : s.splits)
         for (auto& f : sp.fields) {
-            if (f.name != "x") continue;
+            if (f.name != s.input_field) continue;
             const auto& d = f.shape.dims;
             const bool hwc = d.size() == 3 && channel_count(d[2]) && !channel_count(d[0]) && !channel_count(d[1]);
             if (layout == InLayout::nhwc && d.size() != 3)
-                throw usage_error("--in-layout nhwc needs samples of 3 dimensions (height x width x channels); x "
-                                  "has shape " +
-                                  f.shape.str());
+                throw usage_error("--in-layout nhwc needs samples of 3 dimensions (height x width x channels); " +
+                                  f.name + " has shape " + f.shape.str());
             if (layout == InLayout::automatic && !hwc) continue;
             const Shape chw{{d[2], d[0], d[1]}};
             if (layout == InLayout::automatic && &sp == &s.splits.front())
-                s.notices.push_back("x: samples of shape " + f.shape.str() +
+                s.notices.push_back(f.name + ": samples of shape " + f.shape.str() +
                                     " read as height x width x channels and transposed to " + chw.str() +
                                     " (give --in-layout nchw if they are not images with channels last)");
             f.stream = std::make_unique<HwcToChwField>(std::move(f.stream), f.shape, dtype_size(f.dtype));
             f.shape = chw;
         }
+}
+
+// The roles: --input/--label where given (the array formats resolve them
+// themselves, by member name too), else the format's own; a role that names
+// no field of the input is dropped (npy images without labels have no y).
+void apply_roles(Source& s, const RawInputOptions& raw, const std::filesystem::path& path) {
+    const SourceSplit& first = s.splits.front();
+    auto has = [&](const std::string& name) {
+        for (const auto& f : first.fields)
+            if (f.name == name) return true;
+        return false;
+    };
+    for (auto [role, given, flag] :
+         {std::tuple{&s.input_field, &raw.input, "--input"}, std::tuple{&s.label_field, &raw.label, "--label"}}) {
+        if (!given->empty() && !s.roles_applied) {
+            if (!has(*given)) {
+                std::string names;
+                for (const auto& f : first.fields) names += (names.empty() ? "" : ", ") + f.name;
+                throw usage_error(std::string(flag) + " " + *given + ": '" + path.string() +
+                                  "' has no such field (it has: " + names + ")");
+            }
+            *role = *given;
+        }
+        if (!has(*role)) role->clear();
+    }
+    if (!s.input_field.empty() && s.input_field == s.label_field)
+        throw usage_error("--input and --label name the same field '" + s.input_field +
+                          "'; a field has one role at most");
 }
 
 } // namespace
@@ -169,6 +200,7 @@ Source open_source(const fs::path& path, InputFormat format, const RawInputOptio
     if (format == InputFormat::automatic && path == "-" && (raw.shape || raw.dtype)) format = InputFormat::raw;
     if (format == InputFormat::automatic) format = detect_format(path);
     Source s = open_format(path, format, raw, pool);
+    apply_roles(s, raw, path);
     apply_in_layout(s, format, raw.in_layout);
     return s;
 }
@@ -189,7 +221,7 @@ Source open_format(const fs::path& path, InputFormat format, const RawInputOptio
                               ", which carries its own labels");
         if (raw.labels == "-" && path == "-") throw usage_error("--labels - : stdin already carries the images");
         Source s = format == InputFormat::raw   ? open_raw(path, raw)
-                   : format == InputFormat::npy ? open_npy(path)
+                   : format == InputFormat::npy ? open_npy(path, raw)
                    : format == InputFormat::npz ? open_npz(path, raw)
                                                 : open_idx_file(path);
         attach_labels(s, path, raw);
@@ -199,7 +231,7 @@ Source open_format(const fs::path& path, InputFormat format, const RawInputOptio
     case InputFormat::dataset:
         return open_dataset_dir(path, pool);
     case InputFormat::npy:
-        return open_npy(path);
+        return open_npy(path, raw);
     case InputFormat::npz:
         return open_npz(path, raw);
     case InputFormat::raw:
