@@ -101,10 +101,9 @@ void check_usable_stats(const Reader& r, const ChannelStats& cs, const std::stri
                    "not a finite number (the data holds NaN or Inf?); remove \"stats\" so that dstrain computes "
                    "them from the data, or re-create the dataset from finite values");
         if (!std::isfinite(cs.std[c]) || !(cs.std[c] > 0))
-            r.fail(at, format_number(cs.std[c]) +
-                           " cannot normalise (the input is divided by it: a std must be a positive finite number); "
-                           "remove \"stats\" so that dstrain computes them from the data, or write the channel's "
-                           "real std");
+            r.fail(at, format_number(cs.std[c]) + " cannot normalise channel " + std::to_string(c) +
+                           " (the input is divided by it: a std must be positive and finite); remove \"stats\" so "
+                           "that dstrain computes them from the data, or write the channel's real std");
     }
 }
 

@@ -131,7 +131,7 @@ for bad in "0" "-1.5"; do
     rm -rf std0 && cp -r ds std0
     edit_json std0/dataset.json "j['stats']['std'][0] = $bad"
     t 1 "$DSTRAIN" std0 "${TRAIN[@]}"
-    expect_stderr "std0/dataset.json: stats.std\[0\]: $bad cannot normalise \(the input is divided by it"
+    expect_stderr "std0/dataset.json: stats.std\[0\]: $bad cannot normalise channel 0 \(the input is divided by it"
     expect_stderr "remove \"stats\" so that dstrain computes them from the data"
     t 1 "$D" --verify std0
     expect_stderr "stats.std\[0\]"
