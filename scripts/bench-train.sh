@@ -2,6 +2,11 @@
 # dstrain against PyTorch on the same data, same model (ref-cnn), same batch,
 # data already in GPU memory, each configuration in RUNS fresh processes
 # (dstrain and PyTorch alternating), reported as min / median / max.
+# TASKS (default "cls reg heads"): cls, ref-cnn's classification; reg, the same
+# network regressing a float target of 10 values (mse); heads, ref-cnn's trunk
+# with two heads (cls=fc:10>ce:y, value=fc:1,tanh>mse:v). reg and heads train
+# on the same images with their targets added (bench-heads/), and the summary
+# gives each beside cls (dstk's target: >= 95%) and beside PyTorch (>= 1.5x).
 # Usage: scripts/bench-train.sh BUILD_DIR [WORK_DIR]
 # Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 bf16 fp32"),
 #      RUNS (fresh processes per configuration, default 5, at least 5 for the check),
@@ -10,6 +15,14 @@
 # A dstrain run's figure is the median of its epochs after the first; a PyTorch
 # run's is torch_baseline.py's figure per mode. bf16 is compared with PyTorch's
 # bf16 autocast + channels_last.
+# BASELINE=BUILD_DIR: also ref-cnn classification by that build's dstrain (another
+# tree, built in the same call), alternating with this one, and the ratio of
+# their medians: a change's effect measured on the same machine instance.
+# CURVE="128 256 512 1024": also a batch-size curve of ref-cnn classification,
+# data on the GPU, per precision: dstrain (RUNS fresh processes per point), the
+# PyTorch twin compiled (torch.compile, CUDA graphs) and the JAX twin (steps
+# fused with lax.scan, scripts/jax_baseline.py; skipped where python3 has no
+# jax), one process each; printed as a table of medians.
 # MEMMAP=1 (default) also runs the end-to-end comparison with the seeds' recipe
 # once: dstrain --data stream (tf32) against PyTorch fed by an np.memmap Dataset
 # + DataLoader(shuffle, 4 workers, pin_memory), both reading the dataset files.
@@ -19,9 +32,38 @@ work=${2:-$(mktemp -d)}
 mkdir -p "$work"
 here=$(cd "$(dirname "$0")" && pwd)
 train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 bf16 fp32"}
-runs=${RUNS:-5} torch=${TORCH:-1} torch_runs=${TORCH_RUNS:-${RUNS:-5}}
+runs=${RUNS:-5} torch=${TORCH:-1} torch_runs=${TORCH_RUNS:-${RUNS:-5}} tasks=${TASKS:-"cls reg heads"}
 data="$work/bench-u8"
 [[ -f "$data/dataset.json" ]] || "$build/bin/dsgen" "$data" --train "$train" --test 10000 --shape 3x32x32 --dtype u8 --classes 10 --quiet
+# The same images with float targets: r, the label one-hot as f32[10]; v, the label mapped to [-1, 1].
+heads_data="$work/bench-heads"
+if [[ " $tasks " == *" reg "* || " $tasks " == *" heads "* ]] && [[ ! -f "$heads_data/dataset.json" ]]; then
+  python3 - "$data" "$work/bench-heads.npz" <<'EOF'
+import json, os, sys
+import numpy as np
+src, out = sys.argv[1], sys.argv[2]
+meta = json.load(open(os.path.join(src, "dataset.json")))
+arrays = {}
+for sp in meta["splits"]:
+    f = {x["name"]: x for x in sp["fields"]}
+    x = np.load(os.path.join(src, f[meta["input_field"]]["file"]))
+    y = np.load(os.path.join(src, f[meta["label_field"]]["file"])).astype(np.int32)
+    arrays.update({f"x_{sp['name']}": x, f"y_{sp['name']}": y, f"r_{sp['name']}": np.eye(10, dtype=np.float32)[y],
+                   f"v_{sp['name']}": (y / 4.5 - 1).astype(np.float32)})
+np.savez(out, **arrays)
+EOF
+  "$build/bin/dsconvert" "$work/bench-heads.npz" "$heads_data" --num-classes 10 --quiet
+  rm -f "$work/bench-heads.npz"
+fi
+trunk="conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3:64,bn,relu,maxpool2,conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu"
+# task_args TASK: sets args, the dataset and the model options dstrain and torch_baseline.py both take.
+task_args() {
+  case $1 in
+  cls) args=("$data" --model ref-cnn) ;;
+  reg) args=("$heads_data" --model ref-cnn --label r --loss mse) ;;
+  heads) args=("$heads_data" --model "$trunk,heads(cls=fc:10>ce:y, value=fc:1,tanh>mse:v)") ;;
+  esac
+}
 export DSTK_STEP_TIMES=${DSTK_STEP_TIMES:-1} # the per-step breakdown in each run's log
 results="$work/runs.tsv" # configuration <tab> samples/s, one line per process
 : >"$results"
@@ -33,25 +75,35 @@ epoch_median() {
 
 for r in $(seq 1 "$runs"); do
   for p in $precisions; do
-    "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
-        --save "$work/model-$p-$r.safetensors" --force --json >"$work/dstrain-$p-$r.json" 2>"$work/dstrain-$p-$r.err"
-    printf 'dstrain %s\t%s\n' "$p" "$(epoch_median "$work/dstrain-$p-$r.json")" >>"$results"
-    if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
-      # PyTorch loads its own cuDNN: keep the system one out of the way.
-      env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --batch "$batch" --epochs 2 --precision "$p" \
-          --json >"$work/torch-$p-$r.json" 2>"$work/torch-$p-$r.err"
-      for mode in eager compile; do
-        printf 'torch-%s %s\t%s\n' "$mode" "$p" \
-            "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"][sys.argv[2]]))' "$work/torch-$p-$r.json" "$mode")" \
-            >>"$results"
-      done
-    fi
+    for t in $tasks; do
+      task_args "$t"
+      name=dstrain; [ "$t" = cls ] || name="dstrain-$t"
+      "$build/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
+          --save "$work/model-$t-$p-$r.safetensors" --force --json >"$work/$name-$p-$r.json" 2>"$work/$name-$p-$r.err"
+      printf '%s %s\t%s\n' "$name" "$p" "$(epoch_median "$work/$name-$p-$r.json")" >>"$results"
+      if [ -n "${BASELINE:-}" ] && [ "$t" = cls ]; then
+        "$BASELINE/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
+            --save "$work/model-base-$p-$r.safetensors" --force --json >"$work/base-$p-$r.json" 2>"$work/base-$p-$r.err"
+        printf 'dstrain-base %s\t%s\n' "$p" "$(epoch_median "$work/base-$p-$r.json")" >>"$results"
+      fi
+      if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
+        # PyTorch loads its own cuDNN: keep the system one out of the way.
+        env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "${args[@]}" --batch "$batch" --epochs 2 \
+            --precision "$p" --json >"$work/torch-$t-$p-$r.json" 2>"$work/torch-$t-$p-$r.err"
+        for mode in eager compile; do
+          tname="torch-$mode"; [ "$t" = cls ] || tname="torch-$mode-$t"
+          printf '%s %s\t%s\n' "$tname" "$p" \
+              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"][sys.argv[2]]))' "$work/torch-$t-$p-$r.json" "$mode")" \
+              >>"$results"
+        done
+      fi
+    done
   done
 done
 
 printf '\nref-cnn, batch %s, %s samples 3x32x32 u8 in GPU memory, %s fresh processes each (samples/s)\n' \
     "$batch" "$train" "$runs"
-python3 - "$results" "$precisions" <<'EOF'
+python3 - "$results" "$precisions" "$tasks" <<'EOF'
 import sys, statistics as st
 rows = {}
 for line in open(sys.argv[1]):
@@ -62,11 +114,22 @@ for conf, v in rows.items():
     m = st.median(v)
     print(f"{conf:22s} {len(v):4d} {min(v):10.0f} {m:10.0f} {max(v):10.0f} {100 * min(v) / m:9.1f}%")
 print()
+for t in sys.argv[3].split():
+    sfx = "" if t == "cls" else f"-{t}"
+    for p in sys.argv[2].split():
+        d = rows.get(f"dstrain{sfx} {p}")
+        best = max([st.median(rows[k]) for k in (f"torch-eager{sfx} {p}", f"torch-compile{sfx} {p}") if k in rows],
+                   default=0)
+        if d and best:
+            print(f"dstrain{sfx} {p} median / PyTorch's best median: {st.median(d) / best:.2f}x")
+        c = rows.get(f"dstrain {p}")
+        if d and c and t != "cls":
+            print(f"dstrain{sfx} {p} median / dstrain (ref-cnn classification) median: "
+                  f"{100 * st.median(d) / st.median(c):.1f}%")
 for p in sys.argv[2].split():
-    d = rows.get(f"dstrain {p}")
-    best = max([st.median(rows[k]) for k in (f"torch-eager {p}", f"torch-compile {p}") if k in rows], default=0)
-    if d and best:
-        print(f"dstrain {p} median / PyTorch's best median: {st.median(d) / best:.2f}x")
+    d, base = rows.get(f"dstrain {p}"), rows.get(f"dstrain-base {p}")
+    if d and base:
+        print(f"dstrain {p} median / the baseline build's median: {100 * st.median(d) / st.median(base):.1f}%")
 t, b = rows.get("dstrain tf32"), rows.get("dstrain bf16")
 if t and b:
     print(f"dstrain bf16 median / tf32 median: {st.median(b) / st.median(t):.2f}x")
@@ -84,6 +147,50 @@ if [ "${MEMMAP:-1}" != 0 ] && [ "$torch" != 0 ]; then
   printf '%-34s %9sx\n' "ratio" "$(python3 -c "print(f'{$stream/$memmap:.2f}')")"
 fi
 
+if [ -n "${CURVE:-}" ]; then
+  curve="$work/curve.tsv"
+  : >"$curve"
+  have_jax=0
+  env -u LD_LIBRARY_PATH python3 -c 'import jax' 2>/dev/null && have_jax=1
+  for b in $CURVE; do
+    for p in $precisions; do
+      for r in $(seq 1 "$runs"); do
+        "$build/bin/dstrain" "$data" --model ref-cnn --batch "$b" --epochs "$epochs" --precision "$p" --device cuda:0 \
+            --save "$work/model-curve.safetensors" --force --json >"$work/curve-$b-$p-$r.json" 2>"$work/curve-$b-$p-$r.err"
+        printf 'dstrain\t%s\t%s\t%s\n' "$p" "$b" "$(epoch_median "$work/curve-$b-$p-$r.json")" >>"$curve"
+      done
+      if [ "$torch" != 0 ]; then
+        env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --model ref-cnn --batch "$b" --epochs 2 \
+            --precision "$p" --modes compile --json >"$work/curve-torch-$b-$p.json" 2>"$work/curve-torch-$b-$p.err" &&
+          printf 'torch-compile\t%s\t%s\t%s\n' "$p" "$b" \
+              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/curve-torch-$b-$p.json")" >>"$curve"
+      fi
+      if [ "$have_jax" = 1 ]; then
+        env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model ref-cnn --batches "$b" --precision "$p" \
+            --json >"$work/curve-jax-$b-$p.json" 2>"$work/curve-jax-$b-$p.err" &&
+          printf 'jax-scan\t%s\t%s\t%s\n' "$p" "$b" \
+              "$(python3 -c 'import json,sys; print(int(list(json.load(open(sys.argv[1]))["batches"].values())[0]))' "$work/curve-jax-$b-$p.json")" >>"$curve"
+      fi
+    done
+  done
+  [ "$have_jax" = 1 ] || echo "bench-train: no jax in python3: the curve has no JAX column"
+  printf '\nbatch-size curve, ref-cnn, data on the GPU (samples/s; dstrain: median of %s processes)\n' "$runs"
+  python3 - "$curve" <<'EOF'
+import sys, statistics as st
+v = {}
+for line in open(sys.argv[1]):
+    who, p, b, x = line.split()
+    v.setdefault((p, int(b), who), []).append(float(x))
+print(f"{'precision':9s} {'batch':>6s} {'dstrain':>10s} {'torch-compile':>14s} {'jax-scan':>10s} {'dstrain/best':>13s}")
+for p, b in sorted({(p, b) for p, b, _ in v}):
+    d = st.median(v.get((p, b, "dstrain"), [0]))
+    t = st.median(v.get((p, b, "torch-compile"), [0]))
+    j = st.median(v.get((p, b, "jax-scan"), [0]))
+    best = max(t, j)
+    print(f"{p:9s} {b:6d} {d:10.0f} {t:14.0f} {j:10.0f} {(f'{d / best:.2f}x' if best else '-'):>13s}")
+EOF
+fi
+
 # The regression check of issue 18: every fresh dstrain process within 5% of
 # the median of its configuration.
 if [ "${CHECK:-1}" != 0 ]; then
@@ -95,7 +202,7 @@ for line in open(sys.argv[1]):
     rows.setdefault(conf, []).append(float(v))
 bad = []
 for conf, v in rows.items():
-    if conf.startswith("dstrain ") and min(v) < 0.95 * st.median(v):
+    if conf.startswith("dstrain") and min(v) < 0.95 * st.median(v):
         bad.append(f"{conf}: slowest run {min(v):.0f} samples/s is {100 * min(v) / st.median(v):.1f}% of the median "
                    f"{st.median(v):.0f} (runs: {', '.join(f'{x:.0f}' for x in v)})")
 if bad:

@@ -16,7 +16,14 @@
 #                     into python3, runs its tests and scripts/bench-python-loader.py
 #                     with DSTK_PY_ARGS, e.g. "--runs 3 --seconds 3";
 #                     DSTK_PY_CGROUP=4G adds its larger-than-RAM run)
+#                     python (only when named; python-loader implies it): the package
+#                     built offline into python3 and its tests (python/tests, tests/python)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
+#   DSTK_CURVE, DSTK_BENCH_TASKS, DSTK_MEMMAP, DSTK_BENCH_RUNS, DSTK_BENCH_PRECISIONS:
+#                     bench-train's CURVE, TASKS, MEMMAP, RUNS and PRECISIONS
+#   DSTK_BASELINE     a tarball of another tree (git archive REV > .baseline/base.tar,
+#                     carried): built into build-base, and bench-train runs its dstrain
+#                     alternating with this tree's (a change measured on the same machine)
 # Carried files for a machine without network: .whl/ (nanobind, scikit-build-core
 # for python-loader) and .deb/libxxhash-dev_*.deb (apt-get download libxxhash-dev)
 # where the machine has no libxxhash-dev.
@@ -64,6 +71,14 @@ SUMMARY_RE='Built target|error' step build 420 cmake --build build-gpu -j"$(npro
     cat "$table"
     exit 1
 }
+if [ -n "${DSTK_BASELINE:-}" ]; then
+    SUMMARY_RE='Built target|error|built before' step baseline-build 420 bash -c '
+        if [ -x build-base/bin/dstrain ] && cmp -s "$1" build-base/src.tar; then echo "built before"; exit 0; fi
+        rm -rf build-base && mkdir -p build-base/src && tar xf "$1" -C build-base/src && cp "$1" build-base/src.tar &&
+        cmake -S build-base/src -B build-base -DCMAKE_BUILD_TYPE=Release -DDSTK_TESTS=OFF \
+            -DCMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" >/dev/null &&
+        cmake --build build-base -j"$(nproc)" --target dstrain dsgen' _ "$DSTK_BASELINE"
+fi
 if [ "${DSTK_GPU_TESTS:-1}" != 0 ]; then
     SUMMARY_RE='tests passed|tests failed' step ctest-gpu 300 ctest --test-dir build-gpu -L gpu --output-on-failure
     grep -E 'Failed|\*\*\*' "$log/ctest-gpu.log" | head -20 >&2
@@ -82,14 +97,20 @@ if [ "$benches" != none ]; then
         "$DSTK_BIN/dsgen" '"$work"'/gen16 --train 4M --test 0 --force; rm -rf '"$work"'/gen1 '"$work"'/gen16'
     want dsbench-gpu && SUMMARY_RE='h2d.pinned .*256' step dsbench-gpu 150 "$DSTK_BIN/dsbench" all --cases h2d,decode.convert \
         --json "$log/bench-gpu.json" --force
-    want bench-train && SUMMARY_RE='tf32|bf16|FAILED' step bench-train 420 env TRAIN=50000 EPOCHS=3 RUNS=5 TORCH_RUNS=1 \
-        PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}" scripts/bench-train.sh build-gpu "$work/train"
+    bench_env=(TRAIN=50000 EPOCHS=3 RUNS="${DSTK_BENCH_RUNS:-5}" TORCH_RUNS=1
+               PRECISIONS="${DSTK_BENCH_PRECISIONS:-tf32 bf16}")
+    [ -n "${DSTK_BASELINE:-}" ] && bench_env+=(BASELINE=build-base)
+    [ -n "${DSTK_CURVE:-}" ] && bench_env+=(CURVE="$DSTK_CURVE")
+    [ -n "${DSTK_BENCH_TASKS:-}" ] && bench_env+=(TASKS="$DSTK_BENCH_TASKS")
+    [ -n "${DSTK_MEMMAP:-}" ] && bench_env+=(MEMMAP="$DSTK_MEMMAP")
+    want bench-train && SUMMARY_RE='tf32|bf16|FAILED' step bench-train 540 env "${bench_env[@]}" \
+        scripts/bench-train.sh build-gpu "$work/train"
     named kernel-choice && SUMMARY_RE='bf16/tf32|FAIL' step kernel-choice 420 scripts/bench-kernel-choice.sh build-gpu "$log"
     named bench-dist && SUMMARY_RE='mpirun -np 1 / plain|FAIL' step bench-dist 360 scripts/bench-dist.sh build-gpu/bin "$log"
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
-    if named python-loader; then
+    if named python || named python-loader; then
         # The package into the python3 that holds PyTorch, offline (no build
         # isolation), linking build-gpu's library (built above; nothing compiled
         # twice); nanobind (2 or newer) and scikit-build-core from .whl/ where
@@ -103,7 +124,9 @@ if [ "$benches" != none ]; then
             python3 -c "import nanobind, pytest; print(nanobind.__version__)" || exit 1
             python3 -m pip install -v --no-build-isolation --no-deps --no-index \
                 -C cmake.define.DSTK_BUILD_DIR="$PWD/build-gpu" ./python'
-        SUMMARY_RE='passed|failed' step python-tests 120 python3 -m pytest -q python/tests
+        SUMMARY_RE='passed|failed' step python-tests 240 python3 -m pytest -q python/tests tests/python
+    fi
+    if named python-loader; then
         SUMMARY_RE='dstk / reference' step python-loader 450 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
             ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"} ${DSTK_PY_ARGS:-}
     fi

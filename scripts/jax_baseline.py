@@ -22,15 +22,7 @@ import argparse, json, os, statistics, sys, time
 
 import numpy as np
 
-PRESETS = {
-    "ref-cnn": "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3:64,bn,relu,maxpool2,"
-               "conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu,fc:{c}",
-    "small-cnn": "conv3x3:16,bn,relu,maxpool2,conv3x3:32,bn,relu,maxpool2,flatten,fc:{c}",
-    "resnet9": "conv3x3:64,bn,relu,conv3x3:128,bn,relu,maxpool2,res(conv3x3:128,bn,relu,conv3x3:128,bn,relu),"
-               "conv3x3:256,bn,relu,maxpool2,conv3x3:512,bn,relu,maxpool2,res(conv3x3:512,bn,relu,conv3x3:512,bn,relu),"
-               "gap,flatten,fc:{c}",
-}
-
+from dstk_specs import resolve_spec
 
 def parse(spec):
     """A spec as a nested list of items: ("res", [items]) for a residual block, else the item's text."""
@@ -148,7 +140,7 @@ def main():
     ap.add_argument("--precision", default="tf32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--scan", type=int, default=50, help="training steps fused into one call with lax.scan")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per batch size")
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, help="learning rate (default: dstrain's, 0.05 x batch / 256)")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     a = ap.parse_args()
 
@@ -175,7 +167,7 @@ def main():
     mean = jnp.asarray(sample.mean((0, 2, 3)), jnp.float32)
     std = jnp.asarray(sample.std((0, 2, 3)) + 1e-6, jnp.float32)
 
-    spec = PRESETS.get(a.model, a.model).format(c=classes)
+    spec = resolve_spec(a.model, classes)
     items = parse(spec)
 
     results = {}
@@ -183,6 +175,7 @@ def main():
         params, states, layers, _ = build(items, x.shape[1:], jax.random.PRNGKey(0), jax, jnp)
         momentum = jax.tree_util.tree_map(jnp.zeros_like, params)
         steps_per_pass = x_dev.shape[0] // batch
+        lr = a.lr if a.lr is not None else 0.05 * batch / 256
 
         def loss_fn(params, states, xb, yb):
             xn = ((xb.astype(jnp.float32) - mean) / std).astype(dtype)
@@ -201,7 +194,7 @@ def main():
             (loss, states), g = grad_fn(params, states, xb, yb)
             g = jax.tree_util.tree_map(lambda gi, pi: gi + 5e-4 * pi, g, params)
             momentum = jax.tree_util.tree_map(lambda m, gi: 0.9 * m + gi, momentum, g)
-            params = jax.tree_util.tree_map(lambda p, m, gi: p - a.lr * (gi + 0.9 * m), params, momentum, g)
+            params = jax.tree_util.tree_map(lambda p, m, gi: p - lr * (gi + 0.9 * m), params, momentum, g)
             return (params, momentum, states), loss
 
         @jax.jit

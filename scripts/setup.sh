@@ -82,7 +82,8 @@ if [ "${1:-}" = "--test" ]; then
     # matplotlib: the pictures' tests; tensorboard: reads dstrain's event
     # files back; lizard: the function-length check (scripts/check-function-length.py).
     for spec in nanobind:nanobind scikit-build-core:scikit_build_core numpy:numpy pytest:pytest \
-        safetensors:safetensors onnxruntime:onnxruntime matplotlib:matplotlib tensorboard:tensorboard lizard:lizard; do
+        safetensors:safetensors onnxruntime:onnxruntime matplotlib:matplotlib tensorboard:tensorboard lizard:lizard \
+        scikit-learn:sklearn; do
         "$venv/bin/python" -c "import ${spec#*:}" >/dev/null 2>&1 || pip_missing+=("${spec%%:*}")
     done
     if [ ${#pip_missing[@]} -gt 0 ]; then

@@ -6,7 +6,9 @@ an nn.Sequential with one module per spec item, numbered from 0, a res(...)
 block being one module whose body is an nn.Sequential; parameter names are
 therefore those of dstrain's saved models ("0.weight" for a first conv,
 "1.running_mean" for the BN after it, "9.weight" / "9.bias" for small-cnn's
-fc). dstk_init() fills it with dstrain's initialisation, bit for bit (same
+fc). A spec with heads(...) or a side input becomes a Twin: the same trunk
+numbering, each head an nn.Sequential under "heads.NAME", forward(x, side)
+returning {head: output}. dstk_init() fills it with dstrain's initialisation, bit for bit (same
 seed, same Philox streams: PyTorch's default scheme, uniform +-1/sqrt(fan_in)
 for weights and biases).
 
@@ -32,25 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# lib/src/train/model.cpp, resolve_model(): "{c}" is the class count.
-PRESETS = {
-    "ref-cnn": "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3:64,bn,relu,maxpool2,"
-               "conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu,fc:{c}",
-    "small-cnn": "conv3x3:16,bn,relu,maxpool2,conv3x3:32,bn,relu,maxpool2,flatten,fc:{c}",
-    "resnet9": "conv3x3:64,bn,relu,conv3x3:128,bn,relu,maxpool2,res(conv3x3:128,bn,relu,conv3x3:128,bn,relu),"
-               "conv3x3:256,bn,relu,maxpool2,conv3x3:512,bn,relu,maxpool2,res(conv3x3:512,bn,relu,conv3x3:512,bn,relu),"
-               "gap,flatten,fc:{c}",
-}
-
-
-def resolve_spec(model, classes):
-    if model in PRESETS:
-        return PRESETS[model].format(c=classes)
-    if model == "mlp" or model.startswith("mlp:"):
-        widths = "1024,512" if model == "mlp" else model[4:]
-        return "flatten," + "".join(f"fc:{w},relu," for w in widths.split(",")) + f"fc:{classes}"
-    return model
-
+from dstk_specs import resolve_spec
 
 def tokens(spec):
     """Items of a spec in plan order: 'res(' and ')' are items of their own, as in dstrain's NetworkPlan."""
@@ -91,13 +75,59 @@ class Linear(nn.Linear):
         return super().forward(x.flatten(1))
 
 
-def build_model(model, in_shape, classes):
-    """(nn.Sequential, [(plan index, module)]) for a preset or spec on a C x H x W input."""
-    c, h, w = in_shape
-    flat = False  # after flatten or fc the tensor is N x C
+def split_heads(spec):
+    """(trunk spec, [(name, layers spec, loss or None, target, weight)]) of a spec that may end in heads(...)."""
+    i = spec.find("heads(")
+    if i < 0:
+        return spec, []
+    body, heads, pos = spec[i + 6:-1], [], 0
+    while pos < len(body):
+        while body[pos] == " ":
+            pos += 1
+        eq = body.index("=", pos)
+        gt = body.index(">", eq)
+        end = body.find(",", gt)
+        end = len(body) if end < 0 else end
+        target, weight = body[gt + 1:end], 1.0
+        if "*" in target:
+            target, w = target.split("*")
+            weight = float(w)
+        loss, _, field = target.rpartition(":")
+        heads.append((body[pos:eq], body[eq + 1:gt], loss or None, field, weight))
+        pos = end + 1
+    return spec[:i].rstrip(","), heads
+
+
+class Side(nn.Identity):
+    """Where the side input joins (dstrain's "side"): Twin.forward concatenates it to the flat features."""
+
+
+class Twin(nn.Module):
+    """A model with heads or a side input: the trunk's modules numbered from 0 as in an nn.Sequential ("side" takes
+    a number and has no parameters), the heads under heads.NAME; forward(x, side) returns {name: output} (the
+    trunk's output without heads)."""
+
+    def __init__(self, trunk, heads):
+        super().__init__()
+        self.size = len(trunk)
+        for i, m in enumerate(trunk):
+            self.add_module(str(i), m)
+        self.heads = nn.ModuleDict(heads) if heads else None
+
+    def forward(self, x, side=None):
+        for i in range(self.size):
+            m = getattr(self, str(i))
+            x = torch.cat([x.flatten(1), side.to(x.dtype)], 1) if isinstance(m, Side) else m(x)
+        return {name: h(x) for name, h in self.heads.items()} if self.heads is not None else x
+
+
+def build_items(spec, shape, side, first_index, planned):
+    """Top-level modules of a layer list on a (c, h, w, flat) tensor; appends (plan index, module) to `planned`.
+    Returns (modules, shape after them, plan index after them)."""
+    c, h, w, flat = shape
     stack = [[]]
-    planned = []
-    for index, t in enumerate(tokens(resolve_spec(model, classes))):
+    index = first_index
+    for index, t in enumerate(tokens(spec) if spec else [], first_index):
         parts = t.split(":")
         head = parts[0]
         if t == "res(":
@@ -123,6 +153,11 @@ def build_model(model, in_shape, classes):
             m = nn.BatchNorm1d(c) if flat else nn.BatchNorm2d(c)
         elif head == "relu":
             m = nn.ReLU()
+        elif head == "tanh":
+            m = nn.Tanh()
+        elif head == "side":
+            m = Side()
+            c, h, w, flat = c * h * w + side, 1, 1, True
         elif head.startswith("maxpool") or head.startswith("avgpool"):
             k = int(head[7:])
             s = int(parts[1][1:]) if len(parts) > 1 else k
@@ -143,7 +178,23 @@ def build_model(model, in_shape, classes):
             raise SystemExit(f"torch_baseline: unknown layer '{t}' in the spec")
         stack[-1].append(m)
         planned.append((index, m))
-    return nn.Sequential(*stack[0]), planned
+    return stack[0], (c, h, w, flat), (index + 1 if spec else first_index)
+
+
+def build_model(model, in_shape, classes, side=0):
+    """(module, [(plan index, module)]) for a preset or spec on a C x H x W input: an nn.Sequential, or a Twin
+    where the spec has heads(...) or a side input of `side` values."""
+    trunk_spec, heads = split_heads(resolve_spec(model, classes))
+    planned = []
+    trunk, shape, index = build_items(trunk_spec, (*in_shape, False), side, 0, planned)
+    if not heads and not any(isinstance(m, Side) for m in trunk):
+        return nn.Sequential(*trunk), planned
+    built = {}
+    for name, layers, _, _, _ in heads:
+        # The head's own layer of dstrain's plan takes an index; its layers follow it.
+        modules, _, index = build_items(layers, shape, side, index + 1, planned)
+        built[name] = nn.Sequential(*modules)
+    return Twin(trunk, built), planned
 
 
 def philox_u64(seed, stream, count):
@@ -287,20 +338,46 @@ def run_curve(a):
     return out
 
 
-def run(mode, model_name, x, y, classes, batch, epochs, lr, bf16):
+# dstrain's losses (man dstrain, TARGETS, LOSSES AND METRICS), PyTorch's default reductions.
+LOSSES = {
+    "ce": lambda z, y: F.cross_entropy(z, y.long()),
+    "mse": lambda z, y: F.mse_loss(z, y.view_as(z)),
+    "poisson": lambda z, y: F.poisson_nll_loss(F.softplus(z), y.view_as(z), log_input=False),
+    "poisson-exp": lambda z, y: F.poisson_nll_loss(z, y.view_as(z), log_input=True),
+    "bce": lambda z, y: F.binary_cross_entropy_with_logits(z, y.view_as(z)),
+}
+
+
+def objective(spec, label, loss):
+    """(the fields the loss reads, loss(outputs, {field: batch})) of a spec: its heads' weighted losses, or one
+    `loss` on `label` for a spec without heads."""
+    _, heads = split_heads(spec)
+    if not heads:
+        return [label], lambda out, t: LOSSES[loss](out.float(), t[label])
+    terms = [(name, LOSSES[lo or "ce"], field, w) for name, _, lo, field, w in heads]
+    return sorted({f for _, _, f, _ in terms}), \
+        lambda out, t: sum(w * fn(out[name].float(), t[field]) for name, fn, field, w in terms)
+
+
+def run(mode, model_name, x, targets, classes, batch, epochs, lr, bf16, loss_of=None):
+    """Training throughput with the split in GPU memory: targets {field: tensor}; loss_of(outputs, {field: batch})
+    (default: cross-entropy on the only target)."""
     torch.manual_seed(0)
     n, c, h, w = x.shape
     model = build_model(model_name, (c, h, w), classes)[0].cuda()
+    if loss_of is None:
+        (field,) = targets
+        loss_of = lambda out, t: F.cross_entropy(out, t[field])
     if bf16:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4,
                           fused=(mode != "eager"))
 
-    def step(xb, yb):
+    def step(xb, tb):
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(xb), yb)
+            loss = loss_of(model(xb), tb)
         loss.backward()
         opt.step()
         return loss
@@ -308,18 +385,30 @@ def run(mode, model_name, x, y, classes, batch, epochs, lr, bf16):
     if mode == "compile":
         step = torch.compile(step, mode="reduce-overhead")
     steps = n // batch
+
+    def at(i):
+        return x[i * batch:(i + 1) * batch], {k: v[i * batch:(i + 1) * batch] for k, v in targets.items()}
+
     model.train()
     for i in range(min(steps, 30)):  # warm-up (compilation, cuDNN autotune)
-        step(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch])
+        step(*at(i))
     torch.cuda.synchronize()
     rates = []
     for _ in range(epochs):
         t0 = time.perf_counter()
         for i in range(steps):
-            step(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch])
+            step(*at(i))
         torch.cuda.synchronize()
         rates.append(steps * batch / (time.perf_counter() - t0))
     return max(rates)
+
+
+def load_field(dataset, split, name):
+    """A field of a split as stored (numpy)."""
+    meta = json.load(open(os.path.join(dataset, "dataset.json")))
+    sp = next(s for s in meta["splits"] if s["name"] == split)
+    f = next(f for f in sp["fields"] if f["name"] == name)
+    return np.load(os.path.join(dataset, f["file"]))
 
 
 def compiled_ref_cnn(ds, lr=0.05):
@@ -434,6 +523,9 @@ def main():
     g.add_argument("--label-smoothing", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("-T", "--threads", type=int, default=0, help="CPU threads for --device cpu (0: PyTorch's default)")
+    g = ap.add_argument_group("targets of eager and compile (dstrain's options): a spec with heads(...) reads its own")
+    g.add_argument("--label", default=None, help="the target field (default: the dataset's label)")
+    g.add_argument("--loss", choices=sorted(LOSSES), default="ce")
     a = ap.parse_args()
     curve_only = a.modes == "curve"
     a.precision = a.precision or ("fp32" if curve_only else "tf32")
@@ -450,11 +542,18 @@ def main():
     if gpu_modes:
         torch.backends.cudnn.benchmark = True
         x, y, dtype, classes = load(a.dataset, "train")
+        meta = json.load(open(os.path.join(a.dataset, "dataset.json")))
+        spec = resolve_spec(a.model, classes)
+        fields, loss_of = objective(spec, a.label or meta.get("label_field", "y"), a.loss)
+        if not split_heads(spec)[1] and a.loss != "ce":  # a preset ends in the target's width
+            width = int(np.prod(load_field(a.dataset, "train", fields[0]).shape[1:]))
+            spec = resolve_spec(a.model, width)
+        # As float (classes are exact below 2^24; the ce loss takes them as integers).
+        targets = {f: torch.from_numpy(load_field(a.dataset, "train", f).astype(np.float32)).cuda() for f in fields}
         xg = to_float(x, dtype)
         mean = xg.mean(dim=(0, 2, 3), keepdim=True)
         std = xg.std(dim=(0, 2, 3), keepdim=True)
         xg = ((xg - mean) / std).contiguous()
-        yg = torch.from_numpy(y).cuda()
         lr = a.lr if a.lr is not None else 0.05
         out.update({"cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(),
                     "samples": int(xg.shape[0])})
@@ -463,7 +562,7 @@ def main():
                 r = run_memmap(a.dataset, a.model, dtype, classes, mean, std, a.batch, a.epochs, lr,
                                a.precision == "bf16")
             else:
-                r = run(mode, a.model, xg, yg, classes, a.batch, a.epochs, lr, a.precision == "bf16")
+                r = run(mode, spec, xg, targets, classes, a.batch, a.epochs, lr, a.precision == "bf16", loss_of)
             out["modes"][mode] = r
             print(f"torch {mode:8s} {r:12,.0f} samples/s", file=sys.stderr if a.json else sys.stdout, flush=True)
     if a.json:

@@ -159,7 +159,8 @@ def test_loader_bad_path(tmp_path):
 
 def test_ctrl_c_stops_the_epoch(images):
     script = textwrap.dedent(f"""
-        import sys, dstk
+        import faulthandler, sys, dstk
+        faulthandler.dump_traceback_later(20)  # a hang shows where every thread is
         loader = dstk.Loader({str(images)!r}, batch=8, placement="host", order="full", readers=1, prefetch=1)
         print("started", flush=True)
         try:
@@ -175,7 +176,12 @@ def test_ctrl_c_stops_the_epoch(images):
     import time
     time.sleep(0.5)
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=30)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        pytest.fail(f"no exit 30 s after SIGINT; its stderr:\n{err}")
     assert p.returncode == 0, err
     assert "interrupted at epoch" in out
 

@@ -2,7 +2,7 @@
 # README's Tour, run as written, in order, in one fresh directory, on small
 # data: each ```sh line of the Tour runs through bash with the tools on PATH.
 # Placeholders the README names get small fixtures (data/, big/, data.npz,
-# cols.bin, cifar-10-batches-bin/, chess.npz, rec1.npz, rec2.npz,
+# cols.bin, cifar-10-batches-bin/, chess.npz, rec1.npz, rec2.npz, neuro.npz,
 # before.json/after.json, the MNIST files);
 # sizes shrink by the explicit rewrites below, and dstrain runs 1 epoch on the
 # CPU. Lines that cannot run here are listed in SKIP with the reason; a line
@@ -63,6 +63,10 @@ def batch(n):
     rec = np.zeros((n, 3073), dtype=np.uint8); rec[:, 0] = np.arange(n) % 10; rec[:, 1:] = r.integers(0, 256, (n, 3072)); return rec.tobytes()
 open("cifar-10-batches-bin/data_batch_1.bin", "wb").write(batch(50))
 open("cifar-10-batches-bin/test_batch.bin", "wb").write(batch(20))
+neuro = {f"{k}_{s}": v for s, n in (("train", 256), ("test", 64)) for k, v in (
+    ("stim", r.normal(size=(n, 1, 6, 6)).astype(np.float32)), ("robs", r.poisson(1.5, (n, 12)).astype(np.float32)),
+    ("behavior", r.normal(size=(n, 4)).astype(np.float32)))}
+np.savez("neuro.npz", **neuro)
 n = 64
 np.savez("chess.npz", positions=r.integers(-1, 2, (n, 12, 8, 8)).astype(np.int8),
          moves=r.integers(0, 4672, n).astype(np.int32), results=r.integers(-1, 2, n).astype(np.int8))

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/rng.hpp"
 #include "dstk/train/trainer.hpp"
@@ -461,4 +462,244 @@ TEST(TrainGpu, SecondRunReusesCachedKernelChoicesBitEqual) {
             EXPECT_TRUE(r.source == ChoiceSource::heuristic || r.source == ChoiceSource::rule);
     }
     std::filesystem::remove_all(dir);
+}
+
+// ---- Heads, losses, targets of every dtype and side inputs ----
+
+namespace {
+
+// A batch of every field a config takes (batch_fields), random, in host
+// memory and copied to the device: the input f32, classes in [0, width) for
+// ce targets, counts for Poisson, 0/1 for bce, normal values for mse, each in
+// its target's dtype, and the side input.
+struct FieldData {
+    std::vector<BatchField> fields;
+    std::vector<std::vector<std::uint8_t>> host;
+    std::vector<std::unique_ptr<BackendBuffer>> device;
+    std::uint32_t n = 0;
+
+    FieldData(const TrainerConfig& c, std::uint32_t n_, std::uint64_t seed) : fields(batch_fields(c)), n(n_) {
+        CounterRng rng(seed, 3);
+        for (const BatchField& f : fields) {
+            const LossKind* loss = nullptr;
+            std::uint32_t width = 0;
+            for (const auto& h : c.plan.heads)
+                if (h.target.field == f.name) loss = &h.target.loss, width = h.target.width;
+            std::vector<std::uint8_t> bytes(f.sample_bytes() * n);
+            for (std::uint64_t e = 0; e < n * f.shape.numel(); ++e) {
+                double v = rng.normal() * 2.0 + 0.5;
+                if (loss && *loss == LossKind::ce) v = static_cast<double>(rng.below(width));
+                if (loss && (*loss == LossKind::poisson || *loss == LossKind::poisson_exp)) v = rng.below(4);
+                if (loss && *loss == LossKind::bce) v = rng.below(2);
+                store(bytes.data(), f.dtype, e, v);
+            }
+            host.push_back(std::move(bytes));
+        }
+        for (const auto& h : host) {
+            device.push_back(make_backend_buffer({Backend::cuda, 0}, h.size()));
+            device.back()->upload(0, h.data(), h.size());
+        }
+    }
+    static void store(std::uint8_t* p, DType t, std::uint64_t e, double v) {
+        switch (t) {
+        case DType::u8:
+            p[e] = static_cast<std::uint8_t>(v);
+            break;
+        case DType::i8:
+            reinterpret_cast<std::int8_t*>(p)[e] = static_cast<std::int8_t>(std::lround(v));
+            break;
+        case DType::i16:
+            reinterpret_cast<std::int16_t*>(p)[e] = static_cast<std::int16_t>(std::lround(v));
+            break;
+        case DType::i32:
+            reinterpret_cast<std::int32_t*>(p)[e] = static_cast<std::int32_t>(std::lround(v));
+            break;
+        case DType::i64:
+            reinterpret_cast<std::int64_t*>(p)[e] = std::llround(v);
+            break;
+        case DType::bf16:
+            reinterpret_cast<std::uint16_t*>(p)[e] = float_to_bf16(static_cast<float>(v));
+            break;
+        case DType::f16:
+            reinterpret_cast<std::uint16_t*>(p)[e] = float_to_f16(static_cast<float>(v));
+            break;
+        case DType::f64:
+            reinterpret_cast<double*>(p)[e] = v;
+            break;
+        default:
+            reinterpret_cast<float*>(p)[e] = static_cast<float>(v);
+            break;
+        }
+    }
+    // Samples [first, first + count) on the host (cpu) or the device.
+    Batch batch(const TrainerConfig& c, bool on_device, std::uint32_t first, std::uint32_t count) const {
+        std::vector<const void*> data;
+        for (std::size_t i = 0; i < fields.size(); ++i) {
+            const auto* base = on_device ? static_cast<const std::uint8_t*>(device[i]->data()) : host[i].data();
+            data.push_back(base + first * fields[i].sample_bytes());
+        }
+        return step_batch(c, data, count);
+    }
+};
+
+struct HeadCase {
+    std::string spec;
+    TensorShape in;
+    std::vector<Target> targets;
+    std::uint32_t side = 0;
+    DType side_dtype = DType::f32;
+};
+
+TrainerConfig head_config(const HeadCase& hc, std::uint32_t batch, Backend be, Precision p) {
+    TrainerConfig c;
+    c.plan = plan_network(parse_model_spec(hc.spec), hc.in, hc.targets, hc.side);
+    c.input_dtype = DType::f32;
+    c.mean.assign(hc.in.c, 0.5f);
+    c.std.assign(hc.in.c, 2.0f);
+    if (hc.side) {
+        c.side.field = "side";
+        c.side.dtype = hc.side_dtype;
+        c.side.mean.assign(hc.side, 0.25f);
+        c.side.std.assign(hc.side, 1.5f);
+    }
+    c.max_batch = batch;
+    c.precision = p;
+    c.device = {be, 0};
+    c.seed = 11;
+    c.label_smoothing = 0.1f;
+    c.optimizer.kind = OptimizerKind::adamw;
+    c.optimizer.lr = 0.002f;
+    c.schedule.total_steps = 20;
+    return c;
+}
+
+Target head_target(const std::string& field, DType dtype, LossKind loss, std::uint32_t width) {
+    return {field, dtype, loss == LossKind::ce ? Shape{} : Shape{{width}}, loss, width};
+}
+
+void compare_metrics(const Metrics& gpu, const Metrics& cpu, double tol, const std::string& what) {
+    ASSERT_EQ(gpu.heads.size(), cpu.heads.size());
+    EXPECT_EQ(gpu.samples, cpu.samples) << what;
+    EXPECT_NEAR(gpu.loss_sum, cpu.loss_sum, tol * std::abs(cpu.loss_sum) + 1e-6) << what;
+    for (std::size_t h = 0; h < cpu.heads.size(); ++h) {
+        const HeadMetrics &g = gpu.heads[h], &c = cpu.heads[h];
+        EXPECT_NEAR(g.loss_sum, c.loss_sum, tol * std::abs(c.loss_sum) + 1e-6) << what << " head " << h;
+        if (c.kind == LossKind::ce && tol <= 1e-3) { // ties may flip in reduced precision
+            EXPECT_EQ(g.correct, c.correct) << what << " head " << h;
+            EXPECT_EQ(g.top5, c.top5) << what << " head " << h;
+        }
+        ASSERT_EQ(g.sums.size(), c.sums.size());
+        std::vector<float> gs(g.sums.begin(), g.sums.end()), cs(c.sums.begin(), c.sums.end());
+        if (!cs.empty()) EXPECT_LE(rel_error(gs, cs), tol) << what << " metric sums of head " << h;
+    }
+}
+
+// Forward, backward (every layer, the input gradient, every parameter
+// gradient), evaluation metrics, then four training steps through the
+// captured graph and a partial batch eagerly: the GPU against the CPU.
+void compare_heads(const HeadCase& hc, Precision p, double fwd, double grad) {
+    SCOPED_TRACE(hc.spec + " " + std::string(precision_name(p)));
+    const std::uint32_t batch = 8;
+    auto cpu = make_trainer(head_config(hc, batch, Backend::cpu, Precision::fp32));
+    auto gpu = make_trainer(head_config(hc, batch, Backend::cuda, p));
+    const FieldData d(cpu->config(), batch * 5, 29);
+    cpu->compute_gradients(d.batch(cpu->config(), false, 0, batch));
+    gpu->compute_gradients(d.batch(gpu->config(), true, 0, batch));
+    Checker check;
+    const auto& layers = cpu->config().plan.layers;
+    for (std::size_t i = 0; i < layers.size(); ++i)
+        check("output of layer " + std::to_string(i) + " (" + std::string(layer_kind_name(layers[i].spec.kind)) + ")",
+              gpu->read_activation(i), cpu->read_activation(i), fwd);
+    check("input gradient", gpu->read_input_gradient(), cpu->read_input_gradient(), grad);
+    check("parameter gradients", gpu->read_gradients(), cpu->read_gradients(), grad);
+    cpu->evaluate(d.batch(cpu->config(), false, 0, batch));
+    gpu->evaluate(d.batch(gpu->config(), true, 0, batch));
+    compare_metrics(gpu->take_eval_metrics(), cpu->take_eval_metrics(), fwd, "evaluation");
+    for (std::uint32_t s = 0; s < 4; ++s) {
+        cpu->train_step(d.batch(cpu->config(), false, s * batch, batch));
+        gpu->train_step(d.batch(gpu->config(), true, s * batch, batch));
+    }
+    cpu->train_step(d.batch(cpu->config(), false, 4 * batch, 5)); // partial: outside the graph
+    gpu->train_step(d.batch(gpu->config(), true, 4 * batch, 5));
+    check("parameters after 5 steps", gpu->read_parameters(), cpu->read_parameters(), grad);
+    compare_metrics(gpu->take_train_metrics(), cpu->take_train_metrics(), grad, "training");
+    auto cpu2 = make_trainer(head_config(hc, batch, Backend::cpu, Precision::fp32));
+    cpu2->load_state(gpu->save_state());
+    EXPECT_EQ(cpu2->read_parameters(), gpu->read_parameters());
+    std::printf("%-90s %-5s worst %.2e (%s)\n", hc.spec.c_str(), std::string(precision_name(p)).c_str(), check.worst,
+                check.worst_what.c_str());
+}
+
+const HeadCase head_cases[] = {
+    {"flatten,fc:12,tanh,fc:8", {3, 2, 2}, {head_target("y", DType::f32, LossKind::mse, 8)}},
+    {"flatten,fc:12,relu,fc:8", {3, 2, 2}, {head_target("y", DType::u8, LossKind::poisson, 8)}},
+    {"flatten,fc:12,relu,fc:8", {3, 2, 2}, {head_target("y", DType::bf16, LossKind::poisson_exp, 8)}},
+    {"flatten,fc:12,relu,fc:40", {3, 2, 2}, {head_target("y", DType::u8, LossKind::bce, 40)}},
+    {"flatten,fc:12,relu,fc:300", {3, 2, 2}, {head_target("y", DType::i16, LossKind::ce, 300)}},
+    {"conv3x3:8,bn,relu,maxpool2,flatten,fc:32,relu,side,heads(policy=fc:70>ce:moves, "
+     "value=fc:8,relu,fc:1,tanh>mse:results*0.5)",
+     {3, 8, 8},
+     {head_target("moves", DType::i32, LossKind::ce, 70), head_target("results", DType::i8, LossKind::mse, 1)},
+     4},
+    {"heads(a=flatten,fc:6>ce:t0, b=conv3x3:4,gap,fc:3>poisson:t1*2)",
+     {3, 4, 4},
+     {head_target("t0", DType::i64, LossKind::ce, 6), head_target("t1", DType::f16, LossKind::poisson, 3)}},
+    {"flatten,fc:10,relu,side,heads(a=>ce:t0, b=fc:2>bce:t1)",
+     {3, 2, 2},
+     {head_target("t0", DType::u8, LossKind::ce, 14), head_target("t1", DType::f32, LossKind::bce, 2)},
+     4,
+     DType::bf16},
+};
+
+} // namespace
+
+TEST(TrainGpu, HeadsAndLossesMatchCpuFp32) {
+    REQUIRE_GPU();
+    for (const auto& hc : head_cases) compare_heads(hc, Precision::fp32, 1e-4, 1e-3);
+}
+
+TEST(TrainGpu, HeadsAndLossesMatchCpuTf32) {
+    REQUIRE_GPU();
+    for (const auto& hc : head_cases) compare_heads(hc, Precision::tf32, 2e-2, 4e-2);
+}
+
+TEST(TrainGpu, HeadsAndLossesMatchCpuBf16) {
+    REQUIRE_GPU();
+    for (const auto& hc : head_cases) {
+        const bool bn = hc.spec.find("bn") != std::string::npos;
+        compare_heads(hc, Precision::bf16, 3e-2, bn ? 0.35 : 0.1);
+    }
+}
+
+// A label outside the head's classes: the GPU counts it (loss and gradient 0
+// for that sample) and the metrics' reader says which field and range.
+TEST(TrainGpu, BadLabelsAreReportedWithTheirField) {
+    REQUIRE_GPU();
+    const HeadCase hc{"flatten,fc:4", {3, 1, 1}, {head_target("moves", DType::i32, LossKind::ce, 4)}};
+    auto gpu = make_trainer(head_config(hc, 2, Backend::cuda, Precision::fp32));
+    FieldData d(gpu->config(), 2, 3);
+    const std::int32_t bad[] = {1, 9};
+    d.device[1]->upload(0, bad, sizeof bad);
+    gpu->evaluate(d.batch(gpu->config(), true, 0, 2));
+    try {
+        (void)gpu->take_eval_metrics();
+        ADD_FAILURE() << "a label outside [0, 4) was not reported";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'moves' outside [0, 4)"), std::string::npos) << e.what();
+    }
+}
+
+// The regression and two-head shapes of ref-cnn's size plan their memory as measured.
+TEST(TrainGpu, HeadsPlannedMemoryMatchesMeasured) {
+    REQUIRE_GPU();
+    const HeadCase hc{"conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3:64,bn,relu,maxpool2,"
+                      "conv3x3:128,bn,relu,maxpool2,flatten,fc:256,relu,side,heads(policy=fc:10>ce:y, "
+                      "value=fc:1,tanh>mse:v)",
+                      {3, 32, 32},
+                      {head_target("y", DType::i32, LossKind::ce, 10), head_target("v", DType::f32, LossKind::mse, 1)},
+                      4};
+    auto gpu = make_trainer(head_config(hc, 256, Backend::cuda, Precision::tf32));
+    const double planned = static_cast<double>(gpu->memory_plan().total());
+    const double measured = static_cast<double>(gpu->measured_device_bytes());
+    EXPECT_NEAR(measured, planned, 0.01 * planned + 4.0 * 1048576);
 }

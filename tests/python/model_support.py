@@ -74,13 +74,35 @@ def windows(x, k, s, pad=0):
     return w[:, :, ::s, ::s]  # N, C, Ho, Wo, k, k
 
 
-def forward(spec, t, x, prefix=""):
+def split_heads(spec):
+    """(trunk spec, [(name, layers spec)]) of a spec that may end in heads(...)."""
+    i = spec.find("heads(")
+    if i < 0:
+        return spec, []
+    body, heads, pos = spec[i + 6:-1], [], 0
+    while pos < len(body):
+        while body[pos] == " ":
+            pos += 1
+        eq = body.index("=", pos)
+        gt = body.index(">", eq)
+        end = body.find(",", gt)
+        heads.append((body[pos:eq], body[eq + 1:gt]))
+        pos = len(body) if end < 0 else end + 1
+    return spec[:i].rstrip(","), heads
+
+
+def forward(spec, t, x, prefix="", side=None):
     """The network of `spec` on x [N, C, H, W] (normalised), in eval mode,
-    with tensors named as PyTorch's nn.Sequential would name them."""
+    with tensors named as PyTorch's nn.Sequential would name them; `side`
+    [N, S] (normalised) joins where "side" stands."""
+    if not spec:
+        return x
     for i, item in enumerate(split_spec(spec)):
         name = f"{prefix}{i}."
         parts = item.split(":")
-        if item.startswith("res("):
+        if item == "side":
+            x = np.concatenate([x.reshape(x.shape[0], -1), side], axis=1)[:, :, None, None]
+        elif item.startswith("res("):
             x = x + forward(item[4:-1], t, x, f"{name}body.")
         elif item.startswith("conv"):
             k = int(parts[0][4:].split("x")[0])
@@ -97,6 +119,8 @@ def forward(spec, t, x, prefix=""):
                 + b[None, :, None, None]
         elif item == "relu":
             x = np.maximum(x, 0)
+        elif item == "tanh":
+            x = np.tanh(x)
         elif item.startswith(("maxpool", "avgpool")):
             k = int(parts[0][7:])
             s = int(parts[1][1:]) if len(parts) > 1 else k
@@ -118,15 +142,31 @@ def forward(spec, t, x, prefix=""):
     return x
 
 
-def logits_from_file(path, samples):
-    """The saved model's logits for raw samples (stored units), numpy only."""
+def outputs_from_file(path, samples, side=None):
+    """The saved model's raw outputs for raw samples (stored units), numpy
+    only: {head name: [N, width]} ("" for a model without heads(...))."""
     t, meta = read_safetensors(path)
     t = {k: v.astype(np.float64) for k, v in t.items()}
     mean = np.array(json.loads(meta["normalize_mean"]))[None, :, None, None]
     std = np.array(json.loads(meta["normalize_std"]))[None, :, None, None]
     c, h, w = (int(d) for d in meta["input_shape"].split("x"))
     x = (samples.astype(np.float64).reshape(-1, c, h, w) - mean) / std
-    return forward(meta["model"], t, x).reshape(len(samples), -1), meta
+    if side is not None:
+        s = json.loads(meta["side_input"])
+        per = s["values"] // len(s["normalize_mean"])
+        side = (side.astype(np.float64).reshape(len(samples), -1) - np.repeat(s["normalize_mean"], per)) \
+            / np.repeat(s["normalize_std"], per)
+    trunk, heads = split_heads(meta["model"])
+    x = forward(trunk, t, x, side=side)
+    if not heads:
+        return {"": x.reshape(len(samples), -1)}, meta
+    return {name: forward(layers, t, x, f"heads.{name}.").reshape(len(samples), -1) for name, layers in heads}, meta
+
+
+def logits_from_file(path, samples):
+    """The saved model's logits for raw samples (stored units), numpy only."""
+    outs, meta = outputs_from_file(path, samples)
+    return outs[""], meta
 
 
 def softmax(z):
@@ -135,9 +175,18 @@ def softmax(z):
 
 
 def split_array(dataset, field="input_field"):
-    """The test split's input (or, with field="label_field", label) array."""
+    """The test split's input (or, with field="label_field", label; or the
+    field of that name) array."""
     meta = json.loads((pathlib.Path(dataset) / "dataset.json").read_text())
     sp = next(s for s in meta["splits"] if s["name"] == "test")
-    name = meta.get(field, "x" if field == "input_field" else "y")
+    name = meta.get(field, "x" if field == "input_field" else "y") if field.endswith("_field") else field
     f = next(f for f in sp["fields"] if f["name"] == name)
     return np.load(pathlib.Path(dataset) / f["file"])
+
+
+def sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+def softplus(z):
+    return np.log1p(np.exp(z))

@@ -18,6 +18,7 @@
 namespace fs = std::filesystem;
 using namespace dstk;
 using test_support::code_of;
+using test_support::error_of;
 using namespace dstk::model;
 
 namespace {
@@ -26,7 +27,7 @@ SavedModel sample_model(const std::string& spec, train::TensorShape input, std::
     SavedModel m;
     m.spec = train::resolve_model(spec, classes);
     m.input = input;
-    m.classes = classes;
+    m.targets = classifier_targets(classes);
     m.input_dtype = DType::u8;
     m.mean.assign(input.c, 10.0f);
     m.std.assign(input.c, 4.0f);
@@ -152,8 +153,11 @@ TEST(ModelIo, PredictorLogitsMatchAHandComputation) {
     InferenceOptions o;
     o.device = dstk::Device{dstk::Backend::cpu, 0};
     o.batch = 4;
-    Predictor p(m, DType::u8, o, OutputOptions{true, false, false});
-    const auto logits = p.logits(x, 2);
+    Predictor p(m, DataTypes{DType::u8, {}, {}}, o, OutputOptions{true, false, false});
+    const void* data[] = {x, nullptr};
+    const auto outputs = p.outputs(data, 2);
+    ASSERT_EQ(outputs.size(), 1u);
+    const auto& logits = outputs[0];
     ASSERT_EQ(logits.size(), 4u);
     for (int s = 0; s < 2; ++s)
         for (int k = 0; k < 2; ++k) {
@@ -161,4 +165,76 @@ TEST(ModelIo, PredictorLogitsMatchAHandComputation) {
             for (int i = 0; i < 3; ++i) v += m.params[k * 3 + i] * (x[s * 3 + i] - 10.0) / 4.0;
             EXPECT_NEAR(logits[s * 2 + k], v, 1e-5);
         }
+}
+
+namespace {
+
+// Two heads on a trunk with a side input of 4 values.
+SavedModel heads_model() {
+    SavedModel m;
+    m.spec =
+        train::parse_model_spec("flatten,fc:8,relu,side,heads(policy=fc:5>ce:moves,value=fc:1,tanh>mse:results*0.5)");
+    m.input = {3, 2, 2};
+    m.input_dtype = DType::f32;
+    m.targets = {{"moves", DType::i32, Shape{}, train::LossKind::ce, 5},
+                 {"results", DType::i8, Shape{}, train::LossKind::mse, 1}};
+    m.side = {"behavior", DType::f32, {0.5f, 1.0f, 1.5f, 2.0f}, {1.0f, 2.0f, 3.0f, 4.0f}};
+    m.side_values = 4;
+    m.mean.assign(3, 0.0f);
+    m.std.assign(3, 1.0f);
+    m.precision = "fp32";
+    m.steps = 3;
+    const auto plan = m.plan();
+    m.params.resize(plan.params);
+    for (std::size_t i = 0; i < m.params.size(); ++i) m.params[i] = std::cos(0.1f * static_cast<float>(i));
+    return m;
+}
+
+} // namespace
+
+TEST(ModelIo, HeadsHaveTheirPyTorchNamesAndMetadata) {
+    const SavedModel m = heads_model();
+    const TensorFile f = to_tensor_file(m);
+    ASSERT_NE(f.find("1.weight"), nullptr);
+    EXPECT_EQ(f.find("1.weight")->shape, (std::vector<std::uint64_t>{8, 12}));
+    EXPECT_EQ(f.find("heads.policy.0.weight")->shape, (std::vector<std::uint64_t>{5, 12})); // 8 features + 4 side
+    EXPECT_EQ(f.find("heads.value.0.bias")->shape, (std::vector<std::uint64_t>{1}));
+    EXPECT_EQ(f.tensors.size(), 6u);
+    EXPECT_EQ(f.metadata.at("format_version"), "2");
+    EXPECT_EQ(f.metadata.count("classes"), 0u);
+    EXPECT_NE(f.metadata.at("heads").find("\"loss\":\"mse\""), std::string::npos);
+    EXPECT_NE(f.metadata.at("side_input").find("\"field\":\"behavior\""), std::string::npos);
+    const SavedModel r = from_tensor_file(f, "t");
+    EXPECT_EQ(r.targets, m.targets);
+    EXPECT_EQ(r.side.field, "behavior");
+    EXPECT_EQ(r.side.std, m.side.std);
+    EXPECT_EQ(r.side_values, 4u);
+    EXPECT_EQ(train::to_spec_string(r.spec), train::to_spec_string(m.spec));
+    EXPECT_EQ(r.params, m.params);
+    EXPECT_EQ(code_of([&] { check_same_network(r, m.plan(), "t"); }), ExitCode::ok);
+    // Another loss on the same layers is another network.
+    SavedModel other = m;
+    other.spec.heads[1].loss = train::LossKind::poisson;
+    other.targets[1].loss = train::LossKind::poisson;
+    EXPECT_NE(error_of([&] { check_same_network(m, other.plan(), "t"); }).find("loss of head value mse in the file"),
+              std::string::npos);
+    // A damaged "heads" entry is a runtime error naming it.
+    TensorFile g = f;
+    g.metadata["heads"] = "[{\"target\": 3}]";
+    EXPECT_NE(error_of([&] { from_tensor_file(g, "t"); }).find("metadata 'heads'"), std::string::npos);
+    EXPECT_EQ(code_of([&] { encode_onnx(m); }), ExitCode::ok);
+}
+
+TEST(ModelIo, ClassifiersStayVersionOne) {
+    const SavedModel m = sample_model("small-cnn", {1, 8, 8}, 4);
+    TensorFile f = to_tensor_file(m);
+    EXPECT_EQ(f.metadata.at("format_version"), "1");
+    EXPECT_EQ(f.metadata.at("classes"), "4");
+    // A file of an earlier dstrain: no "heads"; the target is the dataset's label role.
+    f.metadata.erase("heads");
+    const SavedModel r = from_tensor_file(f, "t");
+    ASSERT_EQ(r.targets.size(), 1u);
+    EXPECT_EQ(r.targets[0].field, "");
+    EXPECT_EQ(r.targets[0].width, 4u);
+    EXPECT_EQ(r.targets[0].loss, train::LossKind::ce);
 }

@@ -9,25 +9,45 @@
 #include "dstk/run/train_run.hpp"
 #include "dstk/units.hpp"
 
+namespace {
+
+// What the network is and what it learns: --model, --label, --loss, --side-input.
+void add_target_options(CLI::App& app, dstk::run::TrainOptions& o, std::string& loss) {
+    app.add_option("-m,--model", o.model,
+                   "Preset (ref-cnn, small-cnn, resnet9, mlp, mlp:W1,W2,...) or a layer spec such as "
+                   "conv3x3:32,bn,relu,maxpool2,flatten,fc:10, which may end in named heads: "
+                   "...,heads(policy=fc:4672>ce:moves, value=fc:1,tanh>mse:results) (man dstrain)")
+        ->capture_default_str();
+    app.add_option("--label", o.label,
+                   "The target field of a model without heads(...): an integer class label or a float field of any "
+                   "shape (default: the dataset's label)");
+    app.add_option("--loss", loss,
+                   "Loss of that target: ce (softmax cross-entropy, integer classes), mse, poisson (softplus rate), "
+                   "poisson-exp (exp rate) or bce (multi-label 0/1); default: ce for one integer per sample, else mse");
+    app.add_option("--side-input", o.side_input,
+                   "A second input field (e.g. f32[4] per sample), normalised and joined to the flat features before "
+                   "the head(s) (where 'side' stands in the spec)");
+}
+
+} // namespace
+
 int main(int argc, char** argv) {
     using namespace dstk;
     using namespace dstk::train;
     run::TrainOptions o;
     OutputOptions out;
     std::string dataset, optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB",
-                         kernels = "auto";
+                         kernels = "auto", loss;
     float lr = 0.0f;
     bool no_nesterov = false;
 
-    CLI::App app{"Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
-                 "streamed from the files (--data), and report loss, accuracy, speed and memory per epoch.",
-                 "dstrain"};
+    CLI::App app{
+        "Train a network on a dataset directory, on the GPU or the CPU, with the data in GPU memory or "
+        "streamed from the files (--data), and report each head's loss and metrics, speed and memory per epoch.",
+        "dstrain"};
     // Not ->required(): eval and predict have their own, and --resume takes it from the checkpoint.
     app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits");
-    app.add_option("-m,--model", o.model,
-                   "Preset (ref-cnn, small-cnn, resnet9, mlp, mlp:W1,W2,...) or a layer spec "
-                   "such as conv3x3:32,bn,relu,maxpool2,flatten,fc:10 (man dstrain)")
-        ->capture_default_str();
+    add_target_options(app, o, loss);
     app.add_option("-e,--epochs", o.epochs, "Epochs")->capture_default_str();
     app.add_option("-b,--batch", o.batch,
                    "Batch size, per rank under mpirun or srun (the last partial training batch of an epoch is skipped)")
@@ -97,6 +117,7 @@ int main(int argc, char** argv) {
                                                      "eval and dstrain predict)"));
         o.dataset = dataset;
         if (app.count("--lr")) o.lr = lr;
+        if (!loss.empty()) o.loss = parse_loss(loss, "--loss");
         o.optimizer = parse_optimizer(optimizer);
         o.schedule = parse_schedule(schedule);
         o.nesterov = !no_nesterov;

@@ -32,6 +32,7 @@
 #include "train/cudnn_check.hpp"
 #include "train/direct_conv.hpp"
 #include "train/elementwise.hpp"
+#include "train/fields.hpp"
 #include "train/input_layout.hpp"
 #include "train/loss.hpp"
 #include "train/optimizer_step.hpp"
@@ -149,8 +150,8 @@ class CudaTrainer final : public Trainer {
 
     void train_step(const Batch& b) override;
     void evaluate(const Batch& b) override;
-    Metrics take_train_metrics() override { return take(train_m_, train_samples_); }
-    Metrics take_eval_metrics() override { return take(eval_m_, eval_samples_); }
+    Metrics take_train_metrics() override { return take(train_phase, train_samples_); }
+    Metrics take_eval_metrics() override { return take(eval_phase, eval_samples_); }
     std::optional<std::uint64_t> first_nonfinite_step() override;
     std::uint64_t steps() const override { return step_; }
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -189,13 +190,21 @@ class CudaTrainer final : public Trainer {
     const std::vector<LayerPlan>& layers() const { return cfg_.plan.layers; }
     void plan_copies();
     void layout(Arena& a);
+    void layout_metrics(Arena& a);
     void create_layer_descriptors();
     void find_algorithms();
     ConvSearch search() const;
     ConvKey conv_key(std::size_t i) const;
     ConvCall conv_call(const BatchDescs& bd, std::size_t i) const;
     BatchDescs& descs(std::uint32_t n);
-    const void* input_of(std::size_t i) const { return i == 0 ? act0_ : dev_[i - 1].out; }
+    const void* input_of(std::size_t i) const {
+        const std::int32_t src = layers()[i].source;
+        return src < 0 ? act0_ : dev_[static_cast<std::size_t>(src)].out;
+    }
+    cudnnTensorDescriptor_t input_desc(const BatchDescs& bd, std::size_t i) const {
+        const std::int32_t src = layers()[i].source;
+        return src < 0 ? bd.input : bd.out[static_cast<std::size_t>(src)];
+    }
     DirectConvShape direct_shape(std::uint32_t n) const;
     TcWgradShape wgrad_shape(std::size_t i, std::uint32_t n) const;
     void convert(const StepFields& b);
@@ -206,9 +215,12 @@ class CudaTrainer final : public Trainer {
     void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
     void step_body(std::uint32_t n);
     void refresh_copies();
+    void upload_initial_state();
     void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a, cudaDataType_t at,
               int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc);
-    Metrics take(DeviceMetrics* m, std::uint64_t& samples);
+    enum Phase : int { train_phase, eval_phase, scratch_phase };
+    void losses(std::uint32_t n, Phase phase, bool want_grad);
+    Metrics take(Phase phase, std::uint64_t& samples);
     std::vector<float> download(const float* p, std::uint64_t count) {
         std::vector<float> out(count);
         CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -237,7 +249,7 @@ class CudaTrainer final : public Trainer {
     cublasHandle_t cublas_ = nullptr;
     void* arena_ = nullptr;
     float *params_ = nullptr, *grads_ = nullptr, *slots_ = nullptr, *states_ = nullptr;
-    float *mean_ = nullptr, *inv_std_ = nullptr;
+    float *mean_ = nullptr, *inv_std_ = nullptr, *side_mean_ = nullptr, *side_inv_std_ = nullptr;
     // Compute copies: copy[i] = params[map[i]]; conv weights first (their
     // gradients gcopy share those indices), then linear weights in bf16 mode.
     void *wcopy_ = nullptr, *gcopy_ = nullptr;
@@ -245,13 +257,30 @@ class CudaTrainer final : public Trainer {
     std::vector<std::uint32_t> map_host_, inv_host_;
     std::uint64_t conv_copies_ = 0;
     std::vector<std::uint64_t> copy_offset_; // per layer, elements into wcopy
-    void *act0_ = nullptr, *gbuf_[2] = {nullptr, nullptr}, *input_grad_ = nullptr, *dlogits_ = nullptr;
-    std::int32_t* labels_ = nullptr;
+    void *act0_ = nullptr, *gbuf_[2] = {nullptr, nullptr}, *input_grad_ = nullptr;
+    // Per head: the loss gradient of its outputs, its target (classes or
+    // float values) and where its metric sums lie in a phase's block.
+    struct HeadDev {
+        void* dz = nullptr;
+        std::int32_t* labels = nullptr;
+        float* y = nullptr;
+        std::uint64_t sums_offset = 0; // doubles into MetricsBlock::sums
+    };
+    std::vector<HeadDev> heads_;
+    void* trunk_grad_ = nullptr; // heads: the sum of their gradients of the trunk's output
     double* bn_partials_ = nullptr;
     void* workspace_ = nullptr;
     std::uint64_t workspace_bytes_ = 0;
     void* cublas_ws_ = nullptr;
-    DeviceMetrics *train_m_ = nullptr, *eval_m_ = nullptr, *scratch_m_ = nullptr;
+    // Per phase (training, evaluation, inspection): the heads' counters, their
+    // metric sums and the first step whose loss was not finite, in one block.
+    struct MetricsBlock {
+        DeviceHeadMetrics* heads = nullptr;
+        double* sums = nullptr;
+        unsigned long long* first_nonfinite = nullptr;
+    };
+    MetricsBlock metrics_[3];
+    std::uint64_t metric_sums_ = 0, metrics_bytes_ = 0;
     unsigned long long* step_dev_ = nullptr;
     std::vector<LayerDev> dev_;
     std::vector<KernelReport> reports_;
@@ -263,6 +292,42 @@ class CudaTrainer final : public Trainer {
     // Profiling (DSTK_PROFILE_LAYERS): events recorded after each operation.
     std::vector<std::pair<std::string, cudaEvent_t>>* marks_ = nullptr;
 };
+
+// Parameters from the seed, normalisation, the copy maps; every counter and
+// batch buffer zeroed.
+void CudaTrainer::upload_initial_state() {
+    std::vector<float> p(cfg_.plan.params), st(cfg_.plan.states);
+    init_parameters(cfg_.plan, cfg_.seed, p, st);
+    auto inverse = [](const std::vector<float>& v) {
+        std::vector<float> out(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) out[i] = 1.0f / v[i];
+        return out;
+    };
+    auto upload = [](void* dst, const std::vector<float>& v) {
+        if (!v.empty()) CUDA_CHECK(cudaMemcpy(dst, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    };
+    upload(params_, p);
+    upload(states_, st);
+    upload(mean_, cfg_.mean);
+    upload(inv_std_, inverse(cfg_.std));
+    upload(side_mean_, cfg_.side.mean);
+    upload(side_inv_std_, inverse(cfg_.side.std));
+    if (!map_host_.empty())
+        CUDA_CHECK(cudaMemcpy(map_, map_host_.data(), map_host_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(inv_, inv_host_.data(), inv_host_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(slots_, 0, cfg_.plan.params * cfg_.optimizer.slots() * 4));
+    for (const MetricsBlock& m : metrics_) {
+        CUDA_CHECK(cudaMemset(m.heads, 0, metrics_bytes_));
+        CUDA_CHECK(cudaMemset(m.first_nonfinite, 0xff, 8));
+    }
+    CUDA_CHECK(cudaMemset(step_dev_, 0, 8));
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+        const std::uint64_t b = cfg_.max_batch, w = cfg_.plan.heads[h].target.width;
+        if (heads_[h].labels) CUDA_CHECK(cudaMemset(heads_[h].labels, 0, 4 * b));
+        if (heads_[h].y) CUDA_CHECK(cudaMemset(heads_[h].y, 0, 4 * b * w));
+    }
+    CUDA_CHECK(cudaMemset(act0_, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
+}
 
 CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     int count = 0;
@@ -298,8 +363,9 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
                                                                               : CUBLAS_DEFAULT_MATH));
     dev_.resize(layers().size());
     for (std::size_t i = 0; i + 1 < layers().size(); ++i)
-        dev_[i].relu_next =
-            layers()[i].spec.kind == LayerKind::batchnorm && layers()[i + 1].spec.kind == LayerKind::relu;
+        dev_[i].relu_next = layers()[i].spec.kind == LayerKind::batchnorm &&
+                            layers()[i + 1].spec.kind == LayerKind::relu &&
+                            layers()[i + 1].source == static_cast<std::int32_t>(i);
     for (std::size_t i = 0; i + 2 < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
         const LayerSpec& pool = layers()[i + 2].spec;
@@ -327,22 +393,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     layout(a);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_workspace));
 
-    std::vector<float> p(cfg_.plan.params), st(cfg_.plan.states), inv(cfg_.std.size());
-    init_parameters(cfg_.plan, cfg_.seed, p, st);
-    for (std::size_t i = 0; i < inv.size(); ++i) inv[i] = 1.0f / cfg_.std[i];
-    CUDA_CHECK(cudaMemcpy(params_, p.data(), p.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(states_, st.data(), st.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(mean_, cfg_.mean.data(), cfg_.mean.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(inv_std_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
-    if (!map_host_.empty())
-        CUDA_CHECK(cudaMemcpy(map_, map_host_.data(), map_host_.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(inv_, inv_host_.data(), inv_host_.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(slots_, 0, cfg_.plan.params * cfg_.optimizer.slots() * 4));
-    CUDA_CHECK(cudaMemset(train_m_, 0, sizeof(DeviceMetrics) * 3));
-    CUDA_CHECK(cudaMemset(&train_m_->first_nonfinite, 0xff, 8));
-    CUDA_CHECK(cudaMemset(step_dev_, 0, 8));
-    CUDA_CHECK(cudaMemset(labels_, 0, 4 * std::uint64_t{cfg_.max_batch}));
-    CUDA_CHECK(cudaMemset(act0_, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
+    upload_initial_state();
     refresh_copies();
     find_algorithms();
     descs(cfg_.max_batch);
@@ -351,8 +402,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     capture_train_graph();
     capture(eval_graph_, [&] {
         forward(n, false, true);
-        launch_softmax_xent(dev_.back().out, at_, labels_, n, cfg_.plan.classes, 0.0f, nullptr, eval_m_, step_dev_,
-                            stream_);
+        losses(n, eval_phase, false);
     });
     CUDA_CHECK(cudaDeviceSynchronize());
     std::size_t free_after = 0;
@@ -404,12 +454,17 @@ void CudaTrainer::profile_layers(int steps) {
     }
     const double step_ms = time_on_stream(
         stream_, [&] { CUDA_CHECK(cudaGraphLaunch(train_graph_, stream_)); }, 50);
-    // The input conversion runs outside the graph: timed apart, on a zero batch.
+    // The conversion runs outside the graph: timed apart, on a zero batch
+    // (every field reads the same zero bytes).
     void* xin = nullptr;
-    const std::uint64_t in_bytes = std::uint64_t{n} * cfg_.plan.input.numel() * dtype_size(cfg_.input_dtype);
-    CUDA_CHECK(cudaMalloc(&xin, in_bytes + 4ull * n));
-    CUDA_CHECK(cudaMemset(xin, 0, in_bytes + 4ull * n));
-    const StepFields zero_batch{xin, reinterpret_cast<const std::int32_t*>(static_cast<char*>(xin) + in_bytes), n};
+    std::uint64_t bytes = 0;
+    for (const BatchField& f : batch_fields(cfg_)) bytes = std::max(bytes, n * f.sample_bytes());
+    CUDA_CHECK(cudaMalloc(&xin, bytes));
+    CUDA_CHECK(cudaMemset(xin, 0, bytes));
+    StepFields zero_batch;
+    zero_batch.x = zero_batch.side = xin;
+    zero_batch.targets.fill(xin);
+    zero_batch.size = n;
     const double convert_ms = time_on_stream(
         stream_, [&] { convert(zero_batch); }, 50);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -423,7 +478,8 @@ void CudaTrainer::profile_layers(int steps) {
     std::fprintf(stderr,
                  "profile: sum of operations %.4f ms; graph step %.4f ms (%.0f samples/s without input conversion)\n",
                  sum, step_ms, n * 1000.0 / step_ms);
-    std::fprintf(stderr, "profile: input conversion (outside the graph) %.4f ms per batch\n", convert_ms);
+    std::fprintf(stderr, "profile: conversion of the batch's fields (outside the graph) %.4f ms per batch\n",
+                 convert_ms);
     std::vector<std::pair<std::string, double>> top(total.begin(), total.end());
     std::sort(top.begin(), top.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
     std::fprintf(stderr, "profile: top operations\n");
@@ -439,7 +495,7 @@ void CudaTrainer::profile_layers(int steps) {
                                           : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
                          format_bytes(workspace_bytes_).c_str());
     load_state(saved);
-    CUDA_CHECK(cudaMemset(train_m_, 0, offsetof(DeviceMetrics, first_nonfinite)));
+    CUDA_CHECK(cudaMemset(metrics_[train_phase].heads, 0, metrics_bytes_));
 }
 
 void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& body) {
@@ -554,9 +610,9 @@ void CudaTrainer::layout(Arena& a) {
     states_ = a.take<float>(cfg_.plan.states);
     mean_ = a.take<float>(cfg_.plan.input.c);
     inv_std_ = a.take<float>(cfg_.plan.input.c);
-    train_m_ = a.take<DeviceMetrics>(3);
-    eval_m_ = train_m_ + 1;
-    scratch_m_ = train_m_ + 2;
+    side_mean_ = a.take<float>(cfg_.side.mean.size());
+    side_inv_std_ = a.take<float>(cfg_.side.std.size());
+    layout_metrics(a);
     step_dev_ = a.take<unsigned long long>(1);
     wcopy_ = a.take_bytes(map_host_.size() * ab);
     gcopy_ = a.take_bytes(conv_copies_ * ab);
@@ -565,12 +621,11 @@ void CudaTrainer::layout(Arena& a) {
     plan_.parameters = a.used();
     const std::uint64_t start = a.used();
     act0_ = a.take_bytes(b * input_.numel() * ab);
-    labels_ = a.take<std::int32_t>(b);
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
         const std::uint64_t count = b * l.out.numel();
-        if (l.spec.kind == LayerKind::residual_begin ||
+        if (l.spec.kind == LayerKind::residual_begin || l.spec.kind == LayerKind::head ||
             (l.spec.kind == LayerKind::flatten && (nchw_ || l.in.h * l.in.w == 1)))
             d.out = const_cast<void*>(input_of(i));
         else
@@ -592,12 +647,41 @@ void CudaTrainer::layout(Arena& a) {
     gbuf_[0] = a.take_bytes(b * cfg_.plan.max_activation() * ab);
     gbuf_[1] = a.take_bytes(b * cfg_.plan.max_activation() * ab);
     input_grad_ = a.take_bytes(b * input_.numel() * ab);
-    dlogits_ = a.take_bytes(b * cfg_.plan.classes * ab);
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+        const Target& t = cfg_.plan.heads[h].target;
+        heads_[h].dz = a.take_bytes(b * t.width * ab);
+        heads_[h].labels = t.loss == LossKind::ce ? a.take<std::int32_t>(b) : nullptr;
+        heads_[h].y = t.loss == LossKind::ce ? nullptr : a.take<float>(b * t.width);
+    }
+    if (cfg_.plan.heads[0].begin >= 0) {
+        const std::int32_t t = cfg_.plan.trunk_end();
+        trunk_grad_ =
+            a.take_bytes(b * (t < 0 ? input_.numel() : layers()[static_cast<std::size_t>(t)].out.numel()) * ab);
+    }
     plan_.activations = a.used() - start;
     const std::uint64_t ws_start = a.used();
     workspace_ = a.take<std::uint8_t>(workspace_bytes_);
     cublas_ws_ = a.take<std::uint8_t>(cublas_workspace);
     plan_.workspace = a.used() - ws_start;
+}
+
+// Each phase's block: the heads' counters, then their metric sums (every
+// loss but ce: HeadMetrics::rows per output), then the first non-finite step.
+void CudaTrainer::layout_metrics(Arena& a) {
+    heads_.resize(cfg_.plan.heads.size());
+    metric_sums_ = 0;
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+        const Target& t = cfg_.plan.heads[h].target;
+        heads_[h].sums_offset = metric_sums_;
+        if (t.loss != LossKind::ce) metric_sums_ += std::uint64_t{HeadMetrics::rows} * t.width;
+    }
+    metrics_bytes_ = heads_.size() * sizeof(DeviceHeadMetrics) + metric_sums_ * sizeof(double);
+    for (MetricsBlock& m : metrics_) { // one piece: a memset of metrics_bytes_ clears counters and sums
+        char* block = static_cast<char*>(a.take_bytes(metrics_bytes_ + sizeof(unsigned long long)));
+        m.heads = reinterpret_cast<DeviceHeadMetrics*>(block);
+        m.sums = reinterpret_cast<double*>(block + heads_.size() * sizeof(DeviceHeadMetrics));
+        m.first_nonfinite = reinterpret_cast<unsigned long long*>(block + metrics_bytes_);
+    }
 }
 
 cudnnTensorDescriptor_t make_tensor(std::uint32_t n, TensorShape s, cudnnDataType_t t, bool nchw) {
@@ -738,7 +822,7 @@ ConvSearch CudaTrainer::search() const {
 ConvCall CudaTrainer::conv_call(const BatchDescs& bd, std::size_t i) const {
     const LayerDev& d = dev_[i];
     ConvCall c;
-    c.x = i == 0 ? bd.input : bd.out[i - 1];
+    c.x = input_desc(bd, i);
     c.y = bd.out[i];
     c.w = d.filter;
     c.fwd = d.conv_fwd;
@@ -788,10 +872,40 @@ std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count)
     return out;
 }
 
+// The input, then in one more launch every head's target and the side input
+// (normalised straight into its columns of the side layer's output).
 void CudaTrainer::convert(const StepFields& b) {
     const TensorShape in = cfg_.plan.input;
-    launch_convert_input(b.x, cfg_.input_dtype, b.y, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_, act0_,
-                         at_, nchw_, input_.c, labels_, stream_);
+    launch_convert_input(b.x, cfg_.input_dtype, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_,
+                         act0_, at_, nchw_, input_.c, nullptr, stream_);
+    FieldConversion f[max_field_conversions];
+    int count = 0;
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+        const Target& t = cfg_.plan.heads[h].target;
+        FieldConversion& c = f[count++];
+        c.src = b.targets[h];
+        c.dtype = t.dtype;
+        c.per_sample = t.loss == LossKind::ce ? 1 : t.width;
+        c.mode = t.loss == LossKind::ce ? FieldMode::classes : FieldMode::values;
+        c.dst = t.loss == LossKind::ce ? static_cast<void*>(heads_[h].labels) : heads_[h].y;
+    }
+    if (cfg_.plan.side) {
+        for (std::size_t i = 0; i < layers().size(); ++i)
+            if (layers()[i].spec.kind == LayerKind::side) {
+                FieldConversion& c = f[count++];
+                c.src = b.side;
+                c.dtype = cfg_.side.dtype;
+                c.per_sample = cfg_.plan.side;
+                c.mode = FieldMode::normalised;
+                c.dst = dev_[i].out;
+                c.stride = layers()[i].out.c;
+                c.offset = layers()[i].in.c;
+                c.mean = side_mean_;
+                c.inv_std = side_inv_std_;
+                c.hw = cfg_.plan.side / static_cast<std::uint32_t>(cfg_.side.mean.size());
+            }
+    }
+    launch_convert_fields(f, count, b.size, at_, stream_);
 }
 
 // Column-major C[m][n] = op(A) op(B) with float accumulation, the
@@ -810,7 +924,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
         const void* x = input_of(i);
-        const auto xd = i == 0 ? bd.input : bd.out[i - 1], yd = bd.out[i];
+        const auto xd = input_desc(bd, i), yd = bd.out[i];
         const std::uint64_t count = std::uint64_t{n} * l.out.numel();
         const std::uint64_t hw_in = std::uint64_t{l.in.h} * l.in.w, hw_out = std::uint64_t{l.out.h} * l.out.w;
         const float* p = params_ + l.param_offset;
@@ -839,6 +953,14 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         }
         case LayerKind::relu:
             if (!(fuse && i > 0 && dev_[i - 1].relu_next)) launch_relu_forward(x, d.out, at_, count, stream_);
+            break;
+        case LayerKind::tanh:
+            launch_tanh_forward(x, d.out, at_, count, stream_);
+            break;
+        case LayerKind::side: // the side input's columns were written by the conversion
+            launch_copy_rows(x, l.in.c, d.out, l.out.c, l.in.c, n, at_, stream_);
+            break;
+        case LayerKind::head: // aliases the trunk's output
             break;
         case LayerKind::maxpool:
         case LayerKind::avgpool:
@@ -884,7 +1006,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     const LayerPlan& l = layers()[i];
     const LayerDev& d = dev_[i];
     const void* x = input_of(i);
-    const auto xd = i == 0 ? bd.input : bd.out[i - 1], yd = bd.out[i];
+    const auto xd = input_desc(bd, i), yd = bd.out[i];
     float* g = grads_ + l.param_offset;
     if (i == 0 && direct_first_) // fp32, straight into the gradient vector
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), workspace_, g, stream_);
@@ -943,6 +1065,18 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
         if (fuse && i > 0 && dev_[i - 1].relu_next) return dy; // the batchnorm below applies the mask
         launch_relu_backward(d.out, dy, dx, at_, count_in, stream_);
         return dx;
+    case LayerKind::tanh:
+        launch_tanh_backward(d.out, dy, dx, at_, count_in, stream_);
+        return dx;
+    case LayerKind::side:
+        launch_copy_rows(dy, l.out.c, dx, l.in.c, l.in.c, n, at_, stream_);
+        return dx;
+    case LayerKind::head: // the last head walked back sets the trunk's gradient, the others add to it
+        if (i == static_cast<std::size_t>(cfg_.plan.heads.back().begin))
+            launch_copy(dy, trunk_grad_, at_, count_in, stream_);
+        else
+            launch_add(trunk_grad_, dy, trunk_grad_, at_, count_in, stream_);
+        return trunk_grad_;
     case LayerKind::maxpool:
     case LayerKind::avgpool:
         if (fuse && i >= 2 && dev_[i - 2].pool_next) return dy; // the batchnorm below takes the pooled gradient
@@ -980,13 +1114,23 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     return dx;
 }
 
+// From the last layer to the first: each head's layers start from its loss
+// gradient, the trunk from the sum of the heads' gradients of its output.
 void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
-    const void* dy = dlogits_;
+    const auto& heads = cfg_.plan.heads;
+    const std::int32_t trunk_end = heads[0].begin >= 0 ? cfg_.plan.trunk_end() : -2;
+    const void* dy = nullptr;
     for (std::size_t i = layers().size(); i-- > 0;) {
-        void* dx = i == 0 ? input_grad_ : (dy == gbuf_[0] ? gbuf_[1] : gbuf_[0]);
-        dy = backward_layer(i, n, dy, dx, i > 0 || want_input_grad, fuse);
+        for (std::size_t h = 0; h < heads.size(); ++h)
+            if (heads[h].output == i) dy = heads_[h].dz;
+        if (static_cast<std::int32_t>(i) == trunk_end) dy = trunk_grad_;
+        const bool first = layers()[i].source < 0;
+        void* dx = first ? input_grad_ : (dy == gbuf_[0] ? gbuf_[1] : gbuf_[0]);
+        dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
     }
+    if (trunk_end == -1 && want_input_grad) // the heads read the input itself
+        launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
     // A direct first convolution wrote its gradient itself: its copies (the first) are skipped.
     const std::uint64_t skip =
         direct_first_ ? std::uint64_t{layers()[0].out.c} * layers()[0].spec.kernel * layers()[0].spec.kernel * input_.c
@@ -998,8 +1142,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
 
 void CudaTrainer::step_body(std::uint32_t n) {
     forward(n, true, true);
-    launch_softmax_xent(dev_.back().out, at_, labels_, n, cfg_.plan.classes, cfg_.label_smoothing, dlogits_, train_m_,
-                        step_dev_, stream_);
+    losses(n, train_phase, true);
     mark(~std::size_t{0}, "loss");
     backward(n, false, true);
     if (reducer_) { // grads_ holds every weight gradient: one collective
@@ -1032,8 +1175,7 @@ void CudaTrainer::evaluate(const Batch& batch) {
         CUDA_CHECK(cudaGraphLaunch(eval_graph_, stream_));
     } else {
         forward(b.size, false, true);
-        launch_softmax_xent(dev_.back().out, at_, labels_, b.size, cfg_.plan.classes, 0.0f, nullptr, eval_m_, step_dev_,
-                            stream_);
+        losses(b.size, eval_phase, false);
     }
     eval_samples_ += b.size;
 }
@@ -1043,28 +1185,73 @@ void CudaTrainer::compute_gradients(const Batch& batch) {
     last_n_ = b.size;
     convert(b);
     forward(b.size, true, false);
-    launch_softmax_xent(dev_.back().out, at_, labels_, b.size, cfg_.plan.classes, cfg_.label_smoothing, dlogits_,
-                        scratch_m_, step_dev_, stream_);
+    losses(b.size, scratch_phase, true);
     backward(b.size, true, false);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-Metrics CudaTrainer::take(DeviceMetrics* m, std::uint64_t& samples) {
-    DeviceMetrics h;
+// Every head's loss kernel: gradients (training), counters and sums of `phase`.
+void CudaTrainer::losses(std::uint32_t n, Phase phase, bool want_grad) {
+    const MetricsBlock& m = metrics_[phase];
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+        const HeadPlan& hp = cfg_.plan.heads[h];
+        HeadLossArgs a;
+        a.z = dev_[hp.output].out;
+        a.n = n;
+        a.k = hp.target.width;
+        a.loss = hp.target.loss;
+        a.smoothing = cfg_.label_smoothing;
+        a.weight = hp.weight;
+        a.labels = heads_[h].labels;
+        a.y = heads_[h].y;
+        a.dz = want_grad ? heads_[h].dz : nullptr;
+        a.m = m.heads + h;
+        a.sums = m.sums + heads_[h].sums_offset;
+        a.first_nonfinite = m.first_nonfinite;
+        a.step = step_dev_;
+        launch_head_loss(a, at_, stream_);
+    }
+}
+
+Metrics CudaTrainer::take(Phase phase, std::uint64_t& samples) {
+    const MetricsBlock& block = metrics_[phase];
+    std::vector<DeviceHeadMetrics> counters(heads_.size());
+    std::vector<double> sums(metric_sums_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaMemcpy(&h, m, sizeof h, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemsetAsync(m, 0, offsetof(DeviceMetrics, first_nonfinite), stream_));
-    Metrics out;
+    CUDA_CHECK(
+        cudaMemcpy(counters.data(), block.heads, counters.size() * sizeof(DeviceHeadMetrics), cudaMemcpyDeviceToHost));
+    if (!sums.empty())
+        CUDA_CHECK(cudaMemcpy(sums.data(), block.sums, sums.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemsetAsync(block.heads, 0, metrics_bytes_, stream_));
+    Metrics out = empty_metrics(cfg_.plan);
     out.samples = std::exchange(samples, 0);
-    out.correct = h.correct;
-    out.loss_sum = h.loss_sum;
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+        const HeadPlan& hp = cfg_.plan.heads[h];
+        HeadMetrics& hm = out.heads[h];
+        if (counters[h].bad_labels)
+            throw runtime_error(std::to_string(counters[h].bad_labels) + " labels of '" + hp.target.field +
+                                "' outside [0, " + std::to_string(hp.target.width) +
+                                ") (corrupt labels, or more classes than the model's?)");
+        hm.samples = out.samples;
+        hm.correct = counters[h].correct;
+        hm.top5 = counters[h].top5;
+        hm.loss_sum = counters[h].loss_sum;
+        if (!hm.sums.empty()) {
+            std::copy_n(sums.begin() + static_cast<std::ptrdiff_t>(heads_[h].sums_offset), hm.sums.size(),
+                        hm.sums.begin());
+            double per_output = 0.0;
+            for (std::uint32_t j = 0; j < hm.width; ++j) per_output += hm.at(HeadMetrics::row_loss, j);
+            hm.loss_sum = per_output / hm.width;
+        }
+        out.loss_sum += hp.weight * hm.loss_sum;
+    }
     return out;
 }
 
 std::optional<std::uint64_t> CudaTrainer::first_nonfinite_step() {
     unsigned long long v = 0;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaMemcpy(&v, &train_m_->first_nonfinite, 8, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&v, metrics_[train_phase].first_nonfinite, 8, cudaMemcpyDeviceToHost));
     if (v == ~0ull) return std::nullopt;
     return v;
 }
@@ -1084,7 +1271,7 @@ void CudaTrainer::load_state(std::span<const std::uint8_t> blob) {
     CUDA_CHECK(cudaMemcpy(slots_, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
     const unsigned long long st = step_;
     CUDA_CHECK(cudaMemcpy(step_dev_, &st, 8, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(&train_m_->first_nonfinite, 0xff, 8));
+    CUDA_CHECK(cudaMemset(metrics_[train_phase].first_nonfinite, 0xff, 8));
     refresh_copies();
 }
 

@@ -1,4 +1,4 @@
-// Bias, residual, copy, dropout and ReLU passes, and the fixed-order sum of
+// Bias, residual, copy, dropout, ReLU and tanh passes, and the fixed-order sum of
 // per-block partials.
 #include "elementwise.hpp"
 
@@ -60,6 +60,17 @@ __global__ void dropout_kernel(const T* x, T* y, float* mask, std::uint64_t coun
         const float m = philox(seed, stream, j)[0] >= threshold ? scale : 0.0f;
         mask[i] = m;
         st(y, i, ld(x, i) * m);
+    }
+}
+
+template <class T> __global__ void tanh_kernel(const T* x, T* y, std::uint64_t count) {
+    GRID_LOOP(i, count) st(y, i, tanhf(ld(x, i)));
+}
+
+template <class T> __global__ void tanh_backward_kernel(const T* y, const T* dy, T* dx, std::uint64_t count) {
+    GRID_LOOP(i, count) {
+        const float v = ld(y, i);
+        st(dx, i, ld(dy, i) * (1.0f - v * v));
     }
 }
 
@@ -158,6 +169,29 @@ void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, st
             static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), count);
     });
     check_launch();
+}
+
+void launch_tanh_forward(const void* x, void* y, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        tanh_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), count);
+    });
+    check_launch();
+}
+
+void launch_tanh_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        tanh_backward_kernel<<<blocks_for(count, 4), threads, 0, s>>>(
+            static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), count);
+    });
+    check_launch();
+}
+
+void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::uint64_t dst_row, std::uint64_t width,
+                      std::uint64_t rows, ActType t, cudaStream_t s) {
+    const std::uint64_t b = act_bytes(t);
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_row * b, src, src_row * b, width * b, rows, cudaMemcpyDeviceToDevice, s));
 }
 
 void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,

@@ -30,6 +30,15 @@ void launch_relu_forward(const void* x, void* y, ActType t, std::uint64_t count,
 // dx = y > 0 ? dy : 0 (y: the ReLU's output)
 void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s);
 
+void launch_tanh_forward(const void* x, void* y, ActType t, std::uint64_t count, cudaStream_t s);
+// dx = dy (1 - y^2) (y: the tanh's output)
+void launch_tanh_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s);
+// rows x width elements from rows of src_row elements into rows of dst_row
+// (the side input's join: the trunk's features into the first columns, and
+// their gradient back).
+void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::uint64_t dst_row, std::uint64_t width,
+                      std::uint64_t rows, ActType t, cudaStream_t s);
+
 // out[e] = sum over blocks b of partials[b * count + e], in block order (the
 // second pass of the convolution weight gradients' fixed-order reductions),
 // stored as float or bf16.

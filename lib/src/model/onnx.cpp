@@ -147,6 +147,14 @@ void add_layer(GraphBuilder& g, const SavedModel& m, const train::LayerPlan& l, 
     case train::LayerKind::relu:
         x = g.node("Relu", {x});
         break;
+    case train::LayerKind::tanh:
+        x = g.node("Tanh", {x});
+        break;
+    case train::LayerKind::side: // the normalised side input after the flat features
+        x = g.node("Concat", {g.node("Flatten", {x}, {attr_int("axis", 1)}), "side_normalized"}, {attr_int("axis", 1)});
+        break;
+    case train::LayerKind::head: // encode_onnx points x at the trunk's output
+        break;
     case train::LayerKind::maxpool:
     case train::LayerKind::avgpool:
         x = g.node(l.spec.kind == train::LayerKind::maxpool ? "MaxPool" : "AveragePool", {x},
@@ -182,6 +190,34 @@ void add_layer(GraphBuilder& g, const SavedModel& m, const train::LayerPlan& l, 
     }
 }
 
+// The side input "side" [N, values], normalised with the model's mean and std
+// (per channel of its shape, repeated over the channel's values).
+void add_side_input(GraphBuilder& g, const SavedModel& m) {
+    const std::uint64_t values = m.side_values, per = values / m.side.mean.size();
+    std::vector<float> mean(values), stdev(values);
+    for (std::uint64_t i = 0; i < values; ++i) {
+        mean[i] = m.side.mean[i / per];
+        stdev[i] = m.side.std[i / per];
+    }
+    g.initializer("side_mean", {1, values}, mean.data());
+    g.initializer("side_std", {1, values}, stdev.data());
+    const std::string centred = g.node("Sub", {"side", "side_mean"});
+    Message div;
+    div.bytes(f::node_input, centred).bytes(f::node_input, "side_std");
+    div.bytes(f::node_output, "side_normalized").bytes(f::node_name, "side_normalized").bytes(f::node_op_type, "Div");
+    g.graph().message(f::graph_node, div);
+}
+
+// A graph output, named, from the tensor x: flattened to [N, width].
+void add_output(GraphBuilder& g, const std::string& x, const std::string& name, std::uint64_t width) {
+    const std::string flat = g.node("Flatten", {x}, {attr_int("axis", 1)});
+    Message out;
+    out.bytes(f::node_input, flat).bytes(f::node_output, name).bytes(f::node_name, name);
+    out.bytes(f::node_op_type, "Identity");
+    g.graph().message(f::graph_node, out);
+    g.graph().message(f::graph_output, value_info(name, {width}));
+}
+
 } // namespace
 
 std::vector<std::uint8_t> encode_onnx(const SavedModel& m) {
@@ -194,16 +230,20 @@ std::vector<std::uint8_t> encode_onnx(const SavedModel& m) {
     g.initializer("normalize_std", {1, c, 1, 1}, m.std.data());
     std::string x = g.node("Sub", {"input", "normalize_mean"});
     x = g.node("Div", {x, "normalize_std"});
+    if (plan.side) add_side_input(g, m);
     std::vector<std::string> residual_inputs;
-    for (std::size_t i = 0; i < plan.layers.size(); ++i) add_layer(g, m, plan.layers[i], paths[i], x, residual_inputs);
-    x = g.node("Flatten", {x}, {attr_int("axis", 1)});
-    // The output gets its fixed name through an Identity node.
-    Message last;
-    last.bytes(f::node_input, x).bytes(f::node_output, "logits").bytes(f::node_name, "logits");
-    last.bytes(f::node_op_type, "Identity");
-    g.graph().message(f::graph_node, last);
+    std::string trunk;
+    for (std::size_t i = 0; i < plan.layers.size(); ++i) {
+        if (plan.layers[i].spec.kind == train::LayerKind::head) {
+            if (trunk.empty()) trunk = x;
+            x = trunk;
+        }
+        add_layer(g, m, plan.layers[i], paths[i], x, residual_inputs);
+        for (const auto& h : plan.heads)
+            if (h.output == i) add_output(g, x, h.name.empty() ? "logits" : h.name, h.target.width);
+    }
     g.graph().message(f::graph_input, value_info("input", {plan.input.c, plan.input.h, plan.input.w}));
-    g.graph().message(f::graph_output, value_info("logits", {plan.classes}));
+    if (plan.side) g.graph().message(f::graph_input, value_info("side", {plan.side}));
 
     Message model;
     model.varint(f::model_ir_version, 7)

@@ -55,11 +55,13 @@ std::vector<SaveTarget> save_paths(const ModelRunOptions& o, const fs::path& che
 SavedModel prepare_init_from(const ModelRunOptions& o, train::TrainerConfig& tc, const OutputOptions& out) {
     SavedModel m = load_model(o.init_from);
     check_same_network(m, tc.plan, o.init_from.string());
-    if (m.mean != tc.mean || m.std != tc.std)
-        note(out, "dstrain: --init-from: normalising the input with the model's mean and std (those it was trained "
-                  "with), not this dataset's");
+    if (m.mean != tc.mean || m.std != tc.std || m.side.mean != tc.side.mean || m.side.std != tc.side.std)
+        note(out, "dstrain: --init-from: normalising the input" + std::string(m.side_values ? " and side input" : "") +
+                      " with the model's mean and std (those it was trained with), not this dataset's");
     tc.mean = m.mean;
     tc.std = m.std;
+    tc.side.mean = m.side.mean;
+    tc.side.std = m.side.std;
     return m;
 }
 
@@ -75,9 +77,11 @@ SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, c
     m.spec = spec;
     m.input = c.plan.input;
     m.input_dtype = c.input_dtype;
-    m.classes = c.plan.classes;
+    for (const auto& h : c.plan.heads) m.targets.push_back(h.target);
     m.mean = c.mean;
     m.std = c.std;
+    m.side = c.side;
+    m.side_values = c.plan.side;
     m.precision = std::string(train::precision_name(c.precision));
     m.dataset = dataset;
     m.dataset_checksum = dataset_checksum;

@@ -17,7 +17,7 @@ namespace dstk::model {
 namespace {
 
 constexpr const char* format_name = "dstk-model";
-constexpr const char* format_version = "1";
+constexpr const char *classifier_version = "1", *current_version = "2";
 
 std::string floats_json(const std::vector<float>& v) {
     return nlohmann::json(v).dump();
@@ -109,17 +109,28 @@ train::TensorShape parse_shape(const std::string& s, const std::string& source) 
 } // namespace
 
 train::NetworkPlan SavedModel::plan() const {
-    return train::plan_network(spec, input, classes);
+    return train::plan_network(spec, input, targets, side_values);
+}
+
+std::vector<train::Target> classifier_targets(std::uint32_t classes) {
+    return {train::Target{"", DType::i32, Shape{}, train::LossKind::ce, classes}};
 }
 
 std::vector<std::string> module_paths(const train::NetworkPlan& plan) {
-    // A stack of (path prefix, next index) per open res( block.
+    // A stack of (path prefix, next index) per open res( block; a head starts afresh.
     std::vector<std::pair<std::string, std::uint32_t>> stack{{"", 0}};
     std::vector<std::string> out;
+    std::size_t head = 0;
     for (const auto& l : plan.layers) {
         if (l.spec.kind == train::LayerKind::residual_end) {
             stack.pop_back();
             out.emplace_back();
+            continue;
+        }
+        if (l.spec.kind == train::LayerKind::head) {
+            const std::string path = "heads." + plan.heads.at(head++).name;
+            out.push_back(path);
+            stack = {{path + ".", 0}};
             continue;
         }
         auto& [prefix, next] = stack.back();
@@ -129,6 +140,130 @@ std::vector<std::string> module_paths(const train::NetworkPlan& plan) {
     }
     return out;
 }
+
+namespace {
+
+// A version-1 file describes it completely: one ce head, no side input, only the layers version 1 knew.
+bool is_classifier(const SavedModel& m) {
+    if (m.targets.size() != 1 || m.targets[0].loss != train::LossKind::ce || !m.spec.heads.empty() || m.side_values)
+        return false;
+    for (const auto& l : m.spec.layers)
+        if (l.kind == train::LayerKind::tanh) return false;
+    return true;
+}
+
+nlohmann::json heads_json(const SavedModel& m, const train::NetworkPlan& plan) {
+    nlohmann::json heads = nlohmann::json::array();
+    for (std::size_t h = 0; h < plan.heads.size(); ++h) {
+        const train::Target& t = m.targets[h];
+        heads.push_back({{"name", plan.heads[h].name},
+                         {"target", t.field},
+                         {"dtype", dtype_name(t.dtype)},
+                         {"shape", t.shape.dims},
+                         {"loss", train::loss_name(t.loss)},
+                         {"weight", plan.heads[h].weight},
+                         {"outputs", plan.heads[h].target.width}});
+    }
+    return heads;
+}
+
+nlohmann::json side_json(const SavedModel& m) {
+    return {{"field", m.side.field},
+            {"dtype", dtype_name(m.side.dtype)},
+            {"values", m.side_values},
+            {"normalize_mean", m.side.mean},
+            {"normalize_std", m.side.std}};
+}
+
+nlohmann::json meta_json(const TensorFile& f, const std::string& key, const std::string& source) {
+    try {
+        return parse_json(meta(f, key, source));
+    } catch (const nlohmann::json::exception& e) {
+        throw runtime_error(source + ": metadata '" + key + "' is not JSON (" + e.what() + ")");
+    }
+}
+
+DType meta_dtype(const std::string& text, const std::string& what, const std::string& source) {
+    const auto dt = dtype_from_name(text);
+    if (!dt) throw runtime_error(source + ": metadata " + what + " '" + text + "' is unknown");
+    return *dt;
+}
+
+// Version 2's "heads" (and version 1's where present: the label field's name).
+std::vector<train::Target> parse_targets(const TensorFile& f, const std::string& source) {
+    std::vector<train::Target> out;
+    try {
+        for (const auto& h : meta_json(f, "heads", source)) {
+            train::Target t;
+            t.field = h.at("target").get<std::string>();
+            t.dtype = meta_dtype(h.at("dtype").get<std::string>(), "head dtype", source);
+            t.shape.dims = h.at("shape").get<std::vector<std::uint64_t>>();
+            t.loss = train::parse_loss(h.at("loss").get<std::string>(), source + ": metadata head loss");
+            t.width = std::min<std::uint32_t>(h.at("outputs").get<std::uint32_t>(), 1u << 24);
+            out.push_back(std::move(t));
+        }
+    } catch (const nlohmann::json::exception& e) {
+        throw runtime_error(source + ": metadata 'heads' (" + e.what() + ")");
+    }
+    if (out.empty() || out.size() > 16)
+        throw runtime_error(source + ": metadata 'heads' lists no head or more than 16");
+    return out;
+}
+
+void parse_side(const TensorFile& f, const std::string& source, SavedModel& m) {
+    if (!f.metadata.count("side_input")) return;
+    try {
+        const auto j = meta_json(f, "side_input", source);
+        m.side.field = j.at("field").get<std::string>();
+        m.side.dtype = meta_dtype(j.at("dtype").get<std::string>(), "side input dtype", source);
+        m.side_values = std::min<std::uint32_t>(j.at("values").get<std::uint32_t>(), 1u << 20);
+        m.side.mean = j.at("normalize_mean").get<std::vector<float>>();
+        m.side.std = j.at("normalize_std").get<std::vector<float>>();
+    } catch (const nlohmann::json::exception& e) {
+        throw runtime_error(source + ": metadata 'side_input' (" + e.what() + ")");
+    }
+    if (m.side.mean.empty() || m.side.mean.size() != m.side.std.size() || m.side_values % m.side.mean.size() != 0)
+        throw runtime_error(source + ": the side input's normalisation does not fit its " +
+                            std::to_string(m.side_values) + " values");
+}
+
+// The metadata of version 1 and 2, checked; the tensors are read by from_tensor_file.
+SavedModel model_metadata(const TensorFile& f, const std::string& source) {
+    const std::string version = meta(f, "format_version", source);
+    if (meta(f, "format", source) != format_name || (version != classifier_version && version != current_version))
+        throw runtime_error(source + ": format '" + meta(f, "format", source) + "' version " + version +
+                            " (this dstrain reads " + format_name + " versions 1 and 2)");
+    SavedModel m;
+    try {
+        m.spec = train::parse_model_spec(meta(f, "model", source));
+    } catch (const Error& e) {
+        throw runtime_error(source + ": metadata 'model': " + e.what());
+    }
+    m.spec.name = meta(f, "model_name", source);
+    m.input = parse_shape(meta(f, "input_shape", source), source);
+    m.input_dtype = meta_dtype(meta(f, "input_dtype", source), "input_dtype", source);
+    if (version == classifier_version) {
+        m.targets = classifier_targets(
+            static_cast<std::uint32_t>(std::min<std::uint64_t>(meta_u64(f, "classes", source), 1u << 24)));
+        if (f.metadata.count("heads")) m.targets[0].field = parse_targets(f, source)[0].field;
+    } else {
+        m.targets = parse_targets(f, source);
+        parse_side(f, source, m);
+    }
+    m.mean = meta_floats(f, "normalize_mean", source);
+    m.std = meta_floats(f, "normalize_std", source);
+    if (m.mean.size() != m.input.c || m.std.size() != m.input.c)
+        throw runtime_error(source + ": normalisation has " + std::to_string(m.mean.size()) + " means and " +
+                            std::to_string(m.std.size()) + " stds for " + std::to_string(m.input.c) + " channels");
+    m.precision = meta(f, "precision", source);
+    m.dstk_version = meta(f, "dstk_version", source);
+    m.dataset = meta(f, "dataset", source);
+    m.dataset_checksum = meta(f, "dataset_checksum", source);
+    m.steps = meta_u64(f, "steps", source);
+    return m;
+}
+
+} // namespace
 
 TensorFile to_tensor_file(const SavedModel& m) {
     const train::NetworkPlan plan = m.plan();
@@ -141,14 +276,15 @@ TensorFile to_tensor_file(const SavedModel& m) {
         f.tensors.push_back(f32_tensor(s.name, s.shape, std::span<const float>(src).subspan(s.offset, numel(s.shape))));
     }
     for (const auto& c : counters) f.tensors.push_back(i64_scalar(c, static_cast<std::int64_t>(m.steps)));
+    const bool classifier = is_classifier(m);
     f.metadata = {{"format", format_name},
-                  {"format_version", format_version},
+                  {"format_version", std::string(classifier ? classifier_version : current_version)},
                   {"model", train::to_spec_string(m.spec)},
                   {"model_name", m.spec.name},
                   {"input_shape", m.input.str()},
                   {"input_dtype", std::string(dtype_name(m.input_dtype))},
                   {"input_layout", "NCHW"},
-                  {"classes", std::to_string(m.classes)},
+                  {"heads", heads_json(m, plan).dump()},
                   {"normalize_mean", floats_json(m.mean)},
                   {"normalize_std", floats_json(m.std)},
                   {"bn_eps", "1e-05"},
@@ -157,37 +293,13 @@ TensorFile to_tensor_file(const SavedModel& m) {
                   {"dataset", m.dataset},
                   {"dataset_checksum", m.dataset_checksum},
                   {"steps", std::to_string(m.steps)}};
+    if (classifier) f.metadata["classes"] = std::to_string(plan.heads[0].target.width);
+    if (m.side_values) f.metadata["side_input"] = side_json(m).dump();
     return f;
 }
 
 SavedModel from_tensor_file(const TensorFile& f, const std::string& source) {
-    if (meta(f, "format", source) != format_name || meta(f, "format_version", source) != format_version)
-        throw runtime_error(source + ": format '" + meta(f, "format", source) + "' version " +
-                            meta(f, "format_version", source) + " (this dstrain reads " + format_name + " version " +
-                            format_version + ")");
-    SavedModel m;
-    try {
-        m.spec = train::parse_model_spec(meta(f, "model", source));
-    } catch (const Error& e) {
-        throw runtime_error(source + ": metadata 'model': " + e.what());
-    }
-    m.spec.name = meta(f, "model_name", source);
-    m.input = parse_shape(meta(f, "input_shape", source), source);
-    const auto dt = dtype_from_name(meta(f, "input_dtype", source));
-    if (!dt) throw runtime_error(source + ": metadata input_dtype '" + meta(f, "input_dtype", source) + "' is unknown");
-    m.input_dtype = *dt;
-    m.classes = static_cast<std::uint32_t>(std::min<std::uint64_t>(meta_u64(f, "classes", source), 1u << 24));
-    m.mean = meta_floats(f, "normalize_mean", source);
-    m.std = meta_floats(f, "normalize_std", source);
-    if (m.mean.size() != m.input.c || m.std.size() != m.input.c)
-        throw runtime_error(source + ": normalisation has " + std::to_string(m.mean.size()) + " means and " +
-                            std::to_string(m.std.size()) + " stds for " + std::to_string(m.input.c) + " channels");
-    m.precision = meta(f, "precision", source);
-    m.dstk_version = meta(f, "dstk_version", source);
-    m.dataset = meta(f, "dataset", source);
-    m.dataset_checksum = meta(f, "dataset_checksum", source);
-    m.steps = meta_u64(f, "steps", source);
-
+    SavedModel m = model_metadata(f, source);
     train::NetworkPlan plan;
     try {
         plan = m.plan();
@@ -265,11 +377,19 @@ void check_same_network(const SavedModel& m, const train::NetworkPlan& plan, con
     auto differ = [&](const std::string& what, const std::string& file, const std::string& here) {
         if (file != here) diffs += (diffs.empty() ? "" : "; ") + what + " " + file + " in the file, " + here + " here";
     };
-    train::ModelSpec planned{plan.name, {}};
+    train::ModelSpec planned{plan.name, {}, {}};
     for (const auto& l : plan.layers) planned.layers.push_back(l.spec);
+    for (const auto& h : plan.heads)
+        if (h.begin >= 0) planned.heads.push_back({h.name, h.target.field, h.target.loss, h.weight});
     differ("model", train::to_spec_string(m.spec), train::to_spec_string(planned));
     differ("input", m.input.str(), plan.input.str());
-    differ("classes", std::to_string(m.classes), std::to_string(plan.classes));
+    differ("side input values", std::to_string(m.side_values), std::to_string(plan.side));
+    for (std::size_t h = 0; h < std::min(m.targets.size(), plan.heads.size()); ++h) {
+        const train::Target &a = m.targets[h], &b = plan.heads[h].target;
+        const std::string who = plan.heads[h].name.empty() ? "" : " of head " + plan.heads[h].name;
+        differ("outputs" + who, std::to_string(a.width), std::to_string(b.width));
+        differ("loss" + who, std::string(train::loss_name(a.loss)), std::string(train::loss_name(b.loss)));
+    }
     if (!diffs.empty())
         throw usage_error("'" + source + "' holds another network (" + diffs +
                           "); give --model and data that match it, or train from scratch without --init-from");

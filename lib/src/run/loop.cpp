@@ -111,12 +111,6 @@ class ComputeTimer {
     double seconds_ = 0;
 };
 
-void add_metrics(train::Metrics& sum, const train::Metrics& m) {
-    sum.samples += m.samples;
-    sum.correct += m.correct;
-    sum.loss_sum += m.loss_sum;
-}
-
 void add_step(LoopTimes& t, Clock::time_point t0, Clock::time_point t1, Clock::time_point t2, Clock::time_point t3) {
     t.next += std::chrono::duration<double>(t1 - t0).count();
     t.launch += std::chrono::duration<double>(t2 - t1).count();
@@ -206,7 +200,7 @@ class Loop {
         if (epoch == pos_.epoch) o.stages.read += c_.load_seconds;
         if (board_.on()) board_point(o.loop); // the epoch's last steps
         o.report.train = std::exchange(taken_, {});
-        add_metrics(o.report.train, s_.trainer->take_train_metrics());
+        o.report.train.add(s_.trainer->take_train_metrics());
         const auto t1 = Clock::now();
         if (d_.eval_every == 0 || stopped_) o.report.test = evaluate();
         o.report.train_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -279,13 +273,12 @@ class Loop {
     // ranks (each rank trained its slice of every global batch).
     void world_figures(EpochReport& er) {
         if (s_.ranks() == 1) return;
-        std::array<double, 4> v{static_cast<double>(er.train.samples), static_cast<double>(er.train.correct),
-                                er.train.loss_sum, er.samples_per_second};
+        std::vector<double> v = er.train.pack();
+        v.push_back(er.samples_per_second);
         s_.world->sum(v);
-        er.train.samples = static_cast<std::uint64_t>(v[0]);
-        er.train.correct = static_cast<std::uint64_t>(v[1]);
-        er.train.loss_sum = v[2];
-        er.samples_per_second = v[3];
+        er.samples_per_second = v.back();
+        v.pop_back();
+        er.train.unpack(v);
     }
 
     // --log-json: for each global step of the epoch taken here, an XXH64 of
@@ -311,7 +304,7 @@ class Loop {
     // takes the trainer's metrics, which the epoch's figures then add up.
     void board_point(const LoopTimes& t) {
         const train::Metrics m = s_.trainer->take_train_metrics();
-        add_metrics(taken_, m);
+        taken_.add(m);
         StepWindow w;
         w.step = steps_;
         w.steps = t.steps - window_.first_step;
@@ -377,7 +370,19 @@ Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOp
           {"chunk_samples", std::to_string(s.sc.order.chunk_samples)},
           {"seed", std::to_string(e.seed)},
           {"precision", std::string(train::precision_name(s.precision))},
-      } {}
+      } {
+    // What a model learns from, where it is more than the dataset's labels
+    // with softmax cross-entropy (checkpoints of such runs have no entry).
+    const auto& heads = s.tc.plan.heads;
+    if (heads.size() == 1 && heads[0].name.empty() && heads[0].target.loss == train::LossKind::ce &&
+        heads[0].target.field == s.ds->manifest().label_field && !s.tc.plan.side)
+        return;
+    std::string targets;
+    for (const auto& h : heads)
+        targets += (targets.empty() ? "" : ",") + h.target.field + ":" + std::string(train::loss_name(h.target.loss));
+    if (s.tc.plan.side) targets += ",side:" + s.tc.side.field;
+    run_["targets"] = targets;
+}
 
 CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& out) const {
     if (!d_.resume) {

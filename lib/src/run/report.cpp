@@ -38,6 +38,42 @@ nlohmann::json stage_json(const data::StageTimes& t) {
     return j;
 }
 
+// A classifier as dstrain trained before heads: its epoch lines keep their form.
+bool one_class_head(const train::Metrics& m) {
+    return m.heads.size() == 1 && m.heads[0].name.empty() && m.heads[0].kind == train::LossKind::ce;
+}
+
+nlohmann::json figures_json(const train::HeadMetrics& m) {
+    nlohmann::json j;
+    for (const auto& f : train::figures(m)) j[f.key] = f.value;
+    return j;
+}
+
+// Each head's figures, training and test (where evaluated).
+nlohmann::json heads_json(const train::Metrics& train, const train::Metrics& test) {
+    nlohmann::json heads = nlohmann::json::array();
+    for (std::size_t h = 0; h < train.heads.size(); ++h) {
+        nlohmann::json j{{"name", train.heads[h].name},
+                         {"loss_kind", train::loss_name(train.heads[h].kind)},
+                         {"train", figures_json(train.heads[h])}};
+        if (h < test.heads.size() && test.samples) j["test"] = figures_json(test.heads[h]);
+        heads.push_back(j);
+    }
+    return heads;
+}
+
+// " [robs: r2 0.4512  r 0.6731 | test r2 0.4401  r 0.6650]" per head (figures but the loss).
+std::string heads_text(const train::Metrics& train, const train::Metrics& test) {
+    std::string out;
+    for (std::size_t h = 0; h < train.heads.size(); ++h) {
+        out += "  [" + (train.heads[h].name.empty() ? std::string() : train.heads[h].name + ": ") +
+               train::figures_text(train.heads[h]);
+        if (h < test.heads.size() && test.samples) out += " | test " + train::figures_text(test.heads[h]);
+        out += "]";
+    }
+    return out;
+}
+
 // The per-epoch fields of --json's document.
 nlohmann::json epoch_json(const EpochReport& e, const RunReport& r) {
     return {{"epoch", e.epoch},
@@ -50,7 +86,8 @@ nlohmann::json epoch_json(const EpochReport& e, const RunReport& r) {
             {"samples_per_second", e.samples_per_second},
             {"lr", e.lr},
             {"gpu_memory_planned", r.device == "cpu" ? 0 : r.planned.total()},
-            {"gpu_memory_measured", r.measured_device_bytes}};
+            {"gpu_memory_measured", r.measured_device_bytes},
+            {"heads", heads_json(e.train, e.test)}};
 }
 
 std::string loop_text(const LoopTimes& t) {
@@ -81,10 +118,15 @@ std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutco
     const EpochReport& er = o.report;
     std::ostringstream line;
     line << "epoch " << er.epoch << "/" << e.epochs << (o.whole ? "" : " (part)") << "  loss "
-         << fixed(er.train.loss(), 4) << "  train acc " << fixed(100 * er.train.accuracy(), 2) << "%  test acc "
-         << (s.test_src ? fixed(100 * er.test.accuracy(), 2) + "%" : std::string("-")) << "  time "
-         << format_duration(er.seconds) << "  " << format_count(static_cast<std::uint64_t>(er.samples_per_second))
-         << " samples/s";
+         << fixed(er.train.loss(), 4);
+    if (one_class_head(er.train))
+        line << "  train acc " << fixed(100 * er.train.accuracy(), 2) << "%  test acc "
+             << (s.test_src ? fixed(100 * er.test.accuracy(), 2) + "%" : std::string("-"));
+    else
+        line << "  test loss " << (s.test_src ? fixed(er.test.loss(), 4) : std::string("-"))
+             << heads_text(er.train, s.test_src ? er.test : train::Metrics{});
+    line << "  time " << format_duration(er.seconds) << "  "
+         << format_count(static_cast<std::uint64_t>(er.samples_per_second)) << " samples/s";
     if (s.on_gpu())
         line << "  GPU mem " << format_bytes(o.peak)
              << (s.ranks() > 1 ? " (largest of " + std::to_string(s.ranks()) + " ranks," : std::string(" ("))
@@ -135,6 +177,31 @@ void JsonLog::emit(const nlohmann::json& j) {
     file_->write(line.data(), line.size());
 }
 
+namespace {
+
+// One line per head (its target, loss and why that loss), and the side input.
+void describe_targets(const Session& s, const OutputOptions& out) {
+    for (const auto& h : s.tc.plan.heads) {
+        const train::Target& t = h.target;
+        const std::string what = std::string(dtype_name(t.dtype)) + (t.shape.dims.empty() ? "" : " " + t.shape.str()) +
+                                 ", " + std::to_string(t.width) +
+                                 (t.loss == train::LossKind::ce ? " classes" : " outputs");
+        std::string why;
+        if (h.name.empty() && s.loss_default)
+            why = t.loss == train::LossKind::ce ? "; the default for one integer per sample, --loss sets another"
+                                                : "; the default for this dtype and shape, --loss sets another";
+        note(out, "dstrain: " + (h.name.empty() ? std::string("loss ") : "head " + h.name + ": loss ") +
+                      std::string(train::loss_name(t.loss)) + " on '" + t.field + "' (" + what + why + ")" +
+                      (h.weight != 1.0f ? ", weight " + fixed(h.weight, 3) : std::string()));
+    }
+    if (s.tc.plan.side)
+        note(out, "dstrain: side input '" + s.tc.side.field + "' (" + std::string(dtype_name(s.tc.side.dtype)) + ", " +
+                      std::to_string(s.tc.plan.side) +
+                      " values per sample), normalised and joined to the flat features where 'side' stands");
+}
+
+} // namespace
+
 RunReport first_report(const Session& s) {
     RunReport r;
     r.model = s.tc.plan.name;
@@ -151,9 +218,13 @@ RunReport first_report(const Session& s) {
 
 void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out) {
     note(out, "dstrain: model " + s.tc.plan.name + " (" + train::to_spec_string(s.spec) + ")");
+    const auto& heads = s.tc.plan.heads;
+    const bool classifier = heads.size() == 1 && heads[0].name.empty() && heads[0].target.loss == train::LossKind::ce;
     note(out, "dstrain: " + format_count(s.tc.plan.params) + " parameters, input " + s.tc.plan.input.str() + " " +
-                  std::string(dtype_name(s.x->dtype)) + ", " + classes_text(s.ds->manifest(), s.classes) + ", " +
-                  format_count(s.train_split->samples) + " train / " +
+                  std::string(dtype_name(s.x->dtype)) + ", " +
+                  (classifier ? classes_text(s.ds->manifest(), heads[0].target.width)
+                              : std::to_string(heads.size()) + (heads.size() > 1 ? " heads" : " head")) +
+                  ", " + format_count(s.train_split->samples) + " train / " +
                   format_count(s.test_split ? s.test_split->samples : 0) + " test samples, device " + r.device + ", " +
                   r.precision);
     note(out, "dstrain: data " + std::string(data::placement_name(s.train_src->placement())) + " (" + s.placement_why +
@@ -162,6 +233,7 @@ void describe_session(const Session& s, const DataOptions& d, const RunReport& r
                                                        std::to_string(d.window) + " chunks per window)"
                                                  : std::string()) +
                   ", " + format_count(s.steps_per_epoch) + " steps per epoch");
+    describe_targets(s, out);
     if (s.distributed())
         note(out, "dstrain: data parallel: " + std::to_string(s.ranks()) + (s.ranks() > 1 ? " ranks (" : " rank (") +
                       s.world->launch().launcher + "), global batch " + std::to_string(s.global_batch()) + " = " +
@@ -238,7 +310,8 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
                      {"loop", loop_json(o.loop)},
                      {"memory_ceiling", c.bytes},
                      {"host_ceiling", c.host_bytes},
-                     {"host_peak_rss", peak_rss_bytes()}};
+                     {"host_peak_rss", peak_rss_bytes()},
+                     {"heads", heads_json(er.train, s.test_src ? er.test : train::Metrics{})}};
     if (s.on_gpu()) j["gpu_memory_peak"] = o.peak;
     if (s.on_gpu() && s.ranks() > 1) j["gpu_memory_peak_per_rank"] = o.peaks;
     if (s.distributed()) j["ranks"] = s.ranks();
@@ -251,9 +324,16 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
 }
 
 void report_eval(std::uint64_t steps, const train::Metrics& m, JsonLog& log, const OutputOptions& out) {
-    note(out, "step " + std::to_string(steps) + "  test loss " + fixed(m.loss(), 4) + "  test acc " +
-                  fixed(100 * m.accuracy(), 2) + "%");
-    log.emit({{"event", "eval"}, {"step", steps}, {"test_loss", m.loss()}, {"test_accuracy", m.accuracy()}});
+    nlohmann::json heads = nlohmann::json::array();
+    for (const auto& h : m.heads)
+        heads.push_back({{"name", h.name}, {"loss_kind", train::loss_name(h.kind)}, {"test", figures_json(h)}});
+    note(out, "step " + std::to_string(steps) + "  test loss " + fixed(m.loss(), 4) +
+                  (one_class_head(m) ? "  test acc " + fixed(100 * m.accuracy(), 2) + "%" : heads_text(m, {})));
+    log.emit({{"event", "eval"},
+              {"step", steps},
+              {"test_loss", m.loss()},
+              {"test_accuracy", m.accuracy()},
+              {"heads", heads}});
 }
 
 void warn_over_ceiling(std::uint64_t peak, const Ceiling& c, const RunReport& r) {

@@ -104,14 +104,17 @@ void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t samples,
     const Manifest& m = ds.manifest();
     std::vector<double> sum, sq;
     double n = 0;
-    if (m.stats && m.stats->mean.size() == channels && m.stats->std.size() == channels) {
+    // The input's as before per-field statistics; another field's (a side input) its own, where imported.
+    const ChannelStats* st = x.name == m.input_field ? (m.stats ? &*m.stats : nullptr) : m.stats_of(x.name);
+    if (st && st->mean.size() == channels && st->std.size() == channels) {
         for (std::uint32_t c = 0; c < channels; ++c) {
-            if (!std::isfinite(m.stats->mean[c]) || !std::isfinite(m.stats->std[c]))
+            if (!std::isfinite(st->mean[c]) || !std::isfinite(st->std[c]))
                 throw runtime_error(ds.dir().string() + ": " + manifest_file_name + " gives channel " +
-                                    std::to_string(c) + " a non-finite mean or std (the data holds NaN or Inf?) " +
+                                    std::to_string(c) + " of '" + x.name +
+                                    "' a non-finite mean or std (the data holds NaN or Inf?) "
                                     "re-create the dataset from finite values");
-            mean.push_back(static_cast<float>(m.stats->mean[c]));
-            stdev.push_back(static_cast<float>(std::max(m.stats->std[c], 1e-6)));
+            mean.push_back(static_cast<float>(st->mean[c]));
+            stdev.push_back(static_cast<float>(std::max(st->std[c], 1e-6)));
         }
         if (is_float(x.dtype)) scan_samples(ds, x, samples, channels, sum, sq, n);
         return;
@@ -131,9 +134,6 @@ void open_dataset(Session& s, const TrainOptions& e) {
     s.test_split = m.find("test");
     if (s.test_split && s.test_split->samples == 0) s.test_split = nullptr;
     s.x = &s.train_split->field(m.input_field);
-    if (!m.num_classes)
-        throw runtime_error(s.ds->dir().string() + ": " + manifest_file_name +
-                            " has no num_classes (labels unknown); re-create the dataset with dsgen or dsconvert");
     if (s.train_split->samples == 0)
         throw usage_error("split 'train' of " + s.ds->dir().string() + " is empty (nothing to train on)");
     const std::uint64_t global = std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks());
@@ -144,14 +144,32 @@ void open_dataset(Session& s, const TrainOptions& e) {
                                      " ranks x --batch " + std::to_string(e.batch) + ")"
                                : "--batch " + std::to_string(e.batch)) +
                           " (use a smaller --batch)");
-    s.classes = *m.num_classes;
 }
 
-train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
+// The model --model, --label, --loss and --side-input name, against the
+// training split's fields: its spec (heads' losses resolved, the side input
+// placed), its targets and the side input's width.
+train::ResolvedModel resolve_session_model(const Session& s, const TrainOptions& e) {
+    const Manifest& m = s.ds->manifest();
+    train::ModelRequest req;
+    req.model = e.model;
+    req.input = m.input_field;
+    req.label = e.label.empty() ? m.label_field : e.label;
+    req.loss = e.loss;
+    req.side = e.side_input;
+    for (const auto& f : s.train_split->fields) req.fields_known += (req.fields_known.empty() ? "" : ", ") + f.name;
+    const auto lookup = [&](const std::string& name) -> std::optional<train::FieldFacts> {
+        const FieldInfo* f = s.train_split->find(name);
+        if (!f) return std::nullopt;
+        return train::FieldFacts{f->dtype, f->shape, name == m.label_field ? m.num_classes : std::nullopt};
+    };
+    return train::resolve_model(req, lookup);
+}
+
+train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e, const train::ResolvedModel& rm) {
     train::TrainerConfig tc;
-    tc.plan = train::plan_network(s.spec, train::tensor_shape_from(s.x->shape), s.classes);
+    tc.plan = train::plan_network(rm.spec, train::tensor_shape_from(s.x->shape), rm.targets, rm.side);
     tc.input_field = s.ds->manifest().input_field;
-    tc.label_field = s.ds->manifest().label_field;
     tc.input_dtype = s.x->dtype;
     tc.max_batch = e.batch;
     tc.precision = s.precision;
@@ -178,6 +196,13 @@ train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e) {
     tc.deterministic = e.deterministic;
     tc.kernels = e.kernels;
     channel_stats(*s.ds, *s.x, s.train_split->samples, tc.plan.input.c, tc.mean, tc.std);
+    if (!e.side_input.empty()) {
+        const FieldInfo& side = s.train_split->field(e.side_input);
+        tc.side.field = side.name;
+        tc.side.dtype = side.dtype;
+        const std::uint32_t channels = side.shape.dims.empty() ? 1 : train::tensor_shape_from(side.shape).c;
+        channel_stats(*s.ds, side, s.train_split->samples, channels, tc.side.mean, tc.side.std);
+    }
     return tc;
 }
 
@@ -239,6 +264,7 @@ void warn_full_order(const Session& s, const DataOptions& d, const data::SourceC
 data::SourceConfig source_config(Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
     const FieldInfo& x = *s.x;
     data::SourceConfig sc;
+    for (const BatchField& f : train::batch_fields(s.tc)) sc.fields.push_back(f.name); // what the trainer takes
     sc.device = s.device;
     sc.order.kind = s.order;
     sc.order.seed = s.tc.seed;
@@ -267,8 +293,10 @@ data::SourceConfig source_config(Session& s, const DataOptions& d, Placement ask
     sc.managed_policy = data::parse_managed_policy(d.managed_policy);
     sc.oversubscribe = d.oversubscribe;
     sc.compute_stream = s.trainer->compute_stream();
-    const std::uint64_t split_bytes = checked_mul(s.train_split->samples, x.sample_bytes() + 4, "split bytes") +
-                                      (s.test_split ? s.test_split->samples * (x.sample_bytes() + 4) : 0);
+    std::uint64_t row_bytes = 0; // every field the trainer takes
+    for (const BatchField& f : train::batch_fields(s.tc)) row_bytes += f.sample_bytes();
+    const std::uint64_t split_bytes = checked_mul(s.train_split->samples, row_bytes, "split bytes") +
+                                      (s.test_split ? s.test_split->samples * row_bytes : 0);
     sc.placement = resolve_placement(asked, s.device, split_bytes, s.trainer->memory_plan().total(), s.placement_why);
     if (sc.placement == Placement::stream) {
         const std::uint64_t avail = data::available_host_memory();
@@ -414,9 +442,11 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
     }
 
     open_dataset(s, e);
-    s.spec = train::resolve_model(e.model, s.classes);
+    const train::ResolvedModel rm = resolve_session_model(s, e);
+    s.spec = rm.spec;
+    s.loss_default = !e.loss && rm.spec.heads.empty();
     s.steps_per_epoch = s.train_split->samples / (std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks()));
-    s.tc = trainer_config(s, e);
+    s.tc = trainer_config(s, e, rm);
     std::optional<model::SavedModel> init;
     if (!e.files.init_from.empty()) init = model::prepare_init_from(e.files, s.tc, out);
     if (s.on_gpu()) s.meter->attach(s.device.index);

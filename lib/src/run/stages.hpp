@@ -39,8 +39,8 @@ struct Session {
     const SplitInfo* train_split = nullptr;
     const SplitInfo* test_split = nullptr; // null when absent or empty
     const FieldInfo* x = nullptr;          // the input field
-    std::uint32_t classes = 0;
     train::ModelSpec spec;
+    bool loss_default = false; // the loss of a model without heads(...) follows its label's dtype (no --loss)
     train::TrainerConfig tc;
     std::uint64_t steps_per_epoch = 0;      // global steps; a partial last global batch is skipped
     std::unique_ptr<dist::Reducer> reducer; // distributed world: the trainer's (outlives it)

@@ -1,6 +1,7 @@
 #pragma once
 // What the backends share privately: constructors, the state blob, and the
 // input conversion reference.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -20,11 +21,14 @@ std::unique_ptr<BackendBuffer> make_cuda_buffer(int device, std::uint64_t bytes)
 void validate_config(const TrainerConfig& c);
 
 // The fields a step reads, taken from a batch by the names the config gives
-// them: the input (c.input_dtype) and one int32 label per sample. Usage errors
-// for a batch size outside 1..max_batch or a field of another dtype or shape.
+// them (batch_fields): the input, each head's target, the side input. Usage
+// errors for a batch size outside 1..max_batch or a field of another dtype or
+// shape.
+inline constexpr std::size_t max_step_heads = 16;
 struct StepFields {
     const void* x = nullptr;
-    const std::int32_t* y = nullptr;
+    std::array<const void*, max_step_heads> targets{}; // per head, in the target's stored dtype
+    const void* side = nullptr;
     std::uint32_t size = 0;
 };
 StepFields step_fields(const TrainerConfig& c, const Batch& b);

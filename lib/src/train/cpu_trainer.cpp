@@ -10,6 +10,7 @@
 
 #include "backends.hpp"
 #include "cpu_ops.hpp"
+#include "head_loss.hpp"
 #include "dstk/dist/reducer.hpp"
 #include "dstk/error.hpp"
 #include "dstk/rng.hpp"
@@ -31,8 +32,8 @@ class CpuTrainer final : public Trainer {
 
     void train_step(const Batch& b) override;
     void evaluate(const Batch& b) override;
-    Metrics take_train_metrics() override { return std::exchange(train_metrics_, {}); }
-    Metrics take_eval_metrics() override { return std::exchange(eval_metrics_, {}); }
+    Metrics take_train_metrics() override { return std::exchange(train_metrics_, empty_metrics(cfg_.plan)); }
+    Metrics take_eval_metrics() override { return std::exchange(eval_metrics_, empty_metrics(cfg_.plan)); }
     std::optional<std::uint64_t> first_nonfinite_step() override { return nonfinite_; }
     std::uint64_t steps() const override { return step_; }
     void synchronize() override {}
@@ -82,10 +83,16 @@ class CpuTrainer final : public Trainer {
 
   private:
     const std::vector<LayerPlan>& layers() const { return cfg_.plan.layers; }
+    void convert(const StepFields& b);
     void convert_input(const StepFields& b);
     void forward(std::uint32_t n, bool training);
-    double loss_and_grad(const std::int32_t* y, std::uint32_t n, Metrics& m, bool want_grad);
+    void forward_layer(std::size_t i, std::uint32_t n, bool training);
+    void pool_forward(std::size_t i, const float* x, float* y, std::uint32_t n);
+    double loss_and_grad(std::uint32_t n, Metrics& m, bool want_grad);
     void backward(std::uint32_t n);
+    void backward_layer(std::size_t i, const float* dy, float* dx, std::uint32_t n);
+    void pool_backward(std::size_t i, const float* dy, float* dx, std::uint32_t n);
+    const float* input_of(const LayerPlan& l) const { return act_[static_cast<std::size_t>(l.source + 1)].data(); }
     void run_forward_backward(const Batch& b, bool update);
 
     // Splits [0, n) into at most `parts` contiguous ranges and runs them on the pool.
@@ -111,7 +118,11 @@ class CpuTrainer final : public Trainer {
     std::vector<std::vector<std::int32_t>> argmax_; // maxpool
     std::vector<std::vector<float>> stash_;         // residual_end: gradient for the skip path
     std::vector<float> gbuf_[2], input_grad_, wpart_;
-    std::vector<float> dlogits_;
+    std::vector<std::vector<float>> dz_;            // per head: the loss gradient of its outputs
+    std::vector<std::vector<std::int32_t>> labels_; // per ce head: the batch's classes
+    std::vector<std::vector<float>> targets_;       // per other head: the batch's targets as float
+    std::vector<float> side_;                       // the normalised side input
+    std::vector<float> trunk_grad_;                 // heads: the sum of their gradients of the trunk's output
     std::uint64_t step_ = 0;
     std::uint32_t last_n_ = 0;
     bool need_input_grad_ = false;
@@ -147,10 +158,23 @@ CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
     gbuf_[0].resize(b * plan.max_activation());
     gbuf_[1].resize(b * plan.max_activation());
     input_grad_.resize(b * plan.input.numel());
-    dlogits_.resize(b * plan.classes);
+    for (const auto& h : plan.heads) {
+        const std::uint64_t w = b * h.target.width;
+        dz_.emplace_back(w);
+        labels_.emplace_back(h.target.loss == LossKind::ce ? b : 0);
+        targets_.emplace_back(h.target.loss == LossKind::ce ? 0 : w);
+    }
+    side_.resize(b * plan.side);
+    if (plan.heads[0].begin >= 0) {
+        const std::int32_t t = plan.trunk_end();
+        trunk_grad_.resize(b * (t < 0 ? plan.input.numel() : layers()[static_cast<std::size_t>(t)].out.numel()));
+    }
+    train_metrics_ = eval_metrics_ = empty_metrics(plan);
     wpart_.resize(conv_chunks * max_w);
     plan_.parameters = 4 * (params_.size() * 2 + states_.size() + slots_.size());
-    plan_.activations = 4 * (act_floats + act_[0].size() + 2 * gbuf_[0].size() + input_grad_.size());
+    std::uint64_t head_floats = side_.size() + trunk_grad_.size();
+    for (std::size_t h = 0; h < dz_.size(); ++h) head_floats += dz_[h].size() + labels_[h].size() + targets_[h].size();
+    plan_.activations = 4 * (act_floats + act_[0].size() + 2 * gbuf_[0].size() + input_grad_.size() + head_floats);
     plan_.workspace = 4 * wpart_.size();
 }
 
@@ -161,26 +185,35 @@ void CpuTrainer::convert_input(const StepFields& b) {
     parallel_ranges(b.size, parts(), [&](std::uint64_t s0, std::uint64_t s1) {
         for (std::uint64_t s = s0; s < s1; ++s)
             for (std::uint64_t i = 0; i < per; ++i) {
-                const std::uint64_t e = s * per + i;
-                float v;
-                switch (cfg_.input_dtype) {
-                case DType::u8:
-                    v = static_cast<const std::uint8_t*>(b.x)[e];
-                    break;
-                case DType::bf16:
-                    v = bf16_to_float(static_cast<const std::uint16_t*>(b.x)[e]);
-                    break;
-                case DType::f16:
-                    v = f16_to_float(static_cast<const std::uint16_t*>(b.x)[e]);
-                    break;
-                default:
-                    v = static_cast<const float*>(b.x)[e];
-                    break;
-                }
-                const std::uint64_t c = i / hw;
-                dst[e] = (v - cfg_.mean[c]) / cfg_.std[c];
+                const std::uint64_t e = s * per + i, c = i / hw;
+                dst[e] = (widen(b.x, cfg_.input_dtype, e) - cfg_.mean[c]) / cfg_.std[c];
             }
     });
+}
+
+// The input, then the side input (normalised per channel) and every head's
+// target (classes as int32, other targets as float).
+void CpuTrainer::convert(const StepFields& b) {
+    convert_input(b);
+    if (cfg_.plan.side) {
+        const std::uint64_t per = cfg_.plan.side, hw = per / cfg_.side.mean.size();
+        for (std::uint64_t e = 0; e < b.size * per; ++e) {
+            const std::uint64_t c = (e % per) / hw;
+            side_[e] = (widen(b.side, cfg_.side.dtype, e) - cfg_.side.mean[c]) / cfg_.side.std[c];
+        }
+    }
+    for (std::size_t h = 0; h < cfg_.plan.heads.size(); ++h) {
+        const Target& t = cfg_.plan.heads[h].target;
+        if (t.loss == LossKind::ce) {
+            for (std::uint32_t s = 0; s < b.size; ++s) {
+                const double v = widen(b.targets[h], t.dtype, s);
+                labels_[h][s] = v >= 0 && v < 2147483647.0 ? static_cast<std::int32_t>(v) : -1;
+            }
+        } else {
+            for (std::uint64_t e = 0; e < std::uint64_t{b.size} * t.width; ++e)
+                targets_[h][e] = widen(b.targets[h], t.dtype, e);
+        }
+    }
 }
 
 void CpuTrainer::conv_forward(const LayerPlan& l, const float* x, float* y, std::uint32_t n) {
@@ -368,227 +401,257 @@ void CpuTrainer::linear_backward(const LayerPlan& l, const float* x, const float
         });
 }
 
-void CpuTrainer::forward(std::uint32_t n, bool training) {
-    for (std::size_t i = 0; i < layers().size(); ++i) {
-        const LayerPlan& l = layers()[i];
-        const float* x = act_[i].data();
-        float* y = act_[i + 1].data();
-        const std::uint64_t total = std::uint64_t{n} * l.out.numel();
-        switch (l.spec.kind) {
-        case LayerKind::conv:
-            conv_forward(l, x, y, n);
-            break;
-        case LayerKind::batchnorm:
-            bn_forward(i, x, y, n, training);
-            break;
-        case LayerKind::relu:
-            for (std::uint64_t j = 0; j < total; ++j) y[j] = x[j] > 0.0f ? x[j] : 0.0f;
-            break;
-        case LayerKind::maxpool:
-        case LayerKind::avgpool: {
-            const bool is_max = l.spec.kind == LayerKind::maxpool;
-            const std::uint32_t k = l.spec.kernel, st = l.spec.stride;
-            std::int32_t* am = is_max ? argmax_[i].data() : nullptr;
-            parallel_ranges(std::uint64_t{n} * l.out.c, parts(), [&](std::uint64_t p0, std::uint64_t p1) {
-                for (std::uint64_t p = p0; p < p1; ++p) {
-                    const float* src = x + p * l.in.h * l.in.w;
-                    for (std::uint32_t oy = 0; oy < l.out.h; ++oy)
-                        for (std::uint32_t ox = 0; ox < l.out.w; ++ox) {
-                            float best = -std::numeric_limits<float>::infinity(), sum = 0.0f;
-                            std::int32_t where = 0;
-                            for (std::uint32_t ky = 0; ky < k; ++ky)
-                                for (std::uint32_t kx = 0; kx < k; ++kx) {
-                                    const std::int32_t idx =
-                                        static_cast<std::int32_t>((oy * st + ky) * l.in.w + ox * st + kx);
-                                    const float v = src[idx];
-                                    sum += v;
-                                    if (v > best || (kx == 0 && ky == 0)) {
-                                        best = v;
-                                        where = idx;
-                                    }
-                                }
-                            const std::uint64_t o = p * l.out.h * l.out.w + oy * l.out.w + ox;
-                            if (is_max) {
-                                y[o] = best;
-                                am[o] = where;
-                            } else {
-                                y[o] = sum / static_cast<float>(k * k);
+void CpuTrainer::pool_forward(std::size_t i, const float* x, float* y, std::uint32_t n) {
+    const LayerPlan& l = layers()[i];
+    const bool is_max = l.spec.kind == LayerKind::maxpool;
+    const std::uint32_t k = l.spec.kernel, st = l.spec.stride;
+    std::int32_t* am = is_max ? argmax_[i].data() : nullptr;
+    parallel_ranges(std::uint64_t{n} * l.out.c, parts(), [&](std::uint64_t p0, std::uint64_t p1) {
+        for (std::uint64_t p = p0; p < p1; ++p) {
+            const float* src = x + p * l.in.h * l.in.w;
+            for (std::uint32_t oy = 0; oy < l.out.h; ++oy)
+                for (std::uint32_t ox = 0; ox < l.out.w; ++ox) {
+                    float best = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+                    std::int32_t where = 0;
+                    for (std::uint32_t ky = 0; ky < k; ++ky)
+                        for (std::uint32_t kx = 0; kx < k; ++kx) {
+                            const std::int32_t idx = static_cast<std::int32_t>((oy * st + ky) * l.in.w + ox * st + kx);
+                            const float v = src[idx];
+                            sum += v;
+                            if (v > best || (kx == 0 && ky == 0)) {
+                                best = v;
+                                where = idx;
                             }
                         }
+                    const std::uint64_t o = p * l.out.h * l.out.w + oy * l.out.w + ox;
+                    if (is_max) {
+                        y[o] = best;
+                        am[o] = where;
+                    } else {
+                        y[o] = sum / static_cast<float>(k * k);
+                    }
                 }
-            });
-            break;
         }
-        case LayerKind::global_avgpool: {
-            const std::uint64_t hw = std::uint64_t{l.in.h} * l.in.w;
-            for (std::uint64_t p = 0; p < std::uint64_t{n} * l.in.c; ++p) {
-                float s = 0.0f;
-                for (std::uint64_t j = 0; j < hw; ++j) s += x[p * hw + j];
-                y[p] = s / static_cast<float>(hw);
-            }
-            break;
+    });
+}
+
+void CpuTrainer::forward_layer(std::size_t i, std::uint32_t n, bool training) {
+    const LayerPlan& l = layers()[i];
+    const float* x = input_of(l);
+    float* y = act_[i + 1].data();
+    const std::uint64_t total = std::uint64_t{n} * l.out.numel();
+    switch (l.spec.kind) {
+    case LayerKind::conv:
+        conv_forward(l, x, y, n);
+        break;
+    case LayerKind::batchnorm:
+        bn_forward(i, x, y, n, training);
+        break;
+    case LayerKind::relu:
+        for (std::uint64_t j = 0; j < total; ++j) y[j] = x[j] > 0.0f ? x[j] : 0.0f;
+        break;
+    case LayerKind::tanh:
+        for (std::uint64_t j = 0; j < total; ++j) y[j] = std::tanh(x[j]);
+        break;
+    case LayerKind::maxpool:
+    case LayerKind::avgpool:
+        pool_forward(i, x, y, n);
+        break;
+    case LayerKind::global_avgpool: {
+        const std::uint64_t hw = std::uint64_t{l.in.h} * l.in.w;
+        for (std::uint64_t p = 0; p < std::uint64_t{n} * l.in.c; ++p) {
+            float s = 0.0f;
+            for (std::uint64_t j = 0; j < hw; ++j) s += x[p * hw + j];
+            y[p] = s / static_cast<float>(hw);
         }
-        case LayerKind::linear:
-            linear_forward(l, x, y, n);
-            break;
-        case LayerKind::dropout:
-            if (training && l.spec.drop > 0.0f) {
-                float* mask = aux_[i].data();
-                const float keep_scale = 1.0f / (1.0f - l.spec.drop);
-                const std::uint64_t stream = dropout_stream(i, step_);
-                const auto threshold = static_cast<std::uint32_t>(static_cast<double>(l.spec.drop) * 4294967296.0);
-                for (std::uint64_t j = 0; j < total; ++j) {
-                    mask[j] = philox(cfg_.seed, stream, j)[0] >= threshold ? keep_scale : 0.0f;
-                    y[j] = x[j] * mask[j];
-                }
-            } else {
-                std::copy(x, x + total, y);
+        break;
+    }
+    case LayerKind::linear:
+        linear_forward(l, x, y, n);
+        break;
+    case LayerKind::dropout:
+        if (training && l.spec.drop > 0.0f) {
+            float* mask = aux_[i].data();
+            const float keep_scale = 1.0f / (1.0f - l.spec.drop);
+            const std::uint64_t stream = dropout_stream(i, step_);
+            const auto threshold = static_cast<std::uint32_t>(static_cast<double>(l.spec.drop) * 4294967296.0);
+            for (std::uint64_t j = 0; j < total; ++j) {
+                mask[j] = philox(cfg_.seed, stream, j)[0] >= threshold ? keep_scale : 0.0f;
+                y[j] = x[j] * mask[j];
             }
-            break;
-        case LayerKind::flatten:
-        case LayerKind::residual_begin:
+        } else {
             std::copy(x, x + total, y);
-            break;
-        case LayerKind::residual_end: {
-            const float* skip = act_[static_cast<std::size_t>(l.partner)].data();
-            for (std::uint64_t j = 0; j < total; ++j) y[j] = x[j] + skip[j];
-            break;
         }
+        break;
+    case LayerKind::flatten:
+    case LayerKind::residual_begin:
+    case LayerKind::head:
+        std::copy(x, x + total, y);
+        break;
+    case LayerKind::residual_end: {
+        const float* skip = act_[static_cast<std::size_t>(l.partner)].data();
+        for (std::uint64_t j = 0; j < total; ++j) y[j] = x[j] + skip[j];
+        break;
+    }
+    case LayerKind::side: {
+        const std::uint64_t c = l.in.c, s = cfg_.plan.side;
+        for (std::uint64_t r = 0; r < n; ++r) {
+            std::copy(x + r * c, x + (r + 1) * c, y + r * (c + s));
+            std::copy(side_.data() + r * s, side_.data() + (r + 1) * s, y + r * (c + s) + c);
         }
+        break;
+    }
     }
 }
 
-double CpuTrainer::loss_and_grad(const std::int32_t* y, std::uint32_t n, Metrics& m, bool want_grad) {
-    const std::uint32_t k = cfg_.plan.classes;
-    const float* logits = act_.back().data();
-    const float eps = cfg_.label_smoothing;
-    double loss_sum = 0.0;
-    for (std::uint32_t s = 0; s < n; ++s) {
-        const float* z = logits + std::uint64_t{s} * k;
-        const std::int32_t label = y[s];
-        if (label < 0 || static_cast<std::uint32_t>(label) >= k)
-            throw runtime_error("label " + std::to_string(label) + " outside [0, " + std::to_string(k) +
-                                ") (corrupt labels?)");
-        float zmax = z[0];
-        std::uint32_t arg = 0;
-        for (std::uint32_t j = 1; j < k; ++j)
-            if (z[j] > zmax) zmax = z[j], arg = j;
-        double denom = 0.0;
-        for (std::uint32_t j = 0; j < k; ++j) denom += std::exp(static_cast<double>(z[j] - zmax));
-        const double lse = std::log(denom) + zmax;
-        loss_sum += lse - z[label];
-        m.correct += arg == static_cast<std::uint32_t>(label) ? 1 : 0;
-        if (want_grad) {
-            float* g = dlogits_.data() + std::uint64_t{s} * k;
-            for (std::uint32_t j = 0; j < k; ++j) {
-                const double p = std::exp(static_cast<double>(z[j]) - lse);
-                const double q = (j == static_cast<std::uint32_t>(label) ? 1.0 - eps : 0.0) + eps / k;
-                g[j] = static_cast<float>((p - q) / n);
-            }
-        }
+void CpuTrainer::forward(std::uint32_t n, bool training) {
+    for (std::size_t i = 0; i < layers().size(); ++i) forward_layer(i, n, training);
+}
+
+// Every head's loss into m; the total of the heads' weighted losses, summed
+// over samples.
+double CpuTrainer::loss_and_grad(std::uint32_t n, Metrics& m, bool want_grad) {
+    double total = 0.0;
+    for (std::size_t h = 0; h < cfg_.plan.heads.size(); ++h) {
+        const HeadPlan& hp = cfg_.plan.heads[h];
+        const float* z = act_[hp.output + 1].data();
+        const double sum = head_loss(hp, z, labels_[h].data(), targets_[h].data(), n, cfg_.label_smoothing,
+                                     want_grad ? dz_[h].data() : nullptr, m.heads[h]);
+        total += hp.weight * sum;
     }
     m.samples += n;
-    m.loss_sum += loss_sum;
-    return loss_sum;
+    m.loss_sum += total;
+    return total;
 }
 
+void CpuTrainer::pool_backward(std::size_t i, const float* dy, float* dx, std::uint32_t n) {
+    const LayerPlan& l = layers()[i];
+    const bool is_max = l.spec.kind == LayerKind::maxpool;
+    const std::uint32_t k = l.spec.kernel, st = l.spec.stride;
+    const std::int32_t* am = argmax_[i].data();
+    const std::uint64_t ohw = std::uint64_t{l.out.h} * l.out.w, ihw = std::uint64_t{l.in.h} * l.in.w;
+    parallel_ranges(std::uint64_t{n} * l.out.c, parts(), [&](std::uint64_t p0, std::uint64_t p1) {
+        for (std::uint64_t p = p0; p < p1; ++p) {
+            float* d = dx + p * ihw;
+            std::fill(d, d + ihw, 0.0f);
+            for (std::uint32_t oy = 0; oy < l.out.h; ++oy)
+                for (std::uint32_t ox = 0; ox < l.out.w; ++ox) {
+                    const std::uint64_t o = p * ohw + oy * l.out.w + ox;
+                    if (is_max) {
+                        d[am[o]] += dy[o];
+                    } else {
+                        const float g = dy[o] / static_cast<float>(k * k);
+                        for (std::uint32_t ky = 0; ky < k; ++ky)
+                            for (std::uint32_t kx = 0; kx < k; ++kx) d[(oy * st + ky) * l.in.w + ox * st + kx] += g;
+                    }
+                }
+        }
+    });
+}
+
+// Layer i's backward pass from dy (its output's gradient) into dx (its
+// input's); a head layer adds dy to the trunk's output gradient instead.
+void CpuTrainer::backward_layer(std::size_t i, const float* dy, float* dx, std::uint32_t n) {
+    const LayerPlan& l = layers()[i];
+    const float* x = input_of(l);
+    const float* y = act_[i + 1].data();
+    const std::uint64_t total_in = std::uint64_t{n} * l.in.numel();
+    const std::uint64_t total_out = std::uint64_t{n} * l.out.numel();
+    switch (l.spec.kind) {
+    case LayerKind::conv:
+        conv_backward(l, x, dy, dx, n, true);
+        break;
+    case LayerKind::batchnorm:
+        bn_backward(i, x, dy, dx, n);
+        break;
+    case LayerKind::relu:
+        for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = y[j] > 0.0f ? dy[j] : 0.0f;
+        break;
+    case LayerKind::tanh:
+        for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j] * (1.0f - y[j] * y[j]);
+        break;
+    case LayerKind::maxpool:
+    case LayerKind::avgpool:
+        pool_backward(i, dy, dx, n);
+        break;
+    case LayerKind::global_avgpool: {
+        const std::uint64_t hw = std::uint64_t{l.in.h} * l.in.w;
+        for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j / hw] / static_cast<float>(hw);
+        break;
+    }
+    case LayerKind::linear:
+        linear_backward(l, x, dy, dx, n, true);
+        break;
+    case LayerKind::dropout:
+        if (l.spec.drop > 0.0f)
+            for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j] * aux_[i][j];
+        else
+            std::copy(dy, dy + total_in, dx);
+        break;
+    case LayerKind::flatten:
+        std::copy(dy, dy + total_in, dx);
+        break;
+    case LayerKind::residual_end:
+        std::copy(dy, dy + total_out, stash_[i].data());
+        std::copy(dy, dy + total_in, dx);
+        break;
+    case LayerKind::residual_begin: {
+        const float* skip = stash_[static_cast<std::size_t>(l.partner)].data();
+        for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j] + skip[j];
+        break;
+    }
+    case LayerKind::side: {
+        const std::uint64_t c = l.in.c, w = l.out.c;
+        for (std::uint64_t r = 0; r < n; ++r) std::copy(dy + r * w, dy + r * w + c, dx + r * c);
+        break;
+    }
+    case LayerKind::head: // the last head walked back sets the trunk's gradient, the others add to it
+        if (i == static_cast<std::size_t>(cfg_.plan.heads.back().begin))
+            std::copy(dy, dy + total_in, trunk_grad_.data());
+        else
+            for (std::uint64_t j = 0; j < total_in; ++j) trunk_grad_[j] += dy[j];
+        break;
+    }
+}
+
+// From the last layer to the first: each head's layers start from its loss
+// gradient, the trunk from the sum of the heads' gradients of its output.
 void CpuTrainer::backward(std::uint32_t n) {
     std::fill(grads_.begin(), grads_.end(), 0.0f);
-    const float* dy = dlogits_.data();
+    const auto& heads = cfg_.plan.heads;
+    const std::int32_t trunk_end = heads[0].begin >= 0 ? cfg_.plan.trunk_end() : -2;
+    const float* dy = nullptr;
     int which = 0;
     for (std::size_t ii = layers().size(); ii-- > 0;) {
+        for (std::size_t h = 0; h < heads.size(); ++h)
+            if (heads[h].output == ii) dy = dz_[h].data();
+        if (static_cast<std::int32_t>(ii) == trunk_end) dy = trunk_grad_.data();
         const LayerPlan& l = layers()[ii];
-        const float* x = act_[ii].data();
-        const float* y = act_[ii + 1].data();
-        const bool first = ii == 0;
-        if (first && !need_input_grad_ && l.spec.kind == LayerKind::conv) {
-            conv_backward(l, x, dy, nullptr, n, false);
+        if (ii == 0 && !need_input_grad_ && l.spec.kind == LayerKind::conv) {
+            conv_backward(l, input_of(l), dy, nullptr, n, false);
             return;
         }
-        float* dx = first ? input_grad_.data() : gbuf_[which].data();
+        float* dx = l.source < 0 ? input_grad_.data() : gbuf_[which].data();
         which ^= 1;
-        const std::uint64_t total_in = std::uint64_t{n} * l.in.numel();
-        const std::uint64_t total_out = std::uint64_t{n} * l.out.numel();
-        switch (l.spec.kind) {
-        case LayerKind::conv:
-            conv_backward(l, x, dy, dx, n, true);
-            break;
-        case LayerKind::batchnorm:
-            bn_backward(ii, x, dy, dx, n);
-            break;
-        case LayerKind::relu:
-            for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = y[j] > 0.0f ? dy[j] : 0.0f;
-            break;
-        case LayerKind::maxpool:
-        case LayerKind::avgpool: {
-            const bool is_max = l.spec.kind == LayerKind::maxpool;
-            const std::uint32_t k = l.spec.kernel, st = l.spec.stride;
-            const std::int32_t* am = argmax_[ii].data();
-            const std::uint64_t ohw = std::uint64_t{l.out.h} * l.out.w, ihw = std::uint64_t{l.in.h} * l.in.w;
-            parallel_ranges(std::uint64_t{n} * l.out.c, parts(), [&](std::uint64_t p0, std::uint64_t p1) {
-                for (std::uint64_t p = p0; p < p1; ++p) {
-                    float* d = dx + p * ihw;
-                    std::fill(d, d + ihw, 0.0f);
-                    for (std::uint32_t oy = 0; oy < l.out.h; ++oy)
-                        for (std::uint32_t ox = 0; ox < l.out.w; ++ox) {
-                            const std::uint64_t o = p * ohw + oy * l.out.w + ox;
-                            if (is_max) {
-                                d[am[o]] += dy[o];
-                            } else {
-                                const float g = dy[o] / static_cast<float>(k * k);
-                                for (std::uint32_t ky = 0; ky < k; ++ky)
-                                    for (std::uint32_t kx = 0; kx < k; ++kx)
-                                        d[(oy * st + ky) * l.in.w + ox * st + kx] += g;
-                            }
-                        }
-                }
-            });
-            break;
-        }
-        case LayerKind::global_avgpool: {
-            const std::uint64_t hw = std::uint64_t{l.in.h} * l.in.w;
-            for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j / hw] / static_cast<float>(hw);
-            break;
-        }
-        case LayerKind::linear:
-            linear_backward(l, x, dy, dx, n, true);
-            break;
-        case LayerKind::dropout:
-            if (l.spec.drop > 0.0f)
-                for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j] * aux_[ii][j];
-            else
-                std::copy(dy, dy + total_in, dx);
-            break;
-        case LayerKind::flatten:
-            std::copy(dy, dy + total_in, dx);
-            break;
-        case LayerKind::residual_end:
-            std::copy(dy, dy + total_out, stash_[ii].data());
-            std::copy(dy, dy + total_in, dx);
-            break;
-        case LayerKind::residual_begin: {
-            const float* skip = stash_[static_cast<std::size_t>(l.partner)].data();
-            for (std::uint64_t j = 0; j < total_in; ++j) dx[j] = dy[j] + skip[j];
-            break;
-        }
-        }
+        backward_layer(ii, dy, dx, n);
         dy = dx;
     }
+    if (trunk_end == -1 && need_input_grad_) // the heads read the input itself
+        std::copy(trunk_grad_.begin(), trunk_grad_.begin() + static_cast<std::ptrdiff_t>(n * cfg_.plan.input.numel()),
+                  input_grad_.begin());
 }
 
 void CpuTrainer::run_forward_backward(const Batch& batch, bool update) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    convert_input(b);
+    convert(b);
     forward(b.size, true);
-    Metrics m;
-    const double loss = loss_and_grad(b.y, b.size, m, true);
+    Metrics m = empty_metrics(cfg_.plan);
+    const double loss = loss_and_grad(b.size, m, true);
     if (!std::isfinite(loss) && !nonfinite_) nonfinite_ = step_;
     backward(b.size);
     if (!update) return;
-    train_metrics_.samples += m.samples;
-    train_metrics_.correct += m.correct;
-    train_metrics_.loss_sum += m.loss_sum;
+    train_metrics_.add(m);
     // Each rank's gradient is the mean over its batch; their mean is the
     // global batch's (the ranks' batches are equal).
     if (reducer_) reducer_->average_host(grads_.data(), grads_.size());
@@ -613,9 +676,9 @@ void CpuTrainer::train_step(const Batch& b) {
 void CpuTrainer::evaluate(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    convert_input(b);
+    convert(b);
     forward(b.size, false);
-    loss_and_grad(b.y, b.size, eval_metrics_, false);
+    loss_and_grad(b.size, eval_metrics_, false);
 }
 
 } // namespace

@@ -1,5 +1,6 @@
 #include "dstk/train/trainer.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -37,36 +38,82 @@ void validate_config(const TrainerConfig& c) {
         throw usage_error("normalisation needs " + std::to_string(c.plan.input.c) + " per-channel means and stds");
     for (const float s : c.std)
         if (!(s > 0.0f)) throw usage_error("normalisation std must be positive (a constant channel?)");
+    if (c.plan.heads.empty() || c.plan.heads.size() > max_step_heads)
+        throw usage_error("model with " + std::to_string(c.plan.heads.size()) + " heads (1 to " +
+                          std::to_string(max_step_heads) + ")");
+    if (c.side.field.empty() != (c.plan.side == 0))
+        throw usage_error(c.plan.side ? std::string("the model joins a side input: name its field")
+                                      : "side input '" + c.side.field + "' for a model without one");
+    if (c.plan.side) {
+        const std::uint64_t channels = c.side.mean.size();
+        if (channels == 0 || c.side.std.size() != channels || c.plan.side % channels != 0)
+            throw usage_error("the side input's normalisation needs one mean and std per channel of its " +
+                              std::to_string(c.plan.side) + " values");
+        for (const float s : c.side.std)
+            if (!(s > 0.0f)) throw usage_error("side input normalisation std must be positive (a constant value?)");
+    }
     if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f))
         throw usage_error("invalid --label-smoothing (must be in [0, 1))");
     if (!(c.optimizer.lr > 0.0f)) throw usage_error("invalid --lr (must be positive)");
     if (c.plan.params > (std::uint64_t{1} << 31)) throw usage_error("model has more than 2^31 parameters");
 }
 
-Batch step_batch(const TrainerConfig& c, const void* x, const std::int32_t* y, std::uint32_t size) {
+std::vector<BatchField> batch_fields(const TrainerConfig& c) {
     const TensorShape in = c.plan.input;
+    std::vector<BatchField> out{{c.input_field, c.input_dtype, Shape{{in.c, in.h, in.w}}, nullptr}};
+    for (const auto& h : c.plan.heads) {
+        const bool seen =
+            std::any_of(out.begin(), out.end(), [&](const BatchField& f) { return f.name == h.target.field; });
+        if (!seen) out.push_back({h.target.field, h.target.dtype, h.target.shape, nullptr});
+    }
+    if (c.plan.side) out.push_back({c.side.field, c.side.dtype, Shape{{c.plan.side}}, nullptr});
+    return out;
+}
+
+Batch step_batch(const TrainerConfig& c, std::span<const void* const> data, std::uint32_t size) {
     Batch b;
     b.size = size;
-    b.fields.push_back({c.input_field, c.input_dtype, Shape{{in.c, in.h, in.w}}, x});
-    b.fields.push_back({c.label_field, DType::i32, Shape{}, y});
+    b.fields = batch_fields(c);
+    if (data.size() != b.fields.size())
+        throw std::logic_error("step_batch: " + std::to_string(data.size()) + " buffers for " +
+                               std::to_string(b.fields.size()) + " fields");
+    for (std::size_t i = 0; i < data.size(); ++i) b.fields[i].data = data[i];
     return b;
 }
+
+Batch step_batch(const TrainerConfig& c, const void* x, const void* y, std::uint32_t size) {
+    const void* data[] = {x, y};
+    return step_batch(c, data, size);
+}
+
+namespace {
+
+const BatchField& take_field(const Batch& b, const std::string& name, DType dtype, std::uint64_t numel,
+                             const std::string& what) {
+    const BatchField& f = b.field(name);
+    if (f.dtype != dtype || f.shape.numel() != numel)
+        throw usage_error("batch field '" + f.name + "' is " + std::string(dtype_name(f.dtype)) + " " + f.shape.str() +
+                          " but the model takes " + std::string(dtype_name(dtype)) + " of " + std::to_string(numel) +
+                          " values per sample (" + what + ")");
+    if (!f.data) throw runtime_error("batch without data");
+    return f;
+}
+
+} // namespace
 
 StepFields step_fields(const TrainerConfig& c, const Batch& b) {
     if (b.size == 0 || b.size > c.max_batch)
         throw usage_error("batch of " + std::to_string(b.size) + " samples (the trainer was planned for 1 to " +
                           std::to_string(c.max_batch) + ")");
-    const BatchField& x = b.field(c.input_field);
-    const BatchField& y = b.field(c.label_field);
-    if (x.dtype != c.input_dtype || x.shape.numel() != c.plan.input.numel())
-        throw usage_error("batch field '" + x.name + "' is " + std::string(dtype_name(x.dtype)) + " " + x.shape.str() +
-                          " but the model takes " + std::string(dtype_name(c.input_dtype)) + " of " +
-                          std::to_string(c.plan.input.numel()) + " values per sample");
-    if (y.dtype != DType::i32 || y.shape.numel() != 1)
-        throw usage_error("batch field '" + y.name + "' is " + std::string(dtype_name(y.dtype)) + " " + y.shape.str() +
-                          " but the model takes one i32 class label per sample");
-    if (!x.data || !y.data) throw runtime_error("batch without data");
-    return {x.data, static_cast<const std::int32_t*>(y.data), b.size};
+    StepFields f;
+    f.size = b.size;
+    f.x = take_field(b, c.input_field, c.input_dtype, c.plan.input.numel(), "its input").data;
+    for (std::size_t h = 0; h < c.plan.heads.size(); ++h) {
+        const Target& t = c.plan.heads[h].target;
+        f.targets[h] = take_field(b, t.field, t.dtype, t.shape.numel(), "a target").data;
+    }
+    if (c.plan.side) f.side = take_field(b, c.side.field, c.side.dtype, c.plan.side, "its side input").data;
+    return f;
 }
 
 std::vector<std::uint8_t> pack_state(const StateView& s) {

@@ -20,6 +20,7 @@ struct CommandOptions {
     InferenceOptions inference;
     PredictOptions predict_options;
     std::filesystem::path dataset;
+    bool confusion = false; // eval: the per-class table and confusion matrix above confusion_limit classes
     OutputOptions out;
 };
 

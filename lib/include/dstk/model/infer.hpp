@@ -1,14 +1,16 @@
 #pragma once
-// Running a saved model: `dstrain eval` (loss, accuracy, per-class accuracy,
-// confusion matrix over a dataset split) and `dstrain predict` (class and
-// probabilities per sample, from a dataset split, a .npy file or a .npy on
-// stdin). Both go through the Trainer's evaluation mode (BN running
-// statistics, no dropout) on the chosen backend, fed with host batches read
-// in order: the same arithmetic as dstrain's test evaluation.
+// Running a saved model: `dstrain eval` (every head's loss and metrics, and
+// for classes the accuracy per class and the confusion matrix, over a
+// dataset split) and `dstrain predict` (every head's prediction per sample,
+// from a dataset split, a .npy file or a .npy on stdin). Both go through the
+// Trainer's evaluation mode (BN running statistics, no dropout) on the chosen
+// backend, fed with host batches read in order: the same arithmetic as
+// dstrain's test evaluation.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,47 +27,67 @@ struct InferenceOptions {
     unsigned threads = 0; // cpu backend
 };
 
-// The trainer that runs `m` on inputs of `input_dtype`, its state loaded.
+// The dtypes of the data a Predictor is fed: the input's, each head's target
+// (empty: the model's own, for batches without targets), the side input's
+// (none: the model's).
+struct DataTypes {
+    DType input = DType::f32;
+    std::vector<DType> targets;
+    std::optional<DType> side;
+};
+
+// The trainer that runs `m` on host batches of its fields, its state loaded.
 class Predictor {
   public:
-    Predictor(const SavedModel& m, DType input_dtype, const InferenceOptions& o, const OutputOptions& out);
+    Predictor(const SavedModel& m, const DataTypes& types, const InferenceOptions& o, const OutputOptions& out);
     ~Predictor();
     std::uint32_t batch() const { return batch_; }
-    std::uint32_t classes() const { return classes_; }
-    std::uint64_t sample_bytes() const { return sample_bytes_; }
+    const train::TrainerConfig& config() const;
     std::string device() const;
-    // Logits [n][classes] of n <= batch() samples (host memory, C order, the
-    // input dtype). With labels, the loss is accumulated for take_metrics().
-    std::vector<float> logits(const void* x, std::uint32_t n, const std::int32_t* labels = nullptr);
-    train::Metrics take_metrics(); // loss and accuracy over the labelled batches since the last call
+    // Each head's outputs [n][width] (C order) for n <= batch() samples.
+    // data[i]: the host bytes of train::batch_fields(config())[i], or null for
+    // a target not given (zeros; the metrics of such a batch are meaningless).
+    std::vector<std::vector<float>> outputs(std::span<const void* const> data, std::uint32_t n);
+    train::Metrics take_metrics(); // over the batches since the last call
 
   private:
     std::unique_ptr<train::Trainer> trainer_;
-    std::unique_ptr<train::BackendBuffer> x_, y_;
-    std::uint32_t batch_, classes_;
-    std::uint64_t sample_bytes_;
-    std::vector<std::int32_t> zeros_;
+    std::vector<std::unique_ptr<train::BackendBuffer>> buffers_; // one per batch field
+    std::vector<std::uint8_t> zeros_;
+    std::uint32_t batch_;
+};
+
+// Classes above which eval leaves out the per-class table and the confusion
+// matrix unless asked (EvalOptions::confusion).
+inline constexpr std::uint32_t confusion_limit = 50;
+
+struct EvalHead {
+    std::string name, target; // name "" for a model without heads(...)
+    train::HeadMetrics metrics;
+    std::vector<std::uint64_t> class_samples, class_correct; // ce: per true class
+    std::vector<std::uint64_t> confusion;                    // ce, where shown: [true class][predicted class]
 };
 
 struct EvalReport {
     std::string model, dataset, split, device;
-    std::uint32_t classes = 0;
-    std::uint64_t samples = 0, correct = 0;
-    double loss = 0;
-    std::vector<std::uint64_t> confusion; // [true class][predicted class]
-    double accuracy() const { return samples ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
+    std::uint64_t samples = 0;
+    double loss = 0; // the heads' weighted total
+    std::vector<EvalHead> heads;
 };
 
+// `confusion`: per-class table and matrix whatever the number of classes.
 EvalReport evaluate_model(const SavedModel& m, const std::filesystem::path& dataset, const std::string& split,
-                          const InferenceOptions& o, const OutputOptions& out);
+                          const InferenceOptions& o, const OutputOptions& out, bool confusion = false);
 std::string eval_report_text(const EvalReport& r);
 std::string eval_report_json(const EvalReport& r);
 
 struct PredictOptions {
     std::filesystem::path input; // dataset directory, .npy file, or "-" (a .npy on stdin)
     std::string split = "test";  // for a dataset
-    std::filesystem::path
-        output; // empty or "-": JSON lines on stdout; *.npy: probabilities [N, classes] f32; else JSON lines
+    // empty or "-": JSON lines on stdout; *.npy: each head's predictions [N, width] f32 (one head: this file;
+    // several: FILE.HEAD.npy each); else JSON lines
+    std::filesystem::path output;
+    std::filesystem::path side; // a .npy of side inputs [N, values] beside a .npy input
     bool force = false;
 };
 // Returns the number of samples predicted.

@@ -19,6 +19,9 @@ namespace dstk::run {
 struct TrainOptions {
     std::filesystem::path dataset;
     std::string model = "ref-cnn";
+    std::string label;                   // the target of a model without heads(...); empty: the dataset's label role
+    std::optional<train::LossKind> loss; // its loss; default: by the label's dtype (train::default_loss)
+    std::string side_input;              // a field joined to the flat features before the head(s); empty: none
     std::uint32_t epochs = 5;
     std::uint32_t batch = 256; // per rank; the global batch is ranks x batch
     bool batch_given = false;  // typed on this command line (a resume at another rank count derives it otherwise)

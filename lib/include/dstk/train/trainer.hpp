@@ -3,21 +3,25 @@
 //
 // Design (the seam for the data path, issue 7):
 // - A Trainer never reads datasets. It is handed batches of named fields
-//   (dstk/batch.hpp) and takes the two it names: TrainerConfig::input_field,
-//   `size` samples in the dataset's stored dtype (u8, bf16, f16, f32;
-//   TrainerConfig::input_dtype), and TrainerConfig::label_field, `size` int32
-//   labels. For the cuda backend the fields are device memory, for the cpu
-//   backend host memory. Where the batch came from (a resident split, a pinned
-//   ring, managed memory) is the caller's business.
-// - train_step(batch) does convert + normalise -> forward -> softmax-CE ->
-//   backward -> optimiser update. On the GPU it is asynchronous on
-//   compute_stream() (a cudaStream_t, as void*) and replays a captured CUDA
-//   graph: no allocation and no host synchronisation per step. The caller may
-//   reuse the batch memory once work it enqueues after train_step on
-//   compute_stream() (an event) has completed.
+//   (dstk/batch.hpp) and takes those it names (batch_fields): the input
+//   (TrainerConfig::input_field, `size` samples in the dataset's stored dtype:
+//   u8, bf16, f16, f32), each head's target field (NetworkPlan::heads:
+//   integer classes for ce, any numeric dtype otherwise) and the side input
+//   (TrainerConfig::side, any numeric dtype). For the cuda backend the fields
+//   are device memory, for the cpu backend host memory. Where the batch came
+//   from (a resident split, a pinned ring, managed memory) is the caller's
+//   business.
+// - train_step(batch) does convert + normalise (input, side input, targets
+//   to float or int32 classes) -> forward -> every head's loss -> backward ->
+//   optimiser update. On the GPU it is asynchronous on compute_stream() (a
+//   cudaStream_t, as void*) and replays a captured CUDA graph (the heads and
+//   losses inside): no allocation and no host synchronisation per step. The
+//   caller may reuse the batch memory once work it enqueues after train_step
+//   on compute_stream() (an event) has completed.
 // - evaluate(batch) runs the network in eval mode (BN running statistics, no
-//   dropout) and accumulates loss and accuracy; metrics are read with
-//   take_train_metrics() / take_eval_metrics(), which synchronise.
+//   dropout) and accumulates every head's loss and metrics (metrics.hpp);
+//   they are read with take_train_metrics() / take_eval_metrics(), which
+//   synchronise.
 // - Memory is planned: memory_plan() is known before the first step and every
 //   device buffer is allocated in the constructor (batches up to max_batch).
 // - save_state() / load_state() move parameters, BN running statistics,
@@ -35,6 +39,7 @@
 #include "dstk/batch.hpp"
 #include "dstk/device.hpp"
 #include "dstk/dtype.hpp"
+#include "dstk/train/metrics.hpp"
 #include "dstk/train/model.hpp"
 #include "dstk/train/optimizer.hpp"
 
@@ -93,15 +98,16 @@ bool is_input_dtype(DType t);
 
 struct TrainerConfig {
     NetworkPlan plan;
-    std::string input_field = "x", label_field = "y"; // the batch fields the trainer takes
+    std::string input_field = "x"; // the input's batch field (the targets': plan.heads)
     DType input_dtype = DType::f32;
     std::vector<float> mean, std; // per input channel, in stored units; x' = (x - mean) / std
+    SideInput side;               // plan.side values per sample
     std::uint32_t max_batch = 256;
     Precision precision = Precision::tf32;
     OptimizerConfig optimizer;
     ScheduleConfig schedule;
-    float label_smoothing = 0.0f;
-    std::uint64_t seed = 0; // parameter init and dropout masks
+    float label_smoothing = 0.0f; // ce heads
+    std::uint64_t seed = 0;       // parameter init and dropout masks
     Device device;
     unsigned cpu_threads = 0;                                 // cpu backend: 0 = one per hardware thread
     std::uint64_t workspace_limit = std::uint64_t{256} << 20; // cuda: cuDNN workspace bound
@@ -119,18 +125,19 @@ struct TrainerConfig {
     std::string choice_dir;
 };
 
-// A batch of the input and labels the config names (its input dtype and
-// shape, one i32 label a sample), over buffers the caller holds in the
-// trainer's backend memory: for code that feeds a trainer without a
-// BatchSource (dstrain predict, tests).
-Batch step_batch(const TrainerConfig& c, const void* x, const std::int32_t* y, std::uint32_t size);
+// The fields a trainer takes from a batch, in order: the input, each head's
+// target (a field that several heads learn, once), the side input; with their
+// dtype and per-sample shape (data null).
+std::vector<BatchField> batch_fields(const TrainerConfig& c);
+// A batch over buffers the caller holds in the trainer's backend memory,
+// data[i] holding batch_fields(c)[i]: for code that feeds a trainer without a
+// BatchSource (dstrain eval and predict, tests).
+Batch step_batch(const TrainerConfig& c, std::span<const void* const> data, std::uint32_t size);
+// The same for a trainer of two fields: the input and one target.
+Batch step_batch(const TrainerConfig& c, const void* x, const void* y, std::uint32_t size);
 
-struct Metrics {
-    std::uint64_t samples = 0, correct = 0;
-    double loss_sum = 0.0; // sum over samples of the per-sample loss (no smoothing)
-    double loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0.0; }
-    double accuracy() const { return samples ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
-};
+// A measurement of no batches yet: the plan's heads, named and sized.
+Metrics empty_metrics(const NetworkPlan& plan);
 
 struct MemoryPlan {
     std::uint64_t parameters = 0;  // params, grads, optimiser slots, BN statistics (+ bf16 copies)
