@@ -13,6 +13,7 @@
 #include "dstk/checksum.hpp"
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
+#include "dstk/json.hpp"
 
 namespace fs = std::filesystem;
 
@@ -58,10 +59,10 @@ void save_checkpoint(const fs::path& dir, const Checkpoint& c) {
     h["command_line"] = c.command_line;
     h["state_bytes"] = c.trainer_state.size();
     h["state_checksum"] = "xxh64:" + hex64(xxh64(c.trainer_state.data(), c.trainer_state.size()));
-    const std::string header = h.dump(2) + "\n";
+    const std::string header = dump_json(h, 2, "the checkpoint header") + "\n";
     const std::uint64_t header_bytes = header.size();
 
-    AtomicFile f(checkpoint_path(dir), true);
+    AtomicFile f(checkpoint_path(dir), Replace::earlier);
     f.write(magic, sizeof magic);
     f.write(&header_bytes, sizeof header_bytes);
     f.write(header.data(), header.size());
@@ -72,7 +73,7 @@ void save_checkpoint(const fs::path& dir, const Checkpoint& c) {
 Checkpoint load_checkpoint(const fs::path& dir) {
     const fs::path path = checkpoint_path(dir);
     const std::string where = path.string();
-    const UniqueFd file = UniqueFd::try_open(path, O_RDONLY | O_CLOEXEC);
+    const UniqueFd file = try_open_input_file(path, "checkpoint");
     if (!file) {
         if (errno == ENOENT)
             throw runtime_error("no checkpoint in '" + dir.string() + "' (" + checkpoint_file_name +
@@ -99,7 +100,7 @@ Checkpoint load_checkpoint(const fs::path& dir) {
     std::uint64_t state_bytes = 0;
     std::string state_checksum;
     try {
-        const auto h = nlohmann::json::parse(header);
+        const auto h = parse_json(header);
         if (h.at("format") != "dstrain-checkpoint" || h.at("version") != 1)
             throw runtime_error(where + ": unknown format or version" + bad);
         c.position.epoch = h.at("epoch").get<std::uint64_t>();

@@ -61,7 +61,7 @@ std::uint64_t xxh64(const void* data, std::size_t len, std::uint64_t seed) {
 }
 
 std::string file_checksum(const std::filesystem::path& path) {
-    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "open");
+    const UniqueFd fd = open_input_file(path, "file");
     posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     std::vector<unsigned char> buf(4 << 20);
     Xxh64 h;

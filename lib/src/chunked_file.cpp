@@ -207,7 +207,7 @@ ChunkIndex parse_chunk_index(std::span<const std::uint8_t> frame, std::uint64_t 
     return ix;
 }
 
-ChunkedReader::ChunkedReader(fs::path path) : path_(std::move(path)), fd_(UniqueFd::open(path_, O_RDONLY, "open")) {
+ChunkedReader::ChunkedReader(fs::path path) : path_(std::move(path)), fd_(open_input_file(path_, "chunked file")) {
     const std::string where = path_.string();
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0) throw_errno("cannot stat", where);
@@ -491,7 +491,7 @@ ChunkedWriter ChunkedWriter::resume(fs::path path, std::uint64_t sample_bytes, s
 
 std::uint64_t ChunkedWriter::complete_samples(const fs::path& path, std::uint64_t sample_bytes,
                                               std::uint64_t chunk_samples) {
-    const UniqueFd fd = UniqueFd::try_open(path, O_RDONLY);
+    const UniqueFd fd = try_open_input_file(path, "chunked file");
     if (!fd) return 0;
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) return 0;

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
+#include "dstk/json.hpp"
 #include "dstk/signals.hpp"
 
 namespace dstk {
@@ -67,6 +69,18 @@ std::string unexpected_arguments_message(const CLI::App& app, const CLI::ParseEr
     return message.empty() ? e.what() : message;
 }
 
+// Paths and the command line go into JSON files (manifests, reports, logs,
+// checkpoints), which hold UTF-8 text only: an argument that is not UTF-8 is
+// refused before any work rather than failing at the last write.
+void check_utf8_arguments(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i)
+        if (!is_utf8(argv[i]))
+            throw usage_error("argument '" + escape_bytes(argv[i]) +
+                              "' is not valid UTF-8 (dstk writes paths and command lines into JSON files, which "
+                              "hold UTF-8 text only); use a UTF-8 name: rename an existing file (e.g. with convmv) "
+                              "or reach it through a symbolic link that has one");
+}
+
 } // namespace
 
 CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open) {
@@ -94,9 +108,11 @@ void add_output_options(CLI::App& app, OutputOptions& out, bool with_json) {
 }
 
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<void()>& body) {
+    ensure_standard_fds();
     const std::string name = app.get_name();
     try {
         app.parse(argc, argv);
+        check_utf8_arguments(argc, argv);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {

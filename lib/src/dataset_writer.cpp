@@ -57,11 +57,15 @@ std::unique_ptr<NpyFieldWriter> DatasetWriter::npy_field(const std::string& spli
     return std::make_unique<NpyFieldWriter>(dir_.file(name), name, field, dtype, shape, samples);
 }
 
-void DatasetWriter::commit(const Manifest& manifest) {
+void DatasetWriter::write_manifest(const Manifest& manifest) {
     const std::string text = serialize_manifest(manifest);
     const fs::path path = dir_.file(manifest_file_name);
     const UniqueFd fd = UniqueFd::open(path, O_WRONLY | O_CREAT | O_TRUNC, "create");
     write_all(fd.get(), text.data(), text.size(), -1, path);
+}
+
+void DatasetWriter::commit(const Manifest& manifest) {
+    write_manifest(manifest);
     dir_.commit();
 }
 

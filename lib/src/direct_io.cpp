@@ -17,7 +17,7 @@ AlignedBuffer aligned_buffer(std::uint64_t bytes) {
 }
 
 UniqueFd open_direct(const std::filesystem::path& path, const std::string& where, int* refused) {
-    UniqueFd fd = UniqueFd::try_open(path, O_RDONLY | O_DIRECT);
+    UniqueFd fd = try_open_input_file(path, where, O_DIRECT);
     int err = fd ? 0 : errno;
     if (fd) {
         AlignedBuffer probe = aligned_buffer(direct_align);

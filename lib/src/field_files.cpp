@@ -41,7 +41,7 @@ std::vector<FileSpec> field_files(const fs::path& dir, const SplitInfo& split, c
 }
 
 UniqueFd open_field_file(const FileSpec& f, int flags) {
-    UniqueFd fd = UniqueFd::try_open(f.path, flags);
+    UniqueFd fd = try_open_input_file(f.path, "dataset file", flags & ~O_ACCMODE);
     if (!fd)
         throw runtime_error("cannot open dataset file " + f.where + " (" + std::strerror(errno) +
                             "); restore the file or re-create the dataset");
@@ -60,6 +60,7 @@ void require_file(const FileSpec& f) {
     if (::stat(f.path.c_str(), &st) != 0)
         throw runtime_error("cannot open dataset file " + f.where + " (" + std::strerror(errno) +
                             "); restore the file or re-create the dataset");
+    require_regular_file(st.st_mode, f.path, "dataset file");
     check_file_bytes(static_cast<std::uint64_t>(st.st_size), f);
 }
 

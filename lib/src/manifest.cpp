@@ -2,14 +2,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
+#include "dstk/json.hpp"
 #include "dstk/units.hpp"
 
 using nlohmann::json;
@@ -83,6 +84,29 @@ std::vector<double> parse_doubles(const Reader& r, const json& v, const std::str
 
 Manifest manifest_from_json(const Reader& r, const json& doc);
 
+std::string format_number(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
+
+// Statistics normalise the input ((x - mean) / std): a std that is 0,
+// negative or not finite would blow the input up (or make it NaN) and train
+// to nonsense without a word, so such a manifest is refused.
+void check_usable_stats(const Reader& r, const ChannelStats& cs, const std::string& path) {
+    for (std::size_t c = 0; c < cs.std.size(); ++c) {
+        const std::string at = path + ".std[" + std::to_string(c) + "]";
+        if (!std::isfinite(cs.mean[c]))
+            r.fail(path + ".mean[" + std::to_string(c) + "]",
+                   "not a finite number (the data holds NaN or Inf?); remove \"stats\" so that dstrain computes "
+                   "them from the data, or re-create the dataset from finite values");
+        if (!std::isfinite(cs.std[c]) || !(cs.std[c] > 0))
+            r.fail(at, format_number(cs.std[c]) + " cannot normalise channel " + std::to_string(c) +
+                           " (the input is divided by it: a std must be positive and finite); remove \"stats\" so "
+                           "that dstrain computes them from the data, or write the channel's real std");
+    }
+}
+
 // A field's "stats": one finite mean and one positive, finite std per channel
 // of its shape (stats_channels), so that a reader can normalise with them
 // without checking again.
@@ -94,10 +118,7 @@ ChannelStats parse_field_stats(const Reader& r, const json& v, const std::string
     if (cs.mean.size() != channels || cs.std.size() != channels)
         r.fail(path, "expected " + std::to_string(channels) + " channels for shape " + shape.str() + ", got " +
                          std::to_string(cs.mean.size()) + " means and " + std::to_string(cs.std.size()) + " stds");
-    for (std::size_t c = 0; c < channels; ++c)
-        if (!std::isfinite(cs.mean[c]) || !std::isfinite(cs.std[c]) || !(cs.std[c] > 0))
-            r.fail(path, "channel " + std::to_string(c) + " has mean " + std::to_string(cs.mean[c]) + " and std " +
-                             std::to_string(cs.std[c]) + " (a std must be positive and both finite to normalise)");
+    check_usable_stats(r, cs, path);
     return cs;
 }
 
@@ -272,7 +293,7 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
     const Reader r(source);
     json doc;
     try {
-        doc = json::parse(text.begin(), text.end());
+        doc = parse_json(text);
     } catch (const json::exception& e) { // parse_error, and out_of_range for numbers like 1e9999
         r.fail("", std::string("not valid JSON (") + e.what() + ")");
     }
@@ -356,6 +377,7 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
         cs.std = parse_doubles(r, r.member(st, "stats", "std"), "stats.std");
         if (cs.mean.size() != cs.std.size() || cs.mean.empty())
             r.fail("stats", "mean and std must have the same, non-zero, number of channels");
+        check_usable_stats(r, cs, "stats");
         m.stats = std::move(cs);
     }
     if (doc.contains("shard")) m.shard = parse_shard(r, doc["shard"], m);
@@ -376,6 +398,14 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
 }
 
 } // namespace
+
+bool usable_stats(const ChannelStats& s) {
+    for (const double m : s.mean)
+        if (!std::isfinite(m)) return false;
+    for (const double d : s.std)
+        if (!std::isfinite(d) || !(d > 0)) return false;
+    return true;
+}
 
 std::string field_type_text(DType t, const Shape& s) {
     std::string out(dtype_name(t));
@@ -443,12 +473,12 @@ std::string serialize_manifest(const Manifest& m) {
                 if (!part.checksum.empty()) pj["checksum"] = part.checksum;
                 fj["parts"].push_back(std::move(pj));
             }
-            if (f.stats) fj["stats"] = {{"mean", f.stats->mean}, {"std", f.stats->std}};
+            if (f.stats && usable_stats(*f.stats)) fj["stats"] = {{"mean", f.stats->mean}, {"std", f.stats->std}};
             sj["fields"].push_back(std::move(fj));
         }
         doc["splits"].push_back(std::move(sj));
     }
-    if (m.stats) doc["stats"] = {{"mean", m.stats->mean}, {"std", m.stats->std}};
+    if (m.stats && usable_stats(*m.stats)) doc["stats"] = {{"mean", m.stats->mean}, {"std", m.stats->std}};
     if (m.shard) doc["shard"] = shard_json(*m.shard);
     json p;
     p["tool"] = m.provenance.tool;
@@ -459,25 +489,19 @@ std::string serialize_manifest(const Manifest& m) {
     p["params"] = json::object();
     for (const auto& [k, v] : m.provenance.params) p["params"][k] = v;
     doc["provenance"] = std::move(p);
-    return doc.dump(2) + "\n";
+    return dump_json(doc, 2, "the manifest") + "\n";
 }
 
 Manifest load_manifest(const std::filesystem::path& dir) {
     const auto path = dir / manifest_file_name;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        std::error_code ec;
-        if (!std::filesystem::is_directory(dir, ec))
-            throw runtime_error("'" + dir.string() +
-                                "' is not a dataset directory (no such directory); create one with dsgen or dsconvert");
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+        throw runtime_error("'" + dir.string() +
+                            "' is not a dataset directory (no such directory); create one with dsgen or dsconvert");
+    if (!std::filesystem::exists(path, ec))
         throw runtime_error("'" + dir.string() + "' is not a dataset directory (no " + manifest_file_name +
                             "); create one with dsgen or dsconvert");
-    }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
-    if (text.size() > (64u << 20)) throw runtime_error(path.string() + ": manifest larger than 64 MiB (corrupt?)");
-    return parse_manifest(text, path.string());
+    return parse_manifest(read_input_file(path, "manifest", 64u << 20), path.string());
 }
 
 std::string now_iso8601() {

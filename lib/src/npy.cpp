@@ -226,7 +226,7 @@ NpyHeader read_npy_header_fd(int fd, const std::string& source) {
 }
 
 NpyHeader read_npy_header(const std::filesystem::path& path) {
-    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "open");
+    const UniqueFd fd = open_input_file(path, ".npy file");
     return read_npy_header_fd(fd.get(), path.string());
 }
 

@@ -6,6 +6,7 @@
 #include "bindings.hpp"
 #include "dstk/data/batch_source.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/gpu_info.hpp"
 #include "dstk/sysinfo.hpp"
 
@@ -91,6 +92,9 @@ void translate(const std::exception_ptr& p, void*) {
 
 NB_MODULE(_dstk, m) {
     namespace nb = nanobind;
+    // As in the tools: a process started with stdin, stdout or stderr closed
+    // would otherwise hand their numbers to the next files the library opens.
+    dstk::ensure_standard_fds();
     m.doc() = "dstk's core library: datasets, epoch orders and batch sources (use the dstk package)";
     error_type = PyErr_NewExceptionWithDoc(
         "dstk.Error",

@@ -18,10 +18,10 @@ command -v jq >/dev/null || skip "no jq"
 BASE=(--model mlp --device cpu -T 2 --seed 1 --epochs 2 --batch 64 --chunk-samples 256 --window 3)
 
 for order in chunk sequential; do
-    expect_exit 0 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" --order "$order" --data stream --host-mem 1M --log-json "$WORK/s.jsonl"
+    expect_exit 0 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" --order "$order" --data stream --host-mem 1M --log-json "$WORK/s.jsonl" --force
     expect_stdout '^epoch 2/2 .*host RSS [0-9.]+ [KMG]iB \(ceiling [0-9.]+ [KMG]iB\)'
     expect_stderr 'host memory ceiling .*--host-mem 1\.0 MiB'
-    expect_exit 0 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" --order "$order" --data device --log-json "$WORK/d.jsonl"
+    expect_exit 0 "$DSTRAIN" "$WORK/ds" "${BASE[@]}" --order "$order" --data device --log-json "$WORK/d.jsonl" --force
     for e in 1 2; do
         s=$(jq -c "select(.event == \"epoch\" and .epoch == $e)" "$WORK/s.jsonl")
         d=$(jq -c "select(.event == \"epoch\" and .epoch == $e)" "$WORK/d.jsonl")

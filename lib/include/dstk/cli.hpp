@@ -23,8 +23,10 @@ inline constexpr double unbounded = std::numeric_limits<double>::infinity();
 
 // Parses argv into `app`, then runs body(). Prints "tool: error: message" for
 // an Error and returns its exit code; CLI11 parse errors exit 2, --help 0.
-// Installs the SIGINT/SIGTERM handlers first. An unknown option is named
-// with the nearest known one ("did you mean '--train'?").
+// First opens /dev/null on file descriptors 0-2 where they are closed
+// (ensure_standard_fds); refuses arguments that are not UTF-8 (exit 2);
+// installs the SIGINT/SIGTERM handlers. An unknown option is named with the
+// nearest known one ("did you mean '--train'?").
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<void()>& body);
 
 // The command line as typed, shell-quoted where needed (for provenance).

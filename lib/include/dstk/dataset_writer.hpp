@@ -47,7 +47,11 @@ class DatasetWriter {
     std::filesystem::path file(const std::string& name) { return dir_.file(name); }
     std::unique_ptr<NpyFieldWriter> npy_field(const std::string& split, const std::string& field, DType dtype,
                                               const Shape& shape, std::uint64_t samples);
-    // Writes dataset.json and renames the directory into place.
+    // Writes dataset.json into the temporary directory.
+    void write_manifest(const Manifest& manifest);
+    // The directory, for an OutputSet that puts it in place with side files.
+    AtomicDir& output() { return dir_; }
+    // write_manifest, then the directory renamed into place.
     void commit(const Manifest& manifest);
 
   private:

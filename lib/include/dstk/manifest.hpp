@@ -35,6 +35,10 @@ struct FieldPart {
 struct ChannelStats {
     std::vector<double> mean, std; // per channel
 };
+// Statistics that can normalise: finite means, positive finite stds. A
+// manifest holding others is refused; serialize_manifest leaves them out
+// (a constant channel: dstrain then computes them from the data).
+bool usable_stats(const ChannelStats& s);
 
 // The channels of a field of per-sample shape `s`, for its statistics: one
 // for a scalar, one per element of a vector (D features), one for a 2-d

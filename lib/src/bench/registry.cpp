@@ -1,11 +1,13 @@
 #include "dstk/bench/case.hpp"
 
 #include <fnmatch.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <stdexcept>
 
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
 #include "dstk/npy.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
@@ -79,6 +81,16 @@ std::string variant_size(std::uint64_t bytes) {
     return "size=" + std::to_string(bytes) + units[u];
 }
 
+namespace {
+
+// The cases read the target at offsets: a FIFO or device would block them.
+void require_target_file(const std::filesystem::path& file) {
+    struct stat st {};
+    if (::stat(file.c_str(), &st) == 0) require_regular_file(st.st_mode, file, "benchmark target");
+}
+
+} // namespace
+
 Target open_target(const std::filesystem::path& path, std::uint64_t sample_bytes) {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -98,6 +110,7 @@ Target open_target(const std::filesystem::path& path, std::uint64_t sample_bytes
         // A field in parts (dsconvert --merge): the file cases read its first
         // part, a file like the others on the same disk; loader cases read all.
         t.file = path / (field.parts.empty() ? field.file : field.parts.front().file);
+        require_target_file(t.file);
         t.sample_bytes = field.sample_bytes();
         t.file_bytes = fs::file_size(t.file, ec);
         if (ec) throw_errno("cannot read the size of", t.file.string());
@@ -111,6 +124,7 @@ Target open_target(const std::filesystem::path& path, std::uint64_t sample_bytes
         }
     } else {
         if (sample_bytes == 0) throw usage_error("invalid --sample-bytes=0 (must be positive)");
+        require_target_file(path);
         t.file = path;
         t.sample_bytes = sample_bytes;
         t.file_bytes = fs::file_size(path, ec);

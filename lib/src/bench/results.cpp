@@ -6,6 +6,8 @@
 
 #include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
+#include "dstk/json.hpp"
 
 namespace dstk::bench {
 namespace {
@@ -228,12 +230,12 @@ nlohmann::json results_to_json(const Results& r) {
 }
 
 std::string serialize_results(const Results& r) {
-    return results_to_json(r).dump(2) + "\n";
+    return dump_json(results_to_json(r), 2, "the benchmark results") + "\n";
 }
 
 Results parse_results(std::string_view json_text, const std::string& source) {
     try {
-        const json j = json::parse(json_text);
+        const json j = parse_json(json_text);
         if (!j.is_object()) throw std::invalid_argument("the document is not a JSON object");
         const json& version = member(j, "schema_version", "");
         if (!version.is_number_integer()) throw std::invalid_argument("schema_version is not an integer");
@@ -259,12 +261,7 @@ Results parse_results(std::string_view json_text, const std::string& source) {
 }
 
 Results load_results(const std::filesystem::path& file) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw_errno("cannot open benchmark results", file.string());
-    std::ostringstream s;
-    s << in.rdbuf();
-    if (in.bad()) throw_errno("cannot read benchmark results", file.string());
-    return parse_results(s.str(), file.string());
+    return parse_results(read_input_file(file, "benchmark results", 64ull << 20), file.string());
 }
 
 std::optional<double> sequential_read_rate(const Results& r) {

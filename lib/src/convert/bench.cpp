@@ -115,7 +115,7 @@ void kernel_rows(std::vector<Row>& rows, ThreadPool& pool) {
 }
 
 void zstd_rows(std::vector<Row>& rows, const ConvertOptions& o, ThreadPool& pool) {
-    const UniqueFd fd = UniqueFd::open(o.input, O_RDONLY, "cannot open");
+    const UniqueFd fd = open_input_file(o.input, "input");
     const off_t size = ::lseek(fd.get(), 0, SEEK_END);
     std::vector<std::uint8_t> data(std::min<std::uint64_t>(size < 0 ? 0 : size, zstd_max_input));
     read_all(fd.get(), data.data(), data.size(), 0, o.input);

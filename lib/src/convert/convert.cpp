@@ -13,6 +13,7 @@
 #include "dstk/checksum.hpp"
 #include "dstk/convert/bench.hpp"
 #include "dstk/error.hpp"
+#include "dstk/json.hpp"
 #include "dstk/signals.hpp"
 #include "dstk/units.hpp"
 
@@ -212,7 +213,10 @@ void prepare_output(Job& j) {
         if (o.shuffle_seed)
             throw usage_error("--resume cannot continue a --shuffle conversion (its buckets are not kept); run "
                               "without --resume");
-        j.resumable = std::make_unique<ResumableOutput>(o.output, resume_fingerprint(j), o.force, o.out);
+        std::vector<std::string> files;
+        for (const OutSplit& s : j.outs)
+            for (const auto& p : j.fields) files.push_back(output_field(s.name, p, st.zstd ? j.chunk_samples : 0).file);
+        j.resumable = std::make_unique<ResumableOutput>(o.output, resume_fingerprint(j), o.force, o.out, files);
         j.out_dir = j.resumable->dir();
     } else if (st.to == OutputFormat::dataset) {
         j.writer.emplace(o.output, o.force);
@@ -220,6 +224,7 @@ void prepare_output(Job& j) {
     } else if (o.output != "-") {
         check_overwrite(o.output, o.force);
     }
+    if (!o.report_json.empty()) j.report_file.emplace(o.report_json, o.force);
     if (!st.zstd && !o.force && o.output != "-") check_free_disk(j.out_dir, estimate);
 }
 
@@ -308,7 +313,7 @@ void make_sinks(Job& j) {
 // those a --resume run must share, less the part itself, plus the importers'.
 ShardInfo shard_info(Job& j) {
     const ConvertOptions& o = j.o;
-    nlohmann::json settings = nlohmann::json::parse(resume_fingerprint(j));
+    nlohmann::json settings = parse_json(resume_fingerprint(j));
     settings.erase("shard");
     settings["shard_chunk"] = j.shard_chunk;
     settings["in_layout"] = static_cast<int>(o.raw.in_layout);
@@ -370,9 +375,9 @@ Manifest output_manifest(Job& j, Manifest m) {
     return m;
 }
 
-// Finishes every sink and, for a dataset, writes the manifest and renames
-// the staging directory into place.
-void commit_output(Job& j) {
+// Finishes every sink and, for a dataset, writes the manifest; place_outputs
+// puts it in place.
+void finish_output(Job& j) {
     if (!j.count_known) {
         j.total_samples = j.src.splits.front().samples;
         j.outs.front().samples = j.total_samples;
@@ -394,12 +399,29 @@ void commit_output(Job& j) {
     if (!j.writer && !j.resumable) return;
     m = output_manifest(j, std::move(m));
     if (j.resumable)
-        j.resumable->commit(m, j.o.force);
+        j.resumable->stage(m, j.o.force);
     else
-        j.writer->commit(m);
+        j.writer->write_manifest(m);
 }
 
 } // namespace
+
+void place_outputs(Job& j) {
+    OutputSet set;
+    if (j.report_file) set.add(*j.report_file);
+    if (j.resumable) set.add(j.resumable->output());
+    if (j.writer) set.add(j.writer->output());
+    if (j.only_split)
+        for (auto& sink : j.outs[*j.only_split].sinks)
+            if (AtomicOutput* file = sink->staged_output()) set.add(*file);
+    try {
+        set.commit();
+    } catch (const Error&) {
+        if (j.resumable) j.resumable->keep_for_resume();
+        throw;
+    }
+}
+
 } // namespace convert
 
 void run_convert(const ConvertOptions& o) {
@@ -419,8 +441,11 @@ void run_convert(const ConvertOptions& o) {
     convert::prepare_output(job);
     convert::make_sinks(job);
     convert::stream_input(job);
-    convert::commit_output(job);
-    convert::report(job, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    convert::finish_output(job);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const nlohmann::json summary = convert::write_report(job, seconds);
+    convert::place_outputs(job);
+    convert::print_report(job, summary, seconds);
 }
 
 } // namespace dstk

@@ -65,6 +65,7 @@ struct Job {
     std::map<std::string, std::shared_ptr<std::vector<std::vector<double>>>> stats_rows;
     std::optional<DatasetWriter> writer;
     std::unique_ptr<ResumableOutput> resumable;
+    std::optional<AtomicFile> report_file; // --report-json, put in place just before OUTPUT
     std::filesystem::path out_dir;
     std::uint64_t resume_at = 0; // samples of the (concatenated) input already converted
     std::uint64_t bytes_written = 0;
@@ -80,9 +81,14 @@ void plan_fields(Job& job);
 // "positions i8[12x8x8], moves i32, results i8": the fields, for messages.
 std::string fields_text(const std::vector<FieldPlan>& fields);
 void stream_input(Job& job);
+// The report: --report-json's file written (not yet in place), the summary returned.
+nlohmann::json write_report(Job& job, double seconds);
+// --report-json then OUTPUT put in place together (the report withdrawn when OUTPUT cannot be).
+void place_outputs(Job& job);
 // After the stream: labels in 0 .. 2^31-1 and below --num-classes; the class count.
 std::optional<std::uint32_t> check_labels(const Job& job);
-void report(Job& job, double seconds);
+// What was converted, on stderr (or --json on stdout), once everything is in place.
+void print_report(Job& job, const nlohmann::json& summary, double seconds);
 void run_verify(const ConvertOptions& o);
 
 } // namespace dstk::convert

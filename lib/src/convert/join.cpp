@@ -112,7 +112,7 @@ void Placer::copy(const fs::path& from, const fs::path& to, int link_errno) {
     if (copied_files_ == 0)
         note(out_, "cannot hard-link '" + from.string() + "' into '" + dir_.final_path().string() + "' (" +
                        std::strerror(link_errno) + "): copying the files that cannot be linked");
-    const UniqueFd in = UniqueFd::open(from, O_RDONLY, "cannot open");
+    const UniqueFd in = open_input_file(from, "dataset file");
     const UniqueFd out = UniqueFd::open(to, O_WRONLY | O_CREAT | O_EXCL, "cannot create");
     std::vector<std::uint8_t> buf(4u << 20);
     for (std::uint64_t at = 0;;) {

@@ -4,6 +4,7 @@
 
 #include "convert_job.hpp"
 #include "dstk/atomic_output.hpp"
+#include "dstk/json.hpp"
 #include "dstk/output.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/units.hpp"
@@ -17,13 +18,6 @@ std::string field_summary(const FieldPlan& p) {
     std::string s = p.name + ": " + std::string(dtype_name(p.in));
     if (p.convert) s += " -> " + std::string(dtype_name(p.out));
     return s;
-}
-
-void write_report_file(const fs::path& path, const nlohmann::json& j, bool force) {
-    AtomicFile f(path, force);
-    const std::string text = j.dump(2) + "\n";
-    f.write(text.data(), text.size());
-    f.commit();
 }
 
 // What the output holds: a single .npy/raw output one field of one split
@@ -95,7 +89,7 @@ nlohmann::json report_json(Job& j, double secs, const Written& w) {
     return out;
 }
 
-void print_report(Job& j, double secs, const Written& w) {
+void print_text(Job& j, double secs, const Written& w) {
     note(j.o.out, "dsconvert: " + format_count(w.samples) + " samples" + (w.what.empty() ? "" : " of " + w.what) +
                       " (" + j.src.description + ") -> " + j.o.output.string() + ": " + format_bytes(w.bytes_in) +
                       " -> " + format_bytes(j.bytes_written) + " in " + format_duration(secs) + " (" +
@@ -128,14 +122,20 @@ void print_report(Job& j, double secs, const Written& w) {
 
 } // namespace
 
-void report(Job& j, double secs) {
-    const Written w = written(j);
-    const nlohmann::json out = report_json(j, secs, w);
-    if (!j.o.report_json.empty()) write_report_file(j.o.report_json, out, true);
+nlohmann::json write_report(Job& j, double secs) {
+    nlohmann::json out = report_json(j, secs, written(j));
+    if (j.report_file) {
+        const std::string text = dump_json(out, 2, "the report '" + j.o.report_json.string() + "'") + "\n";
+        j.report_file->write(text.data(), text.size());
+    }
+    return out;
+}
+
+void print_report(Job& j, const nlohmann::json& summary, double secs) {
     if (j.o.out.json)
-        std::printf("%s\n", out.dump(2).c_str());
+        std::printf("%s\n", summary.dump(2).c_str());
     else
-        print_report(j, secs, w);
+        print_text(j, secs, written(j));
 }
 
 } // namespace dstk::convert

@@ -4,7 +4,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
-#include <fstream>
+#include <set>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dstk/atomic_output.hpp"
@@ -47,7 +48,7 @@ class ResumableNpySink final : public FieldSink {
         dims.insert(dims.end(), info_.shape.dims.begin(), info_.shape.dims.end());
         const std::string header = make_npy_header(info_.dtype, dims);
         const std::uint64_t keep_bytes = header.size() + keep * info_.sample_bytes();
-        fd_ = UniqueFd::open(path_, O_RDWR | O_CREAT, "cannot open");
+        fd_ = UniqueFd::open(path_, O_RDWR | O_CREAT | O_NOFOLLOW, "cannot open");
         if (::ftruncate(fd_.get(), static_cast<off_t>(keep ? keep_bytes : 0)) != 0)
             throw_errno("cannot truncate", path_.string());
         if (keep == 0) {
@@ -93,33 +94,65 @@ class ResumableNpySink final : public FieldSink {
 } // namespace
 
 ResumableOutput::ResumableOutput(const fs::path& final_path, const std::string& fingerprint, bool force,
-                                 const OutputOptions& out)
-    : final_(final_path) {
+                                 const OutputOptions& out, const std::vector<std::string>& field_files)
+    : final_(final_path), fingerprint_(fingerprint) {
     while (!final_.has_filename() && final_.has_parent_path() && final_ != final_.root_path())
         final_ = final_.parent_path();
-    check_overwrite(final_, force);
-    check_replaceable_dir(final_);
+    check_overwrite(final_, force, true);
     const fs::path parent = final_.parent_path().empty() ? fs::path(".") : final_.parent_path();
     dir_ = parent / ("." + final_.filename().string() + ".partial");
     const fs::path state = dir_ / "resume.json";
-    if (fs::exists(state)) {
-        std::ifstream in(state);
-        const std::string saved{std::istreambuf_iterator<char>(in), {}};
+    std::error_code ec;
+    const bool staged = fs::exists(fs::symlink_status(dir_, ec));
+    if (staged) check_entries({});
+    if (fs::exists(fs::symlink_status(state, ec))) {
+        const std::string saved = read_input_file(state, "resume state", 1 << 20, O_NOFOLLOW);
         if (saved != fingerprint)
             throw usage_error("'" + dir_.string() +
                               "' holds a partial conversion with different settings (input, "
                               "dtype, mapping, compression, chunks or split); run the same command with --resume, "
                               "or remove that directory");
         resuming_ = true;
+    }
+    if (staged) check_entries(field_files);
+    if (resuming_) {
         note(out, "resuming the partial conversion in " + dir_.string());
     } else {
-        std::error_code ec;
         fs::create_directories(dir_, ec);
         if (ec) throw runtime_error("cannot create '" + dir_.string() + "' (" + ec.message() + ")");
-        AtomicFile f(state, true);
-        f.write(fingerprint.data(), fingerprint.size());
-        f.commit();
+        keep_for_resume();
     }
+}
+
+// With no `field_files`, only the directory itself and resume.json are checked.
+void ResumableOutput::check_entries(const std::vector<std::string>& field_files) const {
+    const std::string fix = "; --resume continues only what dsconvert staged there: remove '" + dir_.string() +
+                            "' (rm -r) and convert again";
+    struct stat st {};
+    if (::lstat(dir_.c_str(), &st) != 0) throw_errno("cannot stat", dir_.string());
+    if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+        throw usage_error("'" + dir_.string() + "' is not a directory of this user" + fix);
+    std::set<std::string> ours(field_files.begin(), field_files.end());
+    ours.insert({"resume.json", manifest_file_name});
+    for (const auto& e : fs::directory_iterator(dir_)) {
+        const std::string name = e.path().filename().string();
+        // The temporary of resume.json or dataset.json of a run killed by SIGKILL: the next one removes it.
+        const bool staging = name.rfind(".resume.json.tmp-", 0) == 0 || name.rfind(".dataset.json.tmp-", 0) == 0;
+        if (field_files.empty() && name != "resume.json") continue;
+        if (::lstat(e.path().c_str(), &st) != 0) throw_errno("cannot stat", e.path().string());
+        const char* what = !ours.count(name) && !staging ? "not a file dsconvert writes there"
+                           : S_ISLNK(st.st_mode)         ? "a symbolic link"
+                           : !S_ISREG(st.st_mode)        ? "not a regular file"
+                           : st.st_uid != ::geteuid()    ? "owned by another user"
+                                                         : nullptr;
+        if (what) throw usage_error("'" + e.path().string() + "' is " + what + fix);
+    }
+}
+
+void ResumableOutput::keep_for_resume() {
+    AtomicFile f(dir_ / "resume.json", true);
+    f.write(fingerprint_.data(), fingerprint_.size());
+    f.commit();
 }
 
 std::uint64_t ResumableOutput::done(const FieldInfo& fi, std::uint64_t samples) const {
@@ -152,7 +185,8 @@ std::unique_ptr<FieldSink> ResumableOutput::sink(const FieldInfo& fi, std::uint6
     return std::make_unique<ChunkedSink>(p, fi, level, pool, keep);
 }
 
-void ResumableOutput::commit(const Manifest& m, bool force) {
+void ResumableOutput::stage(const Manifest& m, bool force) {
+    staged_.emplace(dir_, final_, replace_when(force)); // checks OUTPUT again while resume.json is there
     const std::string text = serialize_manifest(m);
     {
         AtomicFile f(dir_ / manifest_file_name, true);
@@ -160,15 +194,6 @@ void ResumableOutput::commit(const Manifest& m, bool force) {
         f.commit();
     }
     fs::remove(dir_ / "resume.json");
-    for (const auto& e : fs::directory_iterator(dir_))
-        if (e.is_regular_file()) fsync_path(e.path());
-    std::error_code ec;
-    if (fs::exists(fs::symlink_status(final_, ec))) {
-        check_overwrite(final_, force);
-        fs::remove_all(final_);
-    }
-    if (::rename(dir_.c_str(), final_.c_str()) != 0) throw_errno("cannot rename into", final_.string());
-    fsync_path(final_.parent_path().empty() ? fs::path(".") : final_.parent_path());
 }
 
 } // namespace dstk::convert

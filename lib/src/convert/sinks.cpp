@@ -131,10 +131,10 @@ class FileSink final : public FieldSink {
             rewrite_npy_header(file_.tmp_path(), header_, h, written_ * sample_bytes_);
             header_ = h.size();
         }
-        file_.commit();
         info_.bytes = header_ + written_ * sample_bytes_;
         return info_;
     }
+    AtomicOutput* staged_output() override { return &file_; }
 
   private:
     AtomicFile file_;

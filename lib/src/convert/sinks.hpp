@@ -26,6 +26,9 @@ class FieldSink {
     virtual ~FieldSink() = default;
     virtual void append(const void* data, std::uint64_t count) = 0;
     virtual FieldInfo finish() = 0;
+    // A sink that is the whole output (one .npy or raw file): the file,
+    // finished but not yet in place (the run puts it there after its side files).
+    virtual AtomicOutput* staged_output() { return nullptr; }
     // Samples a sink gathers before it writes (0: it writes as it goes).
     virtual std::uint64_t batch_samples() const { return 0; }
     virtual void limit_batch_samples(std::uint64_t) {}

@@ -152,7 +152,7 @@ class NpyInput final : public SampleInput {
             fd_ = STDIN_FILENO;
             source = "<stdin>";
         } else {
-            owned_ = UniqueFd::open(path, O_RDONLY, "cannot open input");
+            owned_ = open_input_file(path, "input");
             fd_ = owned_.get();
             source = path.string();
         }
@@ -315,8 +315,8 @@ class NpyRows {
         h[8] = static_cast<char>(len & 0xff);
         h[9] = static_cast<char>(len >> 8);
         write_all(file_.fd(), h.data(), h.size(), 0, file_.tmp_path());
-        file_.commit();
     }
+    AtomicFile& output() { return file_; }
 
   private:
     AtomicFile file_;
@@ -368,12 +368,16 @@ class PredictionSink {
         else if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size())
             throw runtime_error("cannot write predictions to stdout (closed pipe? disk full?)");
     }
+    // The heads' files are put in place together: all of them or none.
     void finish() {
-        for (auto& n : npy_) n->finish();
-        if (file_)
-            file_->commit();
-        else if (npy_.empty())
-            std::fflush(stdout);
+        OutputSet set;
+        for (auto& n : npy_) {
+            n->finish();
+            set.add(n->output());
+        }
+        if (file_) set.add(*file_);
+        set.commit();
+        if (!file_ && npy_.empty()) std::fflush(stdout);
     }
 
   private:

@@ -1,5 +1,7 @@
 #include "dstk/model/run_model.hpp"
 
+#include <memory>
+
 #include "dstk/atomic_output.hpp"
 #include "dstk/error.hpp"
 #include "train/backends.hpp"
@@ -16,27 +18,25 @@ void add_model_run_options(CLI::App& app, ModelRunOptions& o) {
     app.add_option("--init-from", o.init_from,
                    "Start from the weights of a saved model (model.safetensors) instead of a random initialisation; "
                    "its network must be the one --model gives on this data");
-    app.add_flag("--force", o.force, "Replace an existing --save file");
+    app.add_flag("--force", o.force,
+                 "Replace an existing --save or --log-json file (or the default model.safetensors)");
 }
 
-std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json,
-                                 bool replace_own, const OutputOptions& out) {
+std::vector<SaveTarget> save_paths(const ModelRunOptions& o, const fs::path& checkpoint_dir, const fs::path& log_json,
+                                   bool replace_own) {
     std::error_code ec;
     auto exists = [&](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
     const bool may_replace = o.force || replace_own;
+    const Replace replace = may_replace ? Replace::earlier : Replace::next_free;
     if (o.save.empty()) {
         const fs::path dir = !checkpoint_dir.empty() ? checkpoint_dir
                              : !log_json.empty()     ? log_json.parent_path()
                                                      : fs::path();
-        fs::path path = dir / default_model_file;
-        for (unsigned n = 2; exists(path) && !may_replace; ++n)
-            path = dir / ("model-" + std::to_string(n) + ".safetensors");
-        if (path.filename() != default_model_file)
-            note(out, "dstrain: " + (dir / default_model_file).string() + " exists: this run's model goes to " +
-                          path.string() + " (--save FILE to choose, --force to replace)");
-        check_replaceable(path);
-        return {path};
+        const fs::path path = dir / default_model_file;
+        if (may_replace) check_replaceable(path);
+        return {{path, replace, true}};
     }
+    std::vector<SaveTarget> targets;
     for (const auto& path : o.save) {
         const std::string ext = path.extension().string();
         if (ext != ".safetensors" && ext != ".onnx")
@@ -47,8 +47,9 @@ std::vector<fs::path> save_paths(const ModelRunOptions& o, const fs::path& check
                               "' exists (the model of an earlier run?); add --force to replace it, or --save "
                               "elsewhere");
         check_replaceable(path);
+        targets.push_back({path, replace, false});
     }
-    return o.save;
+    return targets;
 }
 
 SavedModel prepare_init_from(const ModelRunOptions& o, train::TrainerConfig& tc, const OutputOptions& out) {
@@ -92,12 +93,32 @@ SavedModel model_from_trainer(train::Trainer& t, const train::ModelSpec& spec, c
 }
 
 void save_trained(train::Trainer& t, const train::ModelSpec& spec, const std::string& dataset,
-                  const std::string& dataset_checksum, const std::vector<fs::path>& paths, const OutputOptions& out) {
+                  const std::string& dataset_checksum, const std::vector<SaveTarget>& targets,
+                  const OutputOptions& out) {
     const SavedModel m = model_from_trainer(t, spec, dataset, dataset_checksum);
-    for (const auto& path : paths) {
-        save_model(path, m, true);
-        note(out, "dstrain: model saved to " + path.string());
+    OutputSet set;
+    std::vector<std::unique_ptr<AtomicFile>> files;
+    for (const SaveTarget& target : targets) {
+        const std::vector<std::uint8_t> bytes = encode_model(target.path, m);
+        files.push_back(std::make_unique<AtomicFile>(target.path, target.replace));
+        files.back()->write(bytes.data(), bytes.size());
+        set.add(*files.back());
     }
+    set.commit();
+    std::string taken; // --save names another process took during the run
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+        const fs::path& got = files[i]->final_path();
+        if (got != targets[i].path && targets[i].default_name)
+            note(out, "dstrain: " + targets[i].path.string() + " exists: this run's model goes to " + got.string() +
+                          " (--save FILE to choose, --force to replace)");
+        else if (got != targets[i].path)
+            taken += (taken.empty() ? "" : "; ") + ("'" + targets[i].path.string() +
+                                                    "' was created by another process during the run, so this "
+                                                    "run's model is '" +
+                                                    got.string() + "'");
+        note(out, "dstrain: model saved to " + got.string());
+    }
+    if (!taken.empty()) throw runtime_error(taken + " (nothing was replaced); move the files where you want them");
 }
 
 } // namespace dstk::model

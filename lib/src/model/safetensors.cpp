@@ -12,6 +12,7 @@
 #include "dstk/atomic_output.hpp"
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
+#include "dstk/json.hpp"
 
 namespace fs = std::filesystem;
 
@@ -117,7 +118,7 @@ TensorFile decode_safetensors(std::span<const std::uint8_t> bytes, const std::st
     TensorFile f;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
     try {
-        const auto h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+        const auto h = parse_json(std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, n));
         if (!h.is_object()) throw runtime_error(source + ": the header is not a JSON object" + bad);
         for (const auto& [name, v] : h.items()) {
             if (name == "__metadata__") {
@@ -165,10 +166,9 @@ TensorFile decode_safetensors(std::span<const std::uint8_t> bytes, const std::st
 }
 
 TensorFile read_safetensors(const fs::path& path) {
-    const UniqueFd fd = UniqueFd::open(path, O_RDONLY, "cannot open model");
+    const UniqueFd fd = open_input_file(path, "model");
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw_errno("cannot stat model", path.string());
-    if (!S_ISREG(st.st_mode)) throw usage_error("'" + path.string() + "' is not a regular file (give a model file)");
     std::vector<std::uint8_t> bytes(static_cast<std::size_t>(st.st_size));
     read_all(fd.get(), bytes.data(), bytes.size(), 0, path);
     return decode_safetensors(bytes, path.string());

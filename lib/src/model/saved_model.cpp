@@ -8,6 +8,7 @@
 
 #include "dstk/atomic_output.hpp"
 #include "dstk/error.hpp"
+#include "dstk/json.hpp"
 #include "dstk/model/onnx.hpp"
 
 namespace fs = std::filesystem;
@@ -89,7 +90,7 @@ std::uint64_t meta_u64(const TensorFile& f, const std::string& key, const std::s
 
 std::vector<float> meta_floats(const TensorFile& f, const std::string& key, const std::string& source) {
     try {
-        return nlohmann::json::parse(meta(f, key, source)).get<std::vector<float>>();
+        return parse_json(meta(f, key, source)).get<std::vector<float>>();
     } catch (const nlohmann::json::exception& e) {
         throw runtime_error(source + ": metadata '" + key + "' is not a list of numbers (" + e.what() + ")");
     }
@@ -176,7 +177,7 @@ nlohmann::json side_json(const SavedModel& m) {
 
 nlohmann::json meta_json(const TensorFile& f, const std::string& key, const std::string& source) {
     try {
-        return nlohmann::json::parse(meta(f, key, source));
+        return parse_json(meta(f, key, source));
     } catch (const nlohmann::json::exception& e) {
         throw runtime_error(source + ": metadata '" + key + "' is not JSON (" + e.what() + ")");
     }
@@ -337,16 +338,16 @@ SavedModel from_tensor_file(const TensorFile& f, const std::string& source) {
     return m;
 }
 
-void save_model(const fs::path& path, const SavedModel& m, bool force) {
+std::vector<std::uint8_t> encode_model(const fs::path& path, const SavedModel& m) {
     const std::string ext = path.extension().string();
-    std::vector<std::uint8_t> bytes;
-    if (ext == ".onnx")
-        bytes = encode_onnx(m);
-    else if (ext == ".safetensors")
-        bytes = encode_safetensors(to_tensor_file(m));
-    else
-        throw usage_error("--save '" + path.string() + "' (unknown extension '" + ext +
-                          "'); name the file *.safetensors or *.onnx");
+    if (ext == ".onnx") return encode_onnx(m);
+    if (ext == ".safetensors") return encode_safetensors(to_tensor_file(m));
+    throw usage_error("--save '" + path.string() + "' (unknown extension '" + ext +
+                      "'); name the file *.safetensors or *.onnx");
+}
+
+void save_model(const fs::path& path, const SavedModel& m, bool force) {
+    const std::vector<std::uint8_t> bytes = encode_model(path, m);
     check_overwrite(path, force);
     check_replaceable(path);
     AtomicFile out(path, force);

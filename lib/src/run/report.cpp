@@ -1,6 +1,8 @@
 // What a dstrain run tells the user: the setup notes, the memory ceiling, one
 // line per epoch on stdout (stderr with --json), --log-json lines and the
 // --json document.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,8 @@
 #include <sstream>
 
 #include "dstk/error.hpp"
+#include "dstk/fd.hpp"
+#include "dstk/json.hpp"
 #include "dstk/output.hpp"
 #include "dstk/units.hpp"
 #include "run/stages.hpp"
@@ -153,16 +157,24 @@ std::string fixed(double v, int digits) {
     return buf;
 }
 
-JsonLog::JsonLog(const std::string& path, bool append) : path_(path) {
+JsonLog::JsonLog(const std::string& path, bool resume, bool force) : path_(path) {
     if (path.empty()) return;
-    file_.open(path, append ? std::ios::app : std::ios::trunc);
-    if (!file_) throw_errno("cannot open --log-json", path);
+    file_.emplace(path, resume || force ? Replace::earlier : Replace::never);
+    struct stat st {};
+    if (resume && ::lstat(path.c_str(), &st) == 0) { // the lines of the run this one continues
+        const std::string earlier = read_input_file(path, "log", 1ull << 30, O_NOFOLLOW);
+        file_->write(earlier.data(), earlier.size());
+    }
+    // In place from the start: read while the run goes, kept if it is
+    // killed, and a second run to the same name is refused now, not at its end.
+    file_->keep_open();
+    file_->commit();
 }
 
 void JsonLog::emit(const nlohmann::json& j) {
-    if (!file_.is_open()) return;
-    file_ << j.dump() << "\n" << std::flush;
-    if (!file_) throw runtime_error("cannot write --log-json " + path_ + " (disk full?)");
+    if (!file_) return;
+    const std::string line = dump_json(j, -1, "the log '" + path_ + "'") + "\n";
+    file_->write(line.data(), line.size());
 }
 
 namespace {

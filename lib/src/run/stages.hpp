@@ -3,7 +3,6 @@
 // this order): setup.cpp builds the Session and measures the memory ceiling,
 // loop.cpp trains epoch by epoch, report.cpp writes what the user reads.
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/device_memory.hpp"
+#include "dstk/atomic_output.hpp"
 #include "dstk/checkpoint.hpp"
 #include "dstk/data/batch_source.hpp"
 #include "dstk/data/source_plan.hpp"
@@ -88,15 +88,18 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
 Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r);
 
 // --- report.cpp ---
-// --log-json: JSON lines, flushed one by one.
+// --log-json: JSON lines, appended as they come to a file put in place at
+// the start of the run (atomic_output.hpp: a temporary name renamed, refused
+// over an existing file without `force`, never through a link). A resumed
+// run's log starts with the lines of the file it continues, and replaces it.
 class JsonLog {
   public:
-    JsonLog(const std::string& path, bool append);
+    JsonLog(const std::string& path, bool resume, bool force);
     void emit(const nlohmann::json& j);
 
   private:
     std::string path_;
-    std::ofstream file_;
+    std::optional<AtomicFile> file_;
 };
 RunReport first_report(const Session& s);
 void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out);

@@ -17,15 +17,15 @@ RunReport run_training(const TrainOptions& given, const DataOptions& d, const Ou
     describe_session(s, d, r, out);
     const Checkpointer ck(s, e, d);
     const CheckpointPosition pos = ck.start(*s.trainer, out);
-    const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume, out);
+    const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume);
     if (pos.epoch >= e.epochs) {
         note(out, "dstrain: the run in " + d.checkpoint.string() + " is finished (" + std::to_string(e.epochs) +
                       " epochs, " + std::to_string(pos.steps) + " steps); nothing to do: its model is " +
-                      save_to.front().string() + "; give --epochs N above " + std::to_string(e.epochs) +
+                      save_to.front().path.string() + "; give --epochs N above " + std::to_string(e.epochs) +
                       " to train further");
         return r;
     }
-    JsonLog log(s.root() ? e.log_json : std::string(), d.resume);
+    JsonLog log(s.root() ? e.log_json : std::string(), d.resume, e.files.force);
     const Ceiling c = measure_ceiling(s, pos.epoch, r);
     report_ceiling(s, c, r, log, out);
     estimate_cpu_epoch(s, e, out);

@@ -121,6 +121,7 @@ IdxHeader parse_idx_header(std::span<const std::uint8_t> bytes, const std::strin
 struct ZipMember {
     std::string name;
     std::uint16_t method = 0; // 0 stored, 8 deflated
+    std::uint16_t flags = 0;  // general purpose bits: bit 0 set for an encrypted member
     std::uint64_t compressed_bytes = 0, uncompressed_bytes = 0;
     std::uint64_t data_offset = 0; // of the member's data in the archive
     std::uint32_t crc32 = 0;

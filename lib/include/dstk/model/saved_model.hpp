@@ -64,8 +64,11 @@ std::vector<std::string> module_paths(const train::NetworkPlan& plan);
 TensorFile to_tensor_file(const SavedModel& m);
 SavedModel from_tensor_file(const TensorFile& f, const std::string& source);
 
-// Writes by the extension: .safetensors, or .onnx (model/onnx.hpp).
-// Refuses an existing file without `force` (usage error); atomic.
+// The file's bytes by the extension of `path`: .safetensors, or .onnx
+// (model/onnx.hpp); a usage error for any other.
+std::vector<std::uint8_t> encode_model(const std::filesystem::path& path, const SavedModel& m);
+// Writes by the extension. Refuses an existing file without `force` (usage
+// error); atomic (atomic_output.hpp).
 void save_model(const std::filesystem::path& path, const SavedModel& m, bool force);
 // Usage error when `path` exists and is not a regular file (a directory, a
 // link, a device): nothing else is ever replaced.

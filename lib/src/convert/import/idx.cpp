@@ -9,7 +9,7 @@ namespace dstk::import {
 
 std::unique_ptr<GzStream> open_idx_stream(const fs::path& path) {
     if (path == "-") return std::make_unique<GzStream>(STDIN_FILENO, "<stdin>", false);
-    UniqueFd fd = UniqueFd::open(path, O_RDONLY, "cannot open input");
+    UniqueFd fd = open_input_file(path, "input");
     return std::make_unique<GzStream>(fd.release(), path.string(), true); // gzclose closes it
 }
 

@@ -53,6 +53,10 @@ Source open_npz(const fs::path& path, const RawInputOptions& raw) {
     };
     for (ZipMember& m : members) {
         if (!ends_with(m.name, ".npy")) continue;
+        if ((m.flags & 1) || m.method == 99) // traditional PKWARE or AES encryption
+            bad_input(where + ":" + m.name, "is encrypted (a password-protected archive), which dsconvert does not "
+                                            "read; extract it with the password (unzip) and save the arrays again "
+                                            "with np.savez");
         const std::uint64_t lh_bytes =
             std::min<std::uint64_t>(f->bytes - std::min(f->bytes, m.data_offset), 30 + 65535 * 2);
         m.data_offset = zip_data_offset(f->read_at(m.data_offset, lh_bytes), m, f->bytes, where);
@@ -128,6 +132,7 @@ std::vector<ZipMember> parse_zip_directory(std::span<const std::uint8_t> tail, s
     for (std::uint64_t i = 0; i < entries; ++i) {
         if (end - p < 46 || le32(p) != 0x02014b50) bad_input(source, "zip central directory entry is malformed");
         ZipMember m;
+        m.flags = le16(p + 8);
         m.method = le16(p + 10);
         m.crc32 = le32(p + 16);
         m.compressed_bytes = le32(p + 20);

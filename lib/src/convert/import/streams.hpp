@@ -52,14 +52,10 @@ struct File {
     fs::path path;
     std::uint64_t bytes = 0;
     explicit File(fs::path p) : path(std::move(p)) {
-        owner = UniqueFd::open(path, O_RDONLY, "cannot open input");
+        owner = open_input_file(path, "input");
         fd = owner.get();
         struct stat st {};
         if (::fstat(fd, &st) != 0) throw_errno("cannot stat", path.string());
-        if (S_ISDIR(st.st_mode)) bad_input(path.string(), "is a directory where a file was expected");
-        if (!S_ISREG(st.st_mode))
-            bad_input(path.string(),
-                      "is not a regular file (pipes and devices are read only as IDX: --from idx, or '-')");
         bytes = static_cast<std::uint64_t>(st.st_size);
         ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
