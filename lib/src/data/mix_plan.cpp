@@ -2,6 +2,7 @@
 // (mix_plan.hpp states the rule); each member's source planned by
 // plan_source, whose rules it does not repeat.
 #include "dstk/data/mix_plan.hpp"
+#include "dstk/data/mix_source.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -28,16 +29,14 @@ std::string member_name(std::size_t i, const Dataset& ds) {
     return "member " + std::to_string(i) + " (" + ds.dir().string() + ")";
 }
 
-// The request's fields less `dataset`, and whether it was asked for.
-std::vector<std::string> stored_fields(const std::vector<std::string>& fields, bool& with_dataset) {
+bool is_mix_field(std::string_view f) {
+    return f == dataset_field || f == index_field;
+}
+
+// The request's fields less the mix's own, and those it asked for.
+std::vector<std::string> stored_fields(const std::vector<std::string>& fields, std::vector<std::string>& added) {
     std::vector<std::string> out;
-    with_dataset = false;
-    for (const std::string& f : fields) {
-        if (f == dataset_field)
-            with_dataset = true;
-        else
-            out.push_back(f);
-    }
+    for (const std::string& f : fields) (is_mix_field(f) ? added : out).push_back(f);
     return out;
 }
 
@@ -56,7 +55,7 @@ void check_counts(const std::vector<const Dataset*>& members, const MixRequest& 
 // The stored fields every member delivers, resolved on the first member
 // (its roles where none are named); the others must hold them alike.
 std::vector<std::string> resolve_fields(const std::vector<const Dataset*>& members, const MixRequest& r,
-                                        bool with_dataset, std::vector<std::string> fields) {
+                                        const std::vector<std::string>& added, std::vector<std::string> fields) {
     const auto name = [&](std::string_view s) { return spell(r.source.names, s); };
     SourceConfig c;
     c.fields = std::move(fields);
@@ -67,11 +66,11 @@ std::vector<std::string> resolve_fields(const std::vector<const Dataset*>& membe
     for (const FieldInfo* f : ref) names.push_back(f->name);
     for (std::size_t i = 0; i < members.size(); ++i) {
         const SplitInfo& split = members[i]->manifest().split(r.source.split);
-        if (with_dataset && split.find(dataset_field))
-            throw usage_error(member_name(i, *members[i]) + " has its own field '" + std::string(dataset_field) +
-                              "' (the mix adds one of that name: each sample's member index); rename the field "
-                              "with dsconvert, or leave '" +
-                              std::string(dataset_field) + "' out of " + name("fields"));
+        for (const std::string& a : added)
+            if (split.find(a))
+                throw usage_error(member_name(i, *members[i]) + " has its own field '" + a +
+                                  "' (the mix adds one of that name: each sample's member or row); rename the " +
+                                  "field with dsconvert, or leave '" + a + "' out of " + name("fields"));
         for (const FieldInfo* want : ref) {
             const FieldInfo* f = split.find(want->name);
             if (!f)
@@ -118,6 +117,7 @@ SourcePlan member_source(const Dataset& ds, const SourceRequest& base, const Mac
     r.slice = {};
     r.drop_last = false;
     r.host_mem = 0;
+    r.hash_batches = false; // the mix hashes its own batches
     r.placement = where == MixPlacement::device ? Placement::device : Placement::stream;
     if (where == MixPlacement::host) r.direct = false;
     if (where == MixPlacement::stream) r.direct = base.direct.value_or(true);
@@ -179,7 +179,8 @@ void place_members(const std::vector<const Dataset*>& members, const MixRequest&
     std::vector<std::size_t> streamed;
     for (std::size_t i : by_rate)
         if (plan.members[i].placement != MixPlacement::device) streamed.push_back(i);
-    std::uint64_t used = 0;
+    // On the cpu backend the mix's staging and slot are host memory too.
+    std::uint64_t used = r.source.device.backend == Backend::cpu ? plan.mix_bytes : 0;
     for (const MixMemberPlan& mp : plan.members)
         if (mp.placement == MixPlacement::device) used += mp.source.host_bytes;
     for (std::size_t i : streamed) {
@@ -188,10 +189,10 @@ void place_members(const std::vector<const Dataset*>& members, const MixRequest&
     }
     if (used > room.budget)
         throw no_fit_error("the mix needs " + format_bytes(used) + " of host memory for its sources (rings, window " +
-                           "caches, resident members) but " + name("host_mem") + " is " + format_bytes(room.budget) +
-                           (r.source.host_mem ? "" : " (half of the memory available)") + "; raise " +
-                           name("host_mem") + ", or lower " + name("batch") + ", " + name("prefetch") + " or " +
-                           name("window"));
+                           "caches, resident members, the mix's staging) but " + name("host_mem") + " is " +
+                           format_bytes(room.budget) + (r.source.host_mem ? "" : " (half of the memory available)") +
+                           "; raise " + name("host_mem") + ", or lower " + name("batch") + ", " + name("prefetch") +
+                           " or " + name("window"));
     for (std::size_t i : streamed) {
         MixMemberPlan& mp = plan.members[i];
         const MixPlacement g = given(i);
@@ -221,16 +222,26 @@ void add_read_rates(const MixRequest& r, MixPlan& plan) {
         if (mp.placement != MixPlacement::device) mp.read_rate = rate;
 }
 
-std::vector<BatchField> mix_fields(const SourcePlan& first, const std::vector<std::string>& asked) {
+// The mix's batch fields: the stored ones (member 0's, all alike) and the
+// mix's own, in the order asked (the roles where none were named).
+std::vector<BatchField> mix_fields(const Dataset& first, const SourceRequest& base,
+                                   const std::vector<std::string>& asked) {
+    SourceConfig c;
+    c.fields = base.fields;
+    const SplitInfo& split = first.manifest().split(base.split);
+    const std::vector<BatchField> stored =
+        SourceFields(split, source_fields(first.manifest(), split, c)).batch().fields;
     std::vector<BatchField> out;
     std::size_t next = 0;
     for (const std::string& f : asked) {
         if (f == dataset_field)
-            out.push_back({std::string(dataset_field), DType::i32, Shape{}, nullptr});
+            out.push_back({f, DType::i32, Shape{}, nullptr});
+        else if (f == index_field)
+            out.push_back({f, DType::i64, Shape{}, nullptr});
         else
-            out.push_back(first.fields.at(next++));
+            out.push_back(stored.at(next++));
     }
-    for (; next < first.fields.size(); ++next) out.push_back(first.fields[next]); // the roles
+    for (; next < stored.size(); ++next) out.push_back(stored[next]); // the roles
     return out;
 }
 
@@ -263,13 +274,15 @@ std::uint64_t mix_member_key(const Dataset& ds, std::string_view split) {
 
 MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& r, const MachineFacts& m) {
     check_counts(members, r);
-    bool with_dataset = false;
+    std::vector<std::string> added;
     SourceRequest base = r.source;
-    base.fields = resolve_fields(members, r, with_dataset, stored_fields(r.source.fields, with_dataset));
+    base.fields = resolve_fields(members, r, added, stored_fields(r.source.fields, added));
     MixRequest mr = r;
     mr.source = base;
     MixPlan plan;
     plan.batch = r.source.batch;
+    plan.slice = r.source.slice;
+    plan.drop_last = r.source.drop_last;
     plan.seed = r.source.seed;
     std::vector<std::uint64_t> bytes;
     for (std::size_t i = 0; i < members.size(); ++i) {
@@ -293,6 +306,8 @@ MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& r
                           " is larger than the mix's epoch (" + format_count(plan.positions) +
                           " samples); use a smaller " + spell(r.source.names, "batch"));
     plan.batches = r.source.slice.batches(plan.positions, r.source.batch, r.source.drop_last);
+    plan.fields = mix_fields(*members[0], base, r.source.fields.empty() ? base.fields : r.source.fields);
+    plan.mix_bytes = mix_source_bytes(plan, r.source.device);
     place_members(members, mr, m, bytes, plan);
     add_read_rates(r, plan);
     for (std::size_t i = 0; i < members.size(); ++i) {
@@ -301,9 +316,8 @@ MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& r
         plan.host_bytes += mp.host_bytes;
         plan.device_bytes += mp.source.device_bytes;
     }
-    std::vector<std::string> asked = r.source.fields;
-    if (asked.empty()) asked = base.fields;
-    plan.fields = mix_fields(plan.members[0].source, asked);
+    plan.device_bytes += plan.mix_bytes;
+    if (r.source.device.backend == Backend::cpu) plan.host_bytes += plan.mix_bytes;
     return plan;
 }
 
@@ -332,7 +346,9 @@ std::vector<std::string> describe_mix(const MixPlan& p) {
     }
     lines.push_back("mix: " + format_count(p.positions) + " samples per epoch, " + format_count(p.batches) +
                     " batches of " + std::to_string(p.batch) + "; host ceiling " + format_bytes(p.host_bytes) +
-                    " of a budget of " + format_bytes(p.host_budget) + ", device " + format_bytes(p.device_bytes));
+                    " of a budget of " + format_bytes(p.host_budget) + ", " +
+                    (p.members[0].source.config.device.backend == Backend::cuda ? "GPU " : "batches ") +
+                    format_bytes(p.device_bytes) + " (mix staging and slot " + format_bytes(p.mix_bytes) + ")");
     return lines;
 }
 
@@ -363,7 +379,8 @@ nlohmann::json mix_plan_json(const MixPlan& p) {
             {"batches_per_epoch", p.batches},
             {"host_budget", p.host_budget},
             {"host_bytes", p.host_bytes},
-            {"device_bytes", p.device_bytes}};
+            {"device_bytes", p.device_bytes},
+            {"mix_bytes", p.mix_bytes}};
 }
 
 } // namespace dstk::data

@@ -49,13 +49,16 @@ enum class MixPlacement : std::uint8_t { automatic, device, host, stream };
 MixPlacement parse_mix_placement(std::string_view text, std::string_view setting = "placement");
 std::string_view mix_placement_name(MixPlacement p);
 
-// The name of the field that holds each sample's member index (int32), when
-// the request's fields name it.
+// The fields a mix adds where the request's fields name them: each sample's
+// member (int32, its index in the mix) and its row in that member's split
+// (int64).
 inline constexpr std::string_view dataset_field = "dataset";
+inline constexpr std::string_view index_field = "index";
 
 struct MixRequest {
     // What every member's source is asked (fields, order, seed, batch, device,
-    // ...). fields may name `dataset`; host_mem is the whole mix's budget.
+    // ...). fields may name `dataset` and `index`; host_mem is the whole
+    // mix's budget.
     SourceRequest source;
     std::vector<double> weights;          // one per member; empty: the members' sizes
     std::vector<MixPlacement> placements; // one per member, or one for all; empty: automatic
@@ -80,13 +83,18 @@ struct MixMemberPlan {
 
 struct MixPlan {
     std::vector<MixMemberPlan> members;
-    std::vector<BatchField> fields; // delivered, in batch order (dataset: i32, no shape)
+    std::vector<BatchField> fields; // delivered, in batch order (dataset: i32, index: i64, no shape)
     std::uint32_t batch = 0;
+    RankSlice slice; // this rank's global batches (the members' sources read them all)
+    bool drop_last = true;
     std::uint64_t positions = 0; // draws per epoch
     std::uint64_t batches = 0;   // global batches per epoch
     std::uint64_t host_budget = 0;
     std::uint64_t host_bytes = 0;   // the mix's host ceiling
-    std::uint64_t device_bytes = 0; // backend memory of every member's source
+    std::uint64_t device_bytes = 0; // backend memory of every member's source and the mix's own
+    // The mix's own backend memory (mix_source.hpp): each member's staging of
+    // two batches and the batch slot, over every field.
+    std::uint64_t mix_bytes = 0;
     std::uint64_t seed = 0;
 
     // The members as MixOrder takes them.
@@ -100,12 +108,13 @@ std::uint64_t mix_member_key(const Dataset& ds, std::string_view split);
 // Usage errors (naming the settings): fewer than one member, weights or
 // placements of another count than the members, a field one member lacks or
 // holds with another dtype or shape than the first (naming member and
-// field), a member with its own `dataset` field where `dataset` is asked for,
-// placement managed. No-fit errors: the stream sources above the host budget.
+// field), a member with a field of its own named `dataset` or `index` where
+// the mix's is asked for. No-fit errors: the stream sources above the host budget.
 MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& request, const MachineFacts& machine);
 
 // One line per member ("mix: s0/ (weight 2, 50.0%): device, 12.0 MiB ..."),
-// then the mix's ceilings.
+// then the mix's ceilings. The host ceiling includes the mix's own bytes on
+// the cpu backend (its batches are host memory there).
 std::vector<std::string> describe_mix(const MixPlan& plan);
 nlohmann::json mix_plan_json(const MixPlan& plan);
 
