@@ -57,6 +57,7 @@ void save_checkpoint(const fs::path& dir, const Checkpoint& c) {
     h["options"] = c.options;
     h["created"] = c.created;
     h["command_line"] = c.command_line;
+    if (!c.mix.empty()) h["mix"] = parse_json(c.mix);
     h["state_bytes"] = c.trainer_state.size();
     h["state_checksum"] = "xxh64:" + hex64(xxh64(c.trainer_state.data(), c.trainer_state.size()));
     const std::string header = dump_json(h, 2, "the checkpoint header") + "\n";
@@ -111,6 +112,7 @@ Checkpoint load_checkpoint(const fs::path& dir) {
         if (h.contains("options")) c.options = h.at("options").get<std::map<std::string, std::vector<std::string>>>();
         c.created = h.at("created").get<std::string>();
         c.command_line = h.at("command_line").get<std::string>();
+        if (h.contains("mix")) c.mix = dump_json(h.at("mix"), -1, "the checkpoint's mix");
         state_bytes = h.at("state_bytes").get<std::uint64_t>();
         state_checksum = h.at("state_checksum").get<std::string>();
     } catch (const nlohmann::json::exception& e) {

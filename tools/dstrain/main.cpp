@@ -32,6 +32,17 @@ void add_target_options(CLI::App& app, dstk::run::TrainOptions& o, std::string& 
                    "the head(s) (where 'side' stands in the spec)");
 }
 
+// DATASET...: one directory, several (a mix) or a mix.json; --resume takes them from the checkpoint.
+std::vector<std::filesystem::path> dataset_paths(const std::vector<std::string>& given,
+                                                 const dstk::run::DataOptions& d) {
+    if (given.empty())
+        throw dstk::usage_error(d.resume ? "no DATASET, and no checkpoint in '" + d.checkpoint.string() +
+                                               "' to take it from; give the --checkpoint DIR of the run to resume"
+                                         : std::string("no DATASET (dstrain DATASET [options] trains; see also "
+                                                       "dstrain eval and dstrain predict)"));
+    return {given.begin(), given.end()};
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -39,8 +50,8 @@ int main(int argc, char** argv) {
     using namespace dstk::train;
     run::TrainOptions o;
     OutputOptions out;
-    std::string dataset, optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB",
-                         kernels = "auto", loss;
+    std::vector<std::string> datasets;
+    std::string optimizer = "sgd", schedule = "cosine", precision, device, workspace = "256MiB", kernels = "auto", loss;
     float lr = 0.0f;
     bool no_nesterov = false;
 
@@ -49,7 +60,9 @@ int main(int argc, char** argv) {
         "streamed from the files (--data), and report each head's loss and metrics, speed and memory per epoch.",
         "dstrain"};
     // Not ->required(): eval and predict have their own, and --resume takes it from the checkpoint.
-    app.add_option("DATASET", dataset, "Dataset directory (dsgen, dsconvert) with train and test splits");
+    app.add_option("DATASET", datasets,
+                   "Dataset directory (dsgen, dsconvert) with train and test splits; several, or a mix.json, "
+                   "train as one mix (--weights, --placement)");
     add_target_options(app, o, loss);
     app.add_option("-e,--epochs", o.epochs, "Epochs")->capture_default_str();
     app.add_option("-b,--batch", o.batch,
@@ -113,12 +126,8 @@ int main(int argc, char** argv) {
         o.batch_given = app.count("--batch") > 0; // before --resume adds the recorded options
         // Under a launcher, rank 0 alone says which options --resume took.
         o.given_options = resume_options(app, d.checkpoint, d.resume, out.quiet || dist::detect_launch().rank != 0);
-        if (dataset.empty())
-            throw usage_error(d.resume ? "no DATASET, and no checkpoint in '" + d.checkpoint.string() +
-                                             "' to take it from; give the --checkpoint DIR of the run to resume"
-                                       : std::string("no DATASET (dstrain DATASET [options] trains; see also dstrain "
-                                                     "eval and dstrain predict)"));
-        o.dataset = dataset;
+        o.datasets = dataset_paths(datasets, d);
+        o.dataset = o.datasets.front();
         if (app.count("--lr")) o.lr = lr;
         if (!loss.empty()) o.loss = parse_loss(loss, "--loss");
         o.optimizer = parse_optimizer(optimizer);

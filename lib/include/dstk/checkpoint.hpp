@@ -39,6 +39,10 @@ struct Checkpoint {
     // with CLI11's results: what --resume takes when they are not given again.
     std::map<std::string, std::vector<std::string>> options;
     std::string created, command_line;
+    // A mix of datasets (dstrain's run/mix_run.hpp): its members (keys,
+    // weights) and the segments of the epoch's order, as a JSON object; empty
+    // for one dataset.
+    std::string mix;
     std::vector<std::uint8_t> trainer_state;
 };
 

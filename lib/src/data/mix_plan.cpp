@@ -5,12 +5,14 @@
 #include "dstk/data/mix_source.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "dstk/bench/results.hpp"
+#include "dstk/channel_stats.hpp"
 #include "dstk/checksum.hpp"
 #include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
@@ -319,6 +321,31 @@ MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& r
     plan.device_bytes += plan.mix_bytes;
     if (r.source.device.backend == Backend::cpu) plan.host_bytes += plan.mix_bytes;
     return plan;
+}
+
+ChannelNorm mix_field_norm(const std::vector<const Dataset*>& members, const std::vector<std::uint64_t>& draws,
+                           const std::string& field) {
+    std::vector<ChannelStats> stats;
+    ChannelNorm out;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+        if (field == dataset_field || field == index_field) {
+            const double n = static_cast<double>(members[i]->manifest().split("train").samples);
+            if (field == dataset_field)
+                stats.push_back({{static_cast<double>(i)}, {0.0}});
+            else
+                stats.push_back({{(n - 1) / 2}, {std::sqrt((n * n - 1) / 12)}});
+            continue;
+        }
+        const ChannelNorm n = field_norm(*members[i], field, "train");
+        out.per_channel = n.per_channel;
+        stats.push_back(
+            {std::vector<double>(n.mean.begin(), n.mean.end()), std::vector<double>(n.std.begin(), n.std.end())});
+    }
+    const ChannelStats all = combine_stats(stats, draws);
+    out.mean.assign(all.mean.begin(), all.mean.end());
+    out.std.assign(all.std.begin(), all.std.end());
+    out.source = "each member's, weighted by its draws per epoch";
+    return out;
 }
 
 std::vector<std::string> describe_mix(const MixPlan& p) {

@@ -143,7 +143,10 @@ class Loop {
         const std::uint64_t first = epoch == pos_.epoch ? pos_.next_batch : 0;
         // first_nonfinite_step counts steps since the trainer was built or loaded.
         const std::uint64_t epoch_start = steps_ - pos_.steps;
-        s_.train_src->start_epoch(epoch, first);
+        if (s_.mix && s_.mix->resumed && epoch == pos_.epoch)
+            s_.mix->train->resume_epoch(*s_.mix->resumed, epoch, first);
+        else
+            s_.train_src->start_epoch(epoch, first);
         std::uint64_t batch_index = first;
         window_ = {Clock::now(), 0, 0.0};
         EpochProgress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(e_.epochs),
@@ -186,7 +189,8 @@ class Loop {
         if (!e_.log_json.empty() && s_.root()) o.index_hashes = batch_hashes(epoch, first, batch_index);
         o.first_batch = first;
         o.report.seconds = seconds_since(t0);
-        const bool epoch_done = batch_index >= s_.steps_per_epoch;
+        // A mix's epoch resumed with other weights has its own length.
+        const bool epoch_done = batch_index >= s_.train_src->batches_per_epoch();
         ck_.write(*s_.trainer, epoch_done ? CheckpointPosition{epoch + 1, 0, steps_}
                                           : CheckpointPosition{epoch, batch_index, steps_});
         r_.epochs.push_back(o.report);
@@ -196,6 +200,7 @@ class Loop {
         o.peaks = s_.world->gather(o.peak);
         o.peak = *std::max_element(o.peaks.begin(), o.peaks.end());
         if (s_.root()) report_epoch(s_, e_, o, c_, log_, out_);
+        if (s_.root()) report_mix_epoch(s_, out_);
         board_.epoch(s_, o, c_);
         if (s_.on_gpu() && !c_.managed && !warned_ceiling_ && o.peak > c_.bytes) {
             warned_ceiling_ = true;
@@ -260,13 +265,22 @@ class Loop {
     // --log-json: for each global step of the epoch taken here, an XXH64 of
     // its sample indices (the global batch, all ranks' slices), so that runs
     // at different rank counts can be compared step by step.
+    // A mix's indices are (member << 48) + its draw's position in the member's order.
     std::vector<std::string> batch_hashes(std::uint64_t epoch, std::uint64_t first, std::uint64_t end) const {
         const data::EpochOrder order(s_.sc.order, s_.train_split->samples, epoch);
+        const data::MixOrder* mix = s_.mix ? &s_.mix->train->order() : nullptr;
         const std::uint64_t g = s_.global_batch();
         std::vector<std::uint64_t> indices(g);
         std::vector<std::string> hashes;
         for (std::uint64_t k = first; k < end; ++k) {
-            for (std::uint64_t i = 0; i < g; ++i) indices[i] = order[k * g + i];
+            for (std::uint64_t i = 0; i < g; ++i) {
+                if (!mix) {
+                    indices[i] = order[k * g + i];
+                    continue;
+                }
+                const data::MixDraw d = (*mix)[k * g + i];
+                indices[i] = (std::uint64_t{d.member} << 48) + d.local;
+            }
             char hex[17];
             std::snprintf(
                 hex, sizeof hex, "%016llx",
@@ -331,10 +345,12 @@ class Loop {
 } // namespace
 
 Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d)
-    : world_(*s.world), d_(d), seed_(e.seed), command_line_(e.command_line), given_options_(e.given_options),
+    : world_(*s.world), mix_(s.mix ? &*s.mix : nullptr), d_(d), seed_(e.seed), command_line_(e.command_line),
+      given_options_(e.given_options),
       run_{
-          {"dataset_samples", std::to_string(s.train_split->samples)},
-          {"dataset_checksum", s.x->checksum},
+          // A mix's members are matched by their keys (mix_run.hpp): they may change.
+          {"dataset_samples", s.mix ? std::string("mix") : std::to_string(s.train_split->samples)},
+          {"dataset_checksum", s.mix ? std::string("mix") : s.x->checksum},
           {"model", train::to_spec_string(s.spec)},
           {"batch", std::to_string(s.global_batch())}, // the global batch: a resume may change the rank count
           {"epochs", std::to_string(e.epochs)},
@@ -360,7 +376,8 @@ Checkpointer::Checkpointer(const Session& s, const TrainOptions& e, const DataOp
     run_["targets"] = targets;
 }
 
-CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& out) const {
+CheckpointPosition Checkpointer::start(Session& s, const OutputOptions& out) const {
+    train::Trainer& t = *s.trainer;
     if (!d_.resume) {
         if (!d_.checkpoint.empty() && checkpoint_exists(d_.checkpoint))
             throw usage_error("'" + d_.checkpoint.string() +
@@ -377,6 +394,7 @@ CheckpointPosition Checkpointer::start(train::Trainer& t, const OutputOptions& o
     note(out, "dstrain: resumed from " + checkpoint_path(d_.checkpoint).string() + " at epoch " +
                   std::to_string(pos.epoch + 1) + ", batch " + std::to_string(pos.next_batch) + " (step " +
                   std::to_string(pos.steps) + ")");
+    if (s.mix) resume_mix(s, c.mix, pos, out);
     return pos;
 }
 
@@ -397,6 +415,7 @@ void Checkpointer::save(train::Trainer& t, const CheckpointPosition& p) const {
     c.created = now_iso8601();
     c.command_line = command_line_;
     c.options = given_options_;
+    if (mix_) c.mix = mix_checkpoint(*mix_, p);
     c.trainer_state = t.save_state();
     save_checkpoint(d_.checkpoint, c);
 }

@@ -39,7 +39,8 @@ void add_data_options(CLI::App& app, DataOptions& d) {
         ->excludes(direct);
     app.add_option("--host-mem", d.host_mem,
                    "Stream: host memory for the ring and the window cache of whole chunks, e.g. 2G (default: a "
-                   "quarter of available memory, at most four windows); printed as the host ceiling");
+                   "quarter of available memory, at most four windows); printed as the host ceiling. A mix: the "
+                   "budget of all its members, the host-kept ones' bytes included (default: half of available memory)");
     app.add_option("--managed-policy", d.managed_policy, "Managed: prefetch, advise or fault")->capture_default_str();
     app.add_flag("--oversubscribe", d.oversubscribe, "Managed: allow a split larger than free GPU memory");
     app.add_option("--eval-every", d.eval_every, "Evaluate the test split every N steps (0: after each epoch)")
@@ -50,6 +51,16 @@ void add_data_options(CLI::App& app, DataOptions& d) {
     app.add_flag("--resume", d.resume, "Continue from the checkpoint in --checkpoint");
     app.add_option("--max-steps", d.max_steps, "Stop after N steps in total, with a checkpoint (0: no limit)")
         ->capture_default_str();
+    app.add_option("--weights", d.weights,
+                   "A mix of datasets: each one's weight, in their order, e.g. 2,1,1 (default: their sizes, every "
+                   "sample once per epoch)")
+        ->delimiter(',')
+        ->check(CLI::PositiveNumber);
+    app.add_option("--placement", d.placements,
+                   "A mix of datasets: where each one lives, auto, device (GPU memory), host (kept in the page "
+                   "cache) or stream (read from disk every epoch); one for all, or one per dataset, e.g. "
+                   "device,stream,auto (default auto: by rows read per byte, within --host-mem)")
+        ->delimiter(',');
 }
 
 } // namespace dstk::run

@@ -216,6 +216,20 @@ RunReport first_report(const Session& s) {
     return r;
 }
 
+namespace {
+
+// "N train / M test samples"; a mix's per epoch, over its members.
+std::string samples_text(const Session& s) {
+    if (!s.mix)
+        return format_count(s.train_split->samples) + " train / " +
+               format_count(s.test_split ? s.test_split->samples : 0) + " test samples";
+    return format_count(s.mix->plan.positions) + " train samples per epoch / " +
+           format_count(s.mix->eval ? s.mix->eval->positions : 0) + " test samples over " +
+           std::to_string(s.mix->members.size()) + " datasets";
+}
+
+} // namespace
+
 void describe_session(const Session& s, const DataOptions& d, const RunReport& r, const OutputOptions& out) {
     note(out, "dstrain: model " + s.tc.plan.name + " (" + train::to_spec_string(s.spec) + ")");
     const auto& heads = s.tc.plan.heads;
@@ -224,9 +238,7 @@ void describe_session(const Session& s, const DataOptions& d, const RunReport& r
                   std::string(dtype_name(s.x->dtype)) + ", " +
                   (classifier ? classes_text(s.ds->manifest(), heads[0].target.width)
                               : std::to_string(heads.size()) + (heads.size() > 1 ? " heads" : " head")) +
-                  ", " + format_count(s.train_split->samples) + " train / " +
-                  format_count(s.test_split ? s.test_split->samples : 0) + " test samples, device " + r.device + ", " +
-                  r.precision);
+                  ", " + samples_text(s) + ", device " + r.device + ", " + r.precision);
     note(out, "dstrain: data " + std::string(data::placement_name(s.train_src->placement())) + " (" + s.placement_why +
                   "), order " + std::string(data::order_name(s.order)) +
                   (s.order == data::Order::chunk ? " (" + format_count(s.sc.order.chunk_samples) + " samples x " +

@@ -52,9 +52,10 @@ void require_gpu(const train::Device& d) {
 // Per-channel mean and std in stored units, by the data path's one rule
 // (data::field_norm: the manifest's statistics, else a scan of the training
 // split), so that dstk.Loader normalises a field as dstrain does.
-void channel_stats(const Dataset& ds, const FieldInfo& x, std::uint64_t, std::uint32_t channels,
-                   std::vector<float>& mean, std::vector<float>& stdev) {
-    const data::ChannelNorm n = data::field_norm(ds, x.name, "train");
+void channel_stats(const Session& s, const std::string& field, std::uint32_t channels, std::vector<float>& mean,
+                   std::vector<float>& stdev) {
+    const data::ChannelNorm n = s.mix ? data::mix_field_norm(s.mix->pointers(), s.mix->draws(), field)
+                                      : data::field_norm(*s.ds, field, "train");
     if (n.mean.size() != channels)
         throw std::logic_error("channel_stats: " + std::to_string(n.mean.size()) + " channels of statistics for " +
                                std::to_string(channels) + " input channels");
@@ -68,12 +69,23 @@ std::string field_list(const SplitInfo& split) {
     return out;
 }
 
-void open_dataset(Session& s, const TrainOptions& e) {
-    s.ds.emplace(Dataset::open(e.dataset));
+// The test split: the dataset's, or with a mix the first member's where
+// every member has a non-empty one (the test mix holds them all).
+const SplitInfo* test_split_of(const Session& s) {
+    const SplitInfo* t = s.ds->manifest().find("test");
+    if (!t || t->samples == 0) return nullptr;
+    if (s.mix)
+        for (const Dataset& d : s.mix->members)
+            if (const SplitInfo* mt = d.manifest().find("test"); !mt || mt->samples == 0) return nullptr;
+    return t;
+}
+
+void open_dataset(Session& s, const TrainOptions& e, const DataOptions& d) {
+    s.mix = open_mix(e, d);
+    s.ds.emplace(Dataset::open(s.mix ? s.mix->paths[0] : e.dataset));
     const Manifest& m = s.ds->manifest();
     s.train_split = &m.split("train");
-    s.test_split = m.find("test");
-    if (s.test_split && s.test_split->samples == 0) s.test_split = nullptr;
+    s.test_split = test_split_of(s);
     const std::string input = e.input.empty() ? m.input_field : e.input;
     if (input.empty())
         throw usage_error(s.ds->dir().string() +
@@ -86,6 +98,7 @@ void open_dataset(Session& s, const TrainOptions& e) {
                           field_list(*s.train_split) + "); name one of them");
     if (s.train_split->samples == 0)
         throw usage_error("split 'train' of " + s.ds->dir().string() + " is empty (nothing to train on)");
+    if (s.mix) return; // plan_mix checks the batch against the mix's epoch
     const std::uint64_t global = std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks());
     if (global > s.train_split->samples)
         throw usage_error("the train split has " + format_count(s.train_split->samples) + " samples, fewer than " +
@@ -94,6 +107,18 @@ void open_dataset(Session& s, const TrainOptions& e) {
                                      " ranks x --batch " + std::to_string(e.batch) + ")"
                                : "--batch " + std::to_string(e.batch)) +
                           " (use a smaller --batch)");
+}
+
+// A field's dtype, shape and classes: the training split's, and a mix's own
+// fields (dataset: one class per member; index: the row in its member).
+std::optional<train::FieldFacts> field_facts(const Session& s, const std::string& name) {
+    const Manifest& m = s.ds->manifest();
+    if (s.mix && name == data::dataset_field)
+        return train::FieldFacts{DType::i32, Shape{}, static_cast<std::uint32_t>(s.mix->members.size())};
+    if (s.mix && name == data::index_field) return train::FieldFacts{DType::i64, Shape{}, std::nullopt};
+    const FieldInfo* f = s.train_split->find(name);
+    if (!f) return std::nullopt;
+    return train::FieldFacts{f->dtype, f->shape, name == m.label_field ? m.num_classes : std::nullopt};
 }
 
 // The model --model, --label, --loss and --side-input name, against the
@@ -108,12 +133,8 @@ train::ResolvedModel resolve_session_model(const Session& s, const TrainOptions&
     req.loss = e.loss;
     req.side = e.side_input;
     for (const auto& f : s.train_split->fields) req.fields_known += (req.fields_known.empty() ? "" : ", ") + f.name;
-    const auto lookup = [&](const std::string& name) -> std::optional<train::FieldFacts> {
-        const FieldInfo* f = s.train_split->find(name);
-        if (!f) return std::nullopt;
-        return train::FieldFacts{f->dtype, f->shape, name == m.label_field ? m.num_classes : std::nullopt};
-    };
-    return train::resolve_model(req, lookup);
+    if (s.mix) req.fields_known += ", dataset, index";
+    return train::resolve_model(req, [&](const std::string& name) { return field_facts(s, name); });
 }
 
 train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e, const train::ResolvedModel& rm) {
@@ -145,13 +166,13 @@ train::TrainerConfig trainer_config(const Session& s, const TrainOptions& e, con
     tc.workspace_limit = e.workspace;
     tc.deterministic = e.deterministic;
     tc.kernels = e.kernels;
-    channel_stats(*s.ds, *s.x, s.train_split->samples, tc.plan.input.c, tc.mean, tc.std);
+    channel_stats(s, s.x->name, tc.plan.input.c, tc.mean, tc.std);
     if (!e.side_input.empty()) {
-        const FieldInfo& side = s.train_split->field(e.side_input);
-        tc.side.field = side.name;
+        const train::FieldFacts side = *field_facts(s, e.side_input);
+        tc.side.field = e.side_input;
         tc.side.dtype = side.dtype;
         const std::uint32_t channels = side.shape.dims.empty() ? 1 : train::tensor_shape_from(side.shape).c;
-        channel_stats(*s.ds, side, s.train_split->samples, channels, tc.side.mean, tc.side.std);
+        channel_stats(s, e.side_input, channels, tc.side.mean, tc.side.std);
     }
     return tc;
 }
@@ -173,6 +194,7 @@ std::string flag_of(std::string_view setting) {
                                                                           {"managed_policy", "--managed-policy"},
                                                                           {"oversubscribe", "--oversubscribe"},
                                                                           {"bench", "--bench"},
+                                                                          {"weights", "--weights"},
                                                                           {"fields", "--input/--label"}};
     for (const auto& [name, flag] : flags)
         if (name == setting) return std::string(flag);
@@ -208,7 +230,15 @@ data::SourceRequest source_request(const Session& s, const DataOptions& d, Place
 
 // The training and test sources, planned once (data::plan_training) and built.
 void open_sources(Session& s, const DataOptions& d, Placement asked, const OutputOptions& out) {
-    const data::SourceRequest r = source_request(s, d, asked, out);
+    data::SourceRequest r = source_request(s, d, asked, out);
+    if (s.mix) {
+        r.placement = Placement::automatic;
+        r.names = [](std::string_view setting) {
+            return setting == "placement" ? std::string("--placement") : flag_of(setting);
+        };
+        open_mix_sources(s, r, out);
+        return;
+    }
     s.plan = data::plan_training(*s.ds, r, s.test_split ? s.test_split->name : "", data::machine_facts(s.device));
     const data::SourcePlan& p = s.plan.train;
     for (const std::string& line : data::describe(p)) note(out, "dstrain: " + line);
@@ -320,11 +350,16 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
         s.precision = train::Precision::fp32;
     }
 
-    open_dataset(s, e);
+    open_dataset(s, e, d);
     const train::ResolvedModel rm = resolve_session_model(s, e);
     s.spec = rm.spec;
     s.loss_default = !e.loss && rm.spec.heads.empty();
-    s.steps_per_epoch = s.train_split->samples / (std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks()));
+    const std::uint64_t samples = s.mix ? s.mix->positions() : s.train_split->samples;
+    s.steps_per_epoch = samples / (std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks()));
+    if (s.mix && s.steps_per_epoch == 0)
+        throw usage_error("the mix's epoch has " + format_count(samples) + " samples, fewer than the global batch " +
+                          std::to_string(std::uint64_t{e.batch} * static_cast<std::uint64_t>(s.ranks())) +
+                          " (use a smaller --batch)");
     s.tc = trainer_config(s, e, rm);
     std::optional<model::SavedModel> init;
     if (!e.files.init_from.empty()) init = model::prepare_init_from(e.files, s.tc, out);

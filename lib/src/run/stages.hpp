@@ -23,6 +23,7 @@
 #include "dstk/run/options.hpp"
 #include "dstk/run/report.hpp"
 #include "dstk/train/trainer.hpp"
+#include "run/mix_run.hpp"
 
 namespace dstk::run {
 
@@ -36,7 +37,8 @@ struct Session {
     std::optional<data::DeviceMemoryMeter> meter; // cuda (or device not chosen yet)
     train::Device device;
     train::Precision precision = train::Precision::fp32;
-    std::optional<Dataset> ds;
+    std::optional<Dataset> ds; // with a mix: its first member, for the fields' facts
+    std::optional<MixRun> mix; // several datasets as one (mix_run.hpp)
     const SplitInfo* train_split = nullptr;
     const SplitInfo* test_split = nullptr; // null when absent or empty
     const FieldInfo* x = nullptr;          // the input field
@@ -86,6 +88,17 @@ void join_world(Session& s, TrainOptions& e, const DataOptions& d, const OutputO
 void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out);
 // Warms up every kernel (cuda) and measures the ceiling from the start position's epoch.
 Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r);
+
+// --- mix_run.cpp ---
+// The mix's training and test sources (plan_mix, printed one line per member).
+void open_mix_sources(Session& s, const data::SourceRequest& r, const OutputOptions& out);
+// Checkpoint::mix at position p: the members, and the epoch's segments mid-epoch.
+std::string mix_checkpoint(const MixRun& m, const CheckpointPosition& p);
+// --resume of a mix: says what changed (one line per member) and, mid-epoch,
+// sets the epoch's order continued with this run's members (MixRun::resumed).
+void resume_mix(Session& s, const std::string& mix_json, const CheckpointPosition& pos, const OutputOptions& out);
+// After an epoch: each member's share of the samples delivered, beside the plan's.
+void report_mix_epoch(const Session& s, const OutputOptions& out);
 
 // --- report.cpp ---
 // --log-json: JSON lines, appended as they come to a file put in place at
@@ -139,8 +152,9 @@ std::uint64_t current_rss_bytes();
 class Checkpointer {
   public:
     Checkpointer(const Session& s, const TrainOptions& e, const DataOptions& d);
-    // The position to start from: a loaded checkpoint's (with --resume), else the start.
-    CheckpointPosition start(train::Trainer& t, const OutputOptions& out) const;
+    // The position to start from: a loaded checkpoint's (with --resume), else
+    // the start; a mix's resumed order goes to s.mix.
+    CheckpointPosition start(Session& s, const OutputOptions& out) const;
     // Nothing without --checkpoint. Every rank calls it: the BN statistics
     // are averaged over the ranks, then rank 0 writes.
     void write(train::Trainer& t, const CheckpointPosition& p) const;
@@ -148,6 +162,7 @@ class Checkpointer {
   private:
     void save(train::Trainer& t, const CheckpointPosition& p) const;
     dist::World& world_;
+    const MixRun* mix_; // null for one dataset
     const DataOptions& d_;
     std::uint64_t seed_;
     std::string command_line_;

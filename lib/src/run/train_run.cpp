@@ -16,7 +16,7 @@ RunReport run_training(const TrainOptions& given, const DataOptions& d, const Ou
     RunReport r = first_report(s);
     describe_session(s, d, r, out);
     const Checkpointer ck(s, e, d);
-    const CheckpointPosition pos = ck.start(*s.trainer, out);
+    const CheckpointPosition pos = ck.start(s, out);
     const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume);
     if (pos.epoch >= e.epochs) {
         note(out, "dstrain: the run in " + d.checkpoint.string() + " is finished (" + std::to_string(e.epochs) +

@@ -38,6 +38,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "dstk/data/convert.hpp"
 #include "dstk/data/mix.hpp"
 #include "dstk/data/source_plan.hpp"
 #include "dstk/dataset.hpp"
@@ -111,6 +112,14 @@ std::uint64_t mix_member_key(const Dataset& ds, std::string_view split);
 // field), a member with a field of its own named `dataset` or `index` where
 // the mix's is asked for. No-fit errors: the stream sources above the host budget.
 MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& request, const MachineFacts& machine);
+
+// The statistics of a field over a mix, by field_norm's rule per member
+// (convert.hpp) combined with the weight of each member's draws per epoch
+// (`draws`: MixMemberPlan::quota): what dstrain normalises an input or side
+// input of a mix by. `dataset` and `index` have theirs in closed form (each
+// member's value, each member's rows 0 to n-1).
+ChannelNorm mix_field_norm(const std::vector<const Dataset*>& members, const std::vector<std::uint64_t>& draws,
+                           const std::string& field);
 
 // One line per member ("mix: s0/ (weight 2, 50.0%): device, 12.0 MiB ..."),
 // then the mix's ceilings. The host ceiling includes the mix's own bytes on

@@ -17,7 +17,8 @@
 namespace dstk::run {
 
 struct TrainOptions {
-    std::filesystem::path dataset;
+    std::filesystem::path dataset;               // the first of datasets
+    std::vector<std::filesystem::path> datasets; // DATASET...: one directory, or a mix (run/mix_run.hpp)
     std::string model = "ref-cnn";
     std::string input;                   // the input field; empty: the dataset's input role
     std::string label;                   // the target of a model without heads(...); empty: the dataset's label role
@@ -72,12 +73,14 @@ struct DataOptions {
     std::filesystem::path checkpoint;   // directory; empty: none
     std::uint64_t checkpoint_every = 0; // steps; 0: at the end of each epoch only
     bool resume = false;
-    std::uint64_t max_steps = 0; // stop after this many steps in total, with a checkpoint; 0: no limit
+    std::uint64_t max_steps = 0;         // stop after this many steps in total, with a checkpoint; 0: no limit
+    std::vector<double> weights;         // a mix: one per member (default: the members' sizes)
+    std::vector<std::string> placements; // a mix: auto, device, host or stream, one for all or per member
 };
 
 // Adds --data --order --window --chunk-samples --prefetch --readers --bench
 // --direct --host-mem --managed-policy --oversubscribe --eval-every --checkpoint
-// --checkpoint-every --resume --max-steps to `app`.
+// --checkpoint-every --resume --max-steps --weights --placement to `app`.
 void add_data_options(CLI::App& app, DataOptions& d);
 
 } // namespace dstk::run
