@@ -336,6 +336,10 @@ ChannelNorm mix_field_norm(const std::vector<const Dataset*>& members, const std
                 stats.push_back({{(n - 1) / 2}, {std::sqrt((n * n - 1) / 12)}});
             continue;
         }
+        if (!members[i]->manifest().split("train").find(field))
+            throw usage_error(member_name(i, *members[i]) + " has no field '" + field +
+                              "' in split 'train' (every member of a mix delivers the same fields); name a field "
+                              "that every member holds, or leave this member out");
         const ChannelNorm n = field_norm(*members[i], field, "train");
         out.per_channel = n.per_channel;
         stats.push_back(
