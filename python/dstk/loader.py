@@ -50,12 +50,12 @@ class Loader:
     """Batches of the named fields of one split, from the same C++ data path as dstrain.
 
     Loader(path, split="train", fields=None, as_tuple=False, batch=256,
-           order="chunk", seed=0, placement="stream", device=None,
+           order="chunk", seed=0, placement=None, device=None,
            drop_last=True, prefetch=None, readers=None, chunk=None, window=8,
            direct=None, host_mem=None, bench=None, convert=True,
            normalize=True, mean=None, std=None, keep=2,
            managed_policy="prefetch", oversubscribe=False, epoch=0,
-           output="arrays", labels=None)
+           output="arrays", labels=None, weights=None)
 
     Each iteration over the loader yields the remaining batches of the current
     epoch, then moves to the next epoch; ``len(loader)`` is the number of
@@ -125,6 +125,21 @@ class Loader:
     output="torch", ``x.clone()``: the tensor object itself comes back for a
     later batch). NumPy batches are fresh arrays the caller owns.
 
+    A mix: ``path`` a list of two or more datasets with the same fields
+    trains them as one. Each batch draws from every member in proportion to
+    ``weights`` (one per member; default their sizes: every sample once per
+    epoch); an epoch ends when the member with the largest weight-to-size
+    ratio has been seen once, and no member repeats a sample within it. The
+    fields ``"dataset"`` (int32, the member's index in ``path``) and
+    ``"index"`` (int64, the sample's row in that member's split) may be named
+    in ``fields``; they stay as stored. ``placement`` is then one of "auto"
+    (the default), "device", "host" (kept in the page cache) or "stream" for
+    every member, or a list with one per member; "auto" keeps in memory the
+    members drawn most for their size, within ``host_mem`` (the whole mix's
+    budget, default half of the available memory). ``loader.plan["mix"]``
+    holds the mix's plan, ``loader.describe()`` one line per member. Input
+    statistics are the members' combined by their draws per epoch.
+
     Resume: ``state_dict()`` holds (epoch, next batch, seed, order, batch,
     split); ``load_state_dict(sd)`` on a loader of the same dataset and
     settings continues with exactly the batch that would have come next.
@@ -146,10 +161,10 @@ class Loader:
     """
 
     def __init__(self, path, split="train", fields=None, as_tuple=False, batch=256, order="chunk", seed=0,
-                 placement="stream", device=None, drop_last=True, prefetch=None, readers=None, chunk=None,
+                 placement=None, device=None, drop_last=True, prefetch=None, readers=None, chunk=None,
                  window=8, direct=None, host_mem=None, bench=None, convert=True, normalize=True, mean=None,
                  std=None, keep=2, managed_policy="prefetch", oversubscribe=False, epoch=0, output="arrays",
-                 labels=None):
+                 labels=None, weights=None):
         if output not in ("arrays", "torch"):
             raise ValueError(f"invalid output={output!r} (expected 'arrays' or 'torch')")
         if labels is None:
@@ -169,7 +184,18 @@ class Loader:
         if not normalize and (mean is not None or std is not None):
             raise ValueError("mean/std given with normalize=False (they would be ignored); drop one")
         a = _dstk._LoaderArgs()
-        a.path = os.fspath(path)
+        paths = [path] if isinstance(path, (str, bytes, os.PathLike)) else list(path)
+        if not paths:
+            raise ValueError("path=[] names no dataset; give a dataset directory or a list of them (a mix)")
+        a.paths = [os.fspath(p) for p in paths]
+        mix = len(paths) > 1
+        if placement is None:
+            placement = "auto" if mix else "stream"
+        if not isinstance(placement, str):
+            a.placements, placement = [str(p) for p in placement], "auto"
+        elif mix:
+            a.placements = [placement]
+        a.weights = [] if weights is None else [float(w) for w in weights]
         a.split, a.placement, a.order, a.managed_policy = split, placement, order, managed_policy
         a.device = "" if device is None else str(device)
         a.fields = [] if fields is None else list(fields)

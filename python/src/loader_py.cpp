@@ -16,13 +16,17 @@
 #include "dstk/data/loader.hpp"
 #include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
+#include "dstk/json.hpp"
 
 namespace dstk::py {
 
 namespace {
 
 struct LoaderArgs {
-    std::string path, split, placement, device, order, managed_policy, bench;
+    std::vector<std::string> paths; // one dataset, or a mix's members
+    std::vector<double> weights;    // a mix: one per member
+    std::vector<std::string> placements; // a mix: one for all or per member (auto, device, host, stream)
+    std::string split, placement, device, order, managed_policy, bench;
     std::vector<std::string> fields;
     std::uint32_t batch = 256;
     std::uint64_t seed = 0, chunk = 0, window = 8, host_mem = 0;
@@ -57,8 +61,18 @@ data::LoaderRequest request_of(const LoaderArgs& a) {
     s.fields = a.fields;
     r.device_auto = a.device.empty();
     if (!a.device.empty()) s.device = parse_device(a.device);
+    if (a.paths.size() > 1) {
+        // A mix: each member placed by plan_mix ("host": kept in the page cache).
+        for (const std::string& p : a.placements) r.mix_placements.push_back(data::parse_mix_placement(p));
+        r.weights = a.weights;
+    } else if (!a.placements.empty() || !a.weights.empty()) {
+        throw usage_error(std::string(a.weights.empty() ? "placement" : "weights") +
+                          " as a list applies to a mix of datasets (one path given); give a list of paths");
+    }
     // "host": the cpu backend's stream source (batches in host memory) whatever device says.
-    if (a.placement == "host") {
+    if (a.paths.size() > 1) {
+        s.placement = data::Placement::automatic;
+    } else if (a.placement == "host") {
         s.device = Device{};
         r.device_auto = false;
         s.placement = data::Placement::stream;
@@ -198,6 +212,18 @@ nb::dict times_dict(const data::StageTimes& t) {
     return d;
 }
 
+// The plan as JSON; a mix's is its first member's settings with the mix's
+// facts, placement "mix" and the whole mix plan under "mix".
+std::string plan_text(const data::Loader& l) {
+    nlohmann::json j = data::plan_json(l.plan());
+    if (const data::MixPlan* m = l.mix_plan()) {
+        j["placement"] = "mix";
+        j["dataset"] = nullptr;
+        j["mix"] = data::mix_plan_json(*m);
+    }
+    return dump_json(j, -1, "the loader's plan");
+}
+
 data::Loader& engine(PyLoader& p) {
     return *p.loader;
 }
@@ -213,7 +239,8 @@ void bind_loader(nb::module_& m) {
                  r.source.notice = [self](const std::string& line) { self->say(line); };
                  r.source.warn = [self](const std::string& line) { self->say(line); };
                  nb::gil_scoped_release unlocked;
-                 self->loader = std::make_unique<data::Loader>(a.path, r);
+                 self->loader = std::make_unique<data::Loader>(
+                     std::vector<std::filesystem::path>(a.paths.begin(), a.paths.end()), r);
              })
         .def("take_messages", &PyLoader::take_messages)
         .def_prop_ro("on_gpu", [](PyLoader& p) { return engine(p).on_gpu(); })
@@ -222,8 +249,12 @@ void bind_loader(nb::module_& m) {
         .def_prop_ro("device_bytes", [](PyLoader& p) { return engine(p).device_bytes(); })
         .def_prop_ro("host_bytes", [](PyLoader& p) { return engine(p).host_bytes(); })
         .def_prop_ro("fields", [](PyLoader& p) { return fields_of(engine(p)); })
-        .def_prop_ro("plan_json", [](PyLoader& p) { return data::plan_json(engine(p).plan()).dump(); })
-        .def_prop_ro("plan_lines", [](PyLoader& p) { return data::describe(engine(p).plan()); })
+        .def_prop_ro("plan_json", [](PyLoader& p) { return plan_text(engine(p)); })
+        .def_prop_ro("plan_lines",
+                     [](PyLoader& p) {
+                         const data::Loader& l = engine(p);
+                         return l.mix_plan() ? data::describe_mix(*l.mix_plan()) : data::describe(l.plan());
+                     })
         .def_prop_ro("norms",
                      [](PyLoader& p) {
                          nb::dict d;
@@ -254,7 +285,9 @@ void bind_loader(nb::module_& m) {
 
     nb::class_<LoaderArgs>(m, "_LoaderArgs")
         .def(nb::init<>())
-        .def_rw("path", &LoaderArgs::path)
+        .def_rw("paths", &LoaderArgs::paths)
+        .def_rw("weights", &LoaderArgs::weights)
+        .def_rw("placements", &LoaderArgs::placements)
         .def_rw("split", &LoaderArgs::split)
         .def_rw("fields", &LoaderArgs::fields)
         .def_rw("placement", &LoaderArgs::placement)

@@ -8,6 +8,7 @@
 
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
+#include "dstk/data/mix_source.hpp"
 #include "loader_slots.hpp"
 
 namespace dstk::data {
@@ -19,7 +20,8 @@ bool is_integer(DType t) {
 
 // The kind a field gets without an explicit one. labels64 widens an integer
 // label role even where nothing else is converted (PyTorch's losses take int64).
-FieldKind default_kind(const Manifest& m, const BatchField& f, const LoaderRequest& r) {
+FieldKind default_kind(const Manifest& m, const BatchField& f, const LoaderRequest& r, bool mix) {
+    if (mix && (f.name == dataset_field || f.name == index_field)) return FieldKind::stored;
     const bool label = f.name == m.label_field && is_integer(f.dtype);
     if (label && r.labels64) return FieldKind::classes64;
     if (!r.convert) return FieldKind::stored;
@@ -28,12 +30,28 @@ FieldKind default_kind(const Manifest& m, const BatchField& f, const LoaderReque
 }
 
 // The input's statistics: given (mean and std together, one per channel), or field_norm's.
-ChannelNorm input_norm(const Dataset& ds, const BatchField& f, const LoaderRequest& r) {
+// The statistics of a field: field_norm's, or over a mix its members' (mix_field_norm).
+struct Norms {
+    const std::vector<Dataset>& datasets;
+    const MixPlan* mix;
+    ChannelNorm operator()(const std::string& field) const {
+        if (!mix) return field_norm(datasets[0], field, "train");
+        std::vector<const Dataset*> members;
+        std::vector<std::uint64_t> draws;
+        for (std::size_t i = 0; i < datasets.size(); ++i) {
+            members.push_back(&datasets[i]);
+            draws.push_back(mix->members[i].quota);
+        }
+        return mix_field_norm(members, draws, field);
+    }
+};
+
+ChannelNorm input_norm(const Norms& norms, const BatchField& f, const LoaderRequest& r) {
     const SettingNames& names = r.source.names;
     if (r.mean.empty() != r.std.empty())
         throw usage_error(spell(names, "mean") + " and " + spell(names, "std") +
                           " are given together (one without the other cannot normalise)");
-    if (r.mean.empty()) return field_norm(ds, f.name, "train");
+    if (r.mean.empty()) return norms(f.name);
     ChannelNorm n;
     const std::uint64_t channels = stats_channels(f.shape);
     if (r.mean.size() != channels || r.std.size() != channels)
@@ -50,21 +68,22 @@ ChannelNorm input_norm(const Dataset& ds, const BatchField& f, const LoaderReque
     return n;
 }
 
-std::vector<FieldOutput> outputs_of(const Dataset& ds, const SourcePlan& plan, const LoaderRequest& r) {
+std::vector<FieldOutput> outputs_of(const Norms& norms, const SourcePlan& plan, const LoaderRequest& r) {
+    const Dataset& ds = norms.datasets[0];
     for (const auto& [name, kind] : r.kinds)
         if (std::none_of(plan.fields.begin(), plan.fields.end(), [&](const BatchField& f) { return f.name == name; }))
             throw usage_error(spell(r.source.names, "convert") + " names '" + name +
                               "', which is not among the fields delivered; name one of the fields");
     std::vector<FieldOutput> out;
     for (const BatchField& f : plan.fields) {
-        FieldOutput o{f.name, f.dtype, f.dtype, f.shape, default_kind(ds.manifest(), f, r), {}};
+        FieldOutput o{f.name, f.dtype, f.dtype, f.shape, default_kind(ds.manifest(), f, r, norms.mix != nullptr), {}};
         if (const auto it = r.kinds.find(f.name); it != r.kinds.end()) o.kind = it->second;
         if ((o.kind == FieldKind::classes32 || o.kind == FieldKind::classes64) && !is_integer(f.dtype))
             throw usage_error("'" + f.name + "' is " + std::string(dtype_name(f.dtype)) +
                               ", not integer classes; convert it to float values, or keep it as stored");
         o.dtype = converted_dtype(o.kind, f.dtype);
         if (o.kind == FieldKind::normalised) {
-            o.norm = f.name == ds.manifest().input_field ? input_norm(ds, f, r) : field_norm(ds, f.name, "train");
+            o.norm = f.name == ds.manifest().input_field ? input_norm(norms, f, r) : norms(f.name);
             o.norm.per_channel = f.shape.numel() / o.norm.mean.size();
         }
         out.push_back(std::move(o));
@@ -82,19 +101,54 @@ SourceRequest resolved_source(const LoaderRequest& r) {
     return s;
 }
 
+std::vector<Dataset> open_all(const std::vector<std::filesystem::path>& dirs) {
+    std::vector<Dataset> out;
+    for (const std::filesystem::path& d : dirs) out.push_back(Dataset::open(d));
+    return out;
+}
+
+// A mix's plan as one source's: its samples, batches, fields and ceilings
+// over the first member's settings.
+SourcePlan mix_as_source(const MixPlan& m) {
+    SourcePlan p = m.members[0].source;
+    p.fields = m.fields;
+    p.samples = m.positions;
+    p.batches = m.batches;
+    p.host_bytes = m.host_bytes;
+    p.device_bytes = m.device_bytes;
+    p.config.drop_last = m.drop_last;
+    p.config.slice = m.slice;
+    return p;
+}
+
 } // namespace
 
-Loader::Loader(const std::filesystem::path& dir, const LoaderRequest& r) : dataset_(Dataset::open(dir)), keep_(r.keep) {
+Loader::Loader(const std::filesystem::path& dir, const LoaderRequest& r)
+    : Loader(std::vector<std::filesystem::path>{dir}, r) {}
+
+Loader::Loader(const std::vector<std::filesystem::path>& dirs, const LoaderRequest& r)
+    : datasets_(open_all(dirs)), keep_(r.keep) {
     if (keep_ == 0)
         throw usage_error("invalid " + spell(r.source.names, "keep") +
                           " 0 (a consumer holds at least the batch it was given)");
+    if (dirs.size() < 2 && (!r.weights.empty() || !r.mix_placements.empty()))
+        throw usage_error(spell(r.source.names, r.weights.empty() ? "placement" : "weights") +
+                          " per dataset applies to a mix (" + std::to_string(dirs.size()) +
+                          " dataset given); give two or more datasets");
     SourceRequest s = resolved_source(r);
     if (s.device.backend == Backend::cuda && built_with_cuda()) {
         slots_ = make_device_slots(s.device, keep_ + 1 + ahead);
         s.compute_stream = slots_->stream();
     }
-    plan_ = plan_source(dataset_, s, machine_facts(s.device));
-    outputs_ = outputs_of(dataset_, plan_, r);
+    std::vector<const Dataset*> members;
+    for (const Dataset& d : datasets_) members.push_back(&d);
+    if (datasets_.size() > 1) {
+        mix_ = plan_mix(members, {s, r.weights, r.mix_placements}, machine_facts(s.device));
+        plan_ = mix_as_source(*mix_);
+    } else {
+        plan_ = plan_source(datasets_[0], s, machine_facts(s.device));
+    }
+    outputs_ = outputs_of(Norms{datasets_, mix_plan()}, plan_, r);
     for (const FieldOutput& o : outputs_) {
         inv_std_.emplace_back();
         for (const float v : o.norm.std) inv_std_.back().push_back(1.0f / v);
@@ -103,7 +157,10 @@ Loader::Loader(const std::filesystem::path& dir, const LoaderRequest& r) : datas
         slots_->allocate(plan_.config.batch, outputs_, inv_std_);
         sizes_.assign(slots(), 0);
     }
-    source_ = make_batch_source(dataset_, plan_);
+    if (mix_)
+        source_ = make_mix_source(members, *mix_);
+    else
+        source_ = make_batch_source(datasets_[0], plan_);
 }
 
 Loader::~Loader() {

@@ -26,7 +26,12 @@
 // else a scan of the training split: dstrain's rule); an integer label role
 // as classes (int32, or int64 with labels64); every other field as float32
 // values; with convert off, every field as stored (but an integer label with
-// labels64).
+// labels64). A mix's `dataset` and `index` fields stay as stored (int32 and
+// int64), and its normalised fields take the mix's statistics (mix_field_norm).
+//
+// A mix: several datasets as one source (mix_source.hpp), planned by
+// plan_mix; plan() then holds the mix's facts (samples and batches per epoch,
+// fields, ceilings) over its first member's settings, and mix_plan() the rest.
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -34,12 +39,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dstk/data/convert.hpp"
+#include "dstk/data/mix_plan.hpp"
 #include "dstk/data/source_plan.hpp"
 #include "dstk/dataset.hpp"
 
@@ -56,6 +63,11 @@ struct LoaderRequest {
     std::vector<float> mean, std;           // the input's, per channel; empty: field_norm
     bool labels64 = false;                  // an integer label role as int64 (else int32)
     unsigned keep = 2;                      // cuda: batches a consumer may hold besides the newest
+    // A mix (several datasets): one weight per member (empty: their sizes)
+    // and one placement for all or per member (empty: automatic); see
+    // mix_plan.hpp. The fields `dataset` and `index` are then available.
+    std::vector<double> weights;
+    std::vector<MixPlacement> mix_placements;
 };
 
 // One field as the consumer receives it.
@@ -81,11 +93,15 @@ struct DeviceBatch {
 class Loader {
   public:
     Loader(const std::filesystem::path& dir, const LoaderRequest& request);
+    // Two or more: a mix; one: the dataset (weights and mix_placements then
+    // are a usage error).
+    Loader(const std::vector<std::filesystem::path>& dirs, const LoaderRequest& request);
     ~Loader();
     Loader(const Loader&) = delete;
     Loader& operator=(const Loader&) = delete;
 
     const SourcePlan& plan() const { return plan_; }
+    const MixPlan* mix_plan() const { return mix_ ? &*mix_ : nullptr; }
     const std::vector<FieldOutput>& outputs() const { return outputs_; }
     bool on_gpu() const { return plan_.config.device.backend == Backend::cuda; }
     std::uint64_t samples() const { return plan_.samples; }
@@ -126,8 +142,9 @@ class Loader {
     void feed_loop();
     std::uint32_t feed_one(std::uint64_t turn);
 
-    Dataset dataset_;
+    std::vector<Dataset> datasets_; // one, or a mix's members
     SourcePlan plan_;
+    std::optional<MixPlan> mix_;
     std::vector<FieldOutput> outputs_;
     std::vector<std::vector<float>> inv_std_; // per output field (normalised ones)
     unsigned keep_;
