@@ -23,8 +23,8 @@ namespace dstk::py {
 namespace {
 
 struct LoaderArgs {
-    std::vector<std::string> paths; // one dataset, or a mix's members
-    std::vector<double> weights;    // a mix: one per member
+    std::vector<std::string> paths;      // one dataset, or a mix's members
+    std::vector<double> weights;         // a mix: one per member
     std::vector<std::string> placements; // a mix: one for all or per member (auto, device, host, stream)
     std::string split, placement, device, order, managed_policy, bench;
     std::vector<std::string> fields;

@@ -39,8 +39,12 @@ def test_readme_chess_loop_runs(tmp_path):
     assert seen == [(256, 12, 8, 8)] * 2
 
 
-def test_readme_tour_runs(images, monkeypatch):
-    code = tour_snippet().replace('"data/"', repr(str(images))).replace("batch=256", "batch=64").replace("[1000:1256]", "[100:356]")
+def test_readme_tour_runs(images, tmp_path, monkeypatch):
+    from conftest import tool
+    big = tmp_path / "big"  # the mix's second member: the shape of images, other samples
+    tool("dsgen", big, "--train", 300, "--test", 50, "--shape", "3x8x8", "--seed", 2, "-q", "-T", 1)
+    code = tour_snippet().replace('"data/"', repr(str(images))).replace('"big/"', repr(str(big)))
+    code = code.replace("batch=256", "batch=64").replace("[1000:1256]", "[100:356]")
     try:
         import torch
         gpu = dstk.built_with_cuda and torch.cuda.is_available()
@@ -55,3 +59,4 @@ def test_readme_tour_runs(images, monkeypatch):
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["x"].shape == (256, 3, 8, 8)
     assert scope["state"]["epoch"] == 1 and scope["state"]["batch"] == 0
+    assert [m["quota"] for m in scope["mix"].plan["mix"]["members"]] == [600, 300]

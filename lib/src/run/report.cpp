@@ -332,6 +332,14 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
         j["first_batch"] = o.first_batch;
         j["index_hashes"] = o.index_hashes;
     }
+    if (s.mix && s.mix->train) {
+        // Each member's samples in this epoch's batches, beside the plan's share and the mix's host ceiling.
+        j["mix_samples"] = s.mix->train->delivered();
+        nlohmann::json shares = nlohmann::json::array();
+        for (const data::MixMemberPlan& m : s.mix->plan.members) shares.push_back(m.share);
+        j["mix_planned_shares"] = shares;
+        j["mix_host_ceiling"] = s.mix->plan.host_bytes;
+    }
     log.emit(j);
 }
 

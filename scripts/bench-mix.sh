@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# A mix of datasets against one member on the GPU (issue 25's benchmark), in a
+# memory cgroup: four members of u8 3x32x32 of different sizes totalling 4x
+# the cgroup's limit, the two smallest kept in host memory (the page cache)
+# within the host budget, the two largest streamed from disk (O_DIRECT). It
+# prints
+#   - dstrain's samples/s on the mix (each epoch after the first, whose
+#     host-kept members are read from disk) against the device placement of
+#     one member of the same shape, the same model and batch (the speed
+#     reference): the issue's target is >= 95%;
+#   - the process's peak RSS against the host ceiling dstrain printed, and
+#     the mix plan's host ceiling (its sources + the host-kept members' bytes)
+#     against the cgroup's limit;
+#   - each member's share of the samples over an epoch against its weight's
+#     (the target: within 1%).
+#   scripts/bench-mix.sh [BIN_DIR] [LOG_DIR]
+# Needs root, a memory cgroup controller (v2 at /sys/fs/cgroup, or v1 at
+# /sys/fs/cgroup/memory) and a GPU. About 3 minutes on an H100 with the
+# defaults. Environment:
+#   DATA_DIR  where the members are made (default build/mix-data; removed at the end unless given)
+#   LIMIT     the cgroup's memory limit (default 4G); the members total 4 x LIMIT
+#   HOST_MEM  dstrain --host-mem, the mix's host budget (default 3/4 of LIMIT)
+#   EPOCHS    epochs of each run (default 3)
+#   MODEL     dstrain --model (default small-cnn); BATCH (default 512)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+bin=$(realpath "${1:-build/bin}")
+log=${2:-build/logs/mix}
+mkdir -p "$log" && log=$(realpath "$log")
+data=${DATA_DIR:-$PWD/build/mix-data}
+limit=${LIMIT:-4G}
+epochs=${EPOCHS:-3}
+model=${MODEL:-small-cnn}
+batch=${BATCH:-512}
+
+die() { echo "bench-mix: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "needs root (memory cgroups and dropping the page cache)"
+for t in dsgen dstrain; do [ -x "$bin/$t" ] || die "no $bin/$t (build the tools first)"; done
+command -v jq >/dev/null || die "needs jq"
+limit_bytes=$(numfmt --from=iec "$limit") || die "bad LIMIT '$limit'"
+host_mem=${HOST_MEM:-$((limit_bytes / 4 * 3))}
+host_mem_bytes=$(numfmt --from=iec "$host_mem") || die "bad HOST_MEM '$host_mem'"
+
+if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    cg=/sys/fs/cgroup/dstk-mix-$$
+    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    mkdir "$cg" || die "cannot create the cgroup $cg"
+    echo "$limit_bytes" >"$cg/memory.max"
+    echo 0 >"$cg/memory.swap.max" 2>/dev/null
+elif [ -d /sys/fs/cgroup/memory ]; then
+    cg=/sys/fs/cgroup/memory/dstk-mix-$$
+    mkdir "$cg" || die "cannot create the cgroup $cg"
+    echo "$limit_bytes" >"$cg/memory.limit_in_bytes"
+else
+    die "no memory cgroup controller (v2 /sys/fs/cgroup/cgroup.controllers or v1 /sys/fs/cgroup/memory)"
+fi
+cleanup() {
+    rmdir "$cg" 2>/dev/null
+    [ -z "${DATA_DIR:-}" ] && rm -rf "$data"
+}
+trap cleanup EXIT
+in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
+evict() {
+    sync
+    find "$@" -type f -exec dd if={} iflag=nocache count=0 status=none \;
+    echo 1 >/proc/sys/vm/drop_caches
+}
+
+# Members: 1/4, 3/8, 11/8 and 2 of LIMIT (4 x LIMIT in all); weights 4,3,2,1,
+# so member 0 has the largest weight-to-size ratio and an epoch is 2.5 times
+# its samples (10/4), of which the streamed members 2 and 3 take 30%.
+sample=3072
+parts=(2 3 11 16) # eighths of LIMIT
+weights=(4 3 2 1)
+members=()
+for i in 0 1 2 3; do
+    m=$data/m$i
+    n=$((limit_bytes / 8 * ${parts[$i]} / sample))
+    if [ ! -f "$m/dataset.json" ]; then
+        mkdir -p "$data"
+        "$bin/dsgen" "$m" --train "$n" --test 0 --shape 3x32x32 --dtype u8 --classes 10 --seed $((i + 1)) -q ||
+            die "dsgen $m failed"
+    fi
+    members+=("$m")
+done
+echo "members: $(for m in "${members[@]}"; do printf '%s (%s) ' "$(basename "$m")" "$(du -sh "$m" | cut -f1)"; done)"
+echo "cgroup $cg limit $limit, --host-mem $(numfmt --to=iec "$host_mem_bytes"), model $model, batch $batch, $epochs epochs"
+
+common=(--model "$model" --batch "$batch" --epochs "$epochs" --seed 1 --force)
+evict "${members[@]}"
+in_cgroup "$bin/dstrain" "${members[@]}" --weights "$(IFS=,; echo "${weights[*]}")" --placement host,host,stream,stream \
+    --host-mem "$host_mem_bytes" "${common[@]}" --log-json "$log/mix.jsonl" --save "$log/mix.safetensors" \
+    >"$log/mix.out" 2>"$log/mix.err" || die "dstrain on the mix failed: $log/mix.err"
+evict "${members[@]}"
+in_cgroup "$bin/dstrain" "${members[0]}" --data device "${common[@]}" --log-json "$log/device.jsonl" \
+    --save "$log/device.safetensors" >"$log/device.out" 2>"$log/device.err" ||
+    die "dstrain on one member (device) failed: $log/device.err"
+
+grep '^dstrain: mix' "$log/mix.err" | grep -v 'samples this epoch'
+# Epochs after the first (the first reads the host-kept members from disk).
+rate() { jq -s '[.[] | select(.event == "epoch" and .epoch > 1) | .samples_per_second] | add / length' "$1"; }
+mix_rate=$(rate "$log/mix.jsonl") dev_rate=$(rate "$log/device.jsonl")
+[ "$mix_rate" != null ] && [ "$dev_rate" != null ] || die "no epoch after the first in $log (EPOCHS >= 2)"
+printf 'samples/s (epochs 2..%s): mix %.0f, one member on the device %.0f: %.1f%% (target >= 95%%)\n' "$epochs" \
+    "$mix_rate" "$dev_rate" "$(jq -n "100 * $mix_rate / $dev_rate")"
+jq -rs --arg limit "$limit_bytes" '[.[] | select(.event == "epoch")] | last |
+    "peak RSS \(.host_peak_rss / 1048576 | floor) MiB, printed host ceiling \(.host_ceiling / 1048576 | floor) MiB: " +
+    (if .host_peak_rss <= .host_ceiling then "within" else "OVER by \((.host_peak_rss - .host_ceiling) / 1048576 | floor) MiB" end) +
+    "; the mix plan'"'"'s host ceiling \(.mix_host_ceiling / 1048576 | floor) MiB (page cache of the host-kept members included), cgroup limit \($limit | tonumber / 1048576 | floor) MiB"' \
+    "$log/mix.jsonl"
+jq -rs '.[] | select(.event == "epoch" and .first_batch == 0) |
+    (.mix_samples | add) as $n |
+    "epoch \(.epoch): " + ([range(0; .mix_samples | length) as $i |
+      "m\($i) \(100 * .mix_samples[$i] / $n * 100 | round / 100)% (weight \(100 * .mix_planned_shares[$i] * 100 | round / 100)%)"] |
+      join(", ")) +
+    "; largest gap \([range(0; .mix_samples | length) as $i | (100 * .mix_samples[$i] / $n - 100 * .mix_planned_shares[$i]) | fabs] | max * 1000 | round / 1000) points (target < 1)"' \
+    "$log/mix.jsonl"
