@@ -230,8 +230,29 @@ TEST(MixPlan, DescribedOneLinePerMemberAndAsJson) {
 
 TEST(MixPlan, MemberKeysFollowTheContentsNotThePath) {
     const Members& m = members();
-    EXPECT_NE(mix_member_key(m.ds[0], "train"), mix_member_key(m.ds[1], "train"));
+    EXPECT_NE(mix_member_key(m.ds[0]), mix_member_key(m.ds[1]));
     const auto copy = temp_path("mix_plan", "copy");
     std::filesystem::copy(m.ds[0].dir(), copy);
-    EXPECT_EQ(mix_member_key(Dataset::open(copy), "train"), mix_member_key(m.ds[0], "train"));
+    EXPECT_EQ(mix_member_key(Dataset::open(copy)), mix_member_key(m.ds[0]));
+}
+
+TEST(MixPlan, MembersWithTheSameTestSplitMixTheirTestSplits) {
+    // dsgen with one seed writes the same test split beside different train
+    // splits: the members are still two datasets.
+    std::vector<Dataset> ds;
+    for (std::uint64_t n : {200u, 300u}) {
+        const auto dir = temp_path("mix_plan", "same_test" + std::to_string(n));
+        write_u8_dataset(dir, Shape{{1, 32, 32}}, {{"train", n}, {"test", 50}}, 10,
+                         [](std::uint64_t k, std::span<std::uint8_t> b) {
+                             std::fill(b.begin(), b.end(), static_cast<std::uint8_t>(k));
+                             return 0;
+                         });
+        ds.push_back(Dataset::open(dir));
+    }
+    EXPECT_NE(mix_member_key(ds[0]), mix_member_key(ds[1]));
+    MixRequest r = request();
+    r.source.split = "test";
+    r.source.drop_last = false;
+    const MixPlan p = plan_mix({&ds[0], &ds[1]}, r, machine(8ull << 30));
+    EXPECT_EQ(p.positions, 100u);
 }

@@ -263,13 +263,16 @@ std::vector<MixMember> MixPlan::order_members() const {
     return out;
 }
 
-std::uint64_t mix_member_key(const Dataset& ds, std::string_view split) {
-    const SplitInfo& s = ds.manifest().split(split);
-    Xxh64 h(s.samples);
-    for (const FieldInfo& f : s.fields) {
-        h.update(f.name.data(), f.name.size() + 1);
-        h.update(f.checksum.data(), f.checksum.size() + 1);
-        for (const FieldPart& p : f.parts) h.update(p.checksum.data(), p.checksum.size() + 1);
+std::uint64_t mix_member_key(const Dataset& ds) {
+    Xxh64 h;
+    for (const SplitInfo& s : ds.manifest().splits) {
+        h.update(s.name.data(), s.name.size() + 1);
+        h.update(&s.samples, sizeof s.samples);
+        for (const FieldInfo& f : s.fields) {
+            h.update(f.name.data(), f.name.size() + 1);
+            h.update(f.checksum.data(), f.checksum.size() + 1);
+            for (const FieldPart& p : f.parts) h.update(p.checksum.data(), p.checksum.size() + 1);
+        }
     }
     return h.digest();
 }
@@ -290,7 +293,7 @@ MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& r
     for (std::size_t i = 0; i < members.size(); ++i) {
         MixMemberPlan mp;
         mp.dataset = members[i]->dir();
-        mp.key = mix_member_key(*members[i], base.split);
+        mp.key = mix_member_key(*members[i]);
         const std::uint64_t samples = members[i]->manifest().split(base.split).samples;
         mp.weight = r.weights.empty() ? static_cast<double>(samples) : r.weights[i];
         mp.source.samples = samples;

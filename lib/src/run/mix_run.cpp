@@ -91,7 +91,7 @@ std::vector<data::MixMember> MixRun::order_members() const {
     std::vector<data::MixMember> out;
     for (std::size_t i = 0; i < members.size(); ++i) {
         const std::uint64_t n = members[i].manifest().split("train").samples;
-        out.push_back({paths[i].string(), data::mix_member_key(members[i], "train"), n,
+        out.push_back({paths[i].string(), data::mix_member_key(members[i]), n,
                        weights.empty() ? static_cast<double>(n) : weights[i]});
     }
     return out;
@@ -138,9 +138,9 @@ std::optional<MixRun> open_mix(const TrainOptions& e, const DataOptions& d) {
     std::set<std::uint64_t> keys;
     for (const std::filesystem::path& p : m.paths) {
         m.members.push_back(Dataset::open(p));
-        if (!keys.insert(data::mix_member_key(m.members.back(), "train")).second)
+        if (!keys.insert(data::mix_member_key(m.members.back())).second)
             throw usage_error("dataset " + p.string() +
-                              " is in the mix twice (the same train split as another member); name each dataset "
+                              " is in the mix twice (the same contents as another member); name each dataset "
                               "once and give it a larger weight instead");
     }
     return m;

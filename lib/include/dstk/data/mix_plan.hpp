@@ -102,9 +102,10 @@ struct MixPlan {
     std::vector<MixMember> order_members() const;
 };
 
-// A member's identity across runs: its manifest's checksum of the split's
-// fields (a checkpoint matches members by it, not by path).
-std::uint64_t mix_member_key(const Dataset& ds, std::string_view split);
+// A member's identity across runs: an XXH64 of its splits' names, sample
+// counts and fields' names and checksums (a checkpoint matches members by
+// it, not by path). Two members of one mix with the same key are refused.
+std::uint64_t mix_member_key(const Dataset& ds);
 
 // Usage errors (naming the settings): fewer than one member, weights or
 // placements of another count than the members, a field one member lacks or
