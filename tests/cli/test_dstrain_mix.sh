@@ -67,6 +67,8 @@ expect_same "$WORK/whole.safetensors" "$WORK/part.safetensors"
 whole_hash=$(jq -r 'select(.event == "epoch") | .stages.batch_hash' "$WORK/whole.json" | tail -1)
 part_hash=$(jq -r 'select(.event == "epoch") | .stages.batch_hash' "$WORK/part.json" | tail -1)
 expect_true "the last epoch's batch contents agree" test "$whole_hash" = "$part_hash"
+expect_true "the batch contents are hashed" test "$(jq -r 'select(.event == "epoch") | .stages.batch_hash | type' \
+    "$WORK/whole.json" | sort -u)" = number
 
 # A resume with other weights, and with an added member, says what changed.
 C=("${T[@]}" --epochs 2)

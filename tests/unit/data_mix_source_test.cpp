@@ -187,7 +187,13 @@ TEST(MixSource, TheBatchesDoNotDependOnPlacementsOrReaders) {
     sa->start_epoch(1, 0);
     sb->start_epoch(1, 0);
     EXPECT_EQ(rest_of_epoch(*sa), rest_of_epoch(*sb));
-    EXPECT_EQ(sa->take_times().batch_hash, sb->take_times().batch_hash);
+    const auto ha = sa->take_times().batch_hash, hb = sb->take_times().batch_hash;
+    ASSERT_TRUE(ha.has_value());
+    EXPECT_EQ(ha, hb);
+    // Another epoch, other batches: another hash.
+    sa->start_epoch(2, 0);
+    (void)rest_of_epoch(*sa);
+    EXPECT_NE(sa->take_times().batch_hash, ha);
 }
 
 TEST(MixSource, RankSlicesTakeTheirGlobalBatches) {

@@ -289,6 +289,7 @@ MixPlan plan_mix(const std::vector<const Dataset*>& members, const MixRequest& r
     plan.slice = r.source.slice;
     plan.drop_last = r.source.drop_last;
     plan.seed = r.source.seed;
+    plan.hash_batches = r.source.hash_batches;
     std::vector<std::uint64_t> bytes;
     for (std::size_t i = 0; i < members.size(); ++i) {
         MixMemberPlan mp;

@@ -176,7 +176,7 @@ MixBatchSource::MixBatchSource(const std::vector<const Dataset*>& datasets, cons
         backing_ = std::make_unique<DeviceBacking>(plan.batch, c0.compute_stream);
     else
         backing_ = std::make_unique<HostBacking>(plan.batch);
-    hash_.on = c0.hash_batches && !cuda;
+    hash_.on = plan.hash_batches && !cuda;
     for (std::size_t i = 0; i < plan.members.size(); ++i) {
         SourcePlan sp = plan.members[i].source;
         sp.config.hash_batches = false;

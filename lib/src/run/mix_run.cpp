@@ -152,6 +152,7 @@ void open_mix_sources(Session& s, const data::SourceRequest& r, const OutputOpti
     MixRun& m = *s.mix;
     data::MixRequest mr;
     mr.source = r;
+    mr.source.hash_batches = !s.on_gpu() && s.hash_batches; // --log-json on the cpu
     mr.weights = m.weights;
     mr.placements = m.placements;
     const data::MachineFacts facts = data::machine_facts(s.device);

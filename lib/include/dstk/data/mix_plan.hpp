@@ -97,6 +97,7 @@ struct MixPlan {
     // two batches and the batch slot, over every field.
     std::uint64_t mix_bytes = 0;
     std::uint64_t seed = 0;
+    bool hash_batches = false; // cpu: the mix's batches hashed (StageTimes::batch_hash), not its members'
 
     // The members as MixOrder takes them.
     std::vector<MixMember> order_members() const;
