@@ -155,3 +155,30 @@ def test_mix_errors(members, tmp_path):
         dstk.Loader(dirs[0], weights=[1], device="cpu")
     with pytest.raises(ValueError, match="names no dataset"):
         dstk.Loader([], device="cpu")
+
+
+def gpu_ready():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return dstk.built_with_cuda and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not gpu_ready(), reason="needs a CUDA GPU, PyTorch with CUDA, and dstk built with CUDA")
+@pytest.mark.parametrize("placement", ["auto", ["device", "host", "stream"]])
+def test_gpu_mix_equals_the_cpu_mix(members, placement):
+    import torch
+    dirs, _ = members
+    names = ["x", "y", "aux", "dataset", "index"]
+    cpu = [dict(b) for b in loader(dirs, weights=[2, 1, 3], placement=placement)]
+    gpu = loader(dirs, weights=[2, 1, 3], placement=placement, device="cuda:0")
+    assert gpu.on_gpu
+    got = 0
+    for want, b in zip(cpu, gpu):
+        for name in names:
+            t = torch.from_dlpack(b[name])
+            assert t.is_cuda
+            assert torch.equal(t.cpu(), torch.from_numpy(np.asarray(want[name]))), name
+        got += 1
+    assert got == len(cpu) == len(gpu)
