@@ -12,6 +12,7 @@
 #   LIMIT     the cgroup's memory limit (default 512M)
 #   RUNS      fresh processes per figure (default 3); the median is reported
 #   CASE      the loader case (default loader.stream.chunk)
+#   CPUS      the CPUs both benchmarks run on (taskset -c; e.g. 0,1 for the issue's 2 cores; default all)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bin=$(realpath "${1:-build/bin}")
@@ -48,7 +49,9 @@ cleanup() {
     [ -z "${DATA_DIR:-}" ] && rm -rf "$data"
 }
 trap cleanup EXIT
-in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
+pin=()
+[ -n "${CPUS:-}" ] && pin=(taskset -c "$CPUS")
+in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "${pin[@]}" "$@"; }
 evict() {
     sync
     find "$1" -type f -exec dd if={} iflag=nocache count=0 status=none \;
@@ -61,7 +64,7 @@ if [ ! -f "$ds/dataset.json" ]; then
     "$bin/dsgen" "$ds" --train $((bytes / 3072)) --test 0 --shape 3x32x32 --dtype u8 -q ||
         die "dsgen failed"
 fi
-echo "dataset $ds ($(du -sh "$ds" | cut -f1)), cgroup $cg limit $limit, $runs runs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "dataset $ds ($(du -sh "$ds" | cut -f1)), cgroup $cg limit $limit, CPUs ${CPUS:-all} of $(nproc --all), $runs runs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # rate FILE KEY: the best rate of KEY in a dsbench JSON file (B/s).
 rate() { jq -r --arg k "$2" '[.results[] | select(.case == $k) | .metrics.rate.median] | max // empty' "$1"; }

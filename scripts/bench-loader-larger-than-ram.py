@@ -43,16 +43,29 @@ def touch(batch, np):
     return total
 
 
+def proc_status_bytes(key):
+    """VmRSS or VmHWM of this process in bytes. VmHWM, not ru_maxrss: ru_maxrss
+    survives fork and exec, so a worker would report the driver's peak (the
+    driver maps the data files while it writes them)."""
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def loader_worker(a):
     import numpy as np
     import dstk
     try:
         import torch
         gpu = torch.cuda.is_available()
+        if gpu:
+            torch.zeros(1, device="cuda")  # the CUDA context, before the baseline below
     except ImportError:
         torch, gpu = None, False
+    rss_before = proc_status_bytes("VmRSS")  # the interpreter, PyTorch and the CUDA context
     loader = dstk.Loader(a.dataset, fields=FIELDS, batch=a.batch, order="chunk", seed=0, placement="stream",
-                         output="torch" if gpu else "arrays")
+                         output="torch" if gpu else "arrays", **({"readers": a.readers} if a.readers else {}))
     t0, samples = time.perf_counter(), 0
     for b in loader:
         touch(b, np)
@@ -64,7 +77,7 @@ def loader_worker(a):
     s = time.perf_counter() - t0
     print(json.dumps({"samples_per_s": samples / s, "samples": samples, "seconds": s,
                       "host_ceiling": loader.host_bytes, "device": loader.device, "plan": loader.describe(),
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                      "rss_before": rss_before, "peak_rss": proc_status_bytes("VmHWM")}))
 
 
 class MemmapChess:
@@ -103,7 +116,7 @@ def numpy_worker(a):
             break
     s = time.perf_counter() - t0
     print(json.dumps({"samples_per_s": samples / s, "samples": samples, "seconds": s,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "peak_rss": proc_status_bytes("VmHWM"),
                       "children_peak_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
 
 
@@ -153,6 +166,7 @@ def disk_rate(cg, bindir, ds, out, size):
 
 def worker_run(cg, a, way, ds):
     p = cg.run([sys.executable, os.path.abspath(__file__), "--worker", way, "--dataset", ds, "--batch", str(a.batch),
+                "--readers", str(a.readers),
                 "--seconds", str(a.seconds)], os.path.join(a.out, "runs.log"))
     if p.returncode != 0:
         sys.exit(f"bench-loader-larger-than-ram: the {way} run failed (rc {p.returncode}); see {a.out}/runs.log")
@@ -168,6 +182,7 @@ def main():
     ap.add_argument("--positions", default="20M", help="chess positions (K M G: powers of 1000)")
     ap.add_argument("--limit", default="8G", help="the memory cgroup's limit")
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--readers", type=int, default=0, help="the loader's reader threads (default: its plan's)")
     ap.add_argument("--seconds", type=float, default=60, help="timed seconds of each run")
     ap.add_argument("--work", default="/var/tmp/dstk-ltr-chess", help="data folder, on disk")
     ap.add_argument("--out", default=os.environ.get("OUT", "build-gpu/ltr-chess"), help="logs and JSON")
@@ -211,7 +226,9 @@ def main():
              f"{a.seconds:g} s a run, device {d['device']}",
              f"  disk (random 4 MiB chunks, cold, best of 1/4/16 threads) {disk / 1e9:.3f} GB/s",
              f"  dstk.Loader  {d['samples_per_s']:12,.0f} samples/s  {rate / 1e9:.3f} GB/s = {rate / disk:.1%} of the "
-             f"disk; peak RSS {gib(d['peak_rss'])}, host ceiling printed {gib(d['host_ceiling'])}"]
+             f"disk; peak RSS {gib(d['peak_rss'])} = {gib(d['rss_before'])} before the loader (Python, PyTorch, "
+             f"CUDA) + {gib(d['peak_rss'] - d['rss_before'])} against the host ceiling printed "
+             f"{gib(d['host_ceiling'])}"]
     lines += [f"    {line}" for line in d["plan"]]
     if m:
         lines.append(f"  np.load(mmap) + DataLoader {m['samples_per_s']:12,.0f} samples/s; peak RSS "

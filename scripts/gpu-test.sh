@@ -10,6 +10,9 @@
 #                     kernel-choice (issue 18: 10 fresh processes per precision from
 #                     an empty kernel choice cache; not in "all", ~4 minutes)
 #                     bench-larger-than-ram (issue 13: root, cgroup v2; not in "all", ~7 minutes)
+#                     loader-cgroup (issue 23: dsbench's loader.stream.chunk against the disk's
+#                     random chunks on 2 CPUs in a 512 MiB cgroup, scripts/bench-loader-cgroup.sh;
+#                     root; not in "all", ~3 minutes)
 #                     bench-dist (issue 17: the N=1 NCCL path against the plain one,
 #                     scripts/bench-dist.sh; not in "all", ~4 minutes)
 #                     python-loader (only when named: builds the Python package offline
@@ -107,6 +110,8 @@ if [ "$benches" != none ]; then
         scripts/bench-train.sh build-gpu "$work/train"
     named kernel-choice && SUMMARY_RE='bf16/tf32|FAIL' step kernel-choice 420 scripts/bench-kernel-choice.sh build-gpu "$log"
     named bench-dist && SUMMARY_RE='mpirun -np 1 / plain|FAIL' step bench-dist 360 scripts/bench-dist.sh build-gpu/bin "$log"
+    named loader-cgroup && SUMMARY_RE='median' step loader-cgroup 300 env CPUS=0,1 \
+        scripts/bench-loader-cgroup.sh build-gpu/bin "$log/loader-cgroup"
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
