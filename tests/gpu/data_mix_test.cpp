@@ -1,7 +1,8 @@
 // A mix on the GPU: the cuda mix source (member batches staged by device
 // copies, gathered by one kernel per field on the compute stream) delivers
 // the same batches as the cpu one, every member placement on cuda (device,
-// host, stream), fresh and resumed mid-epoch, and holds the memory it planned.
+// host, stream), fresh and resumed mid-epoch, and holds the memory it planned;
+// dstrain trains on a mix on the GPU within the memory ceiling it printed.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,6 +11,8 @@
 
 #include "dstk/data/mix_source.hpp"
 #include "dstk/gpu_info.hpp"
+#include "dstk/output.hpp"
+#include "dstk/run/train_run.hpp"
 #include "dstk/gpu_runtime.hpp"
 #include "support/test_dataset.hpp"
 
@@ -117,4 +120,36 @@ TEST(GpuMix, TheCudaMixDeliversTheCpuMixsBatches) {
     ASSERT_EQ(rest.size(), want.size() - k);
     for (std::size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], want[k + i]) << "batch " << k + i;
     EXPECT_LE(g->device_bytes(), gpu_plan.device_bytes);
+}
+
+TEST(GpuMix, DstrainTrainsOnAMixWithinItsCeiling) {
+    if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
+    run::TrainOptions e;
+    for (std::uint64_t m = 0; m < 3; ++m) {
+        const auto dir = temp_path("gpu_mix_train", std::to_string(m));
+        write_u8_dataset(dir, Shape{{3, 16, 16}}, {{"train", 3000 + 1000 * m}, {"test", 300}}, 10,
+                         [m](std::uint64_t i, std::span<std::uint8_t> b) {
+                             for (std::size_t j = 0; j < b.size(); ++j)
+                                 b[j] = static_cast<std::uint8_t>(i * 3 + j + m * 17);
+                             return static_cast<std::int32_t>(i % 10);
+                         });
+        e.datasets.push_back(dir);
+    }
+    e.dataset = e.datasets[0];
+    e.model = "conv3x3:16,bn,relu,maxpool2,flatten,heads(cls=fc:10>ce:y, source=fc:3>ce:dataset)";
+    e.epochs = 2;
+    e.batch = 128;
+    e.device = dstk::Device{dstk::Backend::cuda, 0};
+    e.files.save = {e.datasets[0] / "model.safetensors"};
+    run::DataOptions d;
+    d.weights = {2, 1, 1};
+    d.placements = {"device", "host", "stream"};
+    OutputOptions out;
+    out.quiet = true;
+    out.json = true;
+    const run::RunReport r = run::run_training(e, d, out);
+    ASSERT_EQ(r.epochs.size(), 2u);
+    EXPECT_LE(r.peak_device_bytes, r.memory_ceiling) << r.memory_method;
+    EXPECT_GT(r.data_device_bytes, 0u);
+    for (const auto& dir : e.datasets) std::filesystem::remove_all(dir);
 }
