@@ -116,6 +116,73 @@ nlohmann::json epoch_json(const EpochEstimate& e) {
             {"limited_by", e.limited_by ? nlohmann::json(data::stage_name(*e.limited_by)) : nlohmann::json(nullptr)}};
 }
 
+// What dstrain would ask of the mix, on the machine planned for: --gpu-mem
+// plans for a GPU of that much free memory (on this machine or another),
+// --ram for that much RAM, whose budget is the mix's host budget.
+data::MixRequest mix_request(const PlanOptions& o, const DataSpec& sample, const Budgets& b,
+                             std::optional<std::uint64_t> model_bytes, data::MachineFacts& machine) {
+    data::MixRequest request;
+    // Every field of the samples (the sizes count them all), whatever the roles.
+    for (const FieldSpec& f : sample.fields) request.source.fields.push_back(f.name);
+    request.source.placement = data::parse_placement(o.data, "--data");
+    request.source.device = data::default_device();
+    request.source.order = data::parse_order(o.order, "--order");
+    request.source.batch = o.batch;
+    if (o.bench.empty() || o.prefetch != PlanOptions{}.prefetch) request.source.prefetch = o.prefetch;
+    request.source.bench = o.bench;
+    request.source.reserved_device_bytes = model_bytes.value_or(0);
+    request.source.names = flag_of;
+    request.weights = o.weights;
+    const bool gpu_given = b.gpu.known() && b.gpu.source == Source::given;
+    if (gpu_given) request.source.device = Device{Backend::cuda, 0};
+    machine = data::machine_facts(request.source.device);
+    if (gpu_given) {
+        machine.gpu_free = b.gpu.bytes;
+        machine.gpu_missing.clear();
+    }
+    if (b.ram.known()) {
+        request.source.host_mem = b.ram.bytes;
+        if (b.ram.source == Source::given) machine.host_available = b.ram.bytes;
+    }
+    return request;
+}
+
+// The members' sizes by dtype and their shares (the plan's, else the ones
+// the weights ask for), then which stay in RAM under each dtype.
+void size_members(MixReport& r, const std::vector<NamedData>& members, const std::vector<double>& weights,
+                  const Budgets& b) {
+    const auto weight = [&](std::size_t i) {
+        return weights.empty() ? static_cast<double>(members[i].data.train) : weights.at(i);
+    };
+    double all = 0;
+    for (std::size_t k = 0; k < members.size(); ++k) all += weight(k);
+    r.dtypes = {DType::u8, DType::bf16, DType::f32};
+    r.total.assign(r.dtypes.size(), 0);
+    for (std::size_t i = 0; i < members.size(); ++i) {
+        MixMemberSizes s;
+        s.name = members[i].name;
+        s.train = members[i].data.train;
+        s.draws = r.plan_error.empty() ? r.plan.members[i].quota : 0;
+        s.share = r.plan_error.empty() ? r.plan.members[i].share : all > 0 ? weight(i) / all : 0;
+        for (std::size_t t = 0; t < r.dtypes.size(); ++t) {
+            DataSpec d = with_dtype(members[i].data, r.dtypes[t]);
+            d.test = 0;
+            s.bytes.push_back(dataset_bytes(d));
+            r.total[t] += s.bytes.back();
+        }
+        s.in_ram.assign(r.dtypes.size(), false);
+        r.members.push_back(std::move(s));
+    }
+    for (std::size_t t = 0; t < r.dtypes.size(); ++t) {
+        std::uint64_t used = 0;
+        for (const std::size_t i : keep_order(r.members, t)) {
+            MixMemberSizes& m = r.members[i];
+            m.in_ram[t] = b.ram.known() && used + m.bytes[t] <= b.ram.bytes;
+            if (m.in_ram[t]) used += m.bytes[t];
+        }
+    }
+}
+
 } // namespace
 
 std::optional<MixReport> mix_report(const PlanOptions& o, const std::vector<NamedData>& members, const Budgets& b,
@@ -133,32 +200,8 @@ std::optional<MixReport> mix_report(const PlanOptions& o, const std::vector<Name
         opened.push_back(std::make_unique<Dataset>(Dataset::open(m.name)));
         datasets.push_back(opened.back().get());
     }
-    data::MixRequest request;
-    // Every field of the samples (the sizes above count them all), whatever the roles.
-    for (const FieldSpec& f : members.front().data.fields) request.source.fields.push_back(f.name);
-    request.source.placement = data::parse_placement(o.data, "--data");
-    request.source.device = data::default_device();
-    request.source.order = data::parse_order(o.order, "--order");
-    request.source.batch = o.batch;
-    if (o.bench.empty() || o.prefetch != PlanOptions{}.prefetch) request.source.prefetch = o.prefetch;
-    request.source.bench = o.bench;
-    request.source.reserved_device_bytes = model_bytes.value_or(0);
-    request.source.names = flag_of;
-    request.weights = o.weights;
-    // The machine planned for: --gpu-mem plans for a GPU of that much free
-    // memory (on this machine or another), --ram for that much RAM, whose
-    // budget is the mix's host budget.
-    if (b.gpu.known() && b.gpu.source == Source::given) request.source.device = Device{Backend::cuda, 0};
-    data::MachineFacts machine = data::machine_facts(request.source.device);
-    if (b.gpu.known() && b.gpu.source == Source::given) {
-        machine.gpu_free = b.gpu.bytes;
-        machine.gpu_missing.clear();
-    }
-    if (b.ram.known()) {
-        request.source.host_mem = b.ram.bytes;
-        if (b.ram.source == Source::given) machine.host_available = b.ram.bytes;
-    }
-
+    data::MachineFacts machine;
+    const data::MixRequest request = mix_request(o, members.front().data, b, model_bytes, machine);
     MixReport r;
     try {
         r.plan = data::plan_mix(datasets, request, machine);
@@ -168,39 +211,7 @@ std::optional<MixReport> mix_report(const PlanOptions& o, const std::vector<Name
         r.plan_error = e.what();
     }
     r.ram_budget = b.ram.known() ? b.ram.bytes : 0;
-    r.dtypes = {DType::u8, DType::bf16, DType::f32};
-    r.total.assign(r.dtypes.size(), 0);
-    for (std::size_t i = 0; i < members.size(); ++i) {
-        MixMemberSizes s;
-        s.name = members[i].name;
-        s.train = members[i].data.train;
-        if (r.plan_error.empty()) {
-            s.draws = r.plan.members[i].quota;
-            s.share = r.plan.members[i].share;
-        } else { // the shares the weights ask for
-            const double w = o.weights.empty() ? static_cast<double>(s.train) : o.weights.at(i);
-            double all = 0;
-            for (std::size_t k = 0; k < members.size(); ++k)
-                all += o.weights.empty() ? static_cast<double>(members[k].data.train) : o.weights.at(k);
-            s.share = all > 0 ? w / all : 0;
-        }
-        for (std::size_t t = 0; t < r.dtypes.size(); ++t) {
-            DataSpec d = with_dtype(members[i].data, r.dtypes[t]);
-            d.test = 0;
-            s.bytes.push_back(dataset_bytes(d));
-            r.total[t] += s.bytes.back();
-        }
-        r.members.push_back(std::move(s));
-    }
-    for (std::size_t t = 0; t < r.dtypes.size(); ++t) {
-        std::uint64_t used = 0;
-        for (MixMemberSizes& m : r.members) m.in_ram.resize(r.dtypes.size());
-        for (const std::size_t i : keep_order(r.members, t)) {
-            MixMemberSizes& m = r.members[i];
-            m.in_ram[t] = b.ram.known() && used + m.bytes[t] <= b.ram.bytes;
-            if (m.in_ram[t]) used += m.bytes[t];
-        }
-    }
+    size_members(r, members, o.weights, b);
     Job job;
     job.batch = o.batch;
     job.prefetch = o.prefetch;
