@@ -248,6 +248,36 @@ assert [x["train"] for x in d["datasets"]] == [300, 120]
     expect_stdout "dataset +$WORK/r2: 120 train \+ 20 test"
     expect_stdout "samples +420 train \+ 40 test = 460 \(2 datasets\)"
     expect_stdout "on disk +$(( $(files_bytes "$WORK/r1" "$WORK/r2") / 1024 ))\.[0-9] KiB \(already there\)"
+    # A mix (issue 25): each member's training split as u8, bf16 and f32, which are kept in RAM,
+    # the plan dstrain builds (one line per member) and the epoch.
+    expect_exit 0 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2" --ram 16G --disk 1T --weights 1,3 --batch 32
+    expect_stdout "^mix \(2 datasets; training splits"
+    expect_stdout "^  $WORK/r1 +300 +25\.0% +525\.0 KiB +yes +904\.7 KiB +yes"
+    expect_stdout "^  $WORK/r2 +120 +75\.0%"
+    expect_stdout "^  total .* 2/2"
+    expect_stdout "^  mix: 0 $WORK/r1 \(300 samples, 25\.0% of draws\)"
+    expect_stdout "^  mix: 1 $WORK/r2 \(120 samples, 75\.0% of draws\)"
+    expect_stdout "^mix epoch \(160 draws\)"
+    # Under a RAM budget that keeps one member as f32: the one drawn most per byte (r2: 3x the
+    # weight on 0.4x the samples), and the plan streams the other.
+    expect_exit 0 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2" --ram 1560K --os-reserve 0 --headroom 0 \
+        --disk 1T --weights 1,3 --batch 32 --json
+    expect_true "a budget of 1,560 KiB keeps r2 as f32 and not r1" "${PY:-python3}" -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["mix"]
+r1, r2 = m["members"]
+assert r1["bytes"]["f32"] == 300 * (1296 * 4 + 496) and r2["bytes"]["f32"] == 120 * (1296 * 4 + 496), m["members"]
+assert (r1["in_ram"]["f32"], r2["in_ram"]["f32"]) == (False, True), m["members"]
+assert (r1["in_ram"]["u8"], r2["in_ram"]["u8"]) == (True, True), m["members"]
+assert [x["quota"] for x in m["plan"]["members"]] == [40, 120], m["plan"]["members"]
+assert m["ram_budget"] == 1560 * 1024
+' "$OUT"
+    expect_exit 2 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2" --ram 16G --weights 1,2,3
+    expect_stderr "--weights gives 3 weights for 2 --dataset; give one per dataset"
+    expect_exit 0 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2" --ram 16G --weights 1,3
+    expect_stdout "mix data path: not planned: --batch 256 is larger than the mix's epoch \(160 samples\)"
+    expect_exit 2 "$P" --dataset "$WORK/r1" --ram 16G --weights 2
+    expect_stderr "--weights needs several --dataset"
     expect_exit 2 "$P" --dataset "$WORK/r1" --dataset "$WORK/other" --ram 16G
     expect_stderr "'$WORK/other' has fields x f32\[3\] but '$WORK/r1' has stim u8\[1x36x36\], robs f32\[120\], behavior f32\[4\]"
     expect_exit 2 "$P" --dataset "$WORK/r1" --field a:1:u8 --ram 16G

@@ -23,18 +23,6 @@ std::uint64_t headroom_of(std::uint64_t bytes, std::uint32_t ppm) {
     return static_cast<std::uint64_t>((u128{bytes} * ppm + (million - 1)) / million);
 }
 
-// The data with the input field stored as `t` (nullopt, or no input field: as it is).
-DataSpec with_dtype(const DataSpec& d, std::optional<DType> t) {
-    DataSpec c = d;
-    if (t && d.input && *t != d.fields[*d.input].dtype) {
-        c.fields[*d.input].dtype = *t;
-        c.stored_bytes.reset(); // a converted dataset is a new one, in the npy layout
-        c.on_disk = false;
-        c.compressed = false;
-    }
-    return c;
-}
-
 std::uint64_t header_bytes(DType t, std::uint64_t n, const Shape& shape) {
     std::vector<std::uint64_t> dims{n};
     dims.insert(dims.end(), shape.dims.begin(), shape.dims.end());
@@ -240,6 +228,18 @@ DataSpec input_and_label(const Shape& shape, DType dtype, std::optional<DType> l
         d.label = 1;
     }
     return d;
+}
+
+// The data with the input field stored as `t` (nullopt, or no input field: as it is).
+DataSpec with_dtype(const DataSpec& d, std::optional<DType> t) {
+    DataSpec c = d;
+    if (t && d.input && *t != d.fields[*d.input].dtype) {
+        c.fields[*d.input].dtype = *t;
+        c.stored_bytes.reset(); // a converted dataset is a new one, in the npy layout
+        c.on_disk = false;
+        c.compressed = false;
+    }
+    return c;
 }
 
 std::uint64_t input_bytes_per_sample(const DataSpec& d) {

@@ -19,6 +19,7 @@
 #include "dstk/train/trainer.hpp"
 #include "dstk/units.hpp"
 #include "plan/data_path.hpp"
+#include "plan/mix_report.hpp"
 
 namespace dstk::plan {
 namespace {
@@ -752,13 +753,16 @@ void run_plan(const PlanOptions& o) {
     if (in.require) passed = v->fit != Fit::none && at_least(v->fit, *in.require);
 
     const std::optional<data::SourcePlan> data_path = data_path_plan(o, in.job.model_bytes);
+    const std::optional<MixReport> mix = mix_report(o, in.datasets, b, in.rates, in.compute_rate, in.job.model_bytes);
     if (o.out.json) {
         json doc = to_json(in, b, caps, v, path, e, table, table_types, passed);
         doc["data_path"] = data_path ? data::plan_json(*data_path) : json(nullptr);
+        doc["mix"] = mix ? mix_report_json(*mix) : json(nullptr);
         std::cout << doc.dump(2) << "\n";
     } else if (!o.out.quiet || !in.require) {
         print_text(in, b, caps, v, path, e, table, table_types);
         if (data_path) print_data_path(*data_path);
+        if (mix) print_mix_report(*mix);
     }
     std::cout.flush();
     std::fflush(stdout);

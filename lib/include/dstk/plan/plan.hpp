@@ -96,6 +96,8 @@ struct DataSpec {
 // scalar label field "y" (what --shape, --dtype and --label-dtype describe).
 DataSpec input_and_label(const Shape& shape, DType dtype, std::optional<DType> label);
 
+// The data with the input field stored as `t` (nullopt, or no input field: as it is).
+DataSpec with_dtype(const DataSpec& d, std::optional<DType> t);
 std::uint64_t input_bytes_per_sample(const DataSpec& d); // 0 without an input field
 std::uint64_t label_bytes_per_sample(const DataSpec& d); // 0 without a label field
 std::uint64_t bytes_per_sample(const DataSpec& d);       // every field
@@ -235,7 +237,8 @@ struct PlanOptions {
     std::string order = "chunk";
     std::string data = "auto"; // the placement the epoch is estimated for: auto, device or stream
     std::string os_reserve = "10G", headroom = "20%";
-    std::string bench; // dsbench --json output
+    std::string bench;           // dsbench --json output
+    std::vector<double> weights; // several --dataset: the mix's weights, one per dataset (default: their sizes)
     bool table = false, check = false;
     std::string require; // with --check: the worst placement that passes (default disk)
     OutputOptions out;
