@@ -13,6 +13,9 @@
 #                     loader-cgroup (issue 23: dsbench's loader.stream.chunk against the disk's
 #                     random chunks on 2 CPUs in a 512 MiB cgroup, scripts/bench-loader-cgroup.sh;
 #                     root; not in "all", ~3 minutes)
+#                     bench-mix (issue 25: a mix of four members totalling 4x a memory cgroup
+#                     against one member on the device, scripts/bench-mix.sh; root; not in
+#                     "all", ~3 minutes)
 #                     bench-dist (issue 17: the N=1 NCCL path against the plain one,
 #                     scripts/bench-dist.sh; not in "all", ~4 minutes)
 #                     python-loader (only when named: builds the Python package offline
@@ -112,6 +115,7 @@ if [ "$benches" != none ]; then
     named bench-dist && SUMMARY_RE='mpirun -np 1 / plain|FAIL' step bench-dist 360 scripts/bench-dist.sh build-gpu/bin "$log"
     named loader-cgroup && SUMMARY_RE='median' step loader-cgroup 300 env CPUS=0,1 \
         scripts/bench-loader-cgroup.sh build-gpu/bin "$log/loader-cgroup"
+    named bench-mix && SUMMARY_RE='target|ceiling' step bench-mix 360 scripts/bench-mix.sh build-gpu/bin "$log/mix"
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
