@@ -25,23 +25,43 @@ std::uint64_t left_before(std::uint64_t i, std::uint64_t a, std::uint64_t n, std
     return static_cast<std::uint64_t>((static_cast<unsigned __int128>(i) * a + phase) / n);
 }
 
+} // namespace
+
 // The tree over a segment's members, walked from the root: at each node the
-// range [lo, hi) of members, its positions and the left subtree's share.
-struct Walk {
-    const MixSegment& s;
+// range [lo, hi) of members, its positions and the left subtree's share. The
+// prefix sums and (for trees of up to max_tabled members) every node's phase
+// are computed once per segment: a draw is then a few integer steps per
+// level, which a mix source takes for every sample of every batch.
+struct MixOrder::Walk {
+    static constexpr std::size_t max_tabled = 1u << 16;
     std::vector<std::uint64_t> prefix; // prefix[j]: draws of members [0, j)
+    std::vector<std::uint64_t> phases; // by node id (heap numbering, root 1); empty: computed per draw
     std::uint64_t seed, epoch;
     std::size_t segment;
 
     Walk(const MixSegment& seg, std::uint64_t sd, std::uint64_t ep, std::size_t index)
-        : s(seg), prefix(seg.count.size() + 1, 0), seed(sd), epoch(ep), segment(index) {
+        : prefix(seg.count.size() + 1, 0), seed(sd), epoch(ep), segment(index) {
         std::partial_sum(seg.count.begin(), seg.count.end(), prefix.begin() + 1);
+        if (seg.count.size() <= max_tabled) {
+            phases.assign(4 * seg.count.size() + 1, 0);
+            table(0, seg.count.size(), 1);
+        }
     }
-    std::uint64_t phase(std::uint64_t node, std::uint64_t n) const { return node_phase(seed, epoch, segment, node, n); }
+    void table(std::size_t lo, std::size_t hi, std::uint64_t node) {
+        if (hi - lo <= 1) return;
+        const std::size_t mid = lo + (hi - lo) / 2;
+        const std::uint64_t n = prefix[hi] - prefix[lo];
+        phases[node] = n == 0 ? 0 : node_phase(seed, epoch, segment, node, n);
+        table(lo, mid, 2 * node);
+        table(mid, hi, 2 * node + 1);
+    }
+    std::uint64_t phase(std::uint64_t node, std::uint64_t n) const {
+        return phases.empty() ? node_phase(seed, epoch, segment, node, n) : phases[node];
+    }
 
     // The member dealt position i of the segment, and its draw within it.
     std::pair<std::size_t, std::uint64_t> draw(std::uint64_t i) const {
-        std::size_t lo = 0, hi = s.count.size();
+        std::size_t lo = 0, hi = prefix.size() - 1;
         std::uint64_t node = 1;
         while (hi - lo > 1) {
             const std::size_t mid = lo + (hi - lo) / 2;
@@ -69,6 +89,8 @@ struct Walk {
         taken(mid, hi, 2 * node + 1, i - left, out);
     }
 };
+
+namespace {
 
 void check_members(const std::vector<MixMember>& members) {
     if (members.empty()) throw usage_error("a mix needs at least one member dataset");
@@ -140,6 +162,8 @@ MixOrder::MixOrder(std::uint64_t seed, std::uint64_t epoch, std::vector<MixSegme
         }
         member_index_.push_back(std::move(index));
     }
+    for (std::size_t i = 0; i < segments_.size(); ++i)
+        walks_.push_back(std::make_shared<const Walk>(segments_[i], seed_, epoch_, i));
 }
 
 std::uint64_t MixOrder::size() const {
@@ -156,7 +180,7 @@ MixDraw MixOrder::operator[](std::uint64_t position) const {
     if (position >= size()) throw std::out_of_range("mix position past the end of the epoch");
     std::size_t si = 0;
     const MixSegment& s = segment_of(position, si);
-    const auto [m, t] = Walk(s, seed_, epoch_, si).draw(position - s.start);
+    const auto [m, t] = walks_[si]->draw(position - s.start);
     return {member_index_[si][m], s.base[m] + t};
 }
 
@@ -164,7 +188,7 @@ std::vector<std::uint64_t> MixOrder::taken(std::uint64_t position) const {
     std::size_t si = 0;
     const MixSegment& s = segment_of(std::min(position, size()), si);
     std::vector<std::uint64_t> within(s.keys.size(), 0);
-    Walk(s, seed_, epoch_, si).taken(0, s.keys.size(), 1, std::min(position, size()) - s.start, within);
+    walks_[si]->taken(0, s.keys.size(), 1, std::min(position, size()) - s.start, within);
     std::vector<std::uint64_t> out(keys().size(), 0);
     for (std::size_t m = 0; m < s.keys.size(); ++m)
         if (member_index_[si][m] < out.size()) out[member_index_[si][m]] = s.base[m] + within[m];
@@ -176,7 +200,7 @@ MixOrder MixOrder::resumed(std::uint64_t position, const std::vector<MixMember>&
     std::size_t si = 0;
     const MixSegment& s = segment_of(position, si);
     std::vector<std::uint64_t> had(s.keys.size(), 0);
-    Walk(s, seed_, epoch_, si).taken(0, s.keys.size(), 1, position - s.start, had);
+    walks_[si]->taken(0, s.keys.size(), 1, position - s.start, had);
     const std::vector<std::uint64_t> quota = mix_quotas(members);
     MixSegment next;
     next.start = position;

@@ -160,6 +160,7 @@ class MixBatchSource final : public MixSource {
     std::vector<std::uint64_t> field_bytes_;
     std::vector<void*> staging_, slot_; // per stored field; per batch field
     std::uint64_t ring_rows_;
+    bool wants_index_ = false; // the index field is delivered: each draw's row in its member
     Placement placement_ = Placement::device;
     std::unique_ptr<MixOrder> order_;
     std::uint64_t next_ = 0, total_ = 0, batches_ = 0;
@@ -197,6 +198,7 @@ MixBatchSource::MixBatchSource(const std::vector<const Dataset*>& datasets, cons
         stored_.push_back(at);
         field_bytes_.push_back(f.sample_bytes());
         slot_.push_back(backing_->allocate(std::uint64_t{plan.batch} * f.sample_bytes()));
+        wants_index_ = wants_index_ || f.name == index_field;
         batch_.fields.push_back(f);
     }
 }
@@ -288,7 +290,7 @@ const Batch* MixBatchSource::next() {
         Member& m = members_[draws[j].member];
         t.staging_row[j] = draws[j].member * ring_rows_ + draws[j].local % ring_rows_;
         t.dataset[j] = static_cast<std::int32_t>(draws[j].member);
-        t.index[j] = static_cast<std::int64_t>((*m.epoch_order)[draws[j].local]);
+        if (wants_index_) t.index[j] = static_cast<std::int64_t>((*m.epoch_order)[draws[j].local]);
         m.delivered += 1;
     }
     backing_->upload(n);

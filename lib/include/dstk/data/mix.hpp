@@ -27,6 +27,7 @@
 // taken twice and none that was taken is skipped; the segments are what a
 // checkpoint stores to resume the epoch again exactly.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,10 @@ class MixOrder {
     std::vector<MixSegment> segments_;
     // Per segment, the last segment's member index of each of its members.
     std::vector<std::vector<std::uint32_t>> member_index_;
+    // Per segment, its tree with the prefix sums and phases computed once
+    // (shared: immutable, and an order is copied where it is resumed).
+    struct Walk;
+    std::vector<std::shared_ptr<const Walk>> walks_;
 };
 
 } // namespace dstk::data
