@@ -70,10 +70,12 @@ ChannelNorm input_norm(const Norms& norms, const BatchField& f, const LoaderRequ
 
 std::vector<FieldOutput> outputs_of(const Norms& norms, const SourcePlan& plan, const LoaderRequest& r) {
     const Dataset& ds = norms.datasets[0];
-    for (const auto& [name, kind] : r.kinds)
+    for (const auto& entry : r.kinds) {
+        const std::string& name = entry.first; // not a structured binding: clang 14 cannot capture one
         if (std::none_of(plan.fields.begin(), plan.fields.end(), [&](const BatchField& f) { return f.name == name; }))
             throw usage_error(spell(r.source.names, "convert") + " names '" + name +
                               "', which is not among the fields delivered; name one of the fields");
+    }
     std::vector<FieldOutput> out;
     for (const BatchField& f : plan.fields) {
         FieldOutput o{f.name, f.dtype, f.dtype, f.shape, default_kind(ds.manifest(), f, r, norms.mix != nullptr), {}};

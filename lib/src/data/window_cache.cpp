@@ -1,6 +1,8 @@
 #include "dstk/data/window_cache.hpp"
 #include "clock.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -29,7 +31,7 @@ std::uint64_t group_chunks(const OrderConfig& order) {
 } // namespace
 
 void WindowCache::BufferFree::operator()(std::uint8_t* p) const noexcept {
-    std::free(p);
+    ::munmap(p, bytes);
 }
 
 // Buffers are counted when allocated and never uncounted: freed ones (the
@@ -94,10 +96,16 @@ void WindowCache::reset_locked() {
 
 void WindowCache::start(const EpochOrder& order, std::uint64_t first) {
     std::unique_lock lock(mutex_);
-    reset_locked();
+    queue_.clear();
     // Loads in flight hold chunks of the previous epoch: let them land first,
     // so that memory never holds two epochs' reads.
     ready_.wait(lock, [&] { return loading_ == 0; });
+    // The abandoned windows' buffers go to the pool, not back to malloc: a
+    // restart (every epoch of a mix's members, every resume) would otherwise
+    // leave freed chunks in the allocator's arenas while new ones are taken,
+    // and the process would outgrow its planned ceiling epoch after epoch.
+    for (Group& g : groups_) recycle_locked(g);
+    reset_locked();
     order_ = &order;
     const bool in_file_order = order.config().kind != Order::chunk;
     chunk_samples_ = std::max<std::uint64_t>(order.config().chunk_samples, 1);
@@ -243,18 +251,23 @@ void WindowCache::gather(std::uint64_t first, std::uint64_t count, std::span<std
     }
 }
 
+// Full-size buffers of the group's chunks that nobody else holds go to the
+// pool: memory stays the same pages from window to window instead of going
+// back to malloc.
+void WindowCache::recycle_locked(Group& g) {
+    for (auto& c : g.chunks) {
+        if (c.use_count() != 1) continue;
+        for (std::size_t f = 0; f < c->data.size(); ++f)
+            if (c->data[f] && c->data_bytes[f] == pooled_bytes_[f]) pool_[f].push_back(std::move(c->data[f]));
+    }
+}
+
 void WindowCache::consumed(std::uint64_t end) {
     {
         std::lock_guard lock(mutex_);
         consumed_until_ = std::max(consumed_until_, end);
         while (!groups_.empty() && groups_.front().end <= consumed_until_) {
-            // Full-size buffers nobody holds are reused: memory stays the
-            // same pages from window to window instead of going back to malloc.
-            for (auto& c : groups_.front().chunks) {
-                if (c.use_count() != 1) continue;
-                for (std::size_t f = 0; f < c->data.size(); ++f)
-                    if (c->data[f] && c->data_bytes[f] == pooled_bytes_[f]) pool_[f].push_back(std::move(c->data[f]));
-            }
+            recycle_locked(groups_.front());
             bytes_ -= groups_.front().bytes;
             groups_.pop_front();
         }
@@ -303,7 +316,14 @@ WindowCache::Buffer WindowCache::take_buffer(std::size_t field, std::uint64_t by
             return b;
         }
     }
-    Buffer b(static_cast<std::uint8_t*>(std::aligned_alloc(buffer_align, bytes)));
+    // Mapped, not malloc'ed: glibc raises its mmap threshold each time it
+    // frees a large mapped block, after which blocks of a chunk's size come
+    // from its arenas, and the ones freed at every restart (a mix's members
+    // restart each epoch mid-stream; tail chunks) stay resident there while
+    // new ones are taken: the process outgrew its planned host ceiling epoch
+    // after epoch. Mapped pages go back to the kernel when unmapped.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    Buffer b(p == MAP_FAILED ? nullptr : static_cast<std::uint8_t*>(p), BufferFree{bytes});
     if (!b)
         throw no_fit_error("cannot allocate " + format_bytes(bytes) +
                            " of host memory for a chunk of the window cache; lower --host-mem or --window");

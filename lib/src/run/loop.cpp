@@ -70,7 +70,11 @@ class ComputeTimer {
 
   private:
     struct Pair {
-        gpu::Event start{true}, end{true};
+        // A constructor of its own, not default member initializers: clang
+        // cannot default-construct a nested class that has them (std::optional
+        // and std::vector of it) before the enclosing class is complete.
+        Pair() : start(true), end(true) {}
+        gpu::Event start, end;
         bool pending = false;
     };
     void collect(Pair& p) {

@@ -88,7 +88,10 @@ class WindowCache {
     std::uint64_t allocated_bytes() const; // chunk buffers allocated so far, pooled ones included
 
   private:
+    // Chunk buffers are pages mapped for them and unmapped when freed (the
+    // deleter knows their size): window_cache.cpp says why not malloc.
     struct BufferFree {
+        std::uint64_t bytes = 0;
         void operator()(std::uint8_t* p) const noexcept;
     };
     using Buffer = std::unique_ptr<std::uint8_t, BufferFree>;
@@ -103,6 +106,7 @@ class WindowCache {
     void io_loop();
     void load(Chunk& c);
     void reset_locked();
+    void recycle_locked(Group& g);
     std::uint64_t chunk_bytes(std::uint64_t count) const;
     Buffer take_buffer(std::size_t field, std::uint64_t bytes);
 
