@@ -2,7 +2,8 @@
 # The README's test command: installs what is missing, builds into build/,
 # runs every test (unit, CLI, real-data; GPU tests skip with a reason where
 # there is no GPU), then a short run of each fuzzer.
-#   DSTK_FUZZ_SECONDS  seconds per fuzzer (default 20, one fuzzer per core at a time; 0 skips fuzzing)
+#   DSTK_FUZZ_SECONDS  seconds per fuzzer (default 10, one fuzzer per core at a time; 0 skips fuzzing;
+#                      a longer run searches deeper: the corpora in tests/fuzz/corpus seed each run)
 #   DSTK_CUDA_ARCHS    CUDA architectures to compile (default: the project's
 #                      80;86;89;90 where a GPU is present, else 90 alone; see
 #                      scripts/configure.sh)
@@ -41,7 +42,7 @@ DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q "${py_dirs[@]}" || rc
 [ "$rc" -eq 5 ] && echo "pytest collected no tests in ${py_dirs[*]} (import errors? files renamed?)" >&2
 [ "$rc" -eq 0 ] || exit 1
 
-seconds=${DSTK_FUZZ_SECONDS:-20}
+seconds=${DSTK_FUZZ_SECONDS:-10}
 if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
     echo "== fuzzers (${seconds} s each)"
     # -O1 with assertions on (no NDEBUG): what libFuzzer's docs suggest, and
