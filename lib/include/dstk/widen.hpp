@@ -51,16 +51,26 @@ DSTK_HOST_DEVICE inline float f16_bits_to_float(std::uint16_t h) {
 // reads a stored value (exact but for i64 beyond 2^53; call sites that want a
 // float cast it, which the compiler folds into one conversion).
 template <DType T> DSTK_HOST_DEVICE inline double widen_as(const void* data, std::uint64_t i) {
-    if constexpr (T == DType::u8) return static_cast<const std::uint8_t*>(data)[i];
-    else if constexpr (T == DType::i8) return static_cast<const std::int8_t*>(data)[i];
-    else if constexpr (T == DType::u16) return static_cast<const std::uint16_t*>(data)[i];
-    else if constexpr (T == DType::i16) return static_cast<const std::int16_t*>(data)[i];
-    else if constexpr (T == DType::i32) return static_cast<const std::int32_t*>(data)[i];
-    else if constexpr (T == DType::i64) return static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
-    else if constexpr (T == DType::f16) return f16_bits_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    else if constexpr (T == DType::bf16) return bf16_bits_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    else if constexpr (T == DType::f32) return static_cast<const float*>(data)[i];
-    else return static_cast<const double*>(data)[i];
+    if constexpr (T == DType::u8)
+        return static_cast<const std::uint8_t*>(data)[i];
+    else if constexpr (T == DType::i8)
+        return static_cast<const std::int8_t*>(data)[i];
+    else if constexpr (T == DType::u16)
+        return static_cast<const std::uint16_t*>(data)[i];
+    else if constexpr (T == DType::i16)
+        return static_cast<const std::int16_t*>(data)[i];
+    else if constexpr (T == DType::i32)
+        return static_cast<const std::int32_t*>(data)[i];
+    else if constexpr (T == DType::i64)
+        return static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
+    else if constexpr (T == DType::f16)
+        return f16_bits_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    else if constexpr (T == DType::bf16)
+        return bf16_bits_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    else if constexpr (T == DType::f32)
+        return static_cast<const float*>(data)[i];
+    else
+        return static_cast<const double*>(data)[i];
 }
 
 DSTK_HOST_DEVICE inline double widen(const void* data, DType t, std::uint64_t i) {
