@@ -15,14 +15,14 @@ const std::string depth_message =
 // The deepest nesting of `j`, walked without recursion.
 int depth_of(const nlohmann::json& j) {
     int deepest = 0;
-    std::vector<std::pair<const nlohmann::json*, int>> todo{{&j, 0}};
-    while (!todo.empty()) {
-        const auto [v, d] = todo.back();
-        todo.pop_back();
+    std::vector<std::pair<const nlohmann::json*, int>> pending{{&j, 0}};
+    while (!pending.empty()) {
+        const auto [v, d] = pending.back();
+        pending.pop_back();
         if (!v->is_structured()) continue;
         deepest = std::max(deepest, d + 1);
         if (deepest > json_max_depth) return deepest; // deep enough to refuse
-        for (const auto& child : *v) todo.emplace_back(&child, d + 1);
+        for (const auto& child : *v) pending.emplace_back(&child, d + 1);
     }
     return deepest;
 }

@@ -32,10 +32,11 @@ std::uint64_t group_chunks(const OrderConfig& order) {
 
 void WindowCache::BufferFree::operator()(std::uint8_t* p) const noexcept {
     ::munmap(p, bytes);
+    if (held) *held -= bytes;
 }
 
-// Buffers are counted when allocated and never uncounted: freed ones (the
-// tail chunk's, an epoch's leftovers) may stay in the allocator's pools.
+// Mapped buffers go back to the kernel when freed: the count is what the
+// cache holds now.
 std::uint64_t WindowCache::allocated_bytes() const {
     return allocated_.load();
 }
@@ -323,7 +324,7 @@ WindowCache::Buffer WindowCache::take_buffer(std::size_t field, std::uint64_t by
     // new ones are taken: the process outgrew its planned host ceiling epoch
     // after epoch. Mapped pages go back to the kernel when unmapped.
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    Buffer b(p == MAP_FAILED ? nullptr : static_cast<std::uint8_t*>(p), BufferFree{bytes});
+    Buffer b(p == MAP_FAILED ? nullptr : static_cast<std::uint8_t*>(p), BufferFree{bytes, &allocated_});
     if (!b)
         throw no_fit_error("cannot allocate " + format_bytes(bytes) +
                            " of host memory for a chunk of the window cache; lower --host-mem or --window");

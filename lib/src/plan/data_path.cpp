@@ -6,17 +6,14 @@
 #include "dstk/dataset.hpp"
 
 namespace dstk::plan {
-namespace {
 
-// dsplan's flags for the data path's settings (those it has).
-std::string flag_of(std::string_view setting) {
+std::string plan_flag_of(std::string_view setting) {
     if (setting == "placement") return "--data";
-    if (setting == "order" || setting == "batch" || setting == "prefetch" || setting == "bench")
+    if (setting == "host_mem") return "--ram"; // a mix's host budget is the RAM budget
+    if (setting == "order" || setting == "batch" || setting == "prefetch" || setting == "bench" || setting == "weights")
         return "--" + std::string(setting);
     return std::string(setting);
 }
-
-} // namespace
 
 std::optional<data::SourcePlan> data_path_plan(const PlanOptions& o, std::optional<std::uint64_t> model_bytes) {
     if (o.datasets.size() != 1) return std::nullopt; // several datasets: a mix, planned per member (issue 25)
@@ -36,7 +33,7 @@ std::optional<data::SourcePlan> data_path_plan(const PlanOptions& o, std::option
     if (o.bench.empty() || o.prefetch != PlanOptions{}.prefetch) r.prefetch = o.prefetch;
     r.bench = o.bench;
     r.reserved_device_bytes = model_bytes.value_or(0);
-    r.names = flag_of;
+    r.names = plan_flag_of;
     return data::plan_training(ds, r, "test", data::machine_facts(r.device)).train;
 }
 

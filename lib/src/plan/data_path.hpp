@@ -4,6 +4,8 @@
 // planning entrance (data::plan_training), printed as dstrain prints it.
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -17,5 +19,7 @@ namespace dstk::plan {
 // (--model), which auto placement leaves free on the GPU.
 std::optional<data::SourcePlan> data_path_plan(const PlanOptions& o, std::optional<std::uint64_t> model_bytes);
 void print_data_path(const data::SourcePlan& p);
+// dsplan's flag for a data-path setting (the library's messages name settings).
+std::string plan_flag_of(std::string_view setting);
 
 } // namespace dstk::plan

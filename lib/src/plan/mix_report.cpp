@@ -1,4 +1,5 @@
 #include "plan/mix_report.hpp"
+#include "plan/data_path.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,15 +14,6 @@
 
 namespace dstk::plan {
 namespace {
-
-// dsplan's flags for the mix's settings (those it has).
-std::string flag_of(std::string_view setting) {
-    if (setting == "host_mem") return "--ram";
-    if (setting == "placement") return "--data";
-    if (setting == "weights" || setting == "order" || setting == "batch" || setting == "prefetch" || setting == "bench")
-        return "--" + std::string(setting);
-    return std::string(setting);
-}
 
 // The members in the order plan_mix keeps them in memory: rows read per byte
 // (share of the draws over the bytes), most first; ties keep the given order.
@@ -69,16 +61,7 @@ EpochEstimate mix_epoch(const std::vector<NamedData>& members, const data::MixPl
         add(e.transfer_seconds, one.transfer_seconds);
     }
     if (compute_rate > 0) e.compute_seconds = static_cast<double>(p.positions) / compute_rate;
-    const std::pair<data::Stage, std::optional<double>> terms[] = {{data::Stage::compute, e.compute_seconds},
-                                                                   {data::Stage::read, e.read_seconds},
-                                                                   {data::Stage::decode, e.decode_seconds},
-                                                                   {data::Stage::h2d, e.transfer_seconds}};
-    for (const auto& [stage, t] : terms)
-        if (t && (!e.epoch_seconds || *t > *e.epoch_seconds)) {
-            e.epoch_seconds = t;
-            e.limited_by = stage;
-        }
-    e.io_bound = e.limited_by && *e.limited_by != data::Stage::compute;
+    settle_epoch(e);
     return e;
 }
 
@@ -131,7 +114,7 @@ data::MixRequest mix_request(const PlanOptions& o, const DataSpec& sample, const
     if (o.bench.empty() || o.prefetch != PlanOptions{}.prefetch) request.source.prefetch = o.prefetch;
     request.source.bench = o.bench;
     request.source.reserved_device_bytes = model_bytes.value_or(0);
-    request.source.names = flag_of;
+    request.source.names = plan_flag_of;
     request.weights = o.weights;
     const bool gpu_given = b.gpu.known() && b.gpu.source == Source::given;
     if (gpu_given) request.source.device = Device{Backend::cuda, 0};

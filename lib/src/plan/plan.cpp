@@ -414,6 +414,30 @@ std::vector<TableRow> quick_reference(const DataSpec& d, const Job& j, std::span
     return rows;
 }
 
+void settle_epoch(EpochEstimate& e) {
+    // Ties go to compute: a data stage as fast as the GPU does not limit it.
+    const std::pair<data::Stage, std::optional<double>> terms[] = {{data::Stage::compute, e.compute_seconds},
+                                                                   {data::Stage::read, e.read_seconds},
+                                                                   {data::Stage::decode, e.decode_seconds},
+                                                                   {data::Stage::h2d, e.transfer_seconds}};
+    std::optional<double> data;
+    for (const auto& [stage, t] : terms) {
+        if (!t) continue;
+        if (!e.epoch_seconds || *t > *e.epoch_seconds) {
+            e.epoch_seconds = t;
+            e.limited_by = stage;
+        }
+        if (stage != data::Stage::compute && (!data || *t > *data)) data = t;
+    }
+    if (data && e.compute_seconds) {
+        e.io_bound = *data > *e.compute_seconds;
+        // One slot in compute, one being filled, plus one per compute step that a
+        // data batch takes longer: readers in parallel keep the ring full.
+        const double ratio = *data / *e.compute_seconds;
+        e.prefetch = static_cast<std::uint32_t>(std::min(16.0, 2.0 + std::floor(ratio)));
+    }
+}
+
 EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates& r, double compute_rate,
                              bool random_order) {
     EpochEstimate e;
@@ -443,27 +467,7 @@ EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates
     }
     if (compute_rate > 0) e.compute_seconds = static_cast<double>(d.train) / compute_rate;
 
-    // Ties go to compute: a data stage as fast as the GPU does not limit it.
-    const std::pair<data::Stage, std::optional<double>> terms[] = {{data::Stage::compute, e.compute_seconds},
-                                                                   {data::Stage::read, e.read_seconds},
-                                                                   {data::Stage::decode, e.decode_seconds},
-                                                                   {data::Stage::h2d, e.transfer_seconds}};
-    std::optional<double> data;
-    for (const auto& [stage, t] : terms) {
-        if (!t) continue;
-        if (!e.epoch_seconds || *t > *e.epoch_seconds) {
-            e.epoch_seconds = t;
-            e.limited_by = stage;
-        }
-        if (stage != data::Stage::compute && (!data || *t > *data)) data = t;
-    }
-    if (data && e.compute_seconds) {
-        e.io_bound = *data > *e.compute_seconds;
-        // One slot in compute, one being filled, plus one per compute step that a
-        // data batch takes longer: readers in parallel keep the ring full.
-        const double ratio = *data / *e.compute_seconds;
-        e.prefetch = static_cast<std::uint32_t>(std::min(16.0, 2.0 + std::floor(ratio)));
-    }
+    settle_epoch(e);
     if (p == Fit::device) e.prefetch.reset();
     return e;
 }

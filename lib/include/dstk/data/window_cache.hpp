@@ -85,13 +85,14 @@ class WindowCache {
     void cancel();
     CacheStats take_stats();
     std::uint64_t held_bytes() const;
-    std::uint64_t allocated_bytes() const; // chunk buffers allocated so far, pooled ones included
+    std::uint64_t allocated_bytes() const; // chunk buffers mapped now, pooled ones included
 
   private:
     // Chunk buffers are pages mapped for them and unmapped when freed (the
     // deleter knows their size): window_cache.cpp says why not malloc.
     struct BufferFree {
         std::uint64_t bytes = 0;
+        std::atomic<std::uint64_t>* held = nullptr; // the cache's count of mapped bytes
         void operator()(std::uint8_t* p) const noexcept;
     };
     using Buffer = std::unique_ptr<std::uint8_t, BufferFree>;
@@ -116,6 +117,9 @@ class WindowCache {
 
     mutable std::mutex mutex_;
     std::condition_variable work_, ready_;
+    // Mapped chunk bytes; declared before the buffers' owners, which count
+    // down into it as they go.
+    std::atomic<std::uint64_t> allocated_{0};
     std::deque<Group> groups_; // admitted, in position order
     std::optional<Group> next_;
     std::deque<std::shared_ptr<Chunk>> queue_;
@@ -125,7 +129,6 @@ class WindowCache {
     double io_seconds_ = 0;
     std::vector<std::vector<Buffer>> pool_; // per field: free chunk buffers of pooled_bytes_[field]
     std::vector<std::uint64_t> pooled_bytes_;
-    std::atomic<std::uint64_t> allocated_{0};
     std::vector<std::thread> threads_;
 };
 

@@ -221,6 +221,11 @@ struct EpochEstimate {
 // read at the random read rate.
 EpochEstimate estimate_epoch(const DataSpec& d, const Job& j, Fit p, const Rates& r, double compute_rate,
                              bool random_order);
+// From an estimate's stage terms: the epoch (the slowest known term; ties go
+// to compute), the stage that limits it, io_bound and the recommended
+// prefetch. estimate_epoch ends with it; a mix's estimate sums its members'
+// terms first.
+void settle_epoch(EpochEstimate& e);
 inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{4} << 20;
 
 // The options of the dsplan command line, as typed; run_plan validates them.
