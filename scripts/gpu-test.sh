@@ -15,7 +15,8 @@
 #                     root; not in "all", ~3 minutes)
 #                     bench-mix (issue 25: a mix of four members totalling 4x a memory cgroup
 #                     against one member on the device, scripts/bench-mix.sh; root; not in
-#                     "all", ~3 minutes)
+#                     "all", ~3 minutes; DSTK_MIX_WAYS="dstrain python" adds dstk.Loader on
+#                     the mix into a compiled PyTorch loop, with "python" named too, ~4 more)
 #                     bench-dist (issue 17: the N=1 NCCL path against the plain one,
 #                     scripts/bench-dist.sh; not in "all", ~4 minutes)
 #                     python-loader (only when named: builds the Python package offline
@@ -115,7 +116,6 @@ if [ "$benches" != none ]; then
     named bench-dist && SUMMARY_RE='mpirun -np 1 / plain|FAIL' step bench-dist 360 scripts/bench-dist.sh build-gpu/bin "$log"
     named loader-cgroup && SUMMARY_RE='median' step loader-cgroup 300 env CPUS=0,1 \
         scripts/bench-loader-cgroup.sh build-gpu/bin "$log/loader-cgroup"
-    named bench-mix && SUMMARY_RE='target|ceiling' step bench-mix 360 scripts/bench-mix.sh build-gpu/bin "$log/mix"
     want bench-datapath && [ -x scripts/bench-gpu-datapath.sh ] && SUMMARY_RE='stream|1%' step bench-datapath 270 \
         scripts/bench-gpu-datapath.sh "$log"
     want bench-convert && SUMMARY_RE='bf16|MB/s' step bench-convert 120 scripts/bench-convert.sh "$DSTK_BIN"
@@ -139,6 +139,9 @@ if [ "$benches" != none ]; then
         SUMMARY_RE='dstk / reference' step python-loader 450 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
             ${DSTK_PY_CGROUP:+--cgroup-limit "$DSTK_PY_CGROUP"} ${DSTK_PY_ARGS:-}
     fi
+    # After the package's install: DSTK_MIX_WAYS="dstrain python" adds the Loader's run.
+    named bench-mix && SUMMARY_RE='target|ceiling|within|OVER' step bench-mix 570 env WAYS="${DSTK_MIX_WAYS:-dstrain}" \
+        scripts/bench-mix.sh build-gpu/bin "$log/mix"
     want model-check && SUMMARY_RE='model-check' step model-check 150 scripts/model-check.sh "$DSTK_BIN" "$work/model" "$log"
     rm -rf "$work"
     # Not part of "all": it needs root and most of a call's 10 minutes.

@@ -267,8 +267,10 @@ TEST(DataFields, MemoryPlansCountEveryFieldAndEqualWhatTheSourcesHold) {
                         continue;
                     }
                     EXPECT_EQ(plan.host.total(), src->host_bytes()) << what;
-                    // Three slots of one page-aligned buffer per field, and two readers' indices.
-                    EXPECT_EQ(plan.host.ring, 3 * (4096 * 4) + 2 * 48 * 8) << what;
+                    // Three slots of one buffer holding every field at 256-byte boundaries
+                    // (target 48 x 28, image 48 x 36, result 48 x 1, label 48 x 4: 3776 bytes,
+                    // one page), and two readers' indices.
+                    EXPECT_EQ(plan.host.ring, 3 * 4096 + 2 * 48 * 8) << what;
                     check_epoch(*src, storages[k], c, 1, 0);
                     const StageTimes t = src->take_times();
                     EXPECT_LE(t.cache_peak, src->host_bytes()) << what;

@@ -93,13 +93,14 @@ std::vector<std::uint8_t*> outputs(std::vector<std::uint8_t>& x, std::vector<std
 // Gathers positions [first, n) in batches of `batch`, releasing each after
 // checking it against the order; returns the samples in visiting order.
 std::vector<std::uint64_t> run(WindowCache& cache, const EpochOrder& order, std::uint64_t sb, std::uint64_t batch,
-                               std::uint64_t first = 0) {
+                               std::uint64_t first = 0, CacheChain chain = {}) {
     std::vector<std::uint64_t> seen;
     std::vector<std::uint8_t> x(batch * sb);
     std::vector<std::int32_t> y(batch);
-    cache.start(order, first);
-    for (std::uint64_t p = first; p < order.size(); p += batch) {
-        const std::uint64_t n = std::min(batch, order.size() - p);
+    cache.start(order, first, chain);
+    const std::uint64_t end = std::min(order.size(), chain.end);
+    for (std::uint64_t p = first; p < end; p += batch) {
+        const std::uint64_t n = std::min(batch, end - p);
         cache.gather(p, n, outputs(x, y));
         for (std::uint64_t i = 0; i < n; ++i) {
             const std::uint64_t s = order[p + i];
@@ -164,6 +165,43 @@ TEST(WindowCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
         EXPECT_LE(st.peak, capacity);
         EXPECT_GT(st.peak, capacity / 2) << "the cache did not read ahead";
     }
+}
+
+TEST(WindowCache, AChainedEpochIsReadAheadOnceAndKeptByTheNextStart) {
+    const std::uint64_t n = 5000, sb = 100, cs = 128, window = 4;
+    MemoryField x(n, sb, false), y(n, sb, true);
+    const OrderConfig oc{Order::chunk, 5, cs, window};
+    const std::uint64_t capacity = min_window_cache_bytes(oc, bytes_of(sb));
+    WindowCache cache(cached(x, y), capacity, 4);
+    const EpochOrder e0(oc, n, 0), e1(oc, n, 1), e2(oc, n, 2);
+    // Epoch 0 ends at position 2000 (a mix's member, partly taken) and is
+    // followed by epoch 1: the cache holds the window of position 1999 (not
+    // consumed whole) and epoch 1's first window.
+    EXPECT_EQ(run(cache, e0, sb, 64, 0, {2000, &e1}).size(), 2000u);
+    EXPECT_GT(cache.held_bytes(), window_group_bytes(oc, bytes_of(sb)));
+    EXPECT_LE(cache.held_bytes(), capacity);
+    // Epoch 1 keeps that window (its samples exactly the order's: run checks
+    // every row), then epoch 2 from a resume point past it does not.
+    const auto seen = run(cache, e1, sb, 64, 0, {UINT64_MAX, &e2});
+    ASSERT_EQ(seen.size(), n);
+    run(cache, e2, sb, 64, 3000);
+    // Reads: epoch 0's chunks up to position 2000, every chunk of epoch 1
+    // once (its first window ahead of its start), epoch 2's from 3000 on; the
+    // window read ahead for epoch 2 was dropped at its resume.
+    std::map<std::uint64_t, int> want;
+    const auto count = [&](const EpochOrder& o, std::uint64_t from, std::uint64_t to) {
+        for (std::uint64_t p = from; p < to; p = o.next_window_start(p))
+            for (const std::uint64_t c : o.window_chunks(p)) ++want[c * cs];
+    };
+    count(e0, 0, 2000);
+    count(e1, 0, n);
+    count(e2, 3000, n);
+    std::map<std::uint64_t, int> got = x.take_reads();
+    for (const std::uint64_t c : e2.window_chunks(0)) // read ahead, maybe before the resume dropped it
+        if (got[c * cs] > want[c * cs]) --got[c * cs];
+    std::erase_if(got, [](const auto& kv) { return kv.second == 0; });
+    EXPECT_EQ(got, want);
+    EXPECT_LE(cache.take_stats().peak, capacity);
 }
 
 TEST(WindowCache, FreesConsumedWindowsAndReadsAheadOnlyWhatFits) {

@@ -26,13 +26,9 @@ class DeviceStreamSource final : public BatchSource {
     DeviceStreamSource(const Dataset& ds, const SourceFields& f, const SourceConfig& c)
         : config_(c), slots_count_(std::max(c.prefetch, 2u)), row_bytes_(f.row_bytes()),
           parts_(ds, f, c, slots_count_, pinned_host_memory()), batch_(f.batch()) {
-        for (std::size_t i = 0; i < f.size(); ++i) sample_bytes_.push_back(f[i].sample_bytes());
-        for (unsigned k = 0; k < slots_count_; ++k) {
-            Slot s;
-            for (const std::uint64_t sb : sample_bytes_)
-                s.fields.emplace_back(gpu::Memory::device, std::uint64_t{c.batch} * sb);
-            slots_.push_back(std::move(s));
-        }
+        // The device slots mirror the host slots' layout: a batch crosses in one copy.
+        for (unsigned k = 0; k < slots_count_; ++k)
+            slots_.push_back(Slot{gpu::Buffer(gpu::Memory::device, layout().bytes)});
     }
     ~DeviceStreamSource() override {
         // Device slots must outlive the copies and steps that use them.
@@ -43,6 +39,7 @@ class DeviceStreamSource final : public BatchSource {
     Placement placement() const override { return Placement::stream; }
     std::uint64_t samples() const override { return parts_.samples(); }
     std::uint64_t batches_per_epoch() const override { return parts_.ring().batches(); }
+    void chain_epochs(std::uint64_t end) override { parts_.ring().chain(end); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         drain();
         parts_.restart(epoch, first_batch);
@@ -55,9 +52,7 @@ class DeviceStreamSource final : public BatchSource {
         Slot& d = slots_[k];
         if (d.used) gpu::wait(copy_stream_.get(), d.computed);
         d.copy_start.record(copy_stream_.get());
-        for (std::size_t f = 0; f < d.fields.size(); ++f)
-            gpu::copy_h2d_async(d.fields[f].get(), h->fields[f], std::uint64_t{h->size} * sample_bytes_[f],
-                                copy_stream_.get());
+        gpu::copy_h2d_async(d.memory.get(), h->fields[0], layout().span(h->size), copy_stream_.get());
         d.copied.record(copy_stream_.get());
         gpu::wait(config_.compute_stream, d.copied);
         d.used = true;
@@ -66,7 +61,7 @@ class DeviceStreamSource final : public BatchSource {
         times_.batches += 1;
         times_.samples += h->size;
         times_.bytes += h->size * row_bytes_;
-        return point(batch_, h->size, [&](std::size_t f) { return d.fields[f].get(); });
+        return point(batch_, h->size, [&](std::size_t f) { return d.memory.as<std::uint8_t>() + layout().offsets[f]; });
     }
     void release() override {
         slots_[current_].computed.record(config_.compute_stream);
@@ -78,16 +73,17 @@ class DeviceStreamSource final : public BatchSource {
         parts_.take_times(t);
         return t;
     }
-    std::uint64_t device_bytes() const override { return std::uint64_t{slots_count_} * config_.batch * row_bytes_; }
+    std::uint64_t device_bytes() const override { return std::uint64_t{slots_count_} * layout().bytes; }
     std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
     std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
 
   private:
     struct Slot {
-        std::vector<gpu::Buffer> fields;
+        gpu::Buffer memory; // every field, at the ring's layout
         gpu::Event copy_start{true}, copied{true}, computed{false};
         bool used = false;
     };
+    const SlotLayout& layout() const { return parts_.ring().layout(); }
     void retire() {
         Slot& s = slots_[pending_.front()];
         s.copied.synchronize();
@@ -102,7 +98,6 @@ class DeviceStreamSource final : public BatchSource {
     SourceConfig config_;
     unsigned slots_count_;
     std::uint64_t row_bytes_;
-    std::vector<std::uint64_t> sample_bytes_;
     StreamParts parts_;
     gpu::Stream copy_stream_;
     std::vector<Slot> slots_;

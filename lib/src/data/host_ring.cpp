@@ -18,6 +18,18 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
 
 } // namespace
 
+SlotLayout slot_layout(std::uint32_t batch, std::span<const std::uint64_t> sample_bytes) {
+    SlotLayout l;
+    std::uint64_t at = 0;
+    for (const std::uint64_t sb : sample_bytes) {
+        l.offsets.push_back(at);
+        l.sample_bytes.push_back(sb);
+        at = round_up(at + checked_mul(batch, sb, "batch bytes"), 256);
+    }
+    l.bytes = round_up(std::max<std::uint64_t>(at, 1), 4096);
+    return l;
+}
+
 HostMemory plain_host_memory() {
     return {[](std::uint64_t bytes) -> void* {
                 void* p = std::aligned_alloc(4096, round_up(std::max<std::uint64_t>(bytes, 1), 4096));
@@ -33,14 +45,16 @@ HostRing::HostRing(std::vector<StreamReader*> fields, std::uint32_t batch, bool 
     : fields_(std::move(fields)), batch_(batch), slice_(slice), order_config_(order),
       samples_(fields_.at(0)->samples()), batches_(slice.batches(samples_, batch, drop_last)),
       readers_(std::max(readers, 1u)), memory_(std::move(memory)), cache_(cache) {
+    std::vector<std::uint64_t> sample_bytes;
+    for (const StreamReader* f : fields_) sample_bytes.push_back(f->sample_bytes());
+    layout_ = slot_layout(batch, sample_bytes);
     slots_.resize(std::max(slots, 1u));
     try {
-        for (auto& s : slots_)
-            for (const StreamReader* f : fields_) {
-                const std::uint64_t bytes = checked_mul(batch, f->sample_bytes(), "batch bytes");
-                s.data.fields.push_back(static_cast<std::uint8_t*>(memory_.alloc(bytes)));
-                host_bytes_ += round_up(bytes, 4096);
-            }
+        for (auto& s : slots_) {
+            s.buffer = static_cast<std::uint8_t*>(memory_.alloc(layout_.bytes));
+            host_bytes_ += layout_.bytes;
+            for (const std::uint64_t at : layout_.offsets) s.data.fields.push_back(s.buffer + at);
+        }
     } catch (...) {
         free_slots();
         throw;
@@ -55,7 +69,7 @@ HostRing::~HostRing() {
 
 void HostRing::free_slots() {
     for (auto& s : slots_)
-        for (std::uint8_t* p : s.data.fields) memory_.free(p);
+        if (s.buffer) memory_.free(std::exchange(s.buffer, nullptr));
 }
 
 void HostRing::stop() {
@@ -69,10 +83,22 @@ void HostRing::stop() {
     threads_.clear();
 }
 
+void HostRing::chain(std::uint64_t end) {
+    chained_ = true;
+    end_ = end;
+}
+
 void HostRing::start(std::uint64_t epoch, std::uint64_t first_batch) {
     stop();
-    order_ = std::make_unique<EpochOrder>(order_config_, samples_, epoch);
-    first_ = next_acquire_ = next_release_ = std::min(first_batch, batches_);
+    // The order the cache read ahead in is this epoch's when it is the one chained to.
+    if (next_order_ && next_order_->epoch() == epoch)
+        order_ = std::move(next_order_);
+    else
+        order_ = std::make_unique<EpochOrder>(order_config_, samples_, epoch);
+    next_order_.reset();
+    if (chained_ && cache_) next_order_ = std::make_unique<EpochOrder>(order_config_, samples_, epoch + 1);
+    last_ = std::min(batches_, end_);
+    first_ = next_acquire_ = next_release_ = std::min(first_batch, last_);
     for (std::size_t s = 0; s < slots_.size(); ++s) {
         slots_[s].state = State::free;
         slots_[s].expect = first_ + s;
@@ -80,14 +106,17 @@ void HostRing::start(std::uint64_t epoch, std::uint64_t first_batch) {
     error_ = nullptr;
     stop_ = false;
     hinted_until_ = std::min(slice_.first_position(first_, batch_), samples_);
-    if (cache_) cache_->start(*order_, hinted_until_);
+    if (cache_)
+        cache_->start(
+            *order_, hinted_until_,
+            {chained_ ? std::min(slice_.first_position(last_, batch_), samples_) : samples_, next_order_.get()});
     for (unsigned r = 0; r < readers_; ++r) threads_.emplace_back([this, r] { reader_loop(r); });
 }
 
 void HostRing::reader_loop(unsigned reader) {
     std::vector<std::uint64_t> indices(batch_);
     const std::uint64_t k = slots_.size();
-    for (std::uint64_t j = first_ + reader; j < batches_; j += readers_) {
+    for (std::uint64_t j = first_ + reader; j < last_; j += readers_) {
         Slot& slot = slots_[(j - first_) % k];
         {
             std::unique_lock lock(mutex_);
@@ -144,7 +173,7 @@ void HostRing::hint(std::uint64_t end_position) {
 }
 
 const RingSlot* HostRing::acquire() {
-    if (next_acquire_ >= batches_) return nullptr;
+    if (next_acquire_ >= last_) return nullptr;
     Slot& slot = slots_[(next_acquire_ - first_) % slots_.size()];
     const auto t0 = Clock::now();
     std::unique_lock lock(mutex_);

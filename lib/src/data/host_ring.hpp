@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -28,10 +29,23 @@ struct HostMemory {
 HostMemory plain_host_memory();
 
 struct RingSlot {
-    std::vector<std::uint8_t*> fields; // per field: batch samples of its sample_bytes
+    std::vector<std::uint8_t*> fields; // per field: batch samples of its sample_bytes, inside one buffer
     std::uint32_t size = 0;
     std::uint64_t batch = 0;
 };
+
+// Where each field's rows sit in a slot: one buffer per slot, the fields one
+// after another (each at a 256-byte boundary, as device buffers are), so
+// that a slot crosses to the GPU in one copy whatever the number of fields.
+struct SlotLayout {
+    std::vector<std::uint64_t> offsets; // per field
+    std::vector<std::uint64_t> sample_bytes;
+    std::uint64_t bytes = 0; // the buffer, whole pages
+    // The bytes from the buffer's start to the end of the last field's first
+    // `size` rows: one copy of them carries every field of a batch of `size`.
+    std::uint64_t span(std::uint32_t size) const { return offsets.back() + size * sample_bytes.back(); }
+};
+SlotLayout slot_layout(std::uint32_t batch, std::span<const std::uint64_t> sample_bytes);
 
 class HostRing {
   public:
@@ -45,8 +59,12 @@ class HostRing {
     HostRing& operator=(const HostRing&) = delete;
 
     std::uint64_t batches() const { return batches_; }
+    const SlotLayout& layout() const { return layout_; }
     unsigned slots() const { return static_cast<unsigned>(slots_.size()); }
     void start(std::uint64_t epoch, std::uint64_t first_batch);
+    // Epochs started from now on end at batch `end`, and the window cache
+    // reads ahead into epoch + 1 (BatchSource::chain_epochs).
+    void chain(std::uint64_t end);
     // Joins the readers (start() does so first); their counters stay to be taken.
     void stop();
     // The next batch in order, or nullptr at the end of the epoch. Several may
@@ -62,6 +80,7 @@ class HostRing {
     enum class State : std::uint8_t { free, filling, ready, failed };
     struct Slot {
         RingSlot data;
+        std::uint8_t* buffer = nullptr;
         State state = State::free;
         std::uint64_t expect = 0; // the batch this slot takes next
     };
@@ -72,6 +91,7 @@ class HostRing {
 
     std::vector<StreamReader*> fields_;
     std::uint32_t batch_;
+    SlotLayout layout_;
     RankSlice slice_;
     OrderConfig order_config_;
     std::uint64_t samples_, batches_;
@@ -81,6 +101,9 @@ class HostRing {
     std::uint64_t host_bytes_ = 0;
 
     std::unique_ptr<EpochOrder> order_;
+    std::unique_ptr<EpochOrder> next_order_; // chained: the epoch the cache reads ahead into
+    bool chained_ = false;
+    std::uint64_t end_ = UINT64_MAX, last_ = 0; // the chained end; this epoch's end (batches)
     std::vector<Slot> slots_;
     std::vector<std::thread> threads_;
     std::mutex mutex_;

@@ -58,6 +58,7 @@ class HostStreamSource final : public BatchSource {
     Placement placement() const override { return Placement::stream; }
     std::uint64_t samples() const override { return parts_.samples(); }
     std::uint64_t batches_per_epoch() const override { return parts_.ring().batches(); }
+    void chain_epochs(std::uint64_t end) override { parts_.ring().chain(end); }
     void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) override {
         parts_.restart(epoch, first_batch);
         times_ = {};

@@ -13,6 +13,7 @@
 #include "dstk/error.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/units.hpp"
+#include "host_ring.hpp"
 #include "source_fields.hpp"
 
 namespace dstk::data {
@@ -21,10 +22,6 @@ namespace {
 constexpr std::uint64_t page = 4096;
 // An .npy reader's O_DIRECT bounce buffer (field_reader.cpp): 4 MiB pieces and their alignment.
 constexpr std::uint64_t bounce_bytes = (4ull << 20) + 2 * page;
-
-std::uint64_t round_up_page(std::uint64_t v) {
-    return (v + page - 1) / page * page;
-}
 
 bool is_zstd(const FieldInfo& f) {
     return f.storage == Storage::zstd_chunked;
@@ -37,13 +34,18 @@ bool direct_npy(const SourceFields& f, std::size_t i, const SourceConfig& c) {
     return c.direct && f.bulk(i) && !is_zstd(f[i]);
 }
 
-// The host ring: K slots of one page-aligned buffer per field, and the readers' index buffers.
+// The host ring: K slots of one buffer holding every field (slot_layout), and the readers' index buffers.
+std::uint64_t ring_slots(const SourceConfig& c) {
+    return c.device.backend == Backend::cuda ? std::max(c.prefetch, 2u) : std::max(c.prefetch, 1u);
+}
+std::uint64_t ring_slot_bytes(const SourceFields& f, const SourceConfig& c) {
+    std::vector<std::uint64_t> sample_bytes;
+    for (std::size_t i = 0; i < f.size(); ++i) sample_bytes.push_back(f[i].sample_bytes());
+    return slot_layout(c.batch, sample_bytes).bytes;
+}
 std::uint64_t ring_bytes(const SourceFields& f, const SourceConfig& c) {
-    const unsigned slots = c.device.backend == Backend::cuda ? std::max(c.prefetch, 2u) : std::max(c.prefetch, 1u);
-    std::uint64_t slot = 0;
-    for (std::size_t i = 0; i < f.size(); ++i)
-        slot += round_up_page(checked_mul(c.batch, f[i].sample_bytes(), "batch bytes"));
-    return slots * slot + std::uint64_t{std::max(c.readers, 1u)} * c.batch * sizeof(std::uint64_t);
+    return ring_slots(c) * ring_slot_bytes(f, c) +
+           std::uint64_t{std::max(c.readers, 1u)} * c.batch * sizeof(std::uint64_t);
 }
 
 // Bytes of one storage chunk of a zstd field.
@@ -166,7 +168,8 @@ std::uint64_t planned_device_bytes(const SplitInfo& split, const std::vector<con
     case Placement::managed:
         return gather;
     case Placement::stream:
-        return cuda ? std::uint64_t{std::max(c.prefetch, 2u)} * slot : ring_bytes(f, c); // cpu: the host slots
+        // cuda: device slots in the host slots' layout; cpu: the host slots
+        return cuda ? ring_slots(c) * ring_slot_bytes(f, c) : ring_bytes(f, c);
     case Placement::automatic:
         break;
     }

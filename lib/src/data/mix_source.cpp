@@ -213,9 +213,13 @@ void MixBatchSource::resume_epoch(MixOrder order, std::uint64_t epoch, std::uint
     batches_ = plan_.slice.batches(total_, plan_.batch, plan_.drop_last);
     const std::uint64_t first = plan_.slice.first_position(first_batch, plan_.batch);
     const std::vector<std::uint64_t> taken = order_->taken(std::min(first, total_));
+    const std::vector<std::uint64_t> draws = order_->taken(total_);
     const std::uint64_t b = plan_.batch;
     for (std::size_t i = 0; i < members_.size(); ++i) {
         Member& m = members_[i];
+        // The member's epoch ends at its last draw; its next epoch is read
+        // ahead, so that the next mix epoch does not wait for its first window.
+        m.source->chain_epochs((draws[i] + b - 1) / b);
         m.source->start_epoch(epoch, taken[i] / b);
         m.lo = m.hi = taken[i] / b * b;
         m.delivered = 0;

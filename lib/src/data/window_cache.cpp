@@ -95,19 +95,22 @@ void WindowCache::reset_locked() {
     bytes_ = 0;
 }
 
-void WindowCache::start(const EpochOrder& order, std::uint64_t first) {
+void WindowCache::start(const EpochOrder& order, std::uint64_t first, CacheChain chain) {
     std::unique_lock lock(mutex_);
     queue_.clear();
     // Loads in flight hold chunks of the previous epoch: let them land first,
     // so that memory never holds two epochs' reads.
     ready_.wait(lock, [&] { return loading_ == 0; });
+    const bool kept = keep_ahead_locked(order, first);
     // The abandoned windows' buffers go to the pool, not back to malloc: a
     // restart (every epoch of a mix's members, every resume) would otherwise
     // leave freed chunks in the allocator's arenas while new ones are taken,
     // and the process would outgrow its planned ceiling epoch after epoch.
     for (Group& g : groups_) recycle_locked(g);
+    std::optional<Group> ahead = std::exchange(ahead_, std::nullopt);
     reset_locked();
     order_ = &order;
+    chain_ = chain;
     const bool in_file_order = order.config().kind != Order::chunk;
     chunk_samples_ = std::max<std::uint64_t>(order.config().chunk_samples, 1);
     for (std::size_t f = 0; f < fields_.size(); ++f) {
@@ -119,7 +122,25 @@ void WindowCache::start(const EpochOrder& order, std::uint64_t first) {
     cancelled_ = false;
     // The group holding `first` starts at or before it: admit from there.
     planned_until_ = consumed_until_ = std::min(first, order.size());
+    if (kept) { // read ahead by the previous epoch: its chunks stay, and those not read yet are queued again
+        for (const auto& c : ahead->chunks)
+            if (c->state == Chunk::State::queued) queue_.push_back(c);
+        bytes_ = ahead->bytes;
+        planned_until_ = ahead->end;
+        groups_.push_back(std::move(*ahead));
+        work_.notify_all();
+    }
     admit_locked(0);
+}
+
+// Whether the group read ahead belongs to `order` and holds position
+// `first`; recycles it when not.
+bool WindowCache::keep_ahead_locked(const EpochOrder& order, std::uint64_t first) {
+    if (!ahead_) return false;
+    if (chain_.next == &order && first < ahead_->end) return true;
+    recycle_locked(*ahead_);
+    ahead_.reset();
+    return false;
 }
 
 void WindowCache::cancel() {
@@ -131,13 +152,13 @@ void WindowCache::cancel() {
     ready_.notify_all();
 }
 
-WindowCache::Group WindowCache::make_group(std::uint64_t position) const {
-    const std::uint64_t n = order_->size();
+WindowCache::Group WindowCache::make_group(const EpochOrder& order, std::uint64_t position) const {
+    const std::uint64_t n = order.size();
     Group g;
     std::vector<std::uint64_t> ids;
-    if (order_->config().kind == Order::chunk) {
-        ids = order_->window_chunks(position);
-        g.end = order_->next_window_start(position);
+    if (order.config().kind == Order::chunk) {
+        ids = order.window_chunks(position);
+        g.end = order.next_window_start(position);
     } else {
         ids = {position / chunk_samples_};
         g.end = std::min(n, (ids[0] + 1) * chunk_samples_);
@@ -155,12 +176,13 @@ WindowCache::Group WindowCache::make_group(std::uint64_t position) const {
 }
 
 // Admits groups in position order while they fit, and those a gather needs
-// (positions before force_end) whatever the capacity.
+// (positions before force_end) whatever the capacity; then, chained, the
+// next order's first group once it fits.
 void WindowCache::admit_locked(std::uint64_t force_end) {
-    const std::uint64_t n = order_->size();
+    const std::uint64_t n = std::min(order_->size(), chain_.end);
     bool queued = false;
     while (planned_until_ < n) {
-        if (!next_) next_ = make_group(planned_until_);
+        if (!next_) next_ = make_group(*order_, planned_until_);
         if (next_->end <= consumed_until_) { // consumed already: nothing to read
             planned_until_ = next_->end;
             next_.reset();
@@ -175,6 +197,16 @@ void WindowCache::admit_locked(std::uint64_t force_end) {
         groups_.push_back(std::move(*next_));
         next_.reset();
         queued = true;
+    }
+    if (planned_until_ >= n && chain_.next && !ahead_ && chain_.next->size() > 0) {
+        Group g = make_group(*chain_.next, 0);
+        if (bytes_ + g.bytes <= capacity_) {
+            for (const auto& c : g.chunks) queue_.push_back(c);
+            bytes_ += g.bytes;
+            peak_ = std::max(peak_, bytes_);
+            ahead_ = std::move(g);
+            queued = true;
+        }
     }
     if (queued) work_.notify_all();
 }

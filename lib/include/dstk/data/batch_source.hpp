@@ -157,6 +157,13 @@ class BatchSource {
     // Positions the source at batch `first_batch` of `epoch` (a resume point).
     // The stage times start afresh: what an abandoned iteration counted is dropped.
     virtual void start_epoch(std::uint64_t epoch, std::uint64_t first_batch) = 0;
+    // The epochs started from now on end at batch `end` (a mix takes the
+    // first batches of a member's epoch), and each is followed by epoch + 1
+    // from its first batch: the stream placement reads that epoch's first
+    // window as this one's last reads are issued, within the same host
+    // memory, so that the restart between epochs finds it read. The resident
+    // placements have nothing to read ahead and ignore it.
+    virtual void chain_epochs(std::uint64_t end) { (void)end; }
     // The next batch of the epoch, owned by the source; nullptr when the
     // epoch is done. Rethrows reader errors (naming the file and chunk).
     virtual const Batch* next() = 0;

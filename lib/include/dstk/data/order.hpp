@@ -80,6 +80,7 @@ class EpochOrder {
     // (size() at the end); other orders: size().
     std::uint64_t next_window_start(std::uint64_t position) const;
     const OrderConfig& config() const { return config_; }
+    std::uint64_t epoch() const { return epoch_; }
 
   private:
     struct Window {

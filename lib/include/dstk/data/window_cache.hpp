@@ -62,6 +62,15 @@ struct CacheStats {
     std::uint64_t peak = 0;     // most bytes of chunks held at once, since construction
 };
 
+// Where an epoch's reads stop, and what follows it: with `next`, the first
+// group of that order (its position 0) is read once every group before `end`
+// is admitted and it fits the capacity; a start() on that order at a
+// position of the group keeps it.
+struct CacheChain {
+    std::uint64_t end = UINT64_MAX;
+    const EpochOrder* next = nullptr; // kept by reference until the next start()
+};
+
 class WindowCache {
   public:
     // `fields`: at least one, all of the same samples.
@@ -73,7 +82,7 @@ class WindowCache {
     std::uint64_t capacity() const { return capacity_; }
     // Starts reading for `order` (kept by reference: it must outlive the
     // epoch) from position `first`. No gather may be running.
-    void start(const EpochOrder& order, std::uint64_t first);
+    void start(const EpochOrder& order, std::uint64_t first, CacheChain chain = {});
     // Sample order[p] of each position p in [first, first + count) into
     // out[f] (the field's sample_bytes each) for every field f; blocks until
     // their chunks are read. Rethrows the read error of a chunk it needs
@@ -101,7 +110,8 @@ class WindowCache {
         std::uint64_t end = 0, bytes = 0;
         std::vector<std::shared_ptr<Chunk>> chunks; // by chunk index
     };
-    Group make_group(std::uint64_t position) const;
+    Group make_group(const EpochOrder& order, std::uint64_t position) const;
+    bool keep_ahead_locked(const EpochOrder& order, std::uint64_t first);
     void admit_locked(std::uint64_t force_end);
     std::shared_ptr<Chunk> find_locked(std::uint64_t position, std::uint64_t sample) const;
     void io_loop();
@@ -122,6 +132,8 @@ class WindowCache {
     std::atomic<std::uint64_t> allocated_{0};
     std::deque<Group> groups_; // admitted, in position order
     std::optional<Group> next_;
+    CacheChain chain_;
+    std::optional<Group> ahead_; // the chained order's first group
     std::deque<std::shared_ptr<Chunk>> queue_;
     std::uint64_t planned_until_ = 0, consumed_until_ = 0, bytes_ = 0, peak_ = 0;
     unsigned loading_ = 0;
