@@ -123,6 +123,12 @@ run_dstrain() {
         (if .host_peak_rss <= .host_ceiling then "within" else "OVER by \((.host_peak_rss - .host_ceiling) / 1048576 | floor) MiB" end) +
         "; the mix plan'"'"'s host ceiling \(.mix_host_ceiling / 1048576 | floor) MiB (page cache of the host-kept members included), cgroup limit \($limit | tonumber / 1048576 | floor) MiB"' \
         "$log/mix.jsonl"
+    for run in mix device; do
+        jq -rs --arg run "$run" '([.[] | select(.event == "memory")] | first) as $m |
+            [.[] | select(.event == "epoch")] | "\($run): peak RSS by epoch " +
+            ([.[] | "\(.host_peak_rss / 1048576 | floor)"] | join(", ")) + " MiB; ceiling \($m.host_ceiling / 1048576 | floor) MiB = process \($m.host_process / 1048576 | floor) + data path \($m.host_planned_data / 1048576 | floor)"' \
+            "$log/$run.jsonl"
+    done
     jq -rs '.[] | select(.event == "epoch" and .first_batch == 0) |
         (.mix_samples | add) as $n |
         "epoch \(.epoch): " + ([range(0; .mix_samples | length) as $i |
