@@ -22,7 +22,7 @@ case (a check of the script: any machine, no GPU needed).
     sudo python3 scripts/bench-loader-larger-than-ram.py --out "$OUT"
     sudo python3 scripts/bench-loader-larger-than-ram.py --tiny
 """
-import argparse, json, os, resource, shutil, subprocess, sys, time
+import argparse, json, os, resource, shutil, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELDS = ["positions", "moves", "results"]
@@ -35,12 +35,14 @@ def parse_size(text, powers=1024):
 
 # ---- workers (run inside the cgroup) -----------------------------------------
 
-def touch(batch, np):
-    """Reads every value of a batch once (where it is: GPU tensors or NumPy)."""
-    total = 0.0
+def touch(batch, acc):
+    """Reads every value of a batch once where it is (GPU tensors or NumPy),
+    adding the sums into acc[0] without waiting for them: a float() of a GPU
+    sum per field would synchronise with the GPU three times a batch, which is
+    the benchmark's cost, not the loader's."""
     for v in batch.values():
-        total += float(v.sum())
-    return total
+        s = v.sum()
+        acc[0] = s if acc[0] is None else acc[0] + s
 
 
 def proc_status_bytes(key):
@@ -54,7 +56,6 @@ def proc_status_bytes(key):
 
 
 def loader_worker(a):
-    import numpy as np
     import dstk
     try:
         import torch
@@ -66,9 +67,9 @@ def loader_worker(a):
     rss_before = proc_status_bytes("VmRSS")  # the interpreter, PyTorch and the CUDA context
     loader = dstk.Loader(a.dataset, fields=FIELDS, batch=a.batch, order="chunk", seed=0, placement="stream",
                          output="torch" if gpu else "arrays", **({"readers": a.readers} if a.readers else {}))
-    t0, samples = time.perf_counter(), 0
+    t0, samples, acc = time.perf_counter(), 0, [None]
     for b in loader:
-        touch(b, np)
+        touch(b, acc)
         samples += len(b["moves"])
         if time.perf_counter() - t0 > a.seconds:
             break
@@ -100,7 +101,6 @@ class MemmapChess:
 
 
 def numpy_worker(a):
-    import numpy as np
     import torch
     meta = json.load(open(os.path.join(a.dataset, "dataset.json")))
     train = next(s for s in meta["splits"] if s["name"] == "train")
@@ -108,9 +108,9 @@ def numpy_worker(a):
     dl = torch.utils.data.DataLoader(MemmapChess([files[f] for f in FIELDS]), batch_size=a.batch, shuffle=True,
                                      num_workers=4, pin_memory=torch.cuda.is_available(), drop_last=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    t0, samples = time.perf_counter(), 0
+    t0, samples, acc = time.perf_counter(), 0, [None]
     for p, m, r in dl:
-        touch({"p": p.to(dev).float(), "m": m.to(dev), "r": r.to(dev).float()}, np)
+        touch({"p": p.to(dev).float(), "m": m.to(dev), "r": r.to(dev).float()}, acc)
         samples += len(m)
         if time.perf_counter() - t0 > a.seconds:
             break
@@ -164,9 +164,9 @@ def disk_rate(cg, bindir, ds, out, size):
     return max(r["metrics"]["rate"]["median"] for r in results if r["status"] == "ok")
 
 
-def worker_run(cg, a, way, ds):
+def worker_run(cg, a, way, ds, readers=0):
     p = cg.run([sys.executable, os.path.abspath(__file__), "--worker", way, "--dataset", ds, "--batch", str(a.batch),
-                "--readers", str(a.readers),
+                "--readers", str(readers),
                 "--seconds", str(a.seconds)], os.path.join(a.out, "runs.log"))
     if p.returncode != 0:
         sys.exit(f"bench-loader-larger-than-ram: the {way} run failed (rc {p.returncode}); see {a.out}/runs.log")
@@ -182,7 +182,9 @@ def main():
     ap.add_argument("--positions", default="20M", help="chess positions (K M G: powers of 1000)")
     ap.add_argument("--limit", default="8G", help="the memory cgroup's limit")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--readers", type=int, default=0, help="the loader's reader threads (default: its plan's)")
+    ap.add_argument("--readers", default="0",
+                    help="the loader's reader threads, comma-separated for several settings (0: its plan's)")
+    ap.add_argument("--runs", type=int, default=3, help="fresh dstk.Loader processes per readers setting")
     ap.add_argument("--seconds", type=float, default=60, help="timed seconds of each run")
     ap.add_argument("--work", default="/var/tmp/dstk-ltr-chess", help="data folder, on disk")
     ap.add_argument("--out", default=os.environ.get("OUT", "build-gpu/ltr-chess"), help="logs and JSON")
@@ -192,6 +194,7 @@ def main():
     ap.add_argument("--dataset", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
+        a.readers = int(a.readers)
         return loader_worker(a) if a.worker == "dstk" else numpy_worker(a)
     if a.tiny:
         a.positions, a.limit, a.seconds = "500K", "160M", 5
@@ -211,8 +214,11 @@ def main():
     try:
         evict(ds)
         disk = disk_rate(cg, bindir, ds, a.out, min(4 << 30, n * 768))
-        evict(ds)
-        d = worker_run(cg, a, "dstk", ds)
+        dstk_runs = {}
+        for readers in [int(r) for r in a.readers.split(",")]:
+            for _ in range(a.runs):
+                evict(ds)
+                dstk_runs.setdefault(readers, []).append(worker_run(cg, a, "dstk", ds, readers))
         try:
             import torch  # noqa: F401
             evict(ds)
@@ -221,19 +227,25 @@ def main():
             m = None
     finally:
         cg.remove()
-    rate = d["samples_per_s"] * ROW_BYTES
+    d_all = next(iter(dstk_runs.values()))
+    d = d_all[0]
     lines = [f"chess, {n:,} positions ({gib(n * ROW_BYTES)}) on disk, memory cgroup {gib(limit)}, batch {a.batch}, "
-             f"{a.seconds:g} s a run, device {d['device']}",
-             f"  disk (random 4 MiB chunks, cold, best of 1/4/16 threads) {disk / 1e9:.3f} GB/s",
-             f"  dstk.Loader  {d['samples_per_s']:12,.0f} samples/s  {rate / 1e9:.3f} GB/s = {rate / disk:.1%} of the "
-             f"disk; peak RSS {gib(d['peak_rss'])} = {gib(d['rss_before'])} before the loader (Python, PyTorch, "
-             f"CUDA) + {gib(d['peak_rss'] - d['rss_before'])} against the host ceiling printed "
-             f"{gib(d['host_ceiling'])}"]
-    lines += [f"    {line}" for line in d["plan"]]
+             f"{a.seconds:g} s a run, device {d['device']}, {a.runs} fresh processes per row (median [min-max])",
+             f"  disk (random 4 MiB chunks, cold, best of 1/4/16 threads) {disk / 1e9:.3f} GB/s"]
+    for readers, runs in dstk_runs.items():
+        rates = sorted(r["samples_per_s"] for r in runs)
+        med = statistics.median(rates)
+        growth = max(r["peak_rss"] - r["rss_before"] for r in runs)
+        lines.append(f"  dstk.Loader readers {readers or 'planned'}: {med:12,.0f} samples/s [{rates[0]:,.0f}-"
+                     f"{rates[-1]:,.0f}]  {med * ROW_BYTES / 1e9:.3f} GB/s = {med * ROW_BYTES / disk:.1%} of the disk; "
+                     f"largest RSS growth {gib(growth)} over {gib(runs[0]['rss_before'])} before the loader (Python, "
+                     f"PyTorch, CUDA) against the host ceiling printed {gib(runs[0]['host_ceiling'])}: "
+                     + ("within" if growth <= runs[0]["host_ceiling"] else "OVER"))
+        lines += [f"    {line}" for line in runs[0]["plan"]]
     if m:
         lines.append(f"  np.load(mmap) + DataLoader {m['samples_per_s']:12,.0f} samples/s; peak RSS "
                      f"{gib(m['peak_rss'])} (workers {gib(m['children_peak_rss'])}); dstk / numpy "
-                     f"{d['samples_per_s'] / m['samples_per_s']:.2f}x")
+                     f"{statistics.median(r['samples_per_s'] for r in d_all) / m['samples_per_s']:.2f}x")
     else:
         lines.append("  np.load(mmap) + DataLoader: skipped (PyTorch is not installed)")
     if not a.keep_data:

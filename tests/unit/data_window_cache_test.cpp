@@ -164,6 +164,9 @@ TEST(WindowCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
         EXPECT_EQ(st.io[0].smallest, (n % cs) * sb); // the partial last chunk
         EXPECT_LE(st.peak, capacity);
         EXPECT_GT(st.peak, capacity / 2) << "the cache did not read ahead";
+        // Every buffer mapped was read into (none in flight at the epoch's end).
+        EXPECT_GT(cache.resident_bytes(), 0u);
+        EXPECT_EQ(cache.resident_bytes(), cache.allocated_bytes());
     }
 }
 

@@ -75,7 +75,7 @@ class DeviceStreamSource final : public BatchSource {
     }
     std::uint64_t device_bytes() const override { return std::uint64_t{slots_count_} * layout().bytes; }
     std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
-    std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
+    std::uint64_t host_resident() const override { return parts_.host_resident(); }
 
   private:
     struct Slot {

@@ -84,7 +84,7 @@ class HostStreamSource final : public BatchSource {
     }
     std::uint64_t device_bytes() const override { return parts_.ring().host_bytes(); }
     std::uint64_t host_bytes() const override { return parts_.host_bytes(); }
-    std::uint64_t host_allocated() const override { return parts_.host_allocated(); }
+    std::uint64_t host_resident() const override { return parts_.host_resident(); }
 
   private:
     StreamParts parts_;
@@ -180,8 +180,8 @@ void StreamParts::take_times(StageTimes& t) {
     }
 }
 
-std::uint64_t StreamParts::host_allocated() const {
-    return ring_->host_bytes() + (cache_ ? cache_->allocated_bytes() : 0);
+std::uint64_t StreamParts::host_resident() const {
+    return ring_->host_bytes() + (cache_ ? cache_->resident_bytes() : 0);
 }
 
 ResidentSource::ResidentSource(const SourceFields& f, const SourceConfig& c)

@@ -147,7 +147,7 @@ class MixBatchSource final : public MixSource {
     StageTimes take_times() override;
     std::uint64_t device_bytes() const override;
     std::uint64_t host_bytes() const override;
-    std::uint64_t host_allocated() const override;
+    std::uint64_t host_resident() const override;
 
   private:
     void fill(Member& m, std::size_t index, std::uint64_t first, std::uint64_t end);
@@ -341,9 +341,9 @@ std::uint64_t MixBatchSource::host_bytes() const {
     return bytes;
 }
 
-std::uint64_t MixBatchSource::host_allocated() const {
+std::uint64_t MixBatchSource::host_resident() const {
     std::uint64_t bytes = plan_.members[0].source.config.device.backend == Backend::cpu ? plan_.mix_bytes : 0;
-    for (const Member& m : members_) bytes += m.source->host_allocated();
+    for (const Member& m : members_) bytes += m.source->host_resident();
     return bytes;
 }
 

@@ -66,7 +66,7 @@ class StreamParts {
     // others' counters are taken so that they start afresh too.
     void take_times(StageTimes& t);
     std::uint64_t host_bytes() const { return plan_.total(); }
-    std::uint64_t host_allocated() const;
+    std::uint64_t host_resident() const;
 
   private:
     std::vector<std::unique_ptr<StreamReader>> readers_;

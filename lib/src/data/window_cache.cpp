@@ -33,12 +33,17 @@ std::uint64_t group_chunks(const OrderConfig& order) {
 void WindowCache::BufferFree::operator()(std::uint8_t* p) const noexcept {
     ::munmap(p, bytes);
     if (held) *held -= bytes;
+    if (filled && resident) *resident -= bytes;
 }
 
 // Mapped buffers go back to the kernel when freed: the count is what the
 // cache holds now.
 std::uint64_t WindowCache::allocated_bytes() const {
     return allocated_.load();
+}
+
+std::uint64_t WindowCache::resident_bytes() const {
+    return resident_.load();
 }
 
 // One chunk of the order, every field of it: field f's samples start at
@@ -356,7 +361,7 @@ WindowCache::Buffer WindowCache::take_buffer(std::size_t field, std::uint64_t by
     // new ones are taken: the process outgrew its planned host ceiling epoch
     // after epoch. Mapped pages go back to the kernel when unmapped.
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    Buffer b(p == MAP_FAILED ? nullptr : static_cast<std::uint8_t*>(p), BufferFree{bytes, &allocated_});
+    Buffer b(p == MAP_FAILED ? nullptr : static_cast<std::uint8_t*>(p), BufferFree{bytes, &allocated_, &resident_});
     if (!b)
         throw no_fit_error("cannot allocate " + format_bytes(bytes) +
                            " of host memory for a chunk of the window cache; lower --host-mem or --window");
@@ -376,6 +381,8 @@ void WindowCache::load(Chunk& c) {
         c.data_bytes[f] = round_up(r.range_buffer_bytes(c.count), buffer_align);
         c.data[f] = take_buffer(f, c.data_bytes[f]);
         c.offset[f] = r.read_range(c.first, c.count, c.data[f].get());
+        BufferFree& d = c.data[f].get_deleter();
+        if (!std::exchange(d.filled, true)) resident_ += d.bytes;
         if (fields_[f].drop_pages) r.drop_pages(c.first, c.count);
     }
 }

@@ -394,11 +394,10 @@ Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {
     c.bytes = c.overhead + c.planned;
     // Host: what the process held before the sources, what the warm-up added
     // beside them (cuda libraries load kernels lazily), and the sources' plan.
-    const std::uint64_t data_allocated =
-        s.train_src->host_allocated() + (s.test_src ? s.test_src->host_allocated() : 0);
+    const std::uint64_t data_resident = s.train_src->host_resident() + (s.test_src ? s.test_src->host_resident() : 0);
     const std::uint64_t rss = current_rss_bytes();
     c.host_data = s.train_src->host_bytes() + (s.test_src ? s.test_src->host_bytes() : 0);
-    c.host_process = std::max(s.rss_before_sources, rss > data_allocated ? rss - data_allocated : 0);
+    c.host_process = std::max(s.rss_before_sources, rss > data_resident ? rss - data_resident : 0);
     // The CPU trainer's buffers are host memory, allocated at its first step.
     if (!s.on_gpu()) c.host_process += r.planned.total();
     c.host_bytes = c.host_process + c.host_data;

@@ -171,8 +171,9 @@ class BatchSource {
     virtual StageTimes take_times() = 0;
     virtual std::uint64_t device_bytes() const = 0; // backend memory held: slots or the resident split
     virtual std::uint64_t host_bytes() const = 0;   // host memory held: ring, reader buffers, decoded chunks
-    // Of host_bytes(), what is allocated now (a window cache fills as it reads).
-    virtual std::uint64_t host_allocated() const { return host_bytes(); }
+    // Of host_bytes(), what is resident now (a window cache fills as it reads;
+    // a chunk counts once its read has landed).
+    virtual std::uint64_t host_resident() const { return host_bytes(); }
 };
 
 // Bytes a source of this configuration will hold in backend memory, known

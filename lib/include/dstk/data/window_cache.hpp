@@ -95,13 +95,19 @@ class WindowCache {
     CacheStats take_stats();
     std::uint64_t held_bytes() const;
     std::uint64_t allocated_bytes() const; // chunk buffers mapped now, pooled ones included
+    // Of those, the buffers a read has filled: resident pages. One being read
+    // into is not counted yet (dstrain's ceiling takes what else the process
+    // holds as its RSS less this).
+    std::uint64_t resident_bytes() const;
 
   private:
     // Chunk buffers are pages mapped for them and unmapped when freed (the
     // deleter knows their size): window_cache.cpp says why not malloc.
     struct BufferFree {
         std::uint64_t bytes = 0;
-        std::atomic<std::uint64_t>* held = nullptr; // the cache's count of mapped bytes
+        std::atomic<std::uint64_t>* held = nullptr;     // the cache's count of mapped bytes
+        std::atomic<std::uint64_t>* resident = nullptr; // ... and of those filled
+        bool filled = false;
         void operator()(std::uint8_t* p) const noexcept;
     };
     using Buffer = std::unique_ptr<std::uint8_t, BufferFree>;
@@ -129,7 +135,7 @@ class WindowCache {
     std::condition_variable work_, ready_;
     // Mapped chunk bytes; declared before the buffers' owners, which count
     // down into it as they go.
-    std::atomic<std::uint64_t> allocated_{0};
+    std::atomic<std::uint64_t> allocated_{0}, resident_{0};
     std::deque<Group> groups_; // admitted, in position order
     std::optional<Group> next_;
     CacheChain chain_;
