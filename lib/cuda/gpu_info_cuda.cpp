@@ -1,6 +1,5 @@
 // GPU facts through the CUDA runtime (host code: compiled by the C++ compiler).
 #include <cuda_runtime_api.h>
-#include <cudnn.h>
 #ifdef DSTK_HAVE_NVML
 #include <nvml.h>
 #endif
@@ -39,9 +38,6 @@ std::vector<GpuInfo> detect_gpus(std::string* why) {
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
-    const std::size_t cudnn = cudnnGetVersion(); // 91400 -> 9.14.0
-    const std::string cudnn_str =
-        std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) + "." + std::to_string(cudnn % 100);
 #ifdef DSTK_HAVE_NVML
     const bool nvml_ok = nvmlInit_v2() == NVML_SUCCESS;
 #endif
@@ -59,7 +55,6 @@ std::vector<GpuInfo> detect_gpus(std::string* why) {
         g.multiprocessors = prop.multiProcessorCount;
         g.driver_version = cuda_version_string(driver);
         g.runtime_version = cuda_version_string(runtime);
-        g.cudnn_version = cudnn_str;
         std::size_t free_b = 0, total_b = 0;
         if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_memory = free_b;
 #ifdef DSTK_HAVE_NVML

@@ -36,6 +36,10 @@ std::vector<GpuInfo> detect_gpus(std::string* why) {
     if (why) *why = *no_gpu_reason();
     return {};
 }
+
+std::string cudnn_version() {
+    return {};
+}
 #endif
 
 } // namespace dstk

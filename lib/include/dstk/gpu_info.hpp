@@ -14,13 +14,20 @@ struct GpuInfo {
     std::uint64_t total_memory = 0, free_memory = 0;
     int pcie_generation = 0, pcie_width = 0; // 0 where unknown
     int multiprocessors = 0;
-    std::string driver_version, runtime_version, cudnn_version;
+    std::string driver_version, runtime_version;
 };
 
 bool built_with_cuda();
 // Empty without CUDA support or without a visible GPU; `why` says which
 // (no_gpu_reason's words).
 std::vector<GpuInfo> detect_gpus(std::string* why = nullptr);
+
+// cuDNN's version ("9.14.0"); empty in builds without CUDA. Apart from
+// detect_gpus so that code that only moves data (the Python package) does
+// not load cuDNN: PyTorch bundles its own under the same soname, and a
+// process that loaded ours first would hand PyTorch that one (import torch
+// after import dstk aborted in free()).
+std::string cudnn_version();
 
 // Why this process has no usable GPU, in words a user acts on; nothing when
 // it has one. Cheaper than detect_gpus (no device properties).

@@ -137,7 +137,7 @@ Context detect_context(const BenchOptions& o, const Target* target) {
         c.pcie_width = g.pcie_width;
         c.driver_version = g.driver_version;
         c.cuda_runtime_version = g.runtime_version;
-        c.cudnn_version = g.cudnn_version;
+        c.cudnn_version = cudnn_version();
     }
     const Settings& s = o.settings;
     c.settings = {{"cases", o.cases.empty() ? "default" : o.cases},
