@@ -15,6 +15,7 @@
 #include "dstk/gpu_info.hpp"
 #include "dstk/gpu_runtime.hpp"
 #include "support/fields_dataset.hpp"
+#include "support/gpu_missing.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
@@ -26,12 +27,7 @@ namespace {
 constexpr std::uint64_t samples = 700;
 const std::vector<std::string> all_fields{"target", "image", "result", "label"};
 
-std::string gpu_missing() {
-    if (!built_with_cuda()) return "built without CUDA support";
-    std::string why;
-    if (detect_gpus(&why).empty()) return "no CUDA GPU (" + why + ")";
-    return {};
-}
+using test_support::gpu_missing;
 
 LoaderRequest request(Placement p, Backend b) {
     LoaderRequest r;

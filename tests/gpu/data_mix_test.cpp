@@ -15,6 +15,7 @@
 #include "dstk/run/train_run.hpp"
 #include "dstk/gpu_runtime.hpp"
 #include "support/test_dataset.hpp"
+#include "support/gpu_missing.hpp"
 
 using namespace dstk;
 using namespace dstk::data;
@@ -22,12 +23,7 @@ using namespace dstk::test_support;
 
 namespace {
 
-std::string gpu_missing() {
-    if (!built_with_cuda()) return "built without CUDA support";
-    std::string why;
-    if (detect_gpus(&why).empty()) return "no CUDA GPU (" + why + ")";
-    return {};
-}
+using test_support::gpu_missing;
 
 // Member m's sample i: x = u8[3x16x16] bytes (i * 7 + j + m * 50), y = i32 m * 100,000 + i.
 const std::vector<Dataset>& datasets() {

@@ -21,18 +21,14 @@
 #include "dstk/gpu_info.hpp"
 #include "dstk/rng.hpp"
 #include "support/test_dataset.hpp"
+#include "support/gpu_missing.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
 
 namespace {
 
-std::string gpu_missing() {
-    if (!built_with_cuda()) return "built without CUDA support";
-    std::string why;
-    if (detect_gpus(&why).empty()) return "no CUDA GPU (" + why + ")";
-    return {};
-}
+using test_support::gpu_missing;
 
 fs::path temp(const std::string& name) {
     const fs::path d = fs::path(::testing::TempDir()) / ("dstk_gpu_resume_" + name + "_" + std::to_string(::getpid()));

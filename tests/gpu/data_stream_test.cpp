@@ -22,6 +22,7 @@
 #include "dstk/gpu_runtime.hpp"
 #include "support/fields_dataset.hpp"
 #include "support/test_dataset.hpp"
+#include "support/gpu_missing.hpp"
 
 namespace fs = std::filesystem;
 using namespace dstk;
@@ -31,12 +32,7 @@ namespace {
 
 constexpr std::uint64_t row_bytes = 3 * 32 * 32;
 
-std::string gpu_missing() {
-    if (!built_with_cuda()) return "built without CUDA support";
-    std::string why;
-    if (detect_gpus(&why).empty()) return "no CUDA GPU (" + why + ")";
-    return {};
-}
+using test_support::gpu_missing;
 
 // Sample i of a split: byte j is (i * 31 + j) & 0xff; its label is i, or
 // i mod 10 with `classes` (a dataset to train on). `test` samples more in a
