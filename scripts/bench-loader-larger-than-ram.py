@@ -65,18 +65,20 @@ def loader_worker(a):
     except ImportError:
         torch, gpu = None, False
     rss_before = proc_status_bytes("VmRSS")  # the interpreter, PyTorch and the CUDA context
-    loader = dstk.Loader(a.dataset, fields=FIELDS, batch=a.batch, order="chunk", seed=0, placement="stream",
+    fields = a.fields.split(",")
+    loader = dstk.Loader(a.dataset, fields=fields, batch=a.batch, order="chunk", seed=0, placement="stream",
                          output="torch" if gpu else "arrays", **({"readers": a.readers} if a.readers else {}))
     t0, samples, acc = time.perf_counter(), 0, [None]
     for b in loader:
         touch(b, acc)
-        samples += len(b["moves"])
+        samples += len(b[fields[0]])
         if time.perf_counter() - t0 > a.seconds:
             break
     if gpu:
         torch.cuda.synchronize()
     s = time.perf_counter() - t0
     print(json.dumps({"samples_per_s": samples / s, "samples": samples, "seconds": s,
+                      "read_wait": loader.times.get("read_wait", 0.0),
                       "host_ceiling": loader.host_bytes, "device": loader.device, "plan": loader.describe(),
                       "rss_before": rss_before, "peak_rss": proc_status_bytes("VmHWM")}))
 
@@ -166,7 +168,7 @@ def disk_rate(cg, bindir, ds, out, size):
 
 def worker_run(cg, a, way, ds, readers=0):
     p = cg.run([sys.executable, os.path.abspath(__file__), "--worker", way, "--dataset", ds, "--batch", str(a.batch),
-                "--readers", str(readers),
+                "--readers", str(readers), "--fields", a.fields,
                 "--seconds", str(a.seconds)], os.path.join(a.out, "runs.log"))
     if p.returncode != 0:
         sys.exit(f"bench-loader-larger-than-ram: the {way} run failed (rc {p.returncode}); see {a.out}/runs.log")
@@ -184,10 +186,13 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--readers", default="0",
                     help="the loader's reader threads, comma-separated for several settings (0: its plan's)")
+    ap.add_argument("--fields", default=",".join(FIELDS),
+                    help="the fields dstk.Loader delivers, comma-separated (the bytes/s count these alone)")
     ap.add_argument("--runs", type=int, default=3, help="fresh dstk.Loader processes per readers setting")
     ap.add_argument("--seconds", type=float, default=60, help="timed seconds of each run")
     ap.add_argument("--work", default="/var/tmp/dstk-ltr-chess", help="data folder, on disk")
     ap.add_argument("--out", default=os.environ.get("OUT", "build-gpu/ltr-chess"), help="logs and JSON")
+    ap.add_argument("--no-numpy", action="store_true", help="skip the np.load(mmap) + DataLoader run")
     ap.add_argument("--keep-data", action="store_true", help="keep the dataset for another run")
     ap.add_argument("--tiny", action="store_true", help="a small case: 500K positions, 160M, 5 s a run")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -219,14 +224,18 @@ def main():
             for _ in range(a.runs):
                 evict(ds)
                 dstk_runs.setdefault(readers, []).append(worker_run(cg, a, "dstk", ds, readers))
+        m = None
         try:
             import torch  # noqa: F401
-            evict(ds)
-            m = worker_run(cg, a, "numpy", ds)
+            if not a.no_numpy:
+                evict(ds)
+                m = worker_run(cg, a, "numpy", ds)
         except ImportError:
-            m = None
+            pass
     finally:
         cg.remove()
+    field_bytes = {"positions": 768, "moves": 4, "results": 1}
+    row = sum(field_bytes[f] for f in a.fields.split(","))
     d_all = next(iter(dstk_runs.values()))
     d = d_all[0]
     lines = [f"chess, {n:,} positions ({gib(n * ROW_BYTES)}) on disk, memory cgroup {gib(limit)}, batch {a.batch}, "
@@ -236,8 +245,10 @@ def main():
         rates = sorted(r["samples_per_s"] for r in runs)
         med = statistics.median(rates)
         growth = max(r["peak_rss"] - r["rss_before"] for r in runs)
-        lines.append(f"  dstk.Loader readers {readers or 'planned'}: {med:12,.0f} samples/s [{rates[0]:,.0f}-"
-                     f"{rates[-1]:,.0f}]  {med * ROW_BYTES / 1e9:.3f} GB/s = {med * ROW_BYTES / disk:.1%} of the disk; "
+        wait = statistics.median(r["read_wait"] / r["seconds"] for r in runs)
+        lines.append(f"  dstk.Loader fields {a.fields} readers {readers or 'planned'}: {med:12,.0f} samples/s "
+                     f"[{rates[0]:,.0f}-{rates[-1]:,.0f}]  {med * row / 1e9:.3f} GB/s = {med * row / disk:.1%} of the "
+                     f"disk, waiting for data {wait:.0%} of the time; "
                      f"largest RSS growth {gib(growth)} over {gib(runs[0]['rss_before'])} before the loader (Python, "
                      f"PyTorch, CUDA) against the host ceiling printed {gib(runs[0]['host_ceiling'])}: "
                      + ("within" if growth <= runs[0]["host_ceiling"] else "OVER"))
@@ -247,7 +258,8 @@ def main():
                      f"{gib(m['peak_rss'])} (workers {gib(m['children_peak_rss'])}); dstk / numpy "
                      f"{statistics.median(r['samples_per_s'] for r in d_all) / m['samples_per_s']:.2f}x")
     else:
-        lines.append("  np.load(mmap) + DataLoader: skipped (PyTorch is not installed)")
+        lines.append("  np.load(mmap) + DataLoader: skipped (" + ("--no-numpy" if a.no_numpy else
+                                                                "PyTorch is not installed") + ")")
     if not a.keep_data:
         shutil.rmtree(a.work, ignore_errors=True)
     lines.append(f"({time.time() - t0:.0f} s; logs in {a.out})")

@@ -26,6 +26,7 @@
 #                     python (only when named; python-loader implies it): the package
 #                     built offline into python3 and its tests (python/tests, tests/python)
 #   DSTK_GPU_TESTS    0 to skip ctest -L gpu (e.g. a second call for benchmarks)
+#   DSTK_PY_TESTS     0 to skip the Python package's tests (the package is still installed)
 #   DSTK_CURVE, DSTK_BENCH_TASKS, DSTK_MEMMAP, DSTK_BENCH_RUNS, DSTK_BENCH_PRECISIONS:
 #                     bench-train's CURVE, TASKS, MEMMAP, RUNS and PRECISIONS
 #   DSTK_BASELINE     a tarball of another tree (git archive REV > .baseline/base.tar,
@@ -133,7 +134,8 @@ if [ "$benches" != none ]; then
             python3 -c "import nanobind, pytest; print(nanobind.__version__)" || exit 1
             python3 -m pip install -v --no-build-isolation --no-deps --no-index \
                 -C cmake.define.DSTK_BUILD_DIR="$PWD/build-gpu" ./python'
-        SUMMARY_RE='passed|failed' step python-tests 240 python3 -m pytest -q python/tests tests/python
+        [ "${DSTK_PY_TESTS:-1}" = 0 ] ||
+            SUMMARY_RE='passed|failed' step python-tests 240 python3 -m pytest -q python/tests tests/python
     fi
     if named python-loader; then
         SUMMARY_RE='dstk / reference' step python-loader 450 python3 scripts/bench-python-loader.py --out "$log/python-loader" \
