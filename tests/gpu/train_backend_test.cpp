@@ -389,6 +389,37 @@ TEST(TrainGpu, DeterministicRunsAreBitwiseEqualAndResumeExactly) {
     }
 }
 
+// The weight gradients run on a second stream beside the data gradients
+// (side_branch.hpp), their buffers handed out so that none is overwritten
+// while read: with deterministic kernels every step, graph (full batch) and
+// eager (partial), equals one stream's bit for bit.
+TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
+    REQUIRE_GPU();
+    const char* pooled = "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64:bias,bn,relu,maxpool2,"
+                         "flatten,fc:32:bias,relu,fc:10";
+    for (const Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
+        for (const bool fused_pool : {false, true}) {
+            SCOPED_TRACE(std::string(precision_name(p)) + (fused_pool ? " pooled" : " residual"));
+            const TensorShape in{3, 16, 16};
+            const std::uint32_t batch = 32;
+            const Data d = make_random_data(in, 10, batch * 6, 29);
+            const DeviceData dd(d);
+            TrainerConfig c = deterministic_config(p);
+            if (fused_pool) c.plan = plan_network(resolve_model(pooled, 10), in, 10);
+            auto branched = make_trainer(c);
+            setenv("DSTK_WEIGHT_BRANCH", "0", 1);
+            auto one = make_trainer(c);
+            unsetenv("DSTK_WEIGHT_BRANCH");
+            for (Trainer* t : {branched.get(), one.get()}) {
+                run_steps(*t, dd, in, batch, 0, 4);
+                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+            }
+            EXPECT_EQ(branched->read_parameters(), one->read_parameters());
+            EXPECT_EQ(branched->read_states(), one->read_states());
+            EXPECT_EQ(branched->read_gradients(), one->read_gradients());
+        }
+}
+
 TEST(TrainGpu, ConvertsU8InputOnTheDevice) {
     REQUIRE_GPU();
     TrainerConfig c = config("flatten,fc:5", {3, 4, 4}, 5, 4, Backend::cpu, Precision::fp32);

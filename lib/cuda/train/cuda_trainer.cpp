@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include <cuda_profiler_api.h>
@@ -37,6 +38,7 @@
 #include "train/loss.hpp"
 #include "train/optimizer_step.hpp"
 #include "train/pooling.hpp"
+#include "train/side_branch.hpp"
 #include "train/tc_wgrad.hpp"
 
 namespace dstk::train {
@@ -216,8 +218,16 @@ class CudaTrainer final : public Trainer {
     void step_body(std::uint32_t n);
     void refresh_copies();
     void upload_initial_state();
-    void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a, cudaDataType_t at,
-              int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc);
+    void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
+              cudaDataType_t at, int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc);
+    // The stream, handles and cuDNN workspace an operation runs with.
+    struct Lane {
+        cudaStream_t stream;
+        cudnnHandle_t cudnn;
+        cublasHandle_t cublas;
+        void* workspace;
+    };
+    Lane weight_lane();
     enum Phase : int { train_phase, eval_phase, scratch_phase };
     void losses(std::uint32_t n, Phase phase, bool want_grad);
     Metrics take(Phase phase, std::uint64_t& samples);
@@ -257,7 +267,8 @@ class CudaTrainer final : public Trainer {
     std::vector<std::uint32_t> map_host_, inv_host_;
     std::uint64_t conv_copies_ = 0;
     std::vector<std::uint64_t> copy_offset_; // per layer, elements into wcopy
-    void *act0_ = nullptr, *gbuf_[2] = {nullptr, nullptr}, *input_grad_ = nullptr;
+    void *act0_ = nullptr, *input_grad_ = nullptr;
+    GradBuffers gbuf_; // data gradients, three so that the side branch's reads overlap the layers below
     // Per head: the loss gradient of its outputs, its target (classes or
     // float values) and where its metric sums lie in a phase's block.
     struct HeadDev {
@@ -272,6 +283,11 @@ class CudaTrainer final : public Trainer {
     void* workspace_ = nullptr;
     std::uint64_t workspace_bytes_ = 0;
     void* cublas_ws_ = nullptr;
+    // Weight gradients beside the data gradients (side_branch.hpp), with
+    // their own cuDNN and cuBLAS workspaces.
+    std::unique_ptr<SideBranch> side_;
+    bool one_stream_ = false; // DSTK_WEIGHT_BRANCH=0: the weight gradients on the main stream too
+    void *side_ws_ = nullptr, *side_cublas_ws_ = nullptr;
     // Per phase (training, evaluation, inspection): the heads' counters, their
     // metric sums and the first step whose loss was not finite, in one block.
     struct MetricsBlock {
@@ -359,8 +375,11 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    CUBLAS_CHECK(cublasSetMathMode(cublas_, cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                              : CUBLAS_DEFAULT_MATH));
+    const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
+    side_ = std::make_unique<SideBranch>(stream_, math);
+    if (const char* e = std::getenv("DSTK_WEIGHT_BRANCH")) one_stream_ = std::string(e) == "0";
+    gbuf_.create_events();
     dev_.resize(layers().size());
     for (std::size_t i = 0; i + 1 < layers().size(); ++i)
         dev_[i].relu_next = layers()[i].spec.kind == LayerKind::batchnorm &&
@@ -392,6 +411,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     a.reset(reinterpret_cast<std::uintptr_t>(arena_));
     layout(a);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_workspace));
+    side_->set_cublas_workspace(side_cublas_ws_, cublas_workspace);
 
     upload_initial_state();
     refresh_copies();
@@ -543,6 +563,7 @@ void CudaTrainer::average_states() {
 
 CudaTrainer::~CudaTrainer() {
     if (stream_) cudaStreamSynchronize(stream_);
+    side_.reset();
     if (train_graph_) cudaGraphExecDestroy(train_graph_);
     if (eval_graph_) cudaGraphExecDestroy(eval_graph_);
     for (auto& [n, d] : descs_) {
@@ -644,8 +665,8 @@ void CudaTrainer::layout(Arena& a) {
     for (const auto& l : layers())
         if (l.spec.kind == LayerKind::batchnorm) bn_channels = std::max(bn_channels, l.in.c);
     bn_partials_ = a.take<double>(bn_partials(std::max(bn_channels, 1u)));
-    gbuf_[0] = a.take_bytes(b * cfg_.plan.max_activation() * ab);
-    gbuf_[1] = a.take_bytes(b * cfg_.plan.max_activation() * ab);
+    for (std::size_t k = 0; k < GradBuffers::count; ++k)
+        gbuf_.set(k, a.take_bytes(b * cfg_.plan.max_activation() * ab));
     input_grad_ = a.take_bytes(b * input_.numel() * ab);
     for (std::size_t h = 0; h < heads_.size(); ++h) {
         const Target& t = cfg_.plan.heads[h].target;
@@ -662,6 +683,8 @@ void CudaTrainer::layout(Arena& a) {
     const std::uint64_t ws_start = a.used();
     workspace_ = a.take<std::uint8_t>(workspace_bytes_);
     cublas_ws_ = a.take<std::uint8_t>(cublas_workspace);
+    side_ws_ = a.take<std::uint8_t>(workspace_bytes_);
+    side_cublas_ws_ = a.take<std::uint8_t>(cublas_workspace);
     plan_.workspace = a.used() - ws_start;
 }
 
@@ -913,10 +936,10 @@ void CudaTrainer::convert(const StepFields& b) {
 
 // Column-major C[m][n] = op(A) op(B) with float accumulation, the
 // activations' type for B (and for A where it is not fp32).
-void CudaTrainer::gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
+void CudaTrainer::gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
                        cudaDataType_t at, int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc) {
     const float one = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(cublas_, ta, tb, m, n, k, &one, a, at, lda, b, blas_type_, ldb, &zero, c, ct, ldc,
+    CUBLAS_CHECK(cublasGemmEx(h, ta, tb, m, n, k, &one, a, at, lda, b, blas_type_, ldb, &zero, c, ct, ldc,
                               blas_compute_, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -976,7 +999,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         case LayerKind::linear: {
             const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c);
             const bool copy = d.wk != nullptr;
-            gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, copy ? d.wk : p,
+            gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, copy ? d.wk : p,
                  copy ? blas_type_ : CUDA_R_32F, in, x, in, d.out, blas_type_, out);
             if (l.spec.bias)
                 launch_add_bias(d.out, at_, p + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_);
@@ -1002,6 +1025,15 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
     }
 }
 
+// Where a layer's weight gradient runs: on the side branch, except while
+// profiling (each operation is then timed on the main stream alone) and
+// where DSTK_WEIGHT_BRANCH=0 says so.
+CudaTrainer::Lane CudaTrainer::weight_lane() {
+    if (marks_ || one_stream_) return {stream_, cudnn_, cublas_, workspace_};
+    side_->fork();
+    return {side_->stream(), side_->cudnn(), side_->cublas(), side_ws_};
+}
+
 // Layer i's weight gradient (and bias gradient) from dy, then dx where needed.
 void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx) {
     const float one = 1.0f, zero = 0.0f;
@@ -1011,16 +1043,18 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     const void* x = input_of(i);
     const auto xd = input_desc(bd, i), yd = bd.out[i];
     float* g = grads_ + l.param_offset;
+    const Lane w = weight_lane();
     if (i == 0 && direct_first_) // fp32, straight into the gradient vector
-        launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), workspace_, g, stream_);
+        launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream);
     else if (d.tc_wgrad)
-        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), workspace_, d.gk, stream_);
+        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, d.gk, w.stream);
     else
-        CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, xd, x, yd, dy, d.conv_bwd_filter,
-                                                   bd.algos[i].bwd_filter, workspace_, workspace_bytes_, &zero,
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(w.cudnn, &one, xd, x, yd, dy, d.conv_bwd_filter,
+                                                   bd.algos[i].bwd_filter, w.workspace, workspace_bytes_, &zero,
                                                    d.filter, d.gk));
     if (l.spec.bias)
-        launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, stream_);
+        launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, w.stream);
+    if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
     mark(i, "bwd filter");
     if (need_dx)
         CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
@@ -1034,12 +1068,14 @@ void CudaTrainer::backward_linear(std::size_t i, std::uint32_t n, const void* dy
     float* g = grads_ + l.param_offset;
     const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c), nn = static_cast<int>(n);
     // dW (fp32, straight into the gradient vector) = x^T dy
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, nn, input_of(i), blas_type_, in, dy, out, g, CUDA_R_32F, in);
-    if (l.spec.bias) launch_bias_grad(dy, at_, g + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_);
+    const Lane w = weight_lane();
+    gemm(w.cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, nn, input_of(i), blas_type_, in, dy, out, g, CUDA_R_32F, in);
+    if (l.spec.bias) launch_bias_grad(dy, at_, g + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, w.stream);
+    if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
     if (need_dx) {
         const bool copy = d.wk != nullptr;
-        gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, nn, out, copy ? d.wk : p, copy ? blas_type_ : CUDA_R_32F, in, dy, out, dx,
-             blas_type_, in);
+        gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, nn, out, copy ? d.wk : p, copy ? blas_type_ : CUDA_R_32F, in, dy,
+             out, dx, blas_type_, in);
     }
 }
 
@@ -1128,12 +1164,14 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
             if (heads[h].output == i) dy = heads_[h].dz;
         if (static_cast<std::int32_t>(i) == trunk_end) dy = trunk_grad_;
         const bool first = layers()[i].source < 0;
-        void* dx = first ? input_grad_ : (dy == gbuf_[0] ? gbuf_[1] : gbuf_[0]);
+        void* dx = first ? input_grad_ : gbuf_.next(dy, stream_);
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
     }
     if (trunk_end == -1 && want_input_grad) // the heads read the input itself
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
+    side_->join(); // the weight gradients are all there
+    gbuf_.reset();
     // A direct first convolution wrote its gradient itself: its copies (the first) are skipped.
     const std::uint64_t skip =
         direct_first_ ? std::uint64_t{layers()[0].out.c} * layers()[0].spec.kernel * layers()[0].spec.kernel * input_.c

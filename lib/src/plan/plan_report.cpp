@@ -26,8 +26,9 @@ namespace {
 
 // The model's training footprint from dstrain's own memory plan, taken from
 // the CPU backend (weights, gradients, optimiser slots, activations kept for
-// the backward pass at this batch), plus the cuDNN workspace bound the GPU
-// backend allocates at most. The GPU backend's own plan differs from it by a
+// the backward pass at this batch), plus the cuDNN workspace bound twice: the
+// GPU backend allocates at most that for its data gradients and again for the
+// weight gradients beside them. The GPU backend's own plan differs from it by a
 // few percent (dsplan and dstrain each print theirs).
 std::uint64_t model_footprint(const train::NetworkPlan& net, DType dtype, std::uint32_t batch) {
     train::TrainerConfig tc;
@@ -40,7 +41,7 @@ std::uint64_t model_footprint(const train::NetworkPlan& net, DType dtype, std::u
     tc.device = train::Device{train::Backend::cpu, 0};
     tc.cpu_threads = 1;
     const train::MemoryPlan p = train::make_trainer(tc)->memory_plan();
-    return p.parameters + p.activations + tc.workspace_limit;
+    return p.parameters + p.activations + 2 * tc.workspace_limit;
 }
 
 using nlohmann::json;
@@ -473,7 +474,7 @@ void print_job(const Inputs& in) {
                     format_count(in.model->parameters).c_str(), in.model->classes);
     if (in.job.model_bytes)
         std::printf("  training footprint %s (dstrain's memory plan: weights, gradients, optimiser state,\n"
-                    "                     activations at batch %u, plus the %s cuDNN workspace bound)\n",
+                    "                     activations at batch %u, plus the %s cuDNN workspace bound twice)\n",
                     format_bytes(*in.job.model_bytes).c_str(), in.job.batch,
                     format_bytes(train::TrainerConfig{}.workspace_limit).c_str());
     else
