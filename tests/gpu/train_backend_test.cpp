@@ -396,7 +396,7 @@ TEST(TrainGpu, DeterministicRunsAreBitwiseEqualAndResumeExactly) {
 TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
     REQUIRE_GPU();
     const char* pooled = "conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64:bias,bn,relu,maxpool2,"
-                         "flatten,fc:32:bias,relu,fc:10";
+                         "flatten,fc:32,relu,fc:10";
     for (const Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
         for (const bool fused_pool : {false, true}) {
             SCOPED_TRACE(std::string(precision_name(p)) + (fused_pool ? " pooled" : " residual"));
