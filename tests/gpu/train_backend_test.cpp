@@ -408,6 +408,7 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
             const DeviceData dd(d);
             TrainerConfig c = deterministic_config(p);
             if (fused_pool) c.plan = plan_network(resolve_model(pooled, 10), in, 10);
+            setenv("DSTK_WEIGHT_BRANCH", "1", 1); // not the timed choice: each way, for sure
             auto branched = make_trainer(c);
             setenv("DSTK_WEIGHT_BRANCH", "0", 1);
             auto one = make_trainer(c);

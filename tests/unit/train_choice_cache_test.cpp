@@ -259,12 +259,15 @@ TEST(ChoiceCache, PickTakesTheMedianAndBreaksNearTies) {
 TEST(ChoiceCache, RunLinesNameEachLayersChoicesAndSources) {
     const NetworkPlan plan =
         plan_network(resolve_model("conv3x3:32,bn,relu,conv3x3:32,flatten,fc:10", 10), TensorShape{3, 8, 8}, 10);
-    const std::vector<KernelReport> r = {{0, "fwd", "own:direct_conv", ChoiceSource::rule, 0.0},
-                                         {3, "fwd", "cudnn:1:tensor", ChoiceSource::cache, 0.052},
-                                         {3, "bwd_data", "cudnn:1:tensor", ChoiceSource::heuristic, 0.0},
-                                         {3, "bwd_filter", "own:tc_wgrad", ChoiceSource::timed, 0.038}};
+    const std::vector<KernelReport> r = {
+        {0, "fwd", "own:direct_conv", ChoiceSource::rule, 0.0},
+        {3, "fwd", "cudnn:1:tensor", ChoiceSource::cache, 0.052},
+        {3, "bwd_data", "cudnn:1:tensor", ChoiceSource::heuristic, 0.0},
+        {3, "bwd_filter", "own:tc_wgrad", ChoiceSource::timed, 0.038},
+        {plan.layers.size(), "weight_gradients", "side_stream", ChoiceSource::timed, 0.61}};
     const auto lines = kernel_choice_lines(r, plan);
-    ASSERT_EQ(lines.size(), 2u);
+    ASSERT_EQ(lines.size(), 3u);
+    EXPECT_EQ(lines[2], "step: weight_gradients side_stream (timed 0.6100 ms)");
     EXPECT_EQ(lines[0], "L0 conv 3->32 at 8x8: fwd own:direct_conv (rule)");
     EXPECT_EQ(lines[1], "L3 conv 32->32 at 8x8: fwd cudnn:1:tensor (cache 0.0520 ms), bwd_data cudnn:1:tensor "
                         "(heuristic), bwd_filter own:tc_wgrad (timed 0.0380 ms)");

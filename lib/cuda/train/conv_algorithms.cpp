@@ -204,18 +204,32 @@ Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, con
     for (const auto& p : cands) names.push_back(candidate_name(p));
     const std::size_t own_index = own ? names.size() : ~std::size_t{0};
     if (own) names.push_back("own:tc_wgrad");
-    const std::string k = key.text(), memo_key = device_identity_text_ + " " + k;
-    std::vector<double> median_of(names.size(), 0.0);
+    std::size_t idx = 0;
+    if (own && own_force_) {
+        idx = own_index;
+        reports_.push_back({layer, op, names[idx], ChoiceSource::rule, 0.0});
+    } else {
+        idx = pick_named(key.text(), layer, op, names, own ? own_index : 0,
+                         [&](std::size_t j) { return j == own_index ? ((*own)(), true) : run(cands[j]); });
+    }
+    if (use_own) *use_own = idx == own_index;
+    return idx == own_index ? cands.front() : cands[idx];
+}
+
+// The KernelMode's rules for one decision among named candidates: the
+// heuristic one, the cached or remembered one, or the fastest timed (stored
+// in the cache and this process's memo); reported under layer and op.
+std::size_t ConvChooser::pick_named(const std::string& k, std::size_t layer, const std::string& op,
+                                    const std::vector<std::string>& names, std::size_t heuristic,
+                                    const std::function<bool(std::size_t)>& launch) {
+    const std::string memo_key = device_identity_text_ + " " + k;
     auto finish = [&](std::size_t idx, ChoiceSource src, double ms) {
         reports_.push_back({layer, op, names[idx], src, ms});
-        if (use_own) *use_own = idx == own_index;
-        return idx == own_index ? cands.front() : cands[idx];
+        return idx;
     };
     auto index_of = [&](const std::string& name) {
         return static_cast<std::size_t>(std::find(names.begin(), names.end(), name) - names.begin());
     };
-    if (own && own_force_) return finish(own_index, ChoiceSource::rule, 0.0);
-    const std::size_t heuristic = own ? own_index : 0;
     if (mode_ == KernelMode::heuristic) return finish(heuristic, ChoiceSource::heuristic, 0.0);
     if (mode_ == KernelMode::automatic || mode_ == KernelMode::cached) {
         std::optional<Choice> c = cache_ ? cache_->find(k) : std::nullopt;
@@ -227,8 +241,7 @@ Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, con
             return finish(index_of(c->kernel), ChoiceSource::cache, c->median_ms);
         if (mode_ == KernelMode::cached) return finish(heuristic, ChoiceSource::heuristic, 0.0);
     }
-    const auto times =
-        time_candidates(names, [&](std::size_t j) { return j == own_index ? ((*own)(), true) : run(cands[j]); });
+    const auto times = time_candidates(names, launch);
     std::string previous;
     if (cache_)
         if (const auto c = cache_->find(k)) previous = c->kernel;
@@ -240,6 +253,12 @@ Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, con
         memo()[memo_key] = pick->choice;
     }
     return finish(pick->index, ChoiceSource::timed, pick->choice.median_ms);
+}
+
+std::size_t ConvChooser::choose_variant(const std::string& key, std::size_t layer, const std::string& op,
+                                        const std::vector<std::string>& names,
+                                        const std::function<void(std::size_t)>& launch) {
+    return pick_named(key, layer, op, names, 0, [&](std::size_t j) { return launch(j), true; });
 }
 
 ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own,

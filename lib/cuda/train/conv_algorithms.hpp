@@ -68,6 +68,12 @@ class ConvChooser {
   public:
     ConvChooser(const ConvSearch& s, KernelMode mode, ChoiceCache* cache, std::string identity);
     ConvAlgos choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own, bool* use_own);
+    // A choice among whole variants of the step (graphs captured each way),
+    // by the same rules: `launch(j)` runs variant j once on the search's
+    // stream; key is one word naming what the variants depend on. Variant 0
+    // is the heuristic pick. Returns the index chosen.
+    std::size_t choose_variant(const std::string& key, std::size_t layer, const std::string& op,
+                               const std::vector<std::string>& names, const std::function<void(std::size_t)>& launch);
     // A decision made outside (a fixed rule), reported with the others.
     void report(std::size_t layer, const std::string& op, const std::string& kernel);
     const std::vector<KernelReport>& reports() const { return reports_; }
@@ -76,6 +82,9 @@ class ConvChooser {
     template <class Perf>
     Perf decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
                 const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own);
+    std::size_t pick_named(const std::string& key, std::size_t layer, const std::string& op,
+                           const std::vector<std::string>& names, std::size_t heuristic,
+                           const std::function<bool(std::size_t)>& launch);
     void warm_up(const std::function<void()>& op);
     std::vector<CandidateTimes> time_candidates(const std::vector<std::string>& names,
                                                 const std::function<bool(std::size_t)>& launch);

@@ -240,6 +240,10 @@ class CudaTrainer final : public Trainer {
     std::vector<float> download_act(const void* p, std::uint64_t count);
     void capture(cudaGraphExec_t& exec, const std::function<void()>& body);
     void capture_train_graph();
+    void choose_weight_branch();
+    std::string step_key() const;
+    ChoiceCache choice_cache(const DeviceIdentity& id) const;
+    void with_state_restored(const std::function<void()>& body);
     void mark(std::size_t layer, const char* what);
     void profile_layers(int steps);
 
@@ -286,7 +290,7 @@ class CudaTrainer final : public Trainer {
     // Weight gradients beside the data gradients (side_branch.hpp), with
     // their own cuDNN and cuBLAS workspaces.
     std::unique_ptr<SideBranch> side_;
-    bool one_stream_ = false; // DSTK_WEIGHT_BRANCH=0: the weight gradients on the main stream too
+    bool one_stream_ = false; // the weight gradients on the main stream too (choose_weight_branch)
     void *side_ws_ = nullptr, *side_cublas_ws_ = nullptr;
     // Per phase (training, evaluation, inspection): the heads' counters, their
     // metric sums and the first step whose loss was not finite, in one block.
@@ -378,7 +382,6 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
-    if (const char* e = std::getenv("DSTK_WEIGHT_BRANCH")) one_stream_ = std::string(e) == "0";
     gbuf_.create_events();
     dev_.resize(layers().size());
     for (std::size_t i = 0; i + 1 < layers().size(); ++i)
@@ -419,7 +422,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     descs(cfg_.max_batch);
 
     const std::uint32_t n = cfg_.max_batch;
-    capture_train_graph();
+    choose_weight_branch();
     capture(eval_graph_, [&] {
         forward(n, false, true);
         losses(n, eval_phase, false);
@@ -428,7 +431,8 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     std::size_t free_after = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     measured_ = free_before > free_after ? free_before - free_after : 0;
-    if (const char* e = std::getenv("DSTK_PROFILE_LAYERS"); e && std::atoi(e) > 0) profile_layers(std::atoi(e));
+    if (const char* e = std::getenv("DSTK_PROFILE_LAYERS"); e && std::atoi(e) > 0)
+        with_state_restored([&] { profile_layers(std::atoi(e)); });
     // Under a profiler started with --profile-from-start off (nsys, ncu), the
     // range starts here: the algorithm search and warm-up stay outside it.
     cudaProfilerStart();
@@ -451,7 +455,6 @@ void CudaTrainer::mark(std::size_t layer, const char* what) {
 }
 
 void CudaTrainer::profile_layers(int steps) {
-    const auto saved = save_state();
     const std::uint32_t n = cfg_.max_batch;
     std::vector<std::string> order;
     std::map<std::string, double> total;
@@ -514,8 +517,6 @@ void CudaTrainer::profile_layers(int steps) {
                          dev_[i].tc_wgrad ? "tc_wgrad"
                                           : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
                          format_bytes(workspace_bytes_).c_str());
-    load_state(saved);
-    CUDA_CHECK(cudaMemset(metrics_[train_phase].heads, 0, metrics_bytes_));
 }
 
 void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& body) {
@@ -530,6 +531,68 @@ void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& bo
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+// Where the weight gradients run (side_branch.hpp): beside the data
+// gradients or on the main stream, whichever step is faster here. Both
+// steps are captured and timed as two candidates of the kernel choice, by
+// its rules and in its cache, unless DSTK_WEIGHT_BRANCH (0 or 1) fixes it.
+// Timing trains: the state is restored after.
+void CudaTrainer::choose_weight_branch() {
+    const std::string names[2] = {"side_stream", "main_stream"};
+    const std::size_t step_layer = layers().size(); // reported as the step's, not a layer's
+    if (const char* e = std::getenv("DSTK_WEIGHT_BRANCH"); e && *e) {
+        one_stream_ = std::string(e) == "0";
+        reports_.push_back({step_layer, "weight_gradients", names[one_stream_], ChoiceSource::rule, 0.0});
+        capture_train_graph();
+        return;
+    }
+    cudaGraphExec_t graphs[2] = {};
+    for (int v = 0; v < 2; ++v) {
+        one_stream_ = v == 1;
+        capture(graphs[v], [&] { step_body(cfg_.max_batch); });
+    }
+    const DeviceIdentity id = device_identity(cfg_.device.index);
+    ChoiceCache cache = choice_cache(id);
+    ConvChooser chooser(search(), cfg_.kernels, &cache, id.text());
+    std::size_t pick = 0;
+    with_state_restored([&] {
+        pick = chooser.choose_variant(step_key(), step_layer, "weight_gradients", {names[0], names[1]},
+                                      [&](std::size_t j) { CUDA_CHECK(cudaGraphLaunch(graphs[j], stream_)); });
+    });
+    if (cfg_.kernels == KernelMode::automatic || cfg_.kernels == KernelMode::retune) cache.store();
+    reports_.insert(reports_.end(), chooser.reports().begin(), chooser.reports().end());
+    one_stream_ = pick == 1;
+    if (train_graph_) CUDA_CHECK(cudaGraphExecDestroy(train_graph_));
+    train_graph_ = graphs[pick];
+    CUDA_CHECK(cudaGraphExecDestroy(graphs[1 - pick]));
+}
+
+// One word naming what the step's time depends on besides the device: the
+// precision, determinism, batch, the layers' kinds and shapes and the
+// convolutions' kernel choices (hashed).
+std::string CudaTrainer::step_key() const {
+    std::string text;
+    for (const LayerPlan& l : layers())
+        text += std::string(layer_kind_name(l.spec.kind)) + ":" + std::to_string(l.in.c) + "x" +
+                std::to_string(l.in.h) + "x" + std::to_string(l.in.w) + ">" + std::to_string(l.out.c) + ";";
+    for (const KernelReport& r : reports_) text += std::to_string(r.layer) + r.op + r.kernel + ";";
+    std::uint64_t h = 1469598103934665603ull; // FNV-1a
+    for (const unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return "step.weight_branch." + std::string(precision_name(cfg_.precision)) + (cfg_.deterministic ? ".det" : "") +
+           ".n" + std::to_string(cfg_.max_batch) + "." + buf;
+}
+
+// Runs body (which may train) and puts parameters, optimiser state,
+// statistics, the step counter and the training metrics back as they were.
+void CudaTrainer::with_state_restored(const std::function<void()>& body) {
+    const auto saved = save_state();
+    body();
+    load_state(saved);
+    CUDA_CHECK(cudaMemset(metrics_[train_phase].heads, 0, metrics_bytes_));
+    CUDA_CHECK(cudaMemset(metrics_[train_phase].first_nonfinite, 0xff, 8));
 }
 
 void CudaTrainer::capture_train_graph() {
@@ -785,12 +848,16 @@ DirectConvShape CudaTrainer::direct_shape(std::uint32_t n) const {
 
 // Chooses each convolution's kernels once, for max_batch, with the planned
 // buffers and workspace, by cfg_.kernels' rules; stores what was timed.
+ChoiceCache CudaTrainer::choice_cache(const DeviceIdentity& id) const {
+    const bool use_cache = cfg_.kernels != KernelMode::heuristic;
+    return ChoiceCache(use_cache ? (cfg_.choice_dir.empty() ? default_choice_dir() : fs::path(cfg_.choice_dir))
+                                 : fs::path(),
+                       id, [](const std::string& n) { std::fprintf(stderr, "notice: %s\n", n.c_str()); });
+}
+
 void CudaTrainer::find_algorithms() {
     const DeviceIdentity id = device_identity(cfg_.device.index);
-    const bool use_cache = cfg_.kernels != KernelMode::heuristic;
-    ChoiceCache cache(use_cache ? (cfg_.choice_dir.empty() ? default_choice_dir() : fs::path(cfg_.choice_dir))
-                                : fs::path(),
-                      id, [](const std::string& n) { std::fprintf(stderr, "notice: %s\n", n.c_str()); });
+    ChoiceCache cache = choice_cache(id);
     ConvChooser chooser(search(), cfg_.kernels, &cache, id.text());
     BatchDescs& bd = descs(cfg_.max_batch);
     for (std::size_t i = 0; i < layers().size(); ++i) {

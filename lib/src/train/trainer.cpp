@@ -190,7 +190,10 @@ std::vector<std::string> kernel_choice_lines(const std::vector<KernelReport>& re
     std::vector<std::string> lines;
     std::size_t layer = ~std::size_t{0};
     for (const auto& r : reports) {
-        if (r.layer != layer) {
+        if (r.layer != layer && r.layer >= plan.layers.size()) { // a choice for the whole step
+            layer = r.layer;
+            lines.push_back("step:");
+        } else if (r.layer != layer) {
             layer = r.layer;
             const LayerPlan& l = plan.layers.at(layer);
             lines.push_back("L" + std::to_string(layer) + " " + std::string(layer_kind_name(l.spec.kind)) + " " +
