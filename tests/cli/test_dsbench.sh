@@ -32,6 +32,20 @@ expect_true "rates are positive with a unit" \
 expect_true "random reads have p99 latency" \
     test "$(jq '[.results[] | select(.metrics.latency_p99.unit == "us")] | length' "$WORK/a.json")" = 2
 
+# O_DIRECT chunk reads (what the streams read): measured at whole aligned
+# blocks where the filesystem takes O_DIRECT, waived with the reason on tmpfs.
+"$DSB" all "$FILE" --cases io.rand.chunk.direct "${FAST[@]}" --chunk-size 1M --json "$WORK/d.json" -q \
+    >"$OUT" 2>"$ERR"
+rc=$?
+case $rc in
+0) expect_true "O_DIRECT chunk reads: 2 results, 1 MiB reads, positive rates" jq -e '[.results[]
+       | select(.status == "ok" and .params.read_bytes == 1048576 and .metrics.rate.median > 0)] | length == 2' \
+       "$WORK/d.json" ;;
+3) expect_true "O_DIRECT chunk reads waived with the reason" jq -e '.results[0].status == "waived" and
+       (.results[0].reason | test("O_DIRECT"))' "$WORK/d.json" ;;
+*) fail "dsbench io.rand.chunk.direct exited $rc" ;;
+esac
+
 # No overwrite without --force; --force overwrites.
 expect_exit 2 "$DSB" all "$FILE" --cases io.seq.pread.warm "${FAST[@]}" --json "$WORK/a.json"
 expect_stderr 'force'

@@ -185,7 +185,11 @@ std::uint64_t grain_bytes(const CaseContext& ctx, Grain g) {
 
 std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache cache, Grain grain) {
     const Target& t = *ctx.target;
-    const std::uint64_t op_bytes = grain_bytes(ctx, grain);
+    // O_DIRECT reads whole aligned blocks: a chunk rounded up to them, from
+    // aligned offsets (the chunk's start rounded down).
+    const std::uint64_t grain_op = grain_bytes(ctx, grain);
+    const std::uint64_t op_bytes =
+        method == Method::direct ? (grain_op + direct_align - 1) / direct_align * direct_align : grain_op;
     if (op_bytes == 0) throw runtime_error(t.file.string() + ": holds less than one sample");
     // Enough reads for a stable figure, few enough that a cold pass stays short.
     // Chunk reads are what a training epoch streams for seconds on end: they
@@ -206,7 +210,8 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
             SplitMix64 rng(ctx.settings.seed * 0x9E3779B97F4A7C15ull + i);
             for (std::uint64_t k = 0; k < per_thread; ++k) {
                 const std::uint64_t pos = rng.next() % positions;
-                offsets[i].push_back(t.data_offset + pos * (grain == Grain::chunk ? op_bytes : t.sample_bytes));
+                const std::uint64_t at = t.data_offset + pos * (grain == Grain::chunk ? grain_op : t.sample_bytes);
+                offsets[i].push_back(method == Method::direct ? at / direct_align * direct_align : at);
             }
         }
         std::vector<std::unique_ptr<AlignedBuffer>> bufs;
@@ -215,12 +220,14 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
         std::vector<std::vector<double>> rep_latencies; // per repetition, microseconds
         Cooler cooler{t, ctx.settings, t.file_bytes, {}};
         std::function<void()> prepare;
-        if (cache == Cache::cold) prepare = std::ref(cooler);
+        if (cache == Cache::cold && method != Method::direct) prepare = std::ref(cooler); // O_DIRECT: no cache
         ThreadPool pool(threads);
         std::unique_ptr<File> file;
         if (method == Method::pread) {
             file = std::make_unique<File>(t.file, O_RDONLY);
             ::posix_fadvise(file->fd(), 0, 0, POSIX_FADV_RANDOM);
+        } else if (method == Method::direct) {
+            file = std::make_unique<File>(t.file, O_RDONLY | O_DIRECT);
         }
         auto pass = [&]() -> double {
             std::unique_ptr<Mapping> map;
@@ -255,7 +262,7 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
                     {"reads_per_repetition", per_thread * threads},
                     {"granularity", grain_names.name(grain)},
                     {"cache", cache_names.name(cache)}};
-        if (cache == Cache::cold) cooler.record(r);
+        if (cache == Cache::cold && method != Method::direct) cooler.record(r);
         r.repetitions = static_cast<unsigned>(seconds.size());
         r.metrics["rate"] = rate_metric(double(bytes), seconds, "B/s");
         r.metrics["ops_rate"] = rate_metric(double(per_thread * threads), seconds, "ops/s");
@@ -338,6 +345,22 @@ void add_io_cases(CaseRegistry& reg) {
                 c.run = [m, cache, g](const CaseContext& ctx) { return run_random(ctx, m, cache, g); };
                 reg.add(std::move(c));
             }
+    {
+        // What a streaming loader reading with O_DIRECT (dstrain, dstk.Loader)
+        // gets from the disk: its chunk reads bypass the page cache.
+        Case c;
+        c.key = "io.rand.chunk.direct";
+        c.description = "random chunk reads with O_DIRECT (aligned, rounded up to 4 KiB blocks), --threads sweep";
+        c.in_default = false; // named with --cases: the pread cases are the default set's chunk reads
+        c.waive = [](const CaseContext& ctx) -> std::optional<std::string> {
+            if (auto why = direct_unsupported(ctx)) return why;
+            if (ctx.target->data_bytes < grain_bytes(ctx, Grain::chunk) + direct_align)
+                return "the file holds less than one chunk and a 4 KiB block";
+            return std::nullopt;
+        };
+        c.run = [](const CaseContext& ctx) { return run_random(ctx, Method::direct, Cache::cold, Grain::chunk); };
+        reg.add(std::move(c));
+    }
 }
 
 } // namespace dstk::bench
