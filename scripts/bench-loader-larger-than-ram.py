@@ -103,7 +103,8 @@ def loader_worker(a):
     s = time.perf_counter() - t0
     print(json.dumps({"samples_per_s": samples / s, "samples": samples, "seconds": s,
                       "read_wait": loader.times.get("read_wait", 0.0),
-                      "host_ceiling": loader.host_bytes, "device": loader.device, "plan": loader.describe(),
+                      # on the CPU the batch buffers (device_bytes) are host memory too
+                      "host_ceiling": loader.host_bytes + (0 if loader.on_gpu else loader.device_bytes), "device": loader.device, "plan": loader.describe(),
                       "rss_before": rss_before, "peak_rss": proc_status_bytes("VmHWM")}))
 
 
@@ -209,6 +210,10 @@ def worker_run(cg, a, way, ds, readers=0):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def mib(b):
+    return f"{b / 2**20:.1f} MiB"
+
+
 def gib(b):
     return f"{b / 2**30:.2f} GiB"
 
@@ -290,8 +295,9 @@ def main():
                      f"disk's best rate" + (f" ({med * row / by_method['direct'][0]:.1%} of its O_DIRECT rate)"
                                             if "direct" in by_method else "") +
                      f", waiting for data {wait:.0%} of the time; "
-                     f"largest RSS growth {gib(growth)} over {gib(runs[0]['rss_before'])} before the loader (Python, "
-                     f"PyTorch, CUDA, the loop's kernels) against the host ceiling printed {gib(runs[0]['host_ceiling'])}: "
+                     f"largest RSS growth {mib(growth)} over {gib(runs[0]['rss_before'])} before the loader (Python, "
+                     f"PyTorch, CUDA, the loop's kernels) against the loader's host ceiling {mib(runs[0]['host_ceiling'])} (on "
+                     f"the CPU with its batch buffers): "
                      + ("within" if growth <= runs[0]["host_ceiling"] else "OVER"))
         lines += [f"    {line}" for line in runs[0]["plan"]]
     if m:

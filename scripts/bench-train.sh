@@ -2,7 +2,8 @@
 # dstrain against PyTorch on the same data, same model (ref-cnn), same batch,
 # data already in GPU memory, each configuration in RUNS fresh processes
 # (dstrain and PyTorch alternating), reported as min / median / max.
-# TASKS (default "cls reg heads"): cls, ref-cnn's classification; reg, the same
+# TASKS (default "cls reg heads"): cls, ref-cnn's classification (MODEL: another
+# preset or spec for cls, its PyTorch twin too); reg, the same
 # network regressing a float target of 10 values (mse); heads, ref-cnn's trunk
 # with two heads (cls=fc:10>ce:y, value=fc:1,tanh>mse:v). reg and heads train
 # on the same images with their targets added (bench-heads/), and the summary
@@ -32,7 +33,7 @@ work=${2:-$(mktemp -d)}
 mkdir -p "$work"
 here=$(cd "$(dirname "$0")" && pwd)
 train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 bf16 fp32"}
-runs=${RUNS:-5} torch=${TORCH:-1} torch_runs=${TORCH_RUNS:-${RUNS:-5}} tasks=${TASKS:-"cls reg heads"}
+model=${MODEL:-ref-cnn} runs=${RUNS:-5} torch=${TORCH:-1} torch_runs=${TORCH_RUNS:-${RUNS:-5}} tasks=${TASKS:-"cls reg heads"}
 data="$work/bench-u8"
 [[ -f "$data/dataset.json" ]] || "$build/bin/dsgen" "$data" --train "$train" --test 10000 --shape 3x32x32 --dtype u8 --classes 10 --quiet
 # The same images with float targets: r, the label one-hot as f32[10]; v, the label mapped to [-1, 1].
@@ -59,7 +60,7 @@ trunk="conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,conv3x3
 # task_args TASK: sets args, the dataset and the model options dstrain and torch_baseline.py both take.
 task_args() {
   case $1 in
-  cls) args=("$data" --model ref-cnn) ;;
+  cls) args=("$data" --model "$model") ;;
   reg) args=("$heads_data" --model ref-cnn --label r --loss mse) ;;
   heads) args=("$heads_data" --model "$trunk,heads(cls=fc:10>ce:y, value=fc:1,tanh>mse:v)") ;;
   esac
@@ -101,8 +102,8 @@ for r in $(seq 1 "$runs"); do
   done
 done
 
-printf '\nref-cnn, batch %s, %s samples 3x32x32 u8 in GPU memory, %s fresh processes each (samples/s)\n' \
-    "$batch" "$train" "$runs"
+printf '\n%s, batch %s, %s samples 3x32x32 u8 in GPU memory, %s fresh processes each (samples/s)\n' \
+    "$model" "$batch" "$train" "$runs"
 python3 - "$results" "$precisions" "$tasks" <<'EOF'
 import sys, statistics as st
 rows = {}
