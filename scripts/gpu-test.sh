@@ -83,7 +83,8 @@ if [ -n "${DSTK_BASELINE:-}" ]; then
     SUMMARY_RE='Built target|error|built before' step baseline-build 420 bash -c '
         if [ -x build-base/bin/dstrain ] && cmp -s "$1" build-base/src.tar; then echo "built before"; exit 0; fi
         rm -rf build-base && mkdir -p build-base/src && tar xf "$1" -C build-base/src && cp "$1" build-base/src.tar &&
-        cmake -S build-base/src -B build-base -DCMAKE_BUILD_TYPE=Release -DDSTK_TESTS=OFF \
+        xx=(); [ -d build-gpu/deps/usr ] && xx=(-DDSTK_XXHASH_ROOT="$PWD/build-gpu/deps/usr") # as above
+        cmake -S build-base/src -B build-base -DCMAKE_BUILD_TYPE=Release -DDSTK_TESTS=OFF "${xx[@]}" \
             -DCMAKE_CUDA_ARCHITECTURES="${DSTK_CUDA_ARCHS:-native}" >/dev/null &&
         cmake --build build-base -j"$(nproc)" --target dstrain dsgen' _ "$DSTK_BASELINE"
 fi

@@ -14,6 +14,7 @@
 #include "dstk/dist/nccl.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
+#include "dstk/output.hpp"
 #include "dstk/sysinfo.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
@@ -397,7 +398,13 @@ Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {
     const std::uint64_t data_resident = s.train_src->host_resident() + (s.test_src ? s.test_src->host_resident() : 0);
     const std::uint64_t rss = current_rss_bytes();
     c.host_data = s.train_src->host_bytes() + (s.test_src ? s.test_src->host_bytes() : 0);
-    c.host_process = std::max(s.rss_before_sources, rss > data_resident ? rss - data_resident : 0);
+    // The peak so far counts too: setup's transient allocations (kernel
+    // timing, cuDNN's heuristics), freed by now, already set the process's
+    // peak RSS, which the ceiling must not be below (the data's resident
+    // bytes are at most host_data, so the sum below covers that peak).
+    const std::uint64_t peak = peak_rss_bytes();
+    c.host_process = std::max({s.rss_before_sources, rss > data_resident ? rss - data_resident : 0,
+                               peak > data_resident ? peak - data_resident : 0});
     // The CPU trainer's buffers are host memory, allocated at its first step.
     if (!s.on_gpu()) c.host_process += r.planned.total();
     c.host_bytes = c.host_process + c.host_data;
