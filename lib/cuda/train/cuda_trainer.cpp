@@ -846,8 +846,7 @@ DirectConvShape CudaTrainer::direct_shape(std::uint32_t n) const {
     return s;
 }
 
-// Chooses each convolution's kernels once, for max_batch, with the planned
-// buffers and workspace, by cfg_.kernels' rules; stores what was timed.
+// The kernel choice cache of cfg_.kernels' rules (in memory only for heuristic).
 ChoiceCache CudaTrainer::choice_cache(const DeviceIdentity& id) const {
     const bool use_cache = cfg_.kernels != KernelMode::heuristic;
     return ChoiceCache(use_cache ? (cfg_.choice_dir.empty() ? default_choice_dir() : fs::path(cfg_.choice_dir))
@@ -855,6 +854,8 @@ ChoiceCache CudaTrainer::choice_cache(const DeviceIdentity& id) const {
                        id, [](const std::string& n) { std::fprintf(stderr, "notice: %s\n", n.c_str()); });
 }
 
+// Chooses each convolution's kernels once, for max_batch, with the planned
+// buffers and workspace, by cfg_.kernels' rules; stores what was timed.
 void CudaTrainer::find_algorithms() {
     const DeviceIdentity id = device_identity(cfg_.device.index);
     ChoiceCache cache = choice_cache(id);
