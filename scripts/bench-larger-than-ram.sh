@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Larger than RAM, at the disk's speed: dstrain's stream placement on datasets
-# at least 4x a cgroup v2 memory limit, on disk (not tmpfs), every file's pages
-# evicted before each run. Run as root on the GPU machine (cgroup v2):
+# at least 4x a memory cgroup's limit, on disk (not tmpfs), every file's pages
+# evicted before each run. Run as root on the GPU machine (cgroup v2, or v1):
 #   scripts/bench-larger-than-ram.sh [BIN_DIR] [LOG_DIR]
 # BIN_DIR defaults to build-gpu/bin (scripts/gpu-test.sh builds it, and runs
 # this script with DSTK_GPU_BENCH=bench-larger-than-ram); logs go to LOG_DIR
@@ -55,31 +55,20 @@ storages=${STORAGES:-u8 f32}
 rows=${ROWS:-device chunk direct sequential full zstd}
 
 die() { echo "bench-larger-than-ram: $*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || die "needs root (cgroup v2 memory limits and dropping the page cache)"
-grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null ||
-    die "no cgroup v2 memory controller at /sys/fs/cgroup (cgroup v1 machines: see /work/shared/device/README.md)"
+[ "$(id -u)" = 0 ] || die "needs root (memory cgroups and dropping the page cache)"
 for t in dstrain dsgen dsconvert dsbench dsplan; do [ -x "$bin/$t" ] || die "no $bin/$t (build first: scripts/gpu-test.sh)"; done
 command -v jq >/dev/null || die "needs jq"
 mkdir -p "$data"
 fstype=$(stat -f -c %T "$data")
 [ "$fstype" = tmpfs ] && die "$data is on tmpfs: the data must be on disk (set LTR_DIR)"
 
-cg=/sys/fs/cgroup/dstk-ltr-$$
-echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-mkdir "$cg" || die "cannot create the cgroup $cg"
+source "$(dirname "$0")/lib/cgroup.sh"
+cgroup_create dstk-ltr
 cleanup() {
-    rmdir "$cg" 2>/dev/null
+    cgroup_remove
     [ -z "${LTR_DIR:-}" ] && rm -rf "$data"
 }
 trap cleanup EXIT
-echo 0 >"$cg/memory.swap.max" 2>/dev/null
-# in_cgroup CMD...: CMD inside the memory limit.
-in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
-evict() {
-    sync
-    for f in "$@"; do find "$f" -type f -exec dd if={} iflag=nocache count=0 status=none \;; done
-    echo 1 >/proc/sys/vm/drop_caches
-}
 
 t0=$SECONDS
 table="$log/table.txt"
@@ -167,7 +156,7 @@ for storage in $storages; do
         die "dsgen failed: $log/$storage-dsgen.log"
     "$bin/dsconvert" "$ds" "$dsz" --compress zstd:1 -q >"$log/$storage-dsconvert.log" 2>&1 ||
         die "dsconvert failed: $log/$storage-dsconvert.log"
-    echo "$limit" >"$cg/memory.max"
+    cgroup_limit "$limit"
     echo "$storage: $(du -sh "$ds" | cut -f1) on disk ($fstype), zstd copy $(du -sh "$dsz" | cut -f1), memory limit $limit" \
         >>"$log/sizes.txt"
 

@@ -31,32 +31,16 @@ command -v jq >/dev/null || die "needs jq"
 bytes=$(numfmt --from=iec "$size") || die "bad SIZE '$size'"
 limit_bytes=$(numfmt --from=iec "$limit") || die "bad LIMIT '$limit'"
 
-if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
-    cg=/sys/fs/cgroup/dstk-loader-$$
-    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-    mkdir "$cg" || die "cannot create the cgroup $cg"
-    echo "$limit_bytes" >"$cg/memory.max"
-    echo 0 >"$cg/memory.swap.max" 2>/dev/null
-elif [ -d /sys/fs/cgroup/memory ]; then
-    cg=/sys/fs/cgroup/memory/dstk-loader-$$
-    mkdir "$cg" || die "cannot create the cgroup $cg"
-    echo "$limit_bytes" >"$cg/memory.limit_in_bytes"
-else
-    die "no memory cgroup controller (v2 /sys/fs/cgroup/cgroup.controllers or v1 /sys/fs/cgroup/memory)"
-fi
+source "$(dirname "$0")/lib/cgroup.sh"
+cgroup_create dstk-loader
+cgroup_limit "$limit_bytes"
 cleanup() {
-    rmdir "$cg" 2>/dev/null
+    cgroup_remove
     [ -z "${DATA_DIR:-}" ] && rm -rf "$data"
 }
 trap cleanup EXIT
-pin=()
-[ -n "${CPUS:-}" ] && pin=(taskset -c "$CPUS")
-in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "${pin[@]}" "$@"; }
-evict() {
-    sync
-    find "$1" -type f -exec dd if={} iflag=nocache count=0 status=none \;
-    echo 1 >/proc/sys/vm/drop_caches
-}
+CGROUP_PIN=()
+[ -n "${CPUS:-}" ] && CGROUP_PIN=(taskset -c "$CPUS")
 
 ds=$data/u8
 if [ ! -f "$ds/dataset.json" ]; then

@@ -53,31 +53,14 @@ host_mem_bytes=$(numfmt --from=iec "$host_mem") || die "bad HOST_MEM '$host_mem'
 
 py_limit_bytes=$(numfmt --from=iec "${PY_LIMIT:-$((limit_bytes + (2 << 30)))}") || die "bad PY_LIMIT"
 
-if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
-    cg=/sys/fs/cgroup/dstk-mix-$$
-    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-    mkdir "$cg" || die "cannot create the cgroup $cg"
-    set_limit() { echo "$1" >"$cg/memory.max"; }
-    echo 0 >"$cg/memory.swap.max" 2>/dev/null
-elif [ -d /sys/fs/cgroup/memory ]; then
-    cg=/sys/fs/cgroup/memory/dstk-mix-$$
-    mkdir "$cg" || die "cannot create the cgroup $cg"
-    set_limit() { echo "$1" >"$cg/memory.limit_in_bytes"; }
-else
-    die "no memory cgroup controller (v2 /sys/fs/cgroup/cgroup.controllers or v1 /sys/fs/cgroup/memory)"
-fi
-set_limit "$limit_bytes"
+source "$(dirname "$0")/lib/cgroup.sh"
+cgroup_create dstk-mix
+cgroup_limit "$limit_bytes"
 cleanup() {
-    rmdir "$cg" 2>/dev/null
+    cgroup_remove
     [ -z "${DATA_DIR:-}" ] && rm -rf "$data"
 }
 trap cleanup EXIT
-in_cgroup() { bash -c 'echo $BASHPID >"$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
-evict() {
-    sync
-    find "$@" -type f -exec dd if={} iflag=nocache count=0 status=none \;
-    echo 1 >/proc/sys/vm/drop_caches
-}
 
 # Members: 1/4, 3/8, 11/8 and 2 of LIMIT (4 x LIMIT in all); weights 4,3,2,1,
 # so member 0 has the largest weight-to-size ratio and an epoch is 2.5 times
@@ -142,7 +125,7 @@ run_dstrain() {
 # in the cgroup raised by PyTorch's own share (PY_LIMIT); the page cache of
 # the host-kept members stays charged to it from one process to the next.
 run_python() {
-    set_limit "$py_limit_bytes"
+    cgroup_limit "$py_limit_bytes"
     local r files=()
     evict "${members[@]}"
     for r in $(seq 1 "$runs"); do
@@ -152,7 +135,7 @@ run_python() {
             die "the python mix (process $r) failed: $log/py$r.err"
         files+=("$log/py$r.json")
     done
-    set_limit "$limit_bytes"
+    cgroup_limit "$limit_bytes"
     echo "python: cgroup limit $(numfmt --to=iec "$py_limit_bytes"), ref-cnn's PyTorch twin, batch 256, $epochs epochs"
     python3 scripts/bench-mix-python.py --summarise "${files[@]}"
 }
