@@ -270,7 +270,8 @@ class Loader:
 
     @property
     def host_bytes(self):
-        """Host memory the data path holds at most, every field counted: ring slots, window cache, buffers."""
+        """Host memory the data path holds at most, every field counted: ring slots, window cache, buffers;
+        without a GPU also ``keep`` + 1 converted batches (the arrays a loop holds, which are the caller's)."""
         return self._impl.host_bytes
 
     @property

@@ -233,6 +233,13 @@ StageTimes Loader::take_times() {
     return t;
 }
 
+std::uint64_t Loader::host_bytes() const {
+    if (on_gpu()) return plan_.host_bytes;
+    std::uint64_t per_batch = 0;
+    for (const FieldOutput& o : outputs_) per_batch += std::uint64_t{batch()} * o.sample_bytes();
+    return plan_.host_bytes + std::uint64_t{keep_ + 1} * per_batch;
+}
+
 std::uint64_t Loader::device_bytes() const {
     return source_->device_bytes() + (slots_ ? slots_->bytes() : 0);
 }

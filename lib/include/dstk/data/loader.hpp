@@ -130,7 +130,10 @@ class Loader {
     // a batch (on the cuda backend: for the feeder, not the feeder's for the readers).
     StageTimes take_times();
     std::uint64_t device_bytes() const; // the source's plus the loader's slots
-    std::uint64_t host_bytes() const { return plan_.host_bytes; }
+    // The data path's host plan; on the cpu backend also keep + 1 converted
+    // batches, the arrays a consumer holds (its own: one that keeps more
+    // takes more), as the cuda backend's keep + 1 + ahead slots are GPU memory.
+    std::uint64_t host_bytes() const;
 
     // Converted batches the feeder keeps ready ahead of the consumer.
     static constexpr unsigned ahead = 2;
