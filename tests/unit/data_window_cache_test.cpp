@@ -141,12 +141,18 @@ TEST(WindowCache, GathersExactlyTheOrderFunctionsSamplesFromAnyResumePoint) {
     }
 }
 
-TEST(WindowCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
-    const std::uint64_t n = 5000, sb = 100, cs = 128, window = 4;
-    MemoryField x(n, sb, false), y(n, sb, true);
+// Two fields of 5000 samples (100-byte rows, labels) in chunks of 128 and
+// windows of 4, behind a window cache of the least capacity that reads ahead.
+class SmallChunkCache : public ::testing::Test {
+  protected:
+    static constexpr std::uint64_t n = 5000, sb = 100, cs = 128, window = 4;
+    MemoryField x{n, sb, false}, y{n, sb, true};
     const OrderConfig oc{Order::chunk, 5, cs, window};
     const std::uint64_t capacity = min_window_cache_bytes(oc, bytes_of(sb));
-    WindowCache cache(cached(x, y), capacity, 4);
+    WindowCache cache{cached(x, y), capacity, 4};
+};
+
+TEST_F(SmallChunkCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
     for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
         const EpochOrder order(oc, n, epoch);
         run(cache, order, sb, 64);
@@ -170,12 +176,7 @@ TEST(WindowCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
     }
 }
 
-TEST(WindowCache, AChainedEpochIsReadAheadOnceAndKeptByTheNextStart) {
-    const std::uint64_t n = 5000, sb = 100, cs = 128, window = 4;
-    MemoryField x(n, sb, false), y(n, sb, true);
-    const OrderConfig oc{Order::chunk, 5, cs, window};
-    const std::uint64_t capacity = min_window_cache_bytes(oc, bytes_of(sb));
-    WindowCache cache(cached(x, y), capacity, 4);
+TEST_F(SmallChunkCache, AChainedEpochIsReadAheadOnceAndKeptByTheNextStart) {
     const EpochOrder e0(oc, n, 0), e1(oc, n, 1), e2(oc, n, 2);
     // Epoch 0 ends at position 2000 (a mix's member, partly taken) and is
     // followed by epoch 1: the cache holds the window of position 1999 (not

@@ -556,11 +556,18 @@ void CudaTrainer::choose_weight_branch() {
     ChoiceCache cache = choice_cache(id);
     ConvChooser chooser(search(), cfg_.kernels, &cache, id.text());
     std::size_t pick = 0;
-    with_state_restored([&] {
+    const auto choose = [&] {
         pick = chooser.choose_variant(step_key(), step_layer, "weight_gradients", {names[0], names[1]},
                                       [&](std::size_t j) { CUDA_CHECK(cudaGraphLaunch(graphs[j], stream_)); });
-    });
-    if (cfg_.kernels == KernelMode::automatic || cfg_.kernels == KernelMode::retune) cache.store();
+    };
+    // Only these modes time (and so train); the others take the cache's or the heuristic choice.
+    const bool may_time = cfg_.kernels == KernelMode::automatic || cfg_.kernels == KernelMode::retune;
+    if (may_time) {
+        with_state_restored(choose);
+        cache.store();
+    } else {
+        choose();
+    }
     reports_.insert(reports_.end(), chooser.reports().begin(), chooser.reports().end());
     one_stream_ = pick == 1;
     if (train_graph_) CUDA_CHECK(cudaGraphExecDestroy(train_graph_));
@@ -577,12 +584,8 @@ std::string CudaTrainer::step_key() const {
         text += std::string(layer_kind_name(l.spec.kind)) + ":" + std::to_string(l.in.c) + "x" +
                 std::to_string(l.in.h) + "x" + std::to_string(l.in.w) + ">" + std::to_string(l.out.c) + ";";
     for (const KernelReport& r : reports_) text += std::to_string(r.layer) + r.op + r.kernel + ";";
-    std::uint64_t h = 1469598103934665603ull; // FNV-1a
-    for (const unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
     return "step.weight_branch." + std::string(precision_name(cfg_.precision)) + (cfg_.deterministic ? ".det" : "") +
-           ".n" + std::to_string(cfg_.max_batch) + "." + buf;
+           ".n" + std::to_string(cfg_.max_batch) + "." + text_hash(text);
 }
 
 // Runs body (which may train) and puts parameters, optimiser state,

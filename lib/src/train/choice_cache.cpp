@@ -115,12 +115,16 @@ std::string ConvKey::text() const {
            std::to_string(stride) + ".p" + std::to_string(pad) + ".ws" + std::to_string(workspace);
 }
 
-std::string choice_file_name(const DeviceIdentity& id) {
+std::string text_hash(std::string_view text) {
     std::uint64_t h = 1469598103934665603ull; // FNV-1a
-    for (const unsigned char ch : id.text()) h = (h ^ ch) * 1099511628211ull;
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "kernel-choices-%016llx.txt", static_cast<unsigned long long>(h));
+    for (const unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
     return buf;
+}
+
+std::string choice_file_name(const DeviceIdentity& id) {
+    return "kernel-choices-" + text_hash(id.text()) + ".txt";
 }
 
 fs::path default_choice_dir() {

@@ -69,6 +69,8 @@ struct ConvKey {
 // The file name of an identity's cache: a hash of its text, so that one
 // directory holds the files of several GPUs or library versions side by side.
 std::string choice_file_name(const DeviceIdentity& id);
+// 16 hex digits naming `text` in file names and keys (FNV-1a, 64 bits).
+std::string text_hash(std::string_view text);
 // $XDG_CACHE_HOME/dstk, else $HOME/.cache/dstk; empty when neither is set.
 std::filesystem::path default_choice_dir();
 
