@@ -7,7 +7,8 @@ cgroup of --limit (default 8G), every file's pages evicted before each run:
   disk      the disk's best cold random-chunk read rate (dsbench
             io.rand.chunk.pread.cold over 4 and 16 threads), in the cgroup,
             over about a run's volume of reads (up to 8 GiB: a short pass
-            would time a disk's burst rate, not what a run sustains)
+            would time a disk's burst rate, not what a run sustains), each
+            chunk read at most once a pass as an epoch reads it
   dstk      dstk.Loader(fields=[positions, moves, results], placement="stream")
             delivering batches (each field read once where it lands, no model)
             for --seconds: samples/s, bytes/s against the disk's rate, the

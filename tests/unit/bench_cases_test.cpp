@@ -65,9 +65,10 @@ TEST_F(BenchCasesTest, TargetIsTheTrainingInputs) {
 }
 
 TEST_F(BenchCasesTest, WarmIoAndDecodeCasesMeasure) {
-    const Results r = run_cases(
-        options("io.seq.pread.warm,io.seq.mmap.warm,io.rand.batch.pread.warm,decode.zstd,decode.convert.cpu.bf16"),
-        builtin_cases());
+    const Results r =
+        run_cases(options("io.seq.pread.warm,io.seq.mmap.warm,io.rand.batch.pread.warm,io.rand.sample.pread.warm,"
+                          "io.rand.chunk.pread.warm,decode.zstd,decode.convert.cpu.bf16"),
+                  builtin_cases());
     ASSERT_FALSE(r.results.empty());
     EXPECT_EQ(r.context.sample_bytes, 192u);
     EXPECT_FALSE(r.context.settings.empty());
@@ -89,6 +90,22 @@ TEST_F(BenchCasesTest, WarmIoAndDecodeCasesMeasure) {
     const CaseResult* batch = r.find("io.rand.batch.pread.warm", "threads=2");
     ASSERT_NE(batch, nullptr);
     EXPECT_EQ(batch->params["read_bytes"].get<std::uint64_t>(), 16u * 192);
+    // A pass repeats no read while positions last (an epoch reads each chunk
+    // once; repeats would be page-cache hits in a cold pass): the 2048 reads
+    // of 16-sample batches start at each of the 2033 starts, the 2048 sample
+    // reads read every sample, the 64 chunk reads every one of the 6 chunks.
+    EXPECT_EQ(batch->params["reads_per_repetition"].get<std::uint64_t>(), 2048u);
+    EXPECT_EQ(batch->params["distinct_reads"].get<std::uint64_t>(), 2033u);
+    for (const char* threads : {"threads=1", "threads=2"}) {
+        const CaseResult* sample = r.find("io.rand.sample.pread.warm", threads);
+        ASSERT_NE(sample, nullptr);
+        EXPECT_EQ(sample->params["reads_per_repetition"].get<std::uint64_t>(), 2048u);
+        EXPECT_EQ(sample->params["distinct_reads"].get<std::uint64_t>(), 2048u);
+        const CaseResult* chunk = r.find("io.rand.chunk.pread.warm", threads);
+        ASSERT_NE(chunk, nullptr);
+        EXPECT_EQ(chunk->params["reads_per_repetition"].get<std::uint64_t>(), 64u);
+        EXPECT_EQ(chunk->params["distinct_reads"].get<std::uint64_t>(), 6u);
+    }
     ASSERT_NE(batch->metric("latency_p99"), nullptr);
     EXPECT_GE(batch->metric("latency_p99")->median, batch->metric("latency_p50")->median);
     const CaseResult* z = r.find("decode.zstd", "threads=1");
