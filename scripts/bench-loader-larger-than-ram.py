@@ -6,9 +6,12 @@ cgroup of --limit (default 8G), every file's pages evicted before each run:
 
   disk      the disk's best cold random-chunk read rate (dsbench
             io.rand.chunk.pread.cold over 4 and 16 threads), in the cgroup,
-            over about a run's volume of reads (up to 8 GiB: a short pass
-            would time a disk's burst rate, not what a run sustains), each
-            chunk read at most once a pass as an epoch reads it
+            over about a run's volume of reads (up to the whole file: a short
+            pass would time a disk's burst rate, and buffered reads that fit
+            the cgroup's page cache would skip the reclaim a run pays), each
+            chunk read at most once a pass as an epoch reads it; measured
+            before and after the loader's runs (a cloud disk drifts), the
+            reference being the mean of the two
   dstk      dstk.Loader(fields=[positions, moves, results], placement="stream")
             delivering batches (each field read once where it lands, no model)
             for --seconds: samples/s, bytes/s against the disk's rate, the
@@ -180,13 +183,13 @@ def evict(folder):
     open("/proc/sys/vm/drop_caches", "w").write("1")
 
 
-def disk_rates(cg, bindir, ds, out, size):
+def disk_rates(cg, bindir, ds, out, size, tag):
     """Per method (pread: cold page cache; direct: O_DIRECT, as the loader
     reads), the best rate of dsbench's random 4 MiB chunk reads over 4 and 16
     threads, and that thread count. --size bytes a pass: a run's worth of
     reads (a disk that bursts above its sustained rate for a second or two
     would otherwise set a rate no reader keeps up for a run's seconds)."""
-    res = os.path.join(out, "disk.json")
+    res = os.path.join(out, f"disk-{tag}.json")
     p = cg.run([os.path.join(bindir, "dsbench"), "all", ds, "--cases", "io.rand.chunk.pread.cold,io.rand.chunk.direct",
                 "--threads",
                 "4,16", "--size", str(size), "--chunk-size", "4M", "--repetitions", "1", "--min-time", "0",
@@ -259,14 +262,17 @@ def main():
     cg = Cgroup(limit)
     try:
         evict(ds)
-        disk_bytes = min(8 << 30, n * 768, int(a.seconds * 2.5e9))
-        by_method = disk_rates(cg, bindir, ds, a.out, disk_bytes)
-        disk = max(r for r, _ in by_method.values())
+        disk_bytes = min(n * 768, int(a.seconds * 2.5e9))
+        before = disk_rates(cg, bindir, ds, a.out, disk_bytes, "before")
         dstk_runs = {}
         for readers in [int(r) for r in a.readers.split(",")]:
             for _ in range(a.runs):
                 evict(ds)
                 dstk_runs.setdefault(readers, []).append(worker_run(cg, a, "dstk", ds, readers))
+        evict(ds)
+        after = disk_rates(cg, bindir, ds, a.out, disk_bytes, "after")
+        by_method = {k: ((before[k][0] + after[k][0]) / 2, before[k][1]) for k in before if k in after}
+        disk = max(r for r, _ in by_method.values())
         m = None
         try:
             import torch  # noqa: F401
@@ -283,8 +289,10 @@ def main():
     d = d_all[0]
     lines = [f"chess, {n:,} positions ({gib(n * ROW_BYTES)}) on disk, memory cgroup {gib(limit)}, batch {a.batch}, "
              f"{a.seconds:g} s a run, device {d['device']}, {a.runs} fresh processes per row (median [min-max])",
-             f"  disk, random 4 MiB chunks, {gib(disk_bytes)} of reads a pass, best of 4/16 threads: "
-             + ", ".join(f"{m} {r / 1e9:.3f} GB/s ({t} threads)" for m, (r, t) in sorted(by_method.items()))]
+             f"  disk, random 4 MiB chunks, {gib(disk_bytes)} of reads a pass, best of 4/16 threads, before / after "
+             "the loader's runs (mean): " + ", ".join(
+                 f"{m} {before[m][0] / 1e9:.3f} ({before[m][1]} threads) / {after[m][0] / 1e9:.3f} ({after[m][1]} "
+                 f"threads) ({r / 1e9:.3f}) GB/s" for m, (r, _) in sorted(by_method.items()))]
     for readers, runs in dstk_runs.items():
         rates = sorted(r["samples_per_s"] for r in runs)
         med = statistics.median(rates)
