@@ -10,8 +10,8 @@ cgroup of --limit (default 8G), every file's pages evicted before each run:
             pass would time a disk's burst rate, and buffered reads that fit
             the cgroup's page cache would skip the reclaim a run pays), each
             chunk read at most once a pass as an epoch reads it; measured
-            before and after the loader's runs (a cloud disk drifts), the
-            reference being the mean of the two
+            right before each loader run, each run compared with its own
+            (a cloud disk's rate drifts by tens of percent within minutes)
   dstk      dstk.Loader(fields=[positions, moves, results], placement="stream")
             delivering batches (each field read once where it lands, no model)
             for --seconds: samples/s, bytes/s against the disk's rate, the
@@ -261,18 +261,16 @@ def main():
         ds = chess_dataset(os.path.join(bindir, "dsconvert"), a.work, n)
     cg = Cgroup(limit)
     try:
-        evict(ds)
         disk_bytes = min(n * 768, int(a.seconds * 2.5e9))
-        before = disk_rates(cg, bindir, ds, a.out, disk_bytes, "before")
         dstk_runs = {}
         for readers in [int(r) for r in a.readers.split(",")]:
-            for _ in range(a.runs):
+            for i in range(a.runs):
                 evict(ds)
-                dstk_runs.setdefault(readers, []).append(worker_run(cg, a, "dstk", ds, readers))
-        evict(ds)
-        after = disk_rates(cg, bindir, ds, a.out, disk_bytes, "after")
-        by_method = {k: ((before[k][0] + after[k][0]) / 2, before[k][1]) for k in before if k in after}
-        disk = max(r for r, _ in by_method.values())
+                disk = disk_rates(cg, bindir, ds, a.out, disk_bytes, f"{readers}-{i}")
+                evict(ds)
+                run = worker_run(cg, a, "dstk", ds, readers)
+                run["disk"] = disk
+                dstk_runs.setdefault(readers, []).append(run)
         m = None
         try:
             import torch  # noqa: F401
@@ -289,19 +287,24 @@ def main():
     d = d_all[0]
     lines = [f"chess, {n:,} positions ({gib(n * ROW_BYTES)}) on disk, memory cgroup {gib(limit)}, batch {a.batch}, "
              f"{a.seconds:g} s a run, device {d['device']}, {a.runs} fresh processes per row (median [min-max])",
-             f"  disk, random 4 MiB chunks, {gib(disk_bytes)} of reads a pass, best of 4/16 threads, before / after "
-             "the loader's runs (mean): " + ", ".join(
-                 f"{m} {before[m][0] / 1e9:.3f} ({before[m][1]} threads) / {after[m][0] / 1e9:.3f} ({after[m][1]} "
-                 f"threads) ({r / 1e9:.3f}) GB/s" for m, (r, _) in sorted(by_method.items()))]
+             f"  disk, random 4 MiB chunks, {gib(disk_bytes)} of reads a pass, right before each run, best of "
+             "4/16 threads (GB/s): " + "; ".join(
+                 ", ".join(f"{m} {r / 1e9:.3f} ({t})" for m, (r, t) in sorted(run["disk"].items()))
+                 for runs in dstk_runs.values() for run in runs)]
     for readers, runs in dstk_runs.items():
         rates = sorted(r["samples_per_s"] for r in runs)
         med = statistics.median(rates)
         growth = max(r["peak_rss"] - r["rss_before"] for r in runs)
         wait = statistics.median(r["read_wait"] / r["seconds"] for r in runs)
+        # Each run against the disk measured just before it (a cloud disk's
+        # rate drifts by tens of percent within minutes): the ratios' spread.
+        best = sorted(r["samples_per_s"] * row / max(v for v, _ in r["disk"].values()) for r in runs)
+        direct = sorted(r["samples_per_s"] * row / r["disk"]["direct"][0] for r in runs if "direct" in r["disk"])
         lines.append(f"  dstk.Loader fields {a.fields} readers {readers or 'planned'}: {med:12,.0f} samples/s "
-                     f"[{rates[0]:,.0f}-{rates[-1]:,.0f}]  {med * row / 1e9:.3f} GB/s = {med * row / disk:.1%} of the "
-                     f"disk's best rate" + (f" ({med * row / by_method['direct'][0]:.1%} of its O_DIRECT rate)"
-                                            if "direct" in by_method else "") +
+                     f"[{rates[0]:,.0f}-{rates[-1]:,.0f}]  {med * row / 1e9:.3f} GB/s = "
+                     f"{statistics.median(best):.1%} [{best[0]:.1%}-{best[-1]:.1%}] of the disk's best rate before it" +
+                     (f" ({statistics.median(direct):.1%} [{direct[0]:.1%}-{direct[-1]:.1%}] of its O_DIRECT rate)"
+                      if direct else "") +
                      f", waiting for data {wait:.0%} of the time; "
                      f"largest RSS growth {mib(growth)} over {gib(runs[0]['rss_before'])} before the loader (Python, "
                      f"PyTorch, CUDA, the loop's kernels) against the loader's host ceiling {mib(runs[0]['host_ceiling'])}: "
