@@ -206,14 +206,23 @@ std::vector<std::uint64_t> distinct_positions(std::uint64_t seed, std::uint64_t 
     return out;
 }
 
-std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache cache, Grain grain) {
+// The reads of one random-read pass: their size, how many, from how many
+// start positions.
+struct RandomPass {
+    std::uint64_t grain_op = 0;  // bytes of samples a read wants
+    std::uint64_t op_bytes = 0;  // bytes a read reads (O_DIRECT: whole 4 KiB blocks)
+    std::uint64_t ops_total = 0; // reads a pass, over all threads
+    std::uint64_t positions = 0; // start samples or chunks to draw from
+};
+
+RandomPass plan_random(const CaseContext& ctx, Method method, Grain grain) {
     const Target& t = *ctx.target;
+    RandomPass p;
     // O_DIRECT reads whole aligned blocks: a chunk rounded up to them, from
     // aligned offsets (the chunk's start rounded down).
-    const std::uint64_t grain_op = grain_bytes(ctx, grain);
-    const std::uint64_t op_bytes =
-        method == Method::direct ? (grain_op + direct_align - 1) / direct_align * direct_align : grain_op;
-    if (op_bytes == 0) throw runtime_error(t.file.string() + ": holds less than one sample");
+    p.grain_op = grain_bytes(ctx, grain);
+    p.op_bytes = method == Method::direct ? (p.grain_op + direct_align - 1) / direct_align * direct_align : p.grain_op;
+    if (p.op_bytes == 0) throw runtime_error(t.file.string() + ": holds less than one sample");
     // Enough reads for a stable figure, few enough that a cold pass stays short.
     // Chunk reads are what a training epoch streams for seconds on end: they
     // read --size bytes a pass, so that a disk whose short bursts outrun its
@@ -223,11 +232,15 @@ std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache 
     // A chunk pass makes all of its --size (a whole epoch's chunks, each once,
     // where --size covers the data): a pass that fills the page cache's share of
     // a memory cgroup times the reclaim that a long run of buffered reads pays.
-    const std::uint64_t most = grain == Grain::chunk ? std::max<std::uint64_t>(2048, pass_bytes / op_bytes) : 2048;
-    const std::uint64_t ops_total = std::clamp<std::uint64_t>(pass_bytes / op_bytes, 64, most);
-    const std::uint64_t op_samples = op_bytes / t.sample_bytes;
-    const std::uint64_t positions =
-        grain == Grain::chunk ? t.data_bytes / op_bytes : t.samples() - op_samples + 1; // start samples or chunks
+    const std::uint64_t most = grain == Grain::chunk ? std::max<std::uint64_t>(2048, pass_bytes / p.op_bytes) : 2048;
+    p.ops_total = std::clamp<std::uint64_t>(pass_bytes / p.op_bytes, 64, most);
+    p.positions = grain == Grain::chunk ? t.data_bytes / p.op_bytes : t.samples() - p.op_bytes / t.sample_bytes + 1;
+    return p;
+}
+
+std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache cache, Grain grain) {
+    const Target& t = *ctx.target;
+    const auto [grain_op, op_bytes, ops_total, positions] = plan_random(ctx, method, grain);
     std::vector<CaseResult> results;
     for (unsigned threads : ctx.settings.threads) {
         const std::uint64_t per_thread = std::max<std::uint64_t>(8, (ops_total + threads - 1) / threads);
