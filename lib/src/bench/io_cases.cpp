@@ -240,7 +240,10 @@ RandomPass plan_random(const CaseContext& ctx, Method method, Grain grain) {
 
 std::vector<CaseResult> run_random(const CaseContext& ctx, Method method, Cache cache, Grain grain) {
     const Target& t = *ctx.target;
-    const auto [grain_op, op_bytes, ops_total, positions] = plan_random(ctx, method, grain);
+    const RandomPass pass_plan = plan_random(ctx, method, grain);
+    // Plain names, not a structured binding: lambdas below capture them.
+    const std::uint64_t grain_op = pass_plan.grain_op, op_bytes = pass_plan.op_bytes;
+    const std::uint64_t ops_total = pass_plan.ops_total, positions = pass_plan.positions;
     std::vector<CaseResult> results;
     for (unsigned threads : ctx.settings.threads) {
         const std::uint64_t per_thread = std::max<std::uint64_t>(8, (ops_total + threads - 1) / threads);
