@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -174,6 +175,28 @@ TEST_F(SmallChunkCache, ReadsEachChunkOnceWholeAndStaysWithinItsCapacity) {
         EXPECT_GT(cache.resident_bytes(), 0u);
         EXPECT_EQ(cache.resident_bytes(), cache.allocated_bytes());
     }
+}
+
+// The partial last chunk wherever the order puts it: its buffer is a pooled
+// full-size one, so the memory mapped (pooled buffers included) never passes
+// the capacity. A fresh buffer of its own size, beside a full one left idle
+// in the pool, did: by the tail chunk's bytes, once an epoch.
+TEST_F(SmallChunkCache, TheTailChunkTakesAPooledBufferAndMappedMemoryStaysWithinCapacity) {
+    std::vector<std::uint8_t> xb(64 * sb);
+    std::vector<std::int32_t> yb(64);
+    std::uint64_t most = 0;
+    for (std::uint64_t epoch = 0; epoch < 4; ++epoch) {
+        const EpochOrder order(oc, n, epoch);
+        cache.start(order, 0);
+        for (std::uint64_t p = 0; p < n; p += 64) {
+            const std::uint64_t k = std::min<std::uint64_t>(64, n - p);
+            cache.gather(p, k, outputs(xb, yb));
+            most = std::max(most, cache.allocated_bytes());
+            cache.consumed(p + k);
+        }
+    }
+    EXPECT_LE(most, capacity);
+    EXPECT_GT(most, capacity / 2) << "the cache did not read ahead";
 }
 
 TEST_F(SmallChunkCache, AChainedEpochIsReadAheadOnceAndKeptByTheNextStart) {

@@ -54,7 +54,7 @@ struct WindowCache::Chunk {
     std::uint64_t index = 0, first = 0, count = 0, bytes = 0;
     State state = State::queued;
     std::vector<Buffer> data;
-    std::vector<std::uint64_t> data_bytes, offset;
+    std::vector<std::uint64_t> offset;
     std::exception_ptr error;
 };
 
@@ -296,7 +296,8 @@ void WindowCache::recycle_locked(Group& g) {
     for (auto& c : g.chunks) {
         if (c.use_count() != 1) continue;
         for (std::size_t f = 0; f < c->data.size(); ++f)
-            if (c->data[f] && c->data_bytes[f] == pooled_bytes_[f]) pool_[f].push_back(std::move(c->data[f]));
+            if (c->data[f] && c->data[f].get_deleter().bytes == pooled_bytes_[f])
+                pool_[f].push_back(std::move(c->data[f]));
     }
 }
 
@@ -343,12 +344,14 @@ void WindowCache::io_loop() {
     }
 }
 
-// A buffer of `bytes` for a chunk of `field`: a pooled one of that size, else
-// a fresh one.
+// A buffer of at least `bytes` for a chunk of `field`: a pooled full-size
+// one, else a fresh one. The partial last chunk takes a pooled one too: a
+// fresh buffer of its own size would be mapped beside the full one its chunk
+// leaves idle in the pool, past the capacity.
 WindowCache::Buffer WindowCache::take_buffer(std::size_t field, std::uint64_t bytes) {
     {
         std::lock_guard lock(mutex_);
-        if (bytes == pooled_bytes_[field] && !pool_[field].empty()) {
+        if (bytes <= pooled_bytes_[field] && !pool_[field].empty()) {
             Buffer b = std::move(pool_[field].back());
             pool_[field].pop_back();
             return b;
@@ -374,12 +377,10 @@ WindowCache::Buffer WindowCache::take_buffer(std::size_t field, std::uint64_t by
 // bulk fields' alone: source_fields.hpp says why).
 void WindowCache::load(Chunk& c) {
     c.data.resize(fields_.size());
-    c.data_bytes.assign(fields_.size(), 0);
     c.offset.assign(fields_.size(), 0);
     for (std::size_t f = 0; f < fields_.size(); ++f) {
         StreamReader& r = *fields_[f].reader;
-        c.data_bytes[f] = round_up(r.range_buffer_bytes(c.count), buffer_align);
-        c.data[f] = take_buffer(f, c.data_bytes[f]);
+        c.data[f] = take_buffer(f, round_up(r.range_buffer_bytes(c.count), buffer_align));
         c.offset[f] = r.read_range(c.first, c.count, c.data[f].get());
         BufferFree& d = c.data[f].get_deleter();
         if (!std::exchange(d.filled, true)) resident_ += d.bytes;
