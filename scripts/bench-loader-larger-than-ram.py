@@ -68,8 +68,9 @@ def rss_verdict(growth, anon, ceiling):
     if growth <= ceiling:
         return "within"
     if anon <= ceiling:
-        return (f"within in anonymous memory; the total is {mib(growth - ceiling)} over (file-backed pages: "
-                "the library's code, mapped as the loop first runs it)")
+        return (f"within in anonymous memory; the total is {mib(growth - ceiling)} over in file-backed or "
+                "shared pages (such as the library's code as the loop first runs it), which the loader does not "
+                "allocate")
     return "OVER"
 
 
@@ -105,9 +106,9 @@ def loader_worker(a):
     if gpu:
         torch.cuda.synchronize()
     rss_before = proc_status_bytes("VmRSS")  # the interpreter, PyTorch, the CUDA context, the consumer
-    # Anonymous memory too, sampled as the loop runs: the loader's own pages.
-    # The total's peak also holds the library's code, mapped from its file as
-    # the loop first runs it (shared and clean: not memory the loader holds).
+    # Anonymous memory too, sampled as the loop runs: what the loader
+    # allocates. The total's peak also holds file-backed pages, such as the
+    # library's code mapped as the loop first runs it.
     anon_before = peak_anon = proc_status_bytes("RssAnon")
     t0, samples, acc, n = time.perf_counter(), 0, [None], 0
     for b in loader:
