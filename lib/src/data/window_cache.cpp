@@ -339,6 +339,11 @@ void WindowCache::io_loop() {
             io_seconds_ += seconds_since(t0);
             c->state = done;
             --loading_;
+            // Let go of the chunk before anyone sees it ready: a consumer that
+            // then finishes its window must find the group's chunks unshared,
+            // or their buffers miss the pool and fresh ones are mapped beside
+            // them, past the capacity.
+            c.reset();
         }
         ready_.notify_all();
     }
