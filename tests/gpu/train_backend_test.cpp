@@ -423,6 +423,55 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
         }
 }
 
+// Programmatic dependent launch (launch_common.cuh) changes when kernels are
+// scheduled, never what they compute: with deterministic kernels, training
+// with it (DSTK_PDL unset) equals training without it (DSTK_PDL=0) bit for
+// bit, graph steps and an eager partial step, on one stream and with the
+// weight gradients beside the data gradients (whose bias gradients are
+// programmatic launches on the second stream). The model has every kind of
+// batch norm pass (fused ReLU, fused ReLU and pool, plain) and every
+// element-wise kernel, next to kernels launched plainly.
+TEST(TrainGpu, ProgrammaticLaunchEqualsPlainLaunch) {
+    REQUIRE_GPU();
+    const GpuInfo gpu = detect_gpus().at(0);
+    if (gpu.compute_major < 9)
+        GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0 (this GPU: " << gpu.compute_major
+                     << "." << gpu.compute_minor << ")";
+    const char* spec = "conv3x3:16,bn,relu,conv3x3:16,bn,relu,maxpool2,conv3x3:32:bias,bn,res(conv3x3:32,bn,relu),"
+                       "relu,maxpool2,flatten,dropout:0.2,fc:32,tanh,fc:10";
+    const TensorShape in{3, 16, 16};
+    const std::uint32_t batch = 32;
+    const Data d = make_random_data(in, 10, batch * 6, 31);
+    const DeviceData dd(d);
+    for (const Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
+        for (const char* branch : {"0", "1"}) {
+            SCOPED_TRACE(std::string(precision_name(p)) + " DSTK_WEIGHT_BRANCH=" + branch);
+            TrainerConfig c = deterministic_config(p);
+            c.plan = plan_network(resolve_model(spec, 10), in, 10);
+            setenv("DSTK_WEIGHT_BRANCH", branch, 1);
+            // Each trainer runs with its setting in force: its graphs are
+            // captured when it is made, its eager step launches at once.
+            auto train = [&](const char* pdl) {
+                if (pdl)
+                    setenv("DSTK_PDL", pdl, 1);
+                else
+                    unsetenv("DSTK_PDL");
+                auto t = make_trainer(c);
+                run_steps(*t, dd, in, batch, 0, 4);
+                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+                t->synchronize();
+                unsetenv("DSTK_PDL");
+                return t;
+            };
+            auto programmatic = train(nullptr);
+            auto plain = train("0");
+            unsetenv("DSTK_WEIGHT_BRANCH");
+            EXPECT_EQ(programmatic->read_parameters(), plain->read_parameters());
+            EXPECT_EQ(programmatic->read_states(), plain->read_states());
+            EXPECT_EQ(programmatic->read_gradients(), plain->read_gradients());
+        }
+}
+
 TEST(TrainGpu, ConvertsU8InputOnTheDevice) {
     REQUIRE_GPU();
     TrainerConfig c = config("flatten,fc:5", {3, 4, 4}, 5, 4, Backend::cpu, Precision::fp32);

@@ -42,6 +42,7 @@ __device__ __forceinline__ float bn_value(float x, float mean, float scale, floa
 template <class T>
 __global__ void bn_reduce_kernel(const T* x, const T* dy, BnRefs r, std::uint64_t rows, std::uint32_t channels,
                                  double* partials) {
+    await_predecessor();
     extern __shared__ double sh[];
     const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x;
     const std::uint64_t r0 = rows * s / splits, r1 = rows * (s + 1) / splits;
@@ -155,6 +156,7 @@ __device__ void block_partials(float (&sa)[V], float (&sb)[V], std::uint32_t gro
 template <class T, int V, bool Bwd>
 __global__ void bn_reduce_vec_kernel(const T* x, const T* dy, BnRefs r, std::uint64_t rows, std::uint32_t channels,
                                      double* partials) {
+    await_predecessor();
     extern __shared__ float shf[]; // [rep][group][V][2]
     constexpr int unroll = 4;
     const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x, groups = channels / V;
@@ -210,6 +212,7 @@ __global__ void bn_reduce_vec_kernel(const T* x, const T* dy, BnRefs r, std::uin
 template <class T>
 __global__ void bn_reduce_nchw_kernel(const T* x, const T* dy, BnRefs r, std::uint32_t n, std::uint32_t channels,
                                       std::uint64_t hw, Div32 dhw, bool narrow, double* partials) {
+    await_predecessor();
     __shared__ double sa[threads], sb[threads];
     const std::uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
     const std::uint64_t total = std::uint64_t{n} * hw, e0 = total * s / splits, e1 = total * (s + 1) / splits;
@@ -272,6 +275,7 @@ __global__ void bn_finalize_forward_kernel(const T* x, std::uint64_t pivot_strid
                                            std::uint32_t splits, double count, const float* gamma, const float* beta,
                                            float* run_mean, float* run_var, float* save_mean, float* save_invstd,
                                            const double* partials, float* coef, float momentum, float eps) {
+    await_predecessor();
     const std::uint32_t c = blockIdx.x;
     double sum, sq;
     channel_totals(partials, c, splits, sum, sq);
@@ -296,6 +300,7 @@ __global__ void bn_finalize_backward_kernel(std::uint32_t channels, std::uint32_
                                             const float* gamma, const float* beta, const float* save_mean,
                                             const float* save_invstd, float* dgamma, float* dbeta,
                                             const double* partials, float* coef) {
+    await_predecessor();
     const std::uint32_t c = blockIdx.x;
     double sg, sgx;
     channel_totals(partials, c, splits, sg, sgx);
@@ -314,6 +319,7 @@ __global__ void bn_finalize_backward_kernel(std::uint32_t channels, std::uint32_
 // Eval-mode coefficients from the running statistics.
 __global__ void bn_eval_coef_kernel(std::uint32_t channels, const float* gamma, const float* beta,
                                     const float* run_mean, const float* run_var, float eps, float* coef) {
+    await_predecessor();
     const std::uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     coef[c] = gamma[c] / sqrtf(run_var[c] + eps);
@@ -323,6 +329,7 @@ __global__ void bn_eval_coef_kernel(std::uint32_t channels, const float* gamma, 
 
 template <class T>
 __global__ void bn_apply_kernel(const T* x, T* y, std::uint64_t count, Channels ch, const float* coef, bool relu) {
+    await_predecessor();
     const std::uint32_t channels = ch.c, c0 = first_channel(channels);
     float a = coef[c0], b = coef[channels + c0], m = coef[3 * channels + c0];
     GRID_LOOP(i, count) {
@@ -338,6 +345,7 @@ __global__ void bn_apply_kernel(const T* x, T* y, std::uint64_t count, Channels 
 template <class T>
 __global__ void bn_apply_backward_kernel(const T* x, const T* dy, T* dx, std::uint64_t count, Channels ch,
                                          const float* coef, bool relu) {
+    await_predecessor();
     const std::uint32_t channels = ch.c, c0 = first_channel(channels);
     float k = coef[c0], c1 = coef[channels + c0], c2 = coef[2 * channels + c0], m = coef[3 * channels + c0],
           b = coef[4 * channels + c0];
@@ -381,6 +389,7 @@ __device__ __forceinline__ void load_backward_coefs(const float* coef, std::uint
 template <class T, int V>
 __global__ void bn_apply_vec_kernel(const T* x, T* y, std::uint64_t groups, std::uint32_t channels, const float* coef,
                                     bool relu) {
+    await_predecessor();
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % (channels / V)) * V;
     float a[V], b[V], m[V];
@@ -400,6 +409,7 @@ __global__ void bn_apply_vec_kernel(const T* x, T* y, std::uint64_t groups, std:
 template <class T, int V>
 __global__ void bn_apply_backward_vec_kernel(const T* x, const T* dy, T* dx, std::uint64_t groups,
                                              std::uint32_t channels, const float* coef, bool relu) {
+    await_predecessor();
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % (channels / V)) * V;
     float kk[V], c1[V], c2[V], m[V], b[V];
@@ -481,6 +491,7 @@ __device__ __forceinline__ void window_max(const T* x, std::uint64_t base, const
 // Forward: y (pooled) = max over each window of relu(bn(x)); the full-size
 // output is never written.
 template <class T, int V> __global__ void bn_apply_pool_kernel(const T* x, T* y, PoolWindows p, const float* coef) {
+    await_predecessor();
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % p.groups) * V;
     float a[V], b[V], m[V];
@@ -506,6 +517,7 @@ __device__ __forceinline__ float pooled_grad(int j, int k, const int (&arg)[V], 
 // pooled pixels; the sums are bn_reduce_vec_kernel's.
 template <class T, int V>
 __global__ void bn_reduce_pool_kernel(const T* x, const T* dp, BnRefs r, PoolWindows p, double* partials) {
+    await_predecessor();
     extern __shared__ float shf[];
     const std::uint32_t s = blockIdx.x, splits = gridDim.x, t = threadIdx.x, nt = blockDim.x;
     const std::uint64_t pixels = p.count / p.groups;
@@ -542,6 +554,7 @@ __global__ void bn_reduce_pool_kernel(const T* x, const T* dp, BnRefs r, PoolWin
 // window gets its dx.
 template <class T, int V>
 __global__ void bn_apply_backward_pool_kernel(const T* x, const T* dp, T* dx, PoolWindows p, const float* coef) {
+    await_predecessor();
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % p.groups) * V;
     float kk[V], c1[V], c2[V], m[V], b[V];
@@ -606,9 +619,8 @@ unsigned bn_reduce(const T* x, const T* dy, const BnRefs& r, std::uint32_t n, st
     if (nchw) {
         const unsigned splits = bn_nchw_splits(n, c, hw);
         const bool narrow = std::uint64_t{n} * hw * c <= narrow_limit;
-        bn_reduce_nchw_kernel<<<dim3(c, splits), threads, 0, s>>>(x, dy, r, n, c, hw, narrow ? Div32(hw) : Div32(),
-                                                                  narrow, partials);
-        check_launch();
+        launch_kernel(bn_reduce_nchw_kernel<T>, dim3(c, splits), threads, 0, s, x, dy, r, n, c, hw,
+                      narrow ? Div32(hw) : Div32(), narrow, partials);
         return splits;
     }
     const std::uint64_t rows = std::uint64_t{n} * hw;
@@ -618,22 +630,19 @@ unsigned bn_reduce(const T* x, const T* dy, const BnRefs& r, std::uint32_t n, st
         // second wave would wait for the first one's tail).
         const std::uint64_t units = rows * (c / vec_of<T>);
         const std::uint64_t shared = std::uint64_t{nt} * vec_of<T> * 2 * sizeof(float);
-        auto launch = [&](auto kernel) {
+        auto run = [&](auto kernel) {
             int per_sm = 1;
             CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(nt), shared));
             const std::uint64_t wave = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
             const auto splits_v = static_cast<unsigned>(std::clamp<std::uint64_t>(
                 (units + nt * 8 - 1) / (nt * 8), 1, std::min<std::uint64_t>(bn_max_splits, wave)));
-            kernel<<<splits_v, nt, shared, s>>>(x, dy, r, rows, c, partials);
-            check_launch();
+            launch_kernel(kernel, splits_v, nt, shared, s, x, dy, r, rows, c, partials);
             return splits_v;
         };
-        return dy ? launch(bn_reduce_vec_kernel<T, vec_of<T>, true>)
-                  : launch(bn_reduce_vec_kernel<T, vec_of<T>, false>);
+        return dy ? run(bn_reduce_vec_kernel<T, vec_of<T>, true>) : run(bn_reduce_vec_kernel<T, vec_of<T>, false>);
     }
     const unsigned nt = channel_threads(c);
-    bn_reduce_kernel<<<splits, nt, 2 * nt * sizeof(double), s>>>(x, dy, r, rows, c, partials);
-    check_launch();
+    launch_kernel(bn_reduce_kernel<T>, splits, nt, 2 * nt * sizeof(double), s, x, dy, r, rows, c, partials);
     return splits;
 }
 
@@ -649,8 +658,7 @@ void apply_pool(const T* x, T* y, std::uint32_t n, std::uint64_t hw, std::uint32
     const unsigned nt = bn_vec_threads<T>(c, {x, y});
     if (!nt) throw std::logic_error("fused batch norm + max-pool on an unaligned tensor");
     const PoolWindows p = pool_windows(n, hw / w, w, c, vec_of<T>);
-    bn_apply_pool_kernel<T, vec_of<T>><<<bn_blocks(p.count, nt), nt, 0, s>>>(x, y, p, coef);
-    check_launch();
+    launch_kernel(bn_apply_pool_kernel<T, vec_of<T>>, bn_blocks(p.count, nt), nt, 0, s, x, y, p, coef);
 }
 
 // The forward's element-wise pass (train and eval): pooled, 16-byte groups,
@@ -665,13 +673,12 @@ void bn_apply(const T* x, T* y, std::uint32_t n, std::uint64_t hw, std::uint32_t
     }
     if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
         const std::uint64_t groups = count / vec_of<T>;
-        bn_apply_vec_kernel<T, vec_of<T>><<<bn_blocks(groups, nt), nt, 0, s>>>(x, y, groups, c, coef, relu);
-        check_launch();
+        launch_kernel(bn_apply_vec_kernel<T, vec_of<T>>, bn_blocks(groups, nt), nt, 0, s, x, y, groups, c, coef, relu);
         return;
     }
     const unsigned nt = channel_threads(c);
-    bn_apply_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(x, y, count, channels_of(c, hw, nchw, nt, count), coef, relu);
-    check_launch();
+    launch_kernel(bn_apply_kernel<T>, bn_blocks(count, nt), nt, 0, s, x, y, count, channels_of(c, hw, nchw, nt, count),
+                  coef, relu);
 }
 
 template <class T>
@@ -687,8 +694,7 @@ unsigned reduce_pool(const T* x, const T* dp, const BnRefs& r, std::uint32_t n, 
     const std::uint64_t wave = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
     const auto splits = static_cast<unsigned>(
         std::clamp<std::uint64_t>((p.count + nt * 2 - 1) / (nt * 2), 1, std::min<std::uint64_t>(bn_max_splits, wave)));
-    bn_reduce_pool_kernel<T, vec_of<T>><<<splits, nt, shared, s>>>(x, dp, r, p, partials);
-    check_launch();
+    launch_kernel(bn_reduce_pool_kernel<T, vec_of<T>>, splits, nt, shared, s, x, dp, r, p, partials);
     return splits;
 }
 
@@ -705,10 +711,9 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
         const T* xt = static_cast<const T*>(x);
         T* yt = static_cast<T*>(y);
         const unsigned splits = bn_reduce(xt, static_cast<const T*>(nullptr), BnRefs{}, n, hw, c, nchw, partials, s);
-        bn_finalize_forward_kernel<<<c, 128, 0, s>>>(xt, nchw ? hw : 1, c, splits, static_cast<double>(rows), gamma,
-                                                     beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
-                                                     momentum, eps);
-        check_launch();
+        launch_kernel(bn_finalize_forward_kernel<T>, c, 128, 0, s, xt, nchw ? hw : 1, c, splits,
+                      static_cast<double>(rows), gamma, beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
+                      momentum, eps);
         bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, s);
     });
 }
@@ -717,8 +722,7 @@ void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, 
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s, std::uint32_t pool_w) {
     float* coef = bn_coef(partials, c);
-    bn_eval_coef_kernel<<<(c + 127) / 128, 128, 0, s>>>(c, gamma, beta, run_mean, run_var, eps, coef);
-    check_launch();
+    launch_kernel(bn_eval_coef_kernel, (c + 127) / 128, 128, 0, s, c, gamma, beta, run_mean, run_var, eps, coef);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
         const T* xt = static_cast<const T*>(x);
@@ -740,26 +744,25 @@ void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActT
         const BnRefs refs{gamma, beta, save_mean, save_invstd, relu};
         const unsigned splits = pool_w ? reduce_pool(xt, dyt, refs, n, hw, c, pool_w, partials, s)
                                        : bn_reduce(xt, dyt, refs, n, hw, c, nchw, partials, s);
-        bn_finalize_backward_kernel<<<c, 128, 0, s>>>(c, splits, static_cast<double>(rows), gamma, beta, save_mean,
-                                                      save_invstd, dgamma, dbeta, partials, coef);
-        check_launch();
+        launch_kernel(bn_finalize_backward_kernel, c, 128, 0, s, c, splits, static_cast<double>(rows), gamma, beta,
+                      save_mean, save_invstd, dgamma, dbeta, partials, coef);
         if (pool_w) {
             const unsigned nt = bn_vec_threads<T>(c, {x, dy, dx});
             const PoolWindows pw = pool_windows(n, hw / pool_w, pool_w, c, vec_of<T>);
-            bn_apply_backward_pool_kernel<T, vec_of<T>><<<bn_blocks(pw.count, nt), nt, 0, s>>>(xt, dyt, dxt, pw, coef);
+            launch_kernel(bn_apply_backward_pool_kernel<T, vec_of<T>>, bn_blocks(pw.count, nt), nt, 0, s, xt, dyt, dxt,
+                          pw, coef);
             return;
         }
         if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, dy, dx})) {
             const std::uint64_t groups = count / vec_of<T>;
-            bn_apply_backward_vec_kernel<T, vec_of<T>>
-                <<<bn_blocks(groups, nt), nt, 0, s>>>(xt, dyt, dxt, groups, c, coef, relu);
+            launch_kernel(bn_apply_backward_vec_kernel<T, vec_of<T>>, bn_blocks(groups, nt), nt, 0, s, xt, dyt, dxt,
+                          groups, c, coef, relu);
             return;
         }
         const unsigned nt = channel_threads(c);
-        bn_apply_backward_kernel<<<bn_blocks(count, nt), nt, 0, s>>>(xt, dyt, dxt, count,
-                                                                     channels_of(c, hw, nchw, nt, count), coef, relu);
+        launch_kernel(bn_apply_backward_kernel<T>, bn_blocks(count, nt), nt, 0, s, xt, dyt, dxt, count,
+                      channels_of(c, hw, nchw, nt, count), coef, relu);
     });
-    check_launch();
 }
 
 } // namespace dstk::train::cuda

@@ -10,6 +10,7 @@ namespace dstk::train::cuda {
 namespace {
 
 template <class T> __global__ void add_bias_kernel(T* y, const float* bias, std::uint64_t total, Channels ch) {
+    await_predecessor();
     const std::uint32_t c0 = first_channel(ch.c);
     GRID_LOOP(i, total) st(y, i, ld(y, i) + bias[ch(i, c0)]);
 }
@@ -17,6 +18,7 @@ template <class T> __global__ void add_bias_kernel(T* y, const float* bias, std:
 template <class T>
 __global__ void bias_grad_kernel(const T* dy, float* db, std::uint64_t rows, std::uint32_t c, std::uint64_t hw,
                                  bool nchw) {
+    await_predecessor();
     __shared__ double part[threads];
     const std::uint32_t ch = blockIdx.x;
     float acc = 0.0f;
@@ -32,18 +34,22 @@ __global__ void bias_grad_kernel(const T* dy, float* db, std::uint64_t rows, std
 }
 
 template <class T> __global__ void add_kernel(const T* a, const T* b, T* out, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) st(out, i, ld(a, i) + ld(b, i));
 }
 
 template <class T> __global__ void mul_mask_kernel(const T* dy, const float* mask, T* dx, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) st(dx, i, ld(dy, i) * mask[i]);
 }
 
 template <class T> __global__ void relu_kernel(const T* x, T* y, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) st(y, i, fmaxf(ld(x, i), 0.0f));
 }
 
 template <class T> __global__ void relu_backward_kernel(const T* y, const T* dy, T* dx, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) st(dx, i, ld(y, i) > 0.0f ? ld(dy, i) : 0.0f);
 }
 
@@ -51,6 +57,7 @@ template <class T>
 __global__ void dropout_kernel(const T* x, T* y, float* mask, std::uint64_t count, std::uint32_t channels,
                                std::uint64_t hw, bool nchw, float p, std::uint64_t seed, std::uint64_t layer,
                                const unsigned long long* step) {
+    await_predecessor();
     const std::uint64_t stream = (layer << 40) ^ static_cast<std::uint64_t>(*step);
     const auto threshold = static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0);
     const float scale = 1.0f / (1.0f - p);
@@ -64,10 +71,12 @@ __global__ void dropout_kernel(const T* x, T* y, float* mask, std::uint64_t coun
 }
 
 template <class T> __global__ void tanh_kernel(const T* x, T* y, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) st(y, i, tanhf(ld(x, i)));
 }
 
 template <class T> __global__ void tanh_backward_kernel(const T* y, const T* dy, T* dx, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) {
         const float v = ld(y, i);
         st(dx, i, ld(dy, i) * (1.0f - v * v));
@@ -81,6 +90,7 @@ template <class T> __global__ void tanh_backward_kernel(const T* y, const T* dy,
 constexpr unsigned sum_parts = 32;
 __global__ void __launch_bounds__(1024)
     sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out) {
+    await_predecessor();
     __shared__ double parts[sum_parts][32];
     const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
     const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
@@ -107,27 +117,25 @@ void launch_add_bias(void* y, ActType t, const float* bias, std::uint64_t n, std
     const unsigned b = std::max(1u, blocks_for(total, 4) * threads / nt);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        add_bias_kernel<<<b, nt, 0, s>>>(static_cast<T*>(y), bias, total, channels_of(c, hw, nchw, nt, total));
+        launch_kernel(add_bias_kernel<T>, b, nt, 0, s, static_cast<T*>(y), bias, total,
+                      channels_of(c, hw, nchw, nt, total));
     });
-    check_launch();
 }
 
 void launch_bias_grad(const void* dy, ActType t, float* db, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
                       bool nchw, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        bias_grad_kernel<<<c, threads, 0, s>>>(static_cast<const T*>(dy), db, n * hw, c, hw, nchw);
+        launch_kernel(bias_grad_kernel<T>, c, threads, 0, s, static_cast<const T*>(dy), db, n * hw, c, hw, nchw);
     });
-    check_launch();
 }
 
 void launch_add(const void* a, const void* b, void* out, ActType t, std::uint64_t count, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        add_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                            static_cast<T*>(out), count);
+        launch_kernel(add_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(a),
+                      static_cast<const T*>(b), static_cast<T*>(out), count);
     });
-    check_launch();
 }
 
 void launch_copy(const void* a, void* out, ActType t, std::uint64_t count, cudaStream_t s) {
@@ -139,53 +147,49 @@ void launch_dropout_forward(const void* x, void* y, float* mask, ActType t, std:
                             const unsigned long long* step, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        dropout_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), mask,
-                                                                count, channels, hw, nchw, p, seed, layer, step);
+        launch_kernel(dropout_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(x),
+                      static_cast<T*>(y), mask, count, channels, hw, nchw, p, seed, layer, step);
     });
-    check_launch();
 }
 
 void launch_mul_mask(const void* dy, const float* mask, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        mul_mask_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(dy), mask, static_cast<T*>(dx),
-                                                                 count);
+        launch_kernel(mul_mask_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(dy), mask,
+                      static_cast<T*>(dx), count);
     });
-    check_launch();
 }
 
 void launch_relu_forward(const void* x, void* y, ActType t, std::uint64_t count, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        relu_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), count);
+        launch_kernel(relu_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(x), static_cast<T*>(y),
+                      count);
     });
-    check_launch();
 }
 
 void launch_relu_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        relu_backward_kernel<<<blocks_for(count, 4), threads, 0, s>>>(
-            static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), count);
+        launch_kernel(relu_backward_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(y),
+                      static_cast<const T*>(dy), static_cast<T*>(dx), count);
     });
-    check_launch();
 }
 
 void launch_tanh_forward(const void* x, void* y, ActType t, std::uint64_t count, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        tanh_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), count);
+        launch_kernel(tanh_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(x), static_cast<T*>(y),
+                      count);
     });
-    check_launch();
 }
 
 void launch_tanh_backward(const void* y, const void* dy, void* dx, ActType t, std::uint64_t count, cudaStream_t s) {
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        tanh_backward_kernel<<<blocks_for(count, 4), threads, 0, s>>>(
-            static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), count);
+        launch_kernel(tanh_backward_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(y),
+                      static_cast<const T*>(dy), static_cast<T*>(dx), count);
     });
-    check_launch();
 }
 
 void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::uint64_t dst_row, std::uint64_t width,
@@ -196,9 +200,8 @@ void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::ui
 
 void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
                          cudaStream_t s) {
-    sum_partials_kernel<<<static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s>>>(
-        partials, blocks, count, out, out_t == ActType::bf16);
-    check_launch();
+    launch_kernel(sum_partials_kernel, static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s, partials, blocks,
+                  count, out, out_t == ActType::bf16);
 }
 
 } // namespace dstk::train::cuda

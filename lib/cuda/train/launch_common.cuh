@@ -1,13 +1,17 @@
 #pragma once
 // Launch helpers shared by the .cu files of dstrain's own kernels
 // (elementwise, pooling, batchnorm, loss, optimizer_step, input_layout):
-// grid sizes, the activation-type dispatch and the channel of an element.
+// grid sizes, the launch itself (programmatic dependent launch), the
+// activation-type dispatch and the channel of an element.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
@@ -24,6 +28,64 @@ inline unsigned blocks_for(std::uint64_t count, std::uint64_t per_thread = 1) {
 
 inline void check_launch() {
     CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- programmatic dependent launch (PDL) ----
+// A step is a chain of short kernels, each reading what the one before it
+// wrote. launch_kernel() lets a kernel be scheduled while the kernel before it
+// in its stream finishes (compute capability 9.0 and up), so the gap between
+// the two leaves the critical path; in a captured graph the stream order
+// becomes a programmatic edge. Every kernel launched by launch_kernel() calls
+// await_predecessor() before its first access to global memory
+// (scripts/check-pdl-waits.py checks it):
+//  - the wait returns once every direct dependency (the stream predecessor,
+//    and in a graph another stream's node joined through an event) has
+//    completed with its writes visible: the kernel neither reads too early
+//    nor overwrites what its predecessor still reads;
+//  - it covers direct dependencies only, so a kernel that skipped it could
+//    end before its own predecessor: with the wait first in every such kernel,
+//    completion stays transitive, and whatever follows (ours, cuDNN's,
+//    another stream through an event) sees the stream order it saw without
+//    PDL. Nothing is computed differently: results are bit for bit those of
+//    plain launches.
+// Past the wait it lets its own successor be scheduled, whose blocks take the
+// SMs this kernel's last wave leaves free, and wait in turn.
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+// Whether this kernel may be launched programmatically here: not where
+// DSTK_PDL=0 (read at each launch: a graph keeps what held at its capture);
+// only on a device of compute capability 9.0 or more (binaryVersion), and
+// only where the kernel's code was compiled for compute_90 or later
+// (ptxVersion): PTX of an older architecture, JIT-compiled for a newer GPU,
+// has the wait compiled out.
+template <class K> bool programmatic_launch(K* kernel) {
+    if (const char* e = std::getenv("DSTK_PDL"); e && std::strcmp(e, "0") == 0) return false;
+    cudaFuncAttributes a{};
+    CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+    return a.binaryVersion >= 90 && a.ptxVersion >= 90;
+}
+
+// kernel<<<grid, block, shared, s>>>(args...) with the PDL attribute where
+// programmatic_launch() allows it; the kernel calls await_predecessor() first.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t s,
+                   Args&&... args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared;
+    config.stream = s;
+    config.attrs = &attr;
+    config.numAttrs = programmatic_launch(kernel) ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // Calls f with a null T* for the activation type, T = float or bf16.
