@@ -164,18 +164,24 @@ TEST(TrainGpu, EveryLayerMatchesCpuFp32) {
 
 // First convolutions on 1 to 4 channels run the direct kernels (direct_conv.cu):
 // each channel count, strides 1 and 2, padding 0 to 2, odd sizes, 8 to 256
-// output channels (one lane per channel at 256), in every precision.
+// output channels (one lane per channel at 256), in every precision. In bf16
+// at stride 1 with up to 64 output channels (a multiple of 8) the forward runs
+// on tensor cores: checked here on both paths (DSTK_FIRST_CONV_TC=0 forces the
+// CUDA-core one), including a tile whose pixels are not a multiple of 16.
 TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
     REQUIRE_GPU();
     const std::pair<const char*, TensorShape> cases[] = {
         {"conv3x3:16,bn,relu,flatten,fc:5", {1, 28, 28}}, {"conv3x3:8:s2:p2,flatten,fc:5", {2, 9, 7}},
         {"conv3x3:32:bias,flatten,fc:5", {3, 32, 32}},    {"conv3x3:64:p0,flatten,fc:5", {4, 13, 11}},
-        {"conv3x3:256:s2,flatten,fc:5", {3, 16, 16}},
+        {"conv3x3:256:s2,flatten,fc:5", {3, 16, 16}},     {"conv3x3:24,flatten,fc:5", {3, 7, 9}},
     };
     for (const auto& [spec, in] : cases) {
         compare_layers(spec, in, 5, 4, Precision::fp32, 1e-4, 1e-4);
         compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
         compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
+        setenv("DSTK_FIRST_CONV_TC", "0", 1);
+        compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
+        unsetenv("DSTK_FIRST_CONV_TC");
     }
 }
 

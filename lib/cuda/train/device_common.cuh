@@ -1,8 +1,8 @@
 #pragma once
-// Helpers shared by the training kernels (launch_common.cuh, direct_conv.cu): loads
-// and stores of the activation types as float, 16-byte vector accesses,
-// division by a divisor fixed at launch, and the current GPU's SM count (for
-// grids sized to one wave).
+// Helpers shared by the training kernels (launch_common.cuh, direct_conv.cu,
+// tc_wgrad.cu): loads and stores of the activation types as float, 16-byte
+// vector accesses, division by a divisor fixed at launch, the tensor-core
+// products, and the current GPU's SM count (for grids sized to one wave).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -80,6 +80,23 @@ template <int V, class T> __device__ __forceinline__ void stv(T* p, std::uint64_
         for (int k = 0; k < V; ++k) st(e, k, v[k]);
         *reinterpret_cast<uint4*>(p + i) = q;
     }
+}
+
+// Warp-level tensor-core products (mma.sync, compute capability 8.0 and up),
+// fragments as PTX lays them out: gid = lane / 4, t4 = lane % 4.
+// D += A B, m16n8k4 in TF32: a0, a1 rows gid and gid + 8 of k slot t4; b0 row t4 of column gid.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// D += A B, m16n8k8 in bf16: a0, a1 rows gid and gid + 8 of k slots 2 t4, 2 t4 + 1 (low half first); b0 rows
+// 2 t4, 2 t4 + 1 of column gid.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
 }
 
 inline unsigned sm_count() {

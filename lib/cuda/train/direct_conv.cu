@@ -1,6 +1,8 @@
 #include "direct_conv.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
@@ -195,6 +197,299 @@ __global__ void __launch_bounds__(block_target)
     }
 }
 
+// ---- forward on tensor cores (bf16, NHWC, stride 1) ----
+// The same product as a GEMM: rows the output pixels, columns the output
+// channels, the reduction 9 taps x 4 channels (the input's first four stored
+// channels; weights of channels past c zero) in five k8 steps of two taps
+// each (the tenth tap zero). The
+// layer moves little data for its arithmetic on CUDA cores (27 products per
+// output); on tensor cores it is bound by writing its output. Weights are
+// rounded to bf16, as cuDNN's bf16 convolutions round theirs.
+constexpr unsigned tc_warps = 4, tc_threads = tc_warps * 32;
+constexpr unsigned tc_tile_pixels = 256; // output pixels per block, about: whole rows of one image
+constexpr int tc_ksteps = 5;
+constexpr unsigned tc_max_k = 64;
+constexpr std::uint64_t tc_max_shared = 48 * 1024;
+
+struct TcParams {
+    DirectConvShape s;
+    unsigned tile_rows, tiles_per_image, rows_in, cols_in;
+    Div32 dow;
+};
+
+TcParams tc_params_of(const DirectConvShape& s) {
+    TcParams p{};
+    p.s = s;
+    p.tile_rows = std::max(1u, std::min(s.oh, tc_tile_pixels / std::max(1u, s.ow)));
+    p.tiles_per_image = (s.oh + p.tile_rows - 1) / p.tile_rows;
+    p.rows_in = p.tile_rows + 2;
+    p.cols_in = s.ow + 2;
+    p.dow = Div32(s.ow);
+    return p;
+}
+
+bool tc_forward_applies(ActType t, const DirectConvShape& s) {
+    if (const char* e = std::getenv("DSTK_FIRST_CONV_TC"); e && std::strcmp(e, "0") == 0) return false;
+    if (t != ActType::bf16 || s.nchw || s.c > 4 || s.cstride % 4 != 0 || s.stride != 1 || s.kernel != 3) return false;
+    if (s.k % 8 != 0 || s.k > tc_max_k || s.oh != s.h + 2 * s.pad - 2 || s.ow != s.w + 2 * s.pad - 2) return false;
+    const TcParams p = tc_params_of(s);
+    return std::uint64_t{p.rows_in} * p.cols_in * sizeof(uint2) <= tc_max_shared &&
+           std::uint64_t{s.n} * s.oh * s.ow * s.k < narrow_limit;
+}
+
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// Block: tile_rows output rows of one image; warp w takes the 16-pixel row
+// tiles w, w + 4, ... Fragments (gid = lane / 4, t4 = lane % 4): A rows gid
+// and gid + 8 are two output pixels, its k slots 2 t4, 2 t4 + 1 of step s are
+// tap 2 s + t4 / 2, channels (t4 % 2) * 2 + {0, 1}: one 32-bit word of the
+// input pixel under that tap. B column gid of n-tile j is output channel
+// 8 j + gid, in registers for the whole block.
+template <int NT>
+__global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, const float* wt, bf16* y, TcParams p) {
+    extern __shared__ uint2 px4[]; // rows_in x cols_in input pixels, their first 4 channels
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
+    const unsigned C = p.s.c;
+    std::uint32_t b[tc_ksteps][NT];
+#pragma unroll
+    for (int s = 0; s < tc_ksteps; ++s) {
+        const unsigned tap = 2 * s + t4 / 2, c0 = (t4 % 2) * 2;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const unsigned n = 8 * j + gid;
+            const float w0 = tap < 9 && c0 < C ? wt[(n * C + c0) * 9 + tap] : 0.0f;
+            const float w1 = tap < 9 && c0 + 1 < C ? wt[(n * C + c0 + 1) * 9 + tap] : 0.0f;
+            b[s][j] = pack_bf16(w0, w1);
+        }
+    }
+    const unsigned img = blockIdx.x / p.tiles_per_image;
+    const unsigned oy0 = (blockIdx.x - img * p.tiles_per_image) * p.tile_rows;
+    const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
+    for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
+        const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
+        const int iy = iy0 + static_cast<int>(ry), ix = static_cast<int>(rx) - static_cast<int>(p.s.pad);
+        uint2 v = make_uint2(0u, 0u);
+        if (iy >= 0 && iy < static_cast<int>(p.s.h) && ix >= 0 && ix < static_cast<int>(p.s.w))
+            v = *reinterpret_cast<const uint2*>(x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride);
+        px4[e] = v;
+    }
+    __syncthreads();
+    const auto* words = reinterpret_cast<const std::uint32_t*>(px4);
+    const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, mtiles = (pixels + 15) / 16;
+    bf16* out = y + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
+    for (unsigned m = warp; m < mtiles; m += tc_warps) {
+        const unsigned p0 = m * 16 + gid, p1 = p0 + 8;
+        // Rows past the tile's last pixel read a valid one and are not stored.
+        const unsigned q0 = min(p0, pixels - 1), q1 = min(p1, pixels - 1);
+        const unsigned y0 = p.dow.div(q0), y1 = p.dow.div(q1);
+        const unsigned base0 = y0 * p.cols_in + (q0 - y0 * p.s.ow), base1 = y1 * p.cols_in + (q1 - y1 * p.s.ow);
+        float d[NT][4] = {};
+#pragma unroll
+        for (int s = 0; s < tc_ksteps; ++s) {
+            const unsigned tap = 2 * s + t4 / 2;
+            const unsigned off = (tap / 3) * p.cols_in + tap % 3;
+            const std::uint32_t a0 = tap < 9 ? words[(base0 + off) * 2 + t4 % 2] : 0u;
+            const std::uint32_t a1 = tap < 9 ? words[(base1 + off) * 2 + t4 % 2] : 0u;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma_bf16(d[j], a0, a1, b[s][j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const unsigned col = 8 * j + 2 * t4;
+            if (p0 < pixels)
+                *reinterpret_cast<std::uint32_t*>(out + std::uint64_t{p0} * p.s.k + col) = pack_bf16(d[j][0], d[j][1]);
+            if (p1 < pixels)
+                *reinterpret_cast<std::uint32_t*>(out + std::uint64_t{p1} * p.s.k + col) = pack_bf16(d[j][2], d[j][3]);
+        }
+    }
+}
+
+void launch_tc_forward(const void* x, const float* w, void* y, const DirectConvShape& s, cudaStream_t stream) {
+    const TcParams p = tc_params_of(s);
+    const unsigned blocks = s.n * p.tiles_per_image;
+    const std::uint64_t shared = std::uint64_t{p.rows_in} * p.cols_in * sizeof(uint2);
+    auto go = [&](auto nt) {
+        tc_forward_kernel<decltype(nt)::value>
+            <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p);
+    };
+    switch (s.k / 8) {
+    case 1:
+        go(std::integral_constant<int, 1>{});
+        break;
+    case 2:
+        go(std::integral_constant<int, 2>{});
+        break;
+    case 3:
+        go(std::integral_constant<int, 3>{});
+        break;
+    case 4:
+        go(std::integral_constant<int, 4>{});
+        break;
+    case 5:
+        go(std::integral_constant<int, 5>{});
+        break;
+    case 6:
+        go(std::integral_constant<int, 6>{});
+        break;
+    case 7:
+        go(std::integral_constant<int, 7>{});
+        break;
+    default:
+        go(std::integral_constant<int, 8>{});
+        break;
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- weight gradient on tensor cores (bf16, NHWC, stride 1, 32 or 64 output channels) ----
+// dw as a GEMM reduced over the output pixels: rows the output channels,
+// columns the 9 taps x 4 input channels (five n8 tiles, the last half
+// empty), k8 steps of 8 pixels. A (dy, channels x pixels) comes from a
+// shared-memory tile of the block's output pixels through ldmatrix.trans; B
+// (the inputs under each tap) from the input tile, two pixels to a register.
+// Blocks stride over the tiles and sum their warps in a fixed order into
+// per-block partials, added up by sum_partials as for the CUDA-core kernel:
+// the same result on every run.
+constexpr unsigned tcw_warps = 8, tcw_threads = tcw_warps * 32, tcw_blocks_per_sm = 2;
+constexpr int tcw_ntiles = 5;
+
+bool tc_wgrad_applies(ActType t, const DirectConvShape& s) {
+    return tc_forward_applies(t, s) && (s.k == 32 || s.k == 64);
+}
+
+unsigned tc_wgrad_blocks(const TcParams& p) {
+    const std::uint64_t tiles = std::uint64_t{p.s.n} * p.tiles_per_image;
+    return static_cast<unsigned>(std::min<std::uint64_t>(tiles, std::uint64_t{sm_count()} * tcw_blocks_per_sm));
+}
+
+// Output pixels of a tile, rounded up to whole k8 steps (the rows past the tile's pixels zero).
+__host__ __device__ unsigned tc_tile_rows_padded(const TcParams& p) {
+    return (p.tile_rows * p.s.ow + 7) / 8 * 8;
+}
+
+std::uint64_t tc_wgrad_shared(const TcParams& p) {
+    const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * p.s.k * sizeof(bf16) +
+                                std::uint64_t{p.rows_in} * p.cols_in * sizeof(uint2);
+    return std::max<std::uint64_t>(tiles, std::uint64_t{p.s.k} * 8 * tcw_ntiles * sizeof(float));
+}
+
+// The 16-byte chunk q of dy's pixel row r in shared memory, swizzled so that
+// the eight rows one ldmatrix reads fall in distinct banks (rows of 64 or 128 bytes).
+template <int CH> __device__ __forceinline__ unsigned dy_chunk(unsigned r, unsigned q) {
+    return r * CH + (q ^ (CH == 4 ? (r >> 1) & 3u : r & 7u));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&v)[4], const void* smem) {
+    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(a));
+}
+
+// Loads tile t's dy rows (swizzled, zero past its pixels) and input pixels; returns its pixel count.
+template <int CH>
+__device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const TcParams& p, unsigned t, uint4* dys, uint2* xs) {
+    const unsigned img = t / p.tiles_per_image, oy0 = (t - img * p.tiles_per_image) * p.tile_rows;
+    const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, padded = (pixels + 7) / 8 * 8;
+    const uint4* src = reinterpret_cast<const uint4*>(dy + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k);
+    for (unsigned e = threadIdx.x; e < padded * CH; e += blockDim.x) {
+        const unsigned r = e / CH, q = e % CH;
+        dys[dy_chunk<CH>(r, q)] = r < pixels ? src[e] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
+    for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
+        const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
+        const int iy = iy0 + static_cast<int>(ry), ix = static_cast<int>(rx) - static_cast<int>(p.s.pad);
+        uint2 v = make_uint2(0u, 0u);
+        if (iy >= 0 && iy < static_cast<int>(p.s.h) && ix >= 0 && ix < static_cast<int>(p.s.w))
+            v = *reinterpret_cast<const uint2*>(x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride);
+        xs[e] = v;
+    }
+    return pixels;
+}
+
+// CH = k / 8 chunks of 8 channels per dy row (4 or 8); MT = k / 16 m-tiles.
+template <int CH>
+__global__ void __launch_bounds__(tcw_threads)
+    tc_wgrad_kernel(const bf16* x, const bf16* dy, TcParams p, float* partials) {
+    constexpr int MT = CH / 2;
+    extern __shared__ uint4 smem[];
+    uint4* dys = smem;
+    auto* xs = reinterpret_cast<uint2*>(smem + tc_tile_rows_padded(p) * CH);
+    const auto* xh = reinterpret_cast<const unsigned short*>(xs);
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
+    float acc[MT][tcw_ntiles][4] = {};
+    const unsigned tiles = p.s.n * p.tiles_per_image;
+    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+        __syncthreads(); // the previous tile's reads are done
+        const unsigned pixels = tcw_load_tile<CH>(x, dy, p, t, dys, xs);
+        __syncthreads();
+        for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps) {
+            const unsigned r = ks * 8 + lane % 8;
+            std::uint32_t a[MT][2];
+#pragma unroll
+            for (int h = 0; h < MT / 2; ++h) {
+                std::uint32_t v[4];
+                ldmatrix_x4_trans(v, dys + dy_chunk<CH>(r, 4 * h + lane / 8));
+                a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
+            }
+            // This thread's two pixels of the step (clamped: their dy rows are zero).
+            const unsigned pa = min(ks * 8 + 2 * t4, pixels - 1), pb = min(ks * 8 + 2 * t4 + 1, pixels - 1);
+            const unsigned ya = p.dow.div(pa), yb = p.dow.div(pb);
+            const unsigned ba = ya * p.cols_in + (pa - ya * p.s.ow), bb = yb * p.cols_in + (pb - yb * p.s.ow);
+#pragma unroll
+            for (int j = 0; j < tcw_ntiles; ++j) {
+                const unsigned tap = 2 * j + gid / 4, c = gid % 4;
+                const unsigned off = (tap / 3) * p.cols_in + tap % 3;
+                const std::uint32_t b =
+                    tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : 0u;
+#pragma unroll
+                for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
+            }
+        }
+    }
+    // The warps' sums in warp order, then this block's partials in dw's KCRS order.
+    __syncthreads();
+    auto* red = reinterpret_cast<float*>(smem); // [k][40]
+    constexpr unsigned cols = 8 * tcw_ntiles;
+    for (unsigned e = threadIdx.x; e < p.s.k * cols; e += blockDim.x) red[e] = 0.0f;
+    for (unsigned w = 0; w < tcw_warps; ++w) {
+        __syncthreads();
+        if (warp != w) continue;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < tcw_ntiles; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    red[(16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1)] += acc[m][j][e];
+    }
+    __syncthreads();
+    const unsigned C = p.s.c, kw = 9 * C * p.s.k;
+    for (unsigned e = threadIdx.x; e < kw; e += blockDim.x) {
+        const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
+        partials[std::uint64_t{blockIdx.x} * kw + e] = red[k * cols + tap * 4 + c];
+    }
+}
+
+void launch_tc_wgrad(const void* x, const void* dy, const DirectConvShape& s, float* partials, float* dw,
+                     cudaStream_t stream) {
+    const TcParams p = tc_params_of(s);
+    const unsigned blocks = tc_wgrad_blocks(p);
+    const std::uint64_t shared = tc_wgrad_shared(p);
+    if (s.k == 32)
+        tc_wgrad_kernel<4><<<blocks, tcw_threads, shared, stream>>>(static_cast<const bf16*>(x),
+                                                                    static_cast<const bf16*>(dy), p, partials);
+    else
+        tc_wgrad_kernel<8><<<blocks, tcw_threads, shared, stream>>>(static_cast<const bf16*>(x),
+                                                                    static_cast<const bf16*>(dy), p, partials);
+    CUDA_CHECK(cudaGetLastError());
+    launch_sum_partials(partials, blocks, std::uint64_t{9} * s.c * s.k, dw, ActType::f32, stream);
+}
+
 // Calls f with a null T*, an integral constant C and an integral constant stride.
 template <class F> void dispatch(ActType t, const DirectConvShape& s, F&& f) {
     auto with_c = [&](auto tag) {
@@ -238,11 +533,16 @@ bool direct_conv_supported(const DirectConvShape& s) {
 
 std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
     const Params p = params_of(s);
-    return std::uint64_t{wgrad_blocks(p)} * 9 * s.c * s.k * sizeof(float);
+    const std::uint64_t blocks = std::max(wgrad_blocks(p), tc_wgrad_blocks(tc_params_of(s)));
+    return blocks * 9 * s.c * s.k * sizeof(float);
 }
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
                                 cudaStream_t stream) {
+    if (tc_forward_applies(t, s)) {
+        launch_tc_forward(x, w, y, s, stream);
+        return;
+    }
     const Params p = params_of(s);
     dispatch(t, s, [&](auto tag, auto c, auto st) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -255,6 +555,10 @@ void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType 
 
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
                               float* dw, cudaStream_t stream) {
+    if (tc_wgrad_applies(t, s)) {
+        launch_tc_wgrad(x, dy, s, static_cast<float*>(workspace), dw, stream);
+        return;
+    }
     const Params p = params_of(s);
     const unsigned blocks = wgrad_blocks(p);
     auto* partials = static_cast<float*>(workspace);

@@ -7,6 +7,16 @@
 namespace dstk::train::cuda {
 namespace {
 
+// Four consecutive elements from index i (a multiple of 4) in one store.
+template <class T> __device__ __forceinline__ void store4(T* p, std::uint64_t i, const float (&v)[4]) {
+    using Word = std::conditional_t<sizeof(T) == 4, uint4, uint2>;
+    Word q;
+    T* e = reinterpret_cast<T*>(&q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) st(e, k, v[k]);
+    *reinterpret_cast<Word*>(p + i) = q;
+}
+
 template <class In, class T>
 __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
                                Channels ch, const float* mean, const float* inv_std, T* out, std::int32_t* labels_out,
@@ -21,13 +31,24 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
         return;
     }
     // One thread per pixel of the NHWC output (channels zero-padded to
-    // out_channels); the stored sample is CHW.
+    // out_channels); the stored sample is CHW. Where out_channels is a
+    // multiple of 4 (bf16 pads images to 8), they go out four to a vector
+    // store: element-sized stores, strided by the pixel's width across a
+    // warp, left this pass bound by store instructions.
     GRID_LOOP(pix, std::uint64_t{n} * hw) {
         if (labels_out && pix < n) labels_out[pix] = labels[pix];
         const std::uint64_t s = ch.narrow ? ch.dhw.div(static_cast<std::uint32_t>(pix)) : pix / hw, j = pix - s * hw;
-        for (std::uint32_t c = 0; c < out_channels; ++c)
-            st(out, pix * out_channels + c,
-               c < channels ? (ld(x, (s * channels + c) * hw + j) - mean[c]) * inv_std[c] : 0.0f);
+        auto value = [&](std::uint32_t c) {
+            return c < channels ? (ld(x, (s * channels + c) * hw + j) - mean[c]) * inv_std[c] : 0.0f;
+        };
+        if (out_channels % 4 == 0) {
+            for (std::uint32_t c = 0; c < out_channels; c += 4) {
+                const float v[4] = {value(c), value(c + 1), value(c + 2), value(c + 3)};
+                store4(out, pix * out_channels + c, v);
+            }
+            continue;
+        }
+        for (std::uint32_t c = 0; c < out_channels; ++c) st(out, pix * out_channels + c, value(c));
     }
 }
 
@@ -68,7 +89,7 @@ __global__ void scatter_kernel(const T* gcopy, const std::uint32_t* map, float* 
 void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels, std::uint32_t n,
                           std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, void* out,
                           ActType t, bool nchw, std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s) {
-    const unsigned b = blocks_for(std::uint64_t{n} * (nchw ? out_channels : 1) * hw, 4);
+    const unsigned b = blocks_for(std::uint64_t{n} * (nchw ? out_channels : 1) * hw, nchw ? 4 : 1);
     // NCHW: the channel of each element; NHWC: the sample of each pixel.
     const Channels ch = channels_of(channels, hw, nchw, 0, std::uint64_t{n} * out_channels * hw);
     dispatch(t, [&](auto tag) {

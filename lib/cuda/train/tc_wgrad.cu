@@ -54,21 +54,6 @@ Geometry geometry_of(const TcWgradShape& s) {
     return g;
 }
 
-// D += A B, m16n8k4 in TF32: a0, a1 rows gid and gid + 8 of k slot t4; b0 row t4 of column gid.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// D += A B, m16n8k8 in bf16: a0, a1 rows gid and gid + 8 of k slots 2 t4, 2 t4 + 1 (low half first); b0 rows
-// 2 t4, 2 t4 + 1 of column gid.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
 __device__ __forceinline__ void cp_async16(std::uint32_t* dst, const void* src, bool valid) {
     const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
