@@ -147,12 +147,25 @@ void compare_layers(const std::string& spec, TensorShape in, std::uint32_t class
 }
 
 const char* const layer_specs[] = {
-    "conv3x3:6:bias,flatten,fc:5",      "conv3x3:8:s2:p0,flatten,fc:5",
-    "conv1x1:4,conv5x5:6,flatten,fc:5", "conv3x3:8,bn,relu,flatten,fc:5",
-    "flatten,fc:12,bn,relu,fc:5",       "conv3x3:4,maxpool2,flatten,fc:5",
-    "maxpool3:s2,flatten,fc:5",         "conv3x3:4,avgpool2,flatten,fc:5",
-    "conv3x3:8,gap,flatten,fc:5",       "flatten,fc:16,relu,fc:5:nobias",
-    "flatten,fc:16,dropout:0.5,fc:5",   "conv3x3:3,res(conv3x3:3,bn,relu,conv3x3:3,bn),relu,flatten,fc:5",
+    "conv3x3:6:bias,flatten,fc:5",
+    "conv3x3:8:s2:p0,flatten,fc:5",
+    "conv1x1:4,conv5x5:6,flatten,fc:5",
+    "conv3x3:8,bn,relu,flatten,fc:5",
+    "flatten,fc:12,bn,relu,fc:5",
+    "conv3x3:4,maxpool2,flatten,fc:5",
+    "maxpool3:s2,flatten,fc:5",
+    "conv3x3:4,avgpool2,flatten,fc:5",
+    "conv3x3:8,gap,flatten,fc:5",
+    "flatten,fc:16,relu,fc:5:nobias",
+    "flatten,fc:16,dropout:0.5,fc:5",
+    "conv3x3:3,res(conv3x3:3,bn,relu,conv3x3:3,bn),relu,flatten,fc:5",
+    // Linear layers reading NHWC-ordered features (bf16, tf32), with and
+    // without bias, a relu above; one straight after gap; and a flatten that
+    // keeps its transpose (dropout reads it).
+    "conv3x3:4,relu,flatten,fc:16,relu,fc:5:nobias",
+    "conv3x3:4,maxpool2,flatten,fc:12:nobias,relu,fc:5",
+    "conv3x3:8,gap,fc:5",
+    "conv3x3:4,flatten,dropout:0.5,fc:5",
 };
 
 } // namespace
@@ -426,6 +439,58 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
             EXPECT_EQ(branched->read_parameters(), one->read_parameters());
             EXPECT_EQ(branched->read_states(), one->read_states());
             EXPECT_EQ(branched->read_gradients(), one->read_gradients());
+        }
+}
+
+// DSTK_FC_FUSED=0 runs the linear layers as before (flattened features
+// transposed to NCHW, cuBLAS GEMMs, bias and ReLU kernels); by default a
+// linear layer after a flatten reads NHWC features through a weight copy with
+// permuted columns, and bias, ReLU and bias gradient go into cuBLASLt's
+// epilogues. The GEMMs sum in another order: parameters after graph steps and
+// an eager partial one agree within the tolerances of the CPU comparisons,
+// not bit for bit.
+TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
+    REQUIRE_GPU();
+    const char* specs[] = {"conv3x3:8,bn,relu,maxpool2,conv3x3:16:bias,relu,flatten,fc:32,relu,fc:10",
+                           "conv3x3:8,relu,flatten,fc:16:nobias,relu,fc:10:nobias",
+                           "conv3x3:8,bn,relu,gap,fc:16,relu,fc:10"};
+    const TensorShape in{3, 16, 16};
+    const std::uint32_t batch = 32;
+    const Data d = make_random_data(in, 10, batch * 6, 37);
+    const DeviceData dd(d);
+    const std::pair<Precision, double> precisions[] = {
+        {Precision::fp32, 1e-3}, {Precision::tf32, 2e-2}, {Precision::bf16, 6e-2}};
+    const auto reports = [](const Trainer& t, const std::string& kernel) {
+        for (const KernelReport& r : t.kernel_choices())
+            if (r.kernel == kernel) return true;
+        return false;
+    };
+    for (const auto& [p, tol] : precisions)
+        for (const char* spec : specs) {
+            SCOPED_TRACE(std::string(spec) + " " + std::string(precision_name(p)));
+            const TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, p, OptimizerKind::adamw);
+            auto train = [&](const char* fused) {
+                setenv("DSTK_FC_FUSED", fused, 1); // read when the trainer is made
+                auto t = make_trainer(c);
+                unsetenv("DSTK_FC_FUSED");
+                run_steps(*t, dd, in, batch, 0, 4);
+                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+                return t;
+            };
+            auto fused = train("1"), plain = train("0");
+            const bool nhwc = p != Precision::fp32 && std::string(spec).find("flatten") != std::string::npos;
+            EXPECT_EQ(reports(*fused, "none:nhwc_order"), nhwc) << "the flatten's transpose was not left out";
+            EXPECT_FALSE(reports(*plain, "none:nhwc_order"));
+            Checker check;
+            check("parameters after 5 steps", fused->read_parameters(), plain->read_parameters(), tol);
+            check("BN running statistics after 5 steps", fused->read_states(), plain->read_states(), tol);
+            const Metrics mf = fused->take_train_metrics(), mp = plain->take_train_metrics();
+            EXPECT_NEAR(mf.loss_sum, mp.loss_sum, tol * mp.loss_sum) << "training loss";
+            std::printf("%-72s %-5s worst %.2e (%s)\n", spec, std::string(precision_name(p)).c_str(), check.worst,
+                        check.worst_what.c_str());
+            for (const std::string& line : kernel_choice_lines(fused->kernel_choices(), c.plan))
+                if (line.find("cublaslt") != std::string::npos || line.find("nhwc") != std::string::npos)
+                    std::printf("  %s\n", line.c_str());
         }
 }
 
@@ -738,6 +803,14 @@ const HeadCase head_cases[] = {
      {head_target("t0", DType::u8, LossKind::ce, 14), head_target("t1", DType::f32, LossKind::bce, 2)},
      4,
      DType::bf16},
+    // A flatten that only the heads' linear layers read (NHWC order), and one
+    // that a head's loss reads itself (NCHW order).
+    {"conv3x3:4,relu,flatten,heads(a=fc:6>ce:t0, b=fc:8,relu,fc:3>poisson:t1)",
+     {3, 4, 4},
+     {head_target("t0", DType::i32, LossKind::ce, 6), head_target("t1", DType::f32, LossKind::poisson, 3)}},
+    {"conv3x3:2,flatten,heads(a=fc:5>ce:t0, b=>mse:t1)",
+     {3, 2, 2},
+     {head_target("t0", DType::i32, LossKind::ce, 5), head_target("t1", DType::f32, LossKind::mse, 8)}},
 };
 
 } // namespace

@@ -1,17 +1,19 @@
-// The cuda backend: cuDNN for convolutions, cuBLAS for linear layers, dstk's
-// own kernels for everything else and for two kinds of convolution where
-// cuDNN is weak (direct_conv.cu, tc_wgrad.cu); conv_algorithms.cpp chooses.
+// The cuda backend: cuDNN for convolutions, cuBLAS and cuBLASLt for linear
+// layers (epilogue_gemm.hpp: bias, ReLU and bias gradient fused), dstk's own
+// kernels for everything else and for two kinds of convolution where cuDNN is
+// weak (direct_conv.cu, tc_wgrad.cu); conv_algorithms.cpp chooses.
 // Activations are NHWC for tf32 and bf16 (cuDNN's tensor-core convolutions
 // read it without transposes) and NCHW for fp32 (cuDNN's NHWC float kernels
 // round like TF32); parameters, gradients and optimiser state are fp32 in the
 // cpu backend's layout, so checkpoints are the same on both backends, and
 // every weight gradient lies in one vector (grads_), which data-parallel
 // training averages over the ranks with one collective per step; the
-// convolutions read compute copies of their weights that the optimiser step
-// refreshes. One arena holds every buffer; the training step and evaluation
-// are captured as CUDA graphs (the step again when a reducer is set or
-// removed). DSTK_PROFILE_LAYERS=N times each operation over N steps outside
-// the graph at start-up (man dstrain).
+// convolutions (and linear layers in bf16, or reading flattened NHWC features)
+// read compute copies of their weights that the optimiser step refreshes.
+// One arena holds every buffer; the training step and evaluation are captured
+// as CUDA graphs (the step again when a reducer is set or removed).
+// DSTK_PROFILE_LAYERS=N times each operation over N steps outside the graph
+// at start-up (man dstrain).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +36,7 @@
 #include "train/cudnn_check.hpp"
 #include "train/direct_conv.hpp"
 #include "train/elementwise.hpp"
+#include "train/epilogue_gemm.hpp"
 #include "train/input_layout.hpp"
 #include "train/loss.hpp"
 #include "train/optimizer_step.hpp"
@@ -74,14 +77,19 @@ class Arena {
 };
 
 struct LayerDev {
-    void* out = nullptr;    // activation (aliases the input for residual_begin and flatten of 1x1 maps)
-    float* aux = nullptr;   // bn: saved mean and inverse std; dropout: mask
-    void* stash = nullptr;  // residual_end: gradient for the skip path
-    void* wk = nullptr;     // conv: KRSC weights; linear in bf16 mode: bf16 weights (compute copies)
-    void* gk = nullptr;     // conv: gradient of wk
-    bool relu_next = false; // batchnorm followed by relu: fused where allowed
-    bool tc_wgrad = false;  // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
-    bool pool_next = false; // batchnorm, relu, 2x2 max-pool: the pool fused in as well
+    void* out = nullptr;  // activation (aliases the input for residual_begin, and flatten where no transpose is needed)
+    float* aux = nullptr; // bn: saved mean and inverse std; dropout: mask
+    void* stash = nullptr;     // residual_end: gradient for the skip path
+    void* wk = nullptr;        // conv: KRSC weights; linear in bf16 mode or NHWC order: copies of the weights
+    void* gk = nullptr;        // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
+    bool relu_next = false;    // batchnorm followed by relu: fused where allowed
+    bool tc_wgrad = false;     // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
+    bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
+    bool relu_in_gemm = false; // linear followed by relu: the relu's output written by the GEMM where fused
+    // Flatten (and heads reading it): the features stay in this NHWC map's
+    // order, not the cpu backend's NCHW one; the linear layers that read them
+    // take their weight copies' columns in that order (c == 0: not so).
+    TensorShape nhwc_flat;
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
     ConvAlgos algos; // for max_batch
@@ -170,8 +178,9 @@ class CudaTrainer final : public Trainer {
     void compute_gradients(const Batch& b) override;
     std::vector<float> read_activation(std::size_t layer) override {
         if (layer >= layers().size()) throw runtime_error("read_activation: no layer " + std::to_string(layer));
-        const TensorShape s = layers()[layer].out;
+        const TensorShape s = layers()[layer].out, flat = dev_[layer].nhwc_flat;
         auto v = download_act(dev_[layer].out, std::uint64_t{last_n_} * s.numel());
+        if (flat.c) return to_nchw(v, flat, flat.c);
         return nchw_ ? v : to_nchw(v, s, s.c);
     }
     std::vector<float> read_input_gradient() override {
@@ -190,6 +199,14 @@ class CudaTrainer final : public Trainer {
 
   private:
     const std::vector<LayerPlan>& layers() const { return cfg_.plan.layers; }
+    std::vector<std::size_t> readers(std::size_t x) const;
+    bool only_linear_reads(std::size_t x) const;
+    void plan_linear_fusion();
+    TensorShape nhwc_order(std::size_t i) const {
+        const std::int32_t src = layers()[i].source;
+        return src < 0 ? TensorShape{} : dev_[static_cast<std::size_t>(src)].nhwc_flat;
+    }
+    bool linear_copied(std::size_t i) const { return at_ == ActType::bf16 || nhwc_order(i).c != 0; }
     void plan_copies();
     void layout(Arena& a);
     void layout_metrics(Arena& a);
@@ -215,17 +232,26 @@ class CudaTrainer final : public Trainer {
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
     void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
     void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
+    void forward_linear(std::size_t i, std::uint32_t n, bool fuse);
+    // A linear layer's cuBLASLt plans at one batch size (null: the plain GEMM and kernels).
+    struct FcGemms {
+        std::unique_ptr<EpilogueGemm> forward, forward_relu, weight_grad;
+    };
+    FcGemms plan_fc_gemms(std::size_t i, std::uint32_t n);
+    std::vector<FcGemms>& fc_gemms(std::uint32_t n);
+    void report_fc_choices();
     void step_body(std::uint32_t n);
     void refresh_copies();
     void upload_initial_state();
     void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
               cudaDataType_t at, int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc);
-    // The stream, handles and cuDNN workspace an operation runs with.
+    // The stream, handles and workspaces (cuDNN's, cuBLAS's) an operation runs with.
     struct Lane {
         cudaStream_t stream;
         cudnnHandle_t cudnn;
         cublasHandle_t cublas;
         void* workspace;
+        void* blas_workspace;
     };
     Lane weight_lane();
     enum Phase : int { train_phase, eval_phase, scratch_phase };
@@ -252,7 +278,10 @@ class CudaTrainer final : public Trainer {
     bool nchw_ = false;
     bool direct_first_ = false; // layer 0 is a convolution run by direct_conv.cu
     bool force_own_ = false;    // DSTK_CONV_KERNELS=own: our kernels wherever they apply, untimed
-    TensorShape input_;         // as stored on the device: channels padded in bf16 before a first convolution
+    // DSTK_FC_FUSED=0: linear layers as plain GEMMs and kernels, flattened
+    // features transposed to NCHW (to time one against the other).
+    bool fc_fused_ = true;
+    TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
     cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
@@ -261,11 +290,14 @@ class CudaTrainer final : public Trainer {
     cudaStream_t stream_ = nullptr;
     cudnnHandle_t cudnn_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
+    cublasLtHandle_t lt_ = nullptr;
+    std::map<std::uint32_t, std::vector<FcGemms>> fc_gemms_; // per batch size, per layer
     void* arena_ = nullptr;
     float *params_ = nullptr, *grads_ = nullptr, *slots_ = nullptr, *states_ = nullptr;
     float *mean_ = nullptr, *inv_std_ = nullptr, *side_mean_ = nullptr, *side_inv_std_ = nullptr;
     // Compute copies: copy[i] = params[map[i]]; conv weights first (their
-    // gradients gcopy share those indices), then linear weights in bf16 mode.
+    // gradients gcopy share those indices), then linear weights in bf16 mode
+    // or where they read features in NHWC order (columns permuted).
     void *wcopy_ = nullptr, *gcopy_ = nullptr;
     std::uint32_t *map_ = nullptr, *inv_ = nullptr;
     std::vector<std::uint32_t> map_host_, inv_host_;
@@ -370,6 +402,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
         blas_type_ = CUDA_R_16BF;
     }
     nchw_ = cfg_.precision == Precision::fp32;
+    if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
     input_ = cfg_.plan.input;
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
@@ -379,6 +412,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    CUBLAS_CHECK(cublasLtCreate(&lt_));
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
@@ -395,6 +429,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
                             pool.stride == 2 && pool.padding == 0 &&
                             bn_pool_fusable(at_, l.in.c, l.in.h, l.in.w, cfg_.max_batch);
     }
+    plan_linear_fusion();
     plan_copies();
     create_layer_descriptors();
 
@@ -420,6 +455,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     refresh_copies();
     find_algorithms();
     descs(cfg_.max_batch);
+    report_fc_choices(); // plans them for max_batch, before any capture
 
     const std::uint32_t n = cfg_.max_batch;
     choose_weight_branch();
@@ -641,14 +677,58 @@ CudaTrainer::~CudaTrainer() {
         for (auto cd : {d.conv_fwd, d.conv_bwd_data, d.conv_bwd_filter})
             if (cd) cudnnDestroyConvolutionDescriptor(cd);
     }
+    fc_gemms_.clear();
+    if (lt_) cublasLtDestroy(lt_);
     if (cublas_) cublasDestroy(cublas_);
     if (cudnn_) cudnnDestroy(cudnn_);
     if (arena_) cudaFree(arena_);
     if (stream_) cudaStreamDestroy(stream_);
 }
 
+// The layers that read layer x's output, and ~0 where it is a head's output.
+std::vector<std::size_t> CudaTrainer::readers(std::size_t x) const {
+    std::vector<std::size_t> r;
+    for (const HeadPlan& h : cfg_.plan.heads)
+        if (h.output == x) r.push_back(~std::size_t{0});
+    for (std::size_t j = x + 1; j < layers().size(); ++j)
+        if (layers()[j].source == static_cast<std::int32_t>(x)) r.push_back(j);
+    return r;
+}
+
+// Whether only linear layers read x's output, directly or through heads (which alias it).
+bool CudaTrainer::only_linear_reads(std::size_t x) const {
+    for (const std::size_t j : readers(x)) {
+        if (j == ~std::size_t{0}) return false;
+        const LayerKind k = layers()[j].spec.kind;
+        if (k == LayerKind::head ? !only_linear_reads(j) : k != LayerKind::linear) return false;
+    }
+    return true;
+}
+
+// What DSTK_FC_FUSED allows around the linear layers. A flatten of an NHWC
+// map whose features only linear layers read leaves them in NHWC order: those
+// layers' weight copies take their columns in that order instead
+// (plan_copies), so neither pass transposes, and dx = W^T dy comes out in NHWC
+// order too. A linear layer whose only reader is a relu writes the relu's
+// output itself (in its GEMM's epilogue where cuBLASLt takes it).
+void CudaTrainer::plan_linear_fusion() {
+    if (!fc_fused_) return;
+    for (std::size_t i = 0; i < layers().size(); ++i) {
+        const LayerPlan& l = layers()[i];
+        if (l.spec.kind == LayerKind::flatten && !nchw_ && l.in.h * l.in.w > 1 && only_linear_reads(i))
+            dev_[i].nhwc_flat = l.in;
+        const std::int32_t src = l.source;
+        if (l.spec.kind == LayerKind::head && src >= 0)
+            dev_[i].nhwc_flat = dev_[static_cast<std::size_t>(src)].nhwc_flat;
+        const std::vector<std::size_t> r = readers(i);
+        dev_[i].relu_in_gemm = l.spec.kind == LayerKind::linear && r.size() == 1 && r[0] == i + 1 &&
+                               layers()[i + 1].spec.kind == LayerKind::relu;
+    }
+}
+
 // Which parameters have compute copies, and where: conv filters KCRS -> KRSC
-// (NHWC) or as they are (NCHW), then (bf16 only) linear weights as they are.
+// (NHWC) or as they are (NCHW), then linear weights (bf16, or NHWC-ordered
+// features in any precision), their columns in the order of their features.
 // Padded input channels of a first convolution get no_copy (weight 0, no
 // gradient).
 void CudaTrainer::plan_copies() {
@@ -677,12 +757,22 @@ void CudaTrainer::plan_copies() {
                     else
                         for (std::uint64_t j = 0; j < rs; ++j)
                             for (std::uint64_t c = 0; c < cin; ++c) add(k, c, j);
-            } else if (!conv_pass && l.spec.kind == LayerKind::linear && at_ == ActType::bf16) {
+            } else if (!conv_pass && l.spec.kind == LayerKind::linear && linear_copied(i)) {
+                if (fc_fused_) // 256-byte aligned for cuBLASLt's fast kernels; the gap is never read
+                    while (map_host_.size() % 128) map_host_.push_back(no_copy);
                 copy_offset_[i] = map_host_.size();
-                for (std::uint64_t j = 0; j < std::uint64_t{l.out.c} * l.in.c; ++j) {
-                    inv_host_[l.param_offset + j] = static_cast<std::uint32_t>(map_host_.size());
-                    map_host_.push_back(static_cast<std::uint32_t>(l.param_offset + j));
-                }
+                // Column j of the copy weighs feature j of the features as the layer reads them: of an
+                // NHWC map f, pixel j / f.c and channel j % f.c, which the parameters hold in column
+                // channel * hw + pixel (the cpu backend's NCHW flattening).
+                const TensorShape f = nhwc_order(i);
+                const std::uint64_t hw = std::uint64_t{f.h} * f.w;
+                for (std::uint64_t o = 0; o < l.out.c; ++o)
+                    for (std::uint64_t j = 0; j < l.in.c; ++j) {
+                        const std::uint64_t col = f.c ? j % f.c * hw + j / f.c : j;
+                        const std::uint64_t src = l.param_offset + o * l.in.c + col;
+                        inv_host_[src] = static_cast<std::uint32_t>(map_host_.size());
+                        map_host_.push_back(static_cast<std::uint32_t>(src));
+                    }
             }
         }
         if (conv_pass) conv_copies_ = map_host_.size();
@@ -713,7 +803,7 @@ void CudaTrainer::layout(Arena& a) {
         LayerDev& d = dev_[i];
         const std::uint64_t count = b * l.out.numel();
         if (l.spec.kind == LayerKind::residual_begin || l.spec.kind == LayerKind::head ||
-            (l.spec.kind == LayerKind::flatten && (nchw_ || l.in.h * l.in.w == 1)))
+            (l.spec.kind == LayerKind::flatten && (nchw_ || l.in.h * l.in.w == 1 || d.nhwc_flat.c)))
             d.out = const_cast<void*>(input_of(i));
         else
             d.out = a.take_bytes(count * ab);
@@ -723,8 +813,9 @@ void CudaTrainer::layout(Arena& a) {
         if (l.spec.kind == LayerKind::conv) {
             d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
             d.gk = static_cast<char*>(gcopy_) + copy_offset_[i] * ab;
-        } else if (l.spec.kind == LayerKind::linear && at_ == ActType::bf16) {
+        } else if (l.spec.kind == LayerKind::linear && linear_copied(i)) {
             d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
+            if (nhwc_order(i).c) d.gk = a.take<float>(std::uint64_t{l.out.c} * l.in.c);
         }
     }
     std::uint32_t bn_channels = 0;
@@ -945,6 +1036,83 @@ BatchDescs& CudaTrainer::descs(std::uint32_t n) {
     return descs_.emplace(n, std::move(d)).first->second;
 }
 
+// Layer i's cuBLASLt plans at batch n, for the buffers layout() placed: the
+// forward pass with its bias (and relu), the weight gradient with the bias
+// gradient. Each is null where cuBLASLt refuses it or where no epilogue would
+// spare a kernel (no bias, no relu).
+CudaTrainer::FcGemms CudaTrainer::plan_fc_gemms(std::size_t i, std::uint32_t n) {
+    FcGemms out;
+    const LayerPlan& l = layers()[i];
+    const LayerDev& d = dev_[i];
+    if (!fc_fused_ || l.spec.kind != LayerKind::linear) return out;
+    const int in = static_cast<int>(l.in.c), o = static_cast<int>(l.out.c), nn = static_cast<int>(n);
+    const std::uint64_t bias_at = l.param_offset + std::uint64_t{l.out.c} * l.in.c;
+    const auto plan = [&](const EpilogueGemmShape& s) {
+        auto g = std::make_unique<EpilogueGemm>(lt_, s, cublas_workspace);
+        return g->ok() ? std::move(g) : nullptr;
+    };
+    EpilogueGemmShape f; // y[out][n] = W x (+ b, relu)
+    f.ta = CUBLAS_OP_T;
+    f.m = o, f.n = nn, f.k = in;
+    f.a_type = d.wk ? blas_type_ : CUDA_R_32F;
+    f.b_type = f.d_type = blas_type_;
+    f.lda = in, f.ldb = in, f.ldd = o;
+    f.a_align = pointer_alignment(d.wk ? d.wk : params_ + l.param_offset);
+    f.b_align = pointer_alignment(input_of(i));
+    f.compute = blas_compute_;
+    f.bias = l.spec.bias ? params_ + bias_at : nullptr;
+    if (l.spec.bias) {
+        f.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        out.forward = plan(f);
+    }
+    if (d.relu_in_gemm) {
+        f.epilogue = l.spec.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+        out.forward_relu = plan(f);
+    }
+    if (l.spec.bias) { // dW[in][out] = x dy^T, db = dy summed over the batch (op(B)'s k)
+        EpilogueGemmShape w;
+        w.tb = CUBLAS_OP_T;
+        w.m = in, w.n = o, w.k = nn;
+        w.a_type = w.b_type = blas_type_;
+        w.d_type = CUDA_R_32F;
+        w.lda = in, w.ldb = o, w.ldd = in;
+        w.a_align = f.b_align;
+        w.d_align = pointer_alignment(d.gk ? d.gk : grads_ + l.param_offset);
+        w.compute = blas_compute_;
+        w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+        w.bias = grads_ + bias_at;
+        out.weight_grad = plan(w);
+    }
+    return out;
+}
+
+std::vector<CudaTrainer::FcGemms>& CudaTrainer::fc_gemms(std::uint32_t n) {
+    auto it = fc_gemms_.find(n);
+    if (it != fc_gemms_.end()) return it->second;
+    std::vector<FcGemms> v(layers().size());
+    for (std::size_t i = 0; i < layers().size(); ++i) v[i] = plan_fc_gemms(i, n);
+    return fc_gemms_.emplace(n, std::move(v)).first->second;
+}
+
+// What the linear layers and the flattens before them run at max_batch, in
+// the kernel report (rules, not timings).
+void CudaTrainer::report_fc_choices() {
+    const std::vector<FcGemms>& plans = fc_gemms(cfg_.max_batch);
+    for (std::size_t i = 0; i < layers().size(); ++i) {
+        const LayerDev& d = dev_[i];
+        if (layers()[i].spec.kind == LayerKind::flatten && d.nhwc_flat.c)
+            reports_.push_back({i, "fwd", "none:nhwc_order", ChoiceSource::rule, 0.0});
+        if (plans[i].forward_relu)
+            reports_.push_back({i, "fwd", "cublaslt:relu_epilogue", ChoiceSource::rule, 0.0});
+        else if (plans[i].forward)
+            reports_.push_back({i, "fwd", "cublaslt:bias_epilogue", ChoiceSource::rule, 0.0});
+        if (plans[i].weight_grad)
+            reports_.push_back({i, "bwd_filter", "cublaslt:bgradb_epilogue", ChoiceSource::rule, 0.0});
+    }
+    std::stable_sort(reports_.begin(), reports_.end(),
+                     [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
+}
+
 void CudaTrainer::refresh_copies() {
     launch_gather_weights(params_, map_, wcopy_, at_, map_host_.size(), stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1014,6 +1182,27 @@ void CudaTrainer::gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t
                               blas_compute_, CUBLAS_GEMM_DEFAULT));
 }
 
+// y = W x + b, then the relu above where fused: one cuBLASLt kernel where it
+// takes the shape, else cuBLAS and our kernels.
+void CudaTrainer::forward_linear(std::size_t i, std::uint32_t n, bool fuse) {
+    const LayerPlan& l = layers()[i];
+    const LayerDev& d = dev_[i];
+    const bool relu = fuse && d.relu_in_gemm;
+    void* y = relu ? dev_[i + 1].out : d.out;
+    const float* p = params_ + l.param_offset;
+    const void* w = d.wk ? d.wk : p;
+    const FcGemms& plans = fc_gemms(n)[i];
+    if (const EpilogueGemm* e = (relu ? plans.forward_relu : plans.forward).get()) {
+        e->run(w, input_of(i), y, cublas_ws_, stream_);
+        return;
+    }
+    const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c);
+    gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, w, d.wk ? blas_type_ : CUDA_R_32F, in,
+         input_of(i), in, y, blas_type_, out);
+    if (l.spec.bias) launch_add_bias(y, at_, p + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_);
+    if (relu) launch_relu_forward(y, y, at_, std::uint64_t{n} * l.out.c, stream_);
+}
+
 void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
     const float one = 1.0f, zero = 0.0f;
     BatchDescs& bd = descs(n);
@@ -1048,8 +1237,9 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
                                        static_cast<float>(bn_eps), bn_partials_, stream_, pool_w);
             break;
         }
-        case LayerKind::relu:
-            if (!(fuse && i > 0 && dev_[i - 1].relu_next)) launch_relu_forward(x, d.out, at_, count, stream_);
+        case LayerKind::relu: // else the batchnorm or linear layer below wrote the output
+            if (!(fuse && i > 0 && (dev_[i - 1].relu_next || dev_[i - 1].relu_in_gemm)))
+                launch_relu_forward(x, d.out, at_, count, stream_);
             break;
         case LayerKind::tanh:
             launch_tanh_forward(x, d.out, at_, count, stream_);
@@ -1067,15 +1257,9 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         case LayerKind::global_avgpool:
             launch_gap_forward(x, d.out, at_, n, l.in.c, hw_in, nchw_, stream_);
             break;
-        case LayerKind::linear: {
-            const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c);
-            const bool copy = d.wk != nullptr;
-            gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, copy ? d.wk : p,
-                 copy ? blas_type_ : CUDA_R_32F, in, x, in, d.out, blas_type_, out);
-            if (l.spec.bias)
-                launch_add_bias(d.out, at_, p + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_);
+        case LayerKind::linear:
+            forward_linear(i, n, fuse);
             break;
-        }
         case LayerKind::dropout:
             if (training && l.spec.drop > 0.0f)
                 launch_dropout_forward(x, d.out, d.aux, at_, count, l.out.c, hw_out, nchw_, l.spec.drop, cfg_.seed, i,
@@ -1083,7 +1267,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             else
                 launch_copy(x, d.out, at_, count, stream_);
             break;
-        case LayerKind::flatten: // features in the cpu backend's (NCHW) order, for the linear layers
+        case LayerKind::flatten: // features in the cpu backend's (NCHW) order unless only linear layers read them
             if (d.out != x) launch_nhwc_to_nchw(x, d.out, at_, n, l.in.c, std::uint64_t{l.in.h} * l.in.w, stream_);
             break;
         case LayerKind::residual_begin:
@@ -1100,9 +1284,9 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
 // profiling (each operation is then timed on the main stream alone) and
 // where DSTK_WEIGHT_BRANCH=0 says so.
 CudaTrainer::Lane CudaTrainer::weight_lane() {
-    if (marks_ || one_stream_) return {stream_, cudnn_, cublas_, workspace_};
+    if (marks_ || one_stream_) return {stream_, cudnn_, cublas_, workspace_, cublas_ws_};
     side_->fork();
-    return {side_->stream(), side_->cudnn(), side_->cublas(), side_ws_};
+    return {side_->stream(), side_->cudnn(), side_->cublas(), side_ws_, side_cublas_ws_};
 }
 
 // Layer i's weight gradient (and bias gradient) from dy, then dx where needed.
@@ -1138,10 +1322,19 @@ void CudaTrainer::backward_linear(std::size_t i, std::uint32_t n, const void* dy
     const float* p = params_ + l.param_offset;
     float* g = grads_ + l.param_offset;
     const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c), nn = static_cast<int>(n);
-    // dW (fp32, straight into the gradient vector) = x^T dy
+    // dW (fp32) = x^T dy, straight into the gradient vector; where the copy's
+    // columns are permuted, into gk and through the copy's map back.
     const Lane w = weight_lane();
-    gemm(w.cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, nn, input_of(i), blas_type_, in, dy, out, g, CUDA_R_32F, in);
-    if (l.spec.bias) launch_bias_grad(dy, at_, g + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, w.stream);
+    float* dw = d.gk ? static_cast<float*>(d.gk) : g;
+    if (const EpilogueGemm* e = fc_gemms(n)[i].weight_grad.get()) {
+        e->run(input_of(i), dy, dw, w.blas_workspace, w.stream);
+    } else {
+        gemm(w.cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, nn, input_of(i), blas_type_, in, dy, out, dw, CUDA_R_32F, in);
+        if (l.spec.bias) launch_bias_grad(dy, at_, g + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, w.stream);
+    }
+    if (d.gk)
+        launch_scatter_grads(d.gk, ActType::f32, map_ + copy_offset_[i], grads_, std::uint64_t{l.out.c} * l.in.c,
+                             w.stream);
     if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
     if (need_dx) {
         const bool copy = d.wk != nullptr;
@@ -1205,7 +1398,7 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
             launch_copy(dy, dx, at_, count_in, stream_);
         return dx;
     case LayerKind::flatten:
-        if (!nchw_ && hw_in > 1)
+        if (d.out != x)
             launch_nchw_to_nhwc(dy, dx, at_, n, l.in.c, hw_in, stream_);
         else if (i == 0)
             launch_copy(dy, dx, at_, count_in, stream_);
