@@ -228,13 +228,22 @@ TcParams tc_params_of(const DirectConvShape& s) {
     return p;
 }
 
+// The input tile's 8-byte pixels, rounded up to keep the staging rows after it 16-byte aligned.
+__host__ __device__ unsigned tc_tile_words(const TcParams& p) {
+    return (p.rows_in * p.cols_in + 1) / 2 * 2;
+}
+
+// The input tile, then each warp's staging rows for its outputs (16 pixels x k bf16).
+std::uint64_t tc_forward_shared(const TcParams& p) {
+    return std::uint64_t{tc_tile_words(p)} * sizeof(uint2) + std::uint64_t{tc_warps} * 16 * p.s.k * sizeof(bf16);
+}
+
 bool tc_forward_applies(ActType t, const DirectConvShape& s) {
     if (const char* e = std::getenv("DSTK_FIRST_CONV_TC"); e && std::strcmp(e, "0") == 0) return false;
     if (t != ActType::bf16 || s.nchw || s.c > 4 || s.cstride % 4 != 0 || s.stride != 1 || s.kernel != 3) return false;
     if (s.k % 8 != 0 || s.k > tc_max_k || s.oh != s.h + 2 * s.pad - 2 || s.ow != s.w + 2 * s.pad - 2) return false;
     const TcParams p = tc_params_of(s);
-    return std::uint64_t{p.rows_in} * p.cols_in * sizeof(uint2) <= tc_max_shared &&
-           std::uint64_t{s.n} * s.oh * s.ow * s.k < narrow_limit;
+    return tc_forward_shared(p) <= tc_max_shared && std::uint64_t{s.n} * s.oh * s.ow * s.k < narrow_limit;
 }
 
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
@@ -250,7 +259,7 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
 // 8 j + gid, in registers for the whole block.
 template <int NT>
 __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, const float* wt, bf16* y, TcParams p) {
-    extern __shared__ uint2 px4[]; // rows_in x cols_in input pixels, their first 4 channels
+    extern __shared__ uint2 px4[]; // rows_in x cols_in input pixels, their first 4 channels; then the staging rows
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
     const unsigned C = p.s.c;
     std::uint32_t b[tc_ksteps][NT];
@@ -278,6 +287,7 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
     }
     __syncthreads();
     const auto* words = reinterpret_cast<const std::uint32_t*>(px4);
+    auto* stage = reinterpret_cast<std::uint32_t*>(px4 + tc_tile_words(p));
     const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, mtiles = (pixels + 15) / 16;
     bf16* out = y + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
     for (unsigned m = warp; m < mtiles; m += tc_warps) {
@@ -296,21 +306,27 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
 #pragma unroll
             for (int j = 0; j < NT; ++j) mma_bf16(d[j], a0, a1, b[s][j]);
         }
+        // Through the warp's staging rows to 16-byte stores of whole pixels:
+        // the fragments' 4-byte pieces, stored directly, left half of every
+        // written sector to a second store.
+        std::uint32_t* rows = stage + warp * 16 * 4 * NT; // 16 pixels x 8 NT bf16
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            const unsigned col = 8 * j + 2 * t4;
-            if (p0 < pixels)
-                *reinterpret_cast<std::uint32_t*>(out + std::uint64_t{p0} * p.s.k + col) = pack_bf16(d[j][0], d[j][1]);
-            if (p1 < pixels)
-                *reinterpret_cast<std::uint32_t*>(out + std::uint64_t{p1} * p.s.k + col) = pack_bf16(d[j][2], d[j][3]);
+            rows[gid * 4 * NT + 4 * j + t4] = pack_bf16(d[j][0], d[j][1]);
+            rows[(gid + 8) * 4 * NT + 4 * j + t4] = pack_bf16(d[j][2], d[j][3]);
         }
+        __syncwarp();
+        const unsigned valid = min(16u, pixels - m * 16) * NT; // 16-byte chunks of this tile's pixels
+        uint4* dst = reinterpret_cast<uint4*>(out + std::uint64_t{m} * 16 * p.s.k);
+        for (unsigned e = lane; e < valid; e += 32) dst[e] = reinterpret_cast<const uint4*>(rows)[e];
+        __syncwarp();
     }
 }
 
 void launch_tc_forward(const void* x, const float* w, void* y, const DirectConvShape& s, cudaStream_t stream) {
     const TcParams p = tc_params_of(s);
     const unsigned blocks = s.n * p.tiles_per_image;
-    const std::uint64_t shared = std::uint64_t{p.rows_in} * p.cols_in * sizeof(uint2);
+    const std::uint64_t shared = tc_forward_shared(p);
     auto go = [&](auto nt) {
         tc_forward_kernel<decltype(nt)::value>
             <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p);
@@ -395,9 +411,21 @@ __device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const TcParams&
     const unsigned img = t / p.tiles_per_image, oy0 = (t - img * p.tiles_per_image) * p.tile_rows;
     const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, padded = (pixels + 7) / 8 * 8;
     const uint4* src = reinterpret_cast<const uint4*>(dy + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k);
-    for (unsigned e = threadIdx.x; e < padded * CH; e += blockDim.x) {
-        const unsigned r = e / CH, q = e % CH;
-        dys[dy_chunk<CH>(r, q)] = r < pixels ? src[e] : make_uint4(0u, 0u, 0u, 0u);
+    // Four loads in flight per thread before any store: one at a time left
+    // the pass bound by latency, not bandwidth.
+    constexpr unsigned batch = 4;
+    for (unsigned e0 = threadIdx.x; e0 < padded * CH; e0 += batch * blockDim.x) {
+        uint4 v[batch];
+#pragma unroll
+        for (unsigned u = 0; u < batch; ++u) {
+            const unsigned e = e0 + u * blockDim.x;
+            v[u] = e < pixels * CH ? src[e] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (unsigned u = 0; u < batch; ++u) {
+            const unsigned e = e0 + u * blockDim.x;
+            if (e < padded * CH) dys[dy_chunk<CH>(e / CH, e % CH)] = v[u];
+        }
     }
     const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
     for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
