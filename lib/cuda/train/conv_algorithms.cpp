@@ -192,7 +192,8 @@ std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::
 
 template <class Perf>
 Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
-                         const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own) {
+                         const std::function<bool(const Perf&)>& run, const std::function<void()>* own,
+                         const std::string& own_name, bool* use_own) {
     std::vector<Perf> cands;
     for (int j = 0; j < count; ++j)
         if (usable(list[j], s_.workspace_bytes, s_.precision, s_.deterministic) &&
@@ -203,7 +204,7 @@ Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, con
     std::vector<std::string> names;
     for (const auto& p : cands) names.push_back(candidate_name(p));
     const std::size_t own_index = own ? names.size() : ~std::size_t{0};
-    if (own) names.push_back("own:tc_wgrad");
+    if (own) names.push_back(own_name);
     std::size_t idx = 0;
     if (own && own_force_) {
         idx = own_index;
@@ -262,7 +263,8 @@ std::size_t ConvChooser::choose_variant(const std::string& key, std::size_t laye
 }
 
 ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own,
-                              bool* use_own) {
+                              OwnUse* used) {
+    OwnUse u;
     const float one = 1.0f, zero = 0.0f;
     const Ranked r = heuristic_lists(s_, c);
     own_force_ = own.force;
@@ -276,7 +278,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
             return cudnnConvolutionForward(s_.cudnn, &one, c.x, c.x_data, c.w, c.w_data, c.fwd, p.algo, s_.workspace,
                                            s_.workspace_bytes, &zero, c.y, c.y_data) == CUDNN_STATUS_SUCCESS;
         },
-        nullptr, nullptr);
+        own.fwd ? &own.fwd : nullptr, "own:tc_conv", &u.fwd);
     a.fwd = f.algo;
     CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, f.mathType));
     k.op = "bwd_data";
@@ -288,7 +290,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
                                                 s_.workspace, s_.workspace_bytes, &zero, c.x,
                                                 c.dx_data) == CUDNN_STATUS_SUCCESS;
         },
-        nullptr, nullptr);
+        own.dgrad ? &own.dgrad : nullptr, "own:tc_conv", &u.dgrad);
     a.bwd_data = g.algo;
     CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_data, g.mathType));
     k.op = "bwd_filter";
@@ -300,9 +302,10 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
                                                   s_.workspace, s_.workspace_bytes, &zero, c.w,
                                                   c.dw_data) == CUDNN_STATUS_SUCCESS;
         },
-        own.wgrad ? &own.wgrad : nullptr, use_own);
+        own.wgrad ? &own.wgrad : nullptr, "own:tc_wgrad", &u.wgrad);
     a.bwd_filter = w.algo;
     CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_filter, w.mathType));
+    if (used) *used = u;
     return a;
 }
 

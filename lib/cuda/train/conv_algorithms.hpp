@@ -54,9 +54,17 @@ std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::u
 
 // What a layer may run besides cuDNN's algorithms: dstk's own weight-gradient
 // kernel (launches it on the search's stream with the call's buffers).
+// dstrain's own kernels for a layer, where they apply (empty where not): each
+// runs once at the planned batch on the search's stream when timed.
 struct OwnKernels {
-    std::function<void()> wgrad;
-    bool force = false; // DSTK_CONV_KERNELS=own: used wherever it applies, untimed
+    std::function<void()> fwd;   // tc_conv.cu
+    std::function<void()> dgrad; // tc_conv.cu
+    std::function<void()> wgrad; // tc_wgrad.cu
+    bool force = false;          // DSTK_CONV_KERNELS=own: used wherever it applies, untimed
+};
+// Which of them a choice took.
+struct OwnUse {
+    bool fwd = false, dgrad = false, wgrad = false;
 };
 
 // Chooses each convolution's kernels for the planned batch by the
@@ -67,7 +75,7 @@ struct OwnKernels {
 class ConvChooser {
   public:
     ConvChooser(const ConvSearch& s, KernelMode mode, ChoiceCache* cache, std::string identity);
-    ConvAlgos choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own, bool* use_own);
+    ConvAlgos choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own, OwnUse* used);
     // A choice among whole variants of the step (graphs captured each way),
     // by the same rules: `launch(j)` runs variant j once on the search's
     // stream; key is one word naming what the variants depend on. Variant 0
@@ -81,7 +89,8 @@ class ConvChooser {
   private:
     template <class Perf>
     Perf decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
-                const std::function<bool(const Perf&)>& run, const std::function<void()>* own, bool* use_own);
+                const std::function<bool(const Perf&)>& run, const std::function<void()>* own,
+                const std::string& own_name, bool* use_own);
     std::size_t pick_named(const std::string& key, std::size_t layer, const std::string& op,
                            const std::vector<std::string>& names, std::size_t heuristic,
                            const std::function<bool(std::size_t)>& launch);

@@ -42,6 +42,7 @@
 #include "train/optimizer_step.hpp"
 #include "train/pooling.hpp"
 #include "train/side_branch.hpp"
+#include "train/tc_conv.hpp"
 #include "train/tc_wgrad.hpp"
 
 namespace dstk::train {
@@ -84,6 +85,8 @@ struct LayerDev {
     void* gk = nullptr;        // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
     bool relu_next = false;    // batchnorm followed by relu: fused where allowed
     bool tc_wgrad = false;     // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
+    bool tc_fwd = false;       // conv: forward by tc_conv.cu (bf16)
+    bool tc_dgrad = false;     // conv: data gradient by tc_conv.cu (bf16)
     bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     bool relu_in_gemm = false; // linear followed by relu: the relu's output written by the GEMM where fused
     // Flatten (and heads reading it): the features stay in this NHWC map's
@@ -226,6 +229,7 @@ class CudaTrainer final : public Trainer {
     }
     DirectConvShape direct_shape(std::uint32_t n) const;
     TcWgradShape wgrad_shape(std::size_t i, std::uint32_t n) const;
+    TcConvShape conv_shape(std::size_t i, std::uint32_t n, bool data_gradient) const;
     void convert(const StepFields& b);
     void forward(std::uint32_t n, bool training, bool fuse);
     void backward(std::uint32_t n, bool want_input_grad, bool fuse);
@@ -548,11 +552,12 @@ void CudaTrainer::profile_layers(int steps) {
         if (i == 0 && direct_first_)
             std::fprintf(stderr, "profile: L0 conv direct kernels (forward, weight gradient)\n");
         else if (layers()[i].spec.kind == LayerKind::conv)
-            std::fprintf(stderr, "profile: L%zu conv algorithms fwd %d bwd-data %d bwd-filter %s, workspace %s\n", i,
-                         static_cast<int>(dev_[i].algos.fwd), static_cast<int>(dev_[i].algos.bwd_data),
-                         dev_[i].tc_wgrad ? "tc_wgrad"
-                                          : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
-                         format_bytes(workspace_bytes_).c_str());
+            std::fprintf(
+                stderr, "profile: L%zu conv algorithms fwd %s bwd-data %s bwd-filter %s, workspace %s\n", i,
+                dev_[i].tc_fwd ? "tc_conv" : std::to_string(static_cast<int>(dev_[i].algos.fwd)).c_str(),
+                dev_[i].tc_dgrad ? "tc_conv" : std::to_string(static_cast<int>(dev_[i].algos.bwd_data)).c_str(),
+                dev_[i].tc_wgrad ? "tc_wgrad" : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
+                format_bytes(workspace_bytes_).c_str());
 }
 
 void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& body) {
@@ -913,6 +918,11 @@ void CudaTrainer::create_layer_descriptors() {
         dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
                            sp.stride == 1 && sp.padding == 1 && tc_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
         if (dev_[i].tc_wgrad) ws = std::max(ws, tc_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
+        const bool tc = own && sp.kind == LayerKind::conv && at_ == ActType::bf16 && !nchw_ && sp.kernel == 3 &&
+                        sp.stride == 1 && sp.padding == 1;
+        dev_[i].tc_fwd = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, false));
+        dev_[i].tc_dgrad = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, true));
+        if (dev_[i].tc_dgrad) ws = std::max(ws, tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
     }
     workspace_bytes_ = ws;
 }
@@ -920,6 +930,12 @@ void CudaTrainer::create_layer_descriptors() {
 TcWgradShape CudaTrainer::wgrad_shape(std::size_t i, std::uint32_t n) const {
     const LayerPlan& l = layers()[i];
     return {n, i == 0 ? input_.c : l.in.c, l.out.c, l.in.h, l.in.w};
+}
+
+TcConvShape CudaTrainer::conv_shape(std::size_t i, std::uint32_t n, bool data_gradient) const {
+    const LayerPlan& l = layers()[i];
+    const std::uint32_t in = i == 0 ? input_.c : l.in.c;
+    return {n, l.in.h, l.in.w, data_gradient ? l.out.c : in, data_gradient ? in : l.out.c, data_gradient};
 }
 
 DirectConvShape CudaTrainer::direct_shape(std::uint32_t n) const {
@@ -968,12 +984,24 @@ void CudaTrainer::find_algorithms() {
         } else {
             OwnKernels own;
             own.force = force_own_;
+            if (d.tc_fwd)
+                own.fwd = [&, i] {
+                    launch_tc_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false), nullptr, stream_);
+                };
+            if (d.tc_dgrad)
+                own.dgrad = [&, i] {
+                    launch_tc_conv(gbuf_[0], d.wk, gbuf_[1], conv_shape(i, cfg_.max_batch, true), workspace_, stream_);
+                };
             if (d.tc_wgrad)
                 own.wgrad = [&, i] {
                     launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch), workspace_, d.gk,
                                     stream_);
                 };
-            d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &d.tc_wgrad);
+            OwnUse used;
+            d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &used);
+            d.tc_fwd = used.fwd;
+            d.tc_dgrad = used.dgrad;
+            d.tc_wgrad = used.wgrad;
         }
         bd.algos[i] = d.algos;
     }
@@ -1218,6 +1246,8 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         case LayerKind::conv:
             if (i == 0 && direct_first_)
                 launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
+            else if (d.tc_fwd)
+                launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_);
             else
                 CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, d.wk, d.conv_fwd, bd.algos[i].fwd,
                                                     workspace_, workspace_bytes_, &zero, yd, d.out));
@@ -1311,7 +1341,9 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, w.stream);
     if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
     mark(i, "bwd filter");
-    if (need_dx)
+    if (need_dx && d.tc_dgrad)
+        launch_tc_conv(dy, d.wk, dx, conv_shape(i, n, true), workspace_, stream_);
+    else if (need_dx)
         CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
                                                  bd.algos[i].bwd_data, workspace_, workspace_bytes_, &zero, xd, dx));
 }

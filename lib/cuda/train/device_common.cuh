@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "dstk/widen.hpp"
@@ -97,6 +98,59 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], std::uint32_t a0, std::u
     asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// D += A B, m16n8k16 in bf16: a0..a3 rows gid, gid + 8 of k slots 2 t4 (+1), then the same at k + 8; b0, b1
+// rows 2 t4 (+1) and 2 t4 + 8 (+1) of column gid.
+__device__ __forceinline__ void mma_bf16_k16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices from shared memory: lane l gives the address of row l % 8 of matrix l / 8 (16 bytes);
+// v[q] is matrix q's fragment (row gid, elements 2 t4 and 2 t4 + 1; with .trans, column gid, rows 2 t4 and
+// 2 t4 + 1).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&v)[4], const void* smem) {
+    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&v)[4], const void* smem) {
+    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(a));
+}
+
+// 16-byte copies from global to shared memory that do not hold a register
+// (compute capability 8.0 and up): a zero-fill where !valid (src unread), a
+// group per commit, and a wait until at most N groups are still in flight.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// Two floats as a bf16 pair (lo in the low half).
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// f(std::integral_constant<int, v>{}) for v in 1..N (N where v >= N): one
+// instantiation of a kernel template per value a launcher may meet.
+template <int N, class F> void with_constant(unsigned v, F&& f) {
+    if constexpr (N > 1)
+        if (v < static_cast<unsigned>(N)) return with_constant<N - 1>(v, f);
+    f(std::integral_constant<int, N>{});
 }
 
 inline unsigned sm_count() {

@@ -246,9 +246,18 @@ bool tc_forward_applies(ActType t, const DirectConvShape& s) {
     return tc_forward_shared(p) <= tc_max_shared && std::uint64_t{s.n} * s.oh * s.ow * s.k < narrow_limit;
 }
 
-__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
+// The input pixels (their first four channels) under the output rows from
+// oy0 of image img, zero outside the image: rows_in x cols_in, 8 bytes each.
+__device__ void load_input_pixels(const bf16* x, const TcParams& p, unsigned img, unsigned oy0, uint2* xs) {
+    const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
+    for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
+        const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
+        const int iy = iy0 + static_cast<int>(ry), ix = static_cast<int>(rx) - static_cast<int>(p.s.pad);
+        uint2 v = make_uint2(0u, 0u);
+        if (iy >= 0 && iy < static_cast<int>(p.s.h) && ix >= 0 && ix < static_cast<int>(p.s.w))
+            v = *reinterpret_cast<const uint2*>(x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride);
+        xs[e] = v;
+    }
 }
 
 // Block: tile_rows output rows of one image; warp w takes the 16-pixel row
@@ -276,15 +285,7 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
     }
     const unsigned img = blockIdx.x / p.tiles_per_image;
     const unsigned oy0 = (blockIdx.x - img * p.tiles_per_image) * p.tile_rows;
-    const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
-    for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
-        const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
-        const int iy = iy0 + static_cast<int>(ry), ix = static_cast<int>(rx) - static_cast<int>(p.s.pad);
-        uint2 v = make_uint2(0u, 0u);
-        if (iy >= 0 && iy < static_cast<int>(p.s.h) && ix >= 0 && ix < static_cast<int>(p.s.w))
-            v = *reinterpret_cast<const uint2*>(x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride);
-        px4[e] = v;
-    }
+    load_input_pixels(x, p, img, oy0, px4);
     __syncthreads();
     const auto* words = reinterpret_cast<const std::uint32_t*>(px4);
     auto* stage = reinterpret_cast<std::uint32_t*>(px4 + tc_tile_words(p));
@@ -331,32 +332,7 @@ void launch_tc_forward(const void* x, const float* w, void* y, const DirectConvS
         tc_forward_kernel<decltype(nt)::value>
             <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p);
     };
-    switch (s.k / 8) {
-    case 1:
-        go(std::integral_constant<int, 1>{});
-        break;
-    case 2:
-        go(std::integral_constant<int, 2>{});
-        break;
-    case 3:
-        go(std::integral_constant<int, 3>{});
-        break;
-    case 4:
-        go(std::integral_constant<int, 4>{});
-        break;
-    case 5:
-        go(std::integral_constant<int, 5>{});
-        break;
-    case 6:
-        go(std::integral_constant<int, 6>{});
-        break;
-    case 7:
-        go(std::integral_constant<int, 7>{});
-        break;
-    default:
-        go(std::integral_constant<int, 8>{});
-        break;
-    }
+    with_constant<8>(s.k / 8, go); // tc_forward_applies: k a multiple of 8 up to 64
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -398,13 +374,6 @@ template <int CH> __device__ __forceinline__ unsigned dy_chunk(unsigned r, unsig
     return r * CH + (q ^ (CH == 4 ? (r >> 1) & 3u : r & 7u));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&v)[4], const void* smem) {
-    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                 : "r"(a));
-}
-
 // Loads tile t's dy rows (swizzled, zero past its pixels) and input pixels; returns its pixel count.
 template <int CH>
 __device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const TcParams& p, unsigned t, uint4* dys, uint2* xs) {
@@ -427,15 +396,7 @@ __device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const TcParams&
             if (e < padded * CH) dys[dy_chunk<CH>(e / CH, e % CH)] = v[u];
         }
     }
-    const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
-    for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
-        const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
-        const int iy = iy0 + static_cast<int>(ry), ix = static_cast<int>(rx) - static_cast<int>(p.s.pad);
-        uint2 v = make_uint2(0u, 0u);
-        if (iy >= 0 && iy < static_cast<int>(p.s.h) && ix >= 0 && ix < static_cast<int>(p.s.w))
-            v = *reinterpret_cast<const uint2*>(x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride);
-        xs[e] = v;
-    }
+    load_input_pixels(x, p, img, oy0, xs);
     return pixels;
 }
 

@@ -54,17 +54,6 @@ Geometry geometry_of(const TcWgradShape& s) {
     return g;
 }
 
-__device__ __forceinline__ void cp_async16(std::uint32_t* dst, const void* src, bool valid) {
-    const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 // Shared-memory layout of a pixel at column col (of the dy tile, or of the
 // input tile counting its left halo): chunk q (channels 4q..4q+3) is stored at
 // chunk q ^ swizzle(col). The lanes of a 16-byte load read chunk gid of

@@ -1,0 +1,43 @@
+#pragma once
+// Forward and data gradient of a 3x3, stride 1, padding 1 convolution on
+// tensor cores in bf16, NHWC: an implicit GEMM (rows the output pixels,
+// columns the output channels, the reduction 9 taps x the input channels)
+// with mma.sync m16n8k16 and fp32 sums.
+//
+// At a training batch of a few hundred images the layers after the first are
+// small matrix products (32 to 128 channels, 8x8 to 32x32 pixels) on which
+// cuDNN's engines reach a fraction of the tensor cores' rate. Here a block
+// copies the input rows under its tile of output pixels (all channels) and
+// its 32 output channels' filters into shared memory (cp.async; the next
+// tile's rows arrive while this one is multiplied), each warp multiplies
+// its 16-pixel row tiles by the four 8-channel column tiles through ldmatrix,
+// and writes whole output pixels through staging rows. The data gradient is
+// the same product on dy with the filters turned 180 degrees and their input
+// and output channels swapped (a small kernel writes them so into scratch).
+// Each output is summed by one thread in a fixed order: the same result on
+// every run. The trainer times it against cuDNN's engines (a candidate of
+// --kernels) and keeps the faster.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dstk::train::cuda {
+
+struct TcConvShape {
+    std::uint32_t n = 0, h = 0, w = 0; // batch and image size (input = output: stride 1, padding 1)
+    std::uint32_t cin = 0, cout = 0;   // channels read and written by this call
+    bool data_gradient = false;        // dx from dy: w is the forward's filter [cin][3][3][cout]
+};
+
+// Whether the kernel handles this shape: cin a multiple of 16 up to 128, cout
+// a multiple of 32, width up to 128, and the tiles fit in shared memory.
+bool tc_conv_supported(const TcConvShape& s);
+// Bytes of device memory launch_tc_conv needs as scratch (the data
+// gradient's turned filters; 0 for the forward).
+std::uint64_t tc_conv_scratch(const TcConvShape& s);
+// y ([n][h][w][cout], bf16) = conv(x ([n][h][w][cin], bf16), w). Forward: w
+// is [cout][3][3][cin] (cuDNN's NHWC filter, KRSC); data gradient: w is the
+// forward filter [cin][3][3][cout] and the call computes dx from dy.
+void launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream);
+
+} // namespace dstk::train::cuda
