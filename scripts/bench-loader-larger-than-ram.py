@@ -23,7 +23,10 @@ cgroup of --limit (default 8G), every file's pages evicted before each run:
 
 Root and a memory cgroup controller (v2, or v1 at /sys/fs/cgroup/memory).
 DSTK_BIN names the tools' folder (default build-gpu/bin). --tiny runs a small
-case (a check of the script: any machine, no GPU needed).
+case (a check of the script: any machine, no GPU needed) with the loader on the
+CPU: a worker holding a CUDA context and PyTorch's CUDA libraries needs more
+memory than its 160M cgroup, which then reclaims the libraries' pages as the
+worker runs, and the run crawls for minutes.
 
     sudo python3 scripts/bench-loader-larger-than-ram.py --out "$OUT"
     sudo python3 scripts/bench-loader-larger-than-ram.py --tiny
@@ -86,17 +89,21 @@ def proc_status_bytes(key):
 
 def loader_worker(a):
     import dstk
-    try:
-        import torch
-        gpu = torch.cuda.is_available()
-        if gpu:
-            torch.zeros(1, device="cuda")  # the CUDA context, before the baseline below
-    except ImportError:
-        torch, gpu = None, False
+    torch, gpu = None, False
+    if not a.cpu:
+        try:
+            import torch
+            gpu = torch.cuda.is_available()
+            if gpu:
+                torch.zeros(1, device="cuda")  # the CUDA context, before the baseline below
+        except ImportError:
+            torch = None
     fields = a.fields.split(",")
     extra = json.loads(a.loader_args)
     if a.readers:
         extra["readers"] = a.readers
+    if a.cpu:
+        extra.setdefault("device", "cpu")
     loader = dstk.Loader(a.dataset, fields=fields, batch=a.batch, order="chunk", seed=0, placement="stream",
                          output="torch" if gpu else "arrays", **extra)
     # The consumer's own memory before the loader's: touch() on a batch of the
@@ -227,7 +234,7 @@ def disk_rates(cg, bindir, ds, out, size, tag):
 def worker_run(cg, a, way, ds, readers=0):
     p = cg.run([sys.executable, os.path.abspath(__file__), "--worker", way, "--dataset", ds, "--batch", str(a.batch),
                 "--readers", str(readers), "--fields", a.fields, "--loader-args", a.loader_args,
-                "--seconds", str(a.seconds)], os.path.join(a.out, "runs.log"))
+                "--seconds", str(a.seconds)] + (["--cpu"] if a.tiny else []), os.path.join(a.out, "runs.log"))
     if p.returncode != 0:
         sys.exit(f"bench-loader-larger-than-ram: the {way} run failed (rc {p.returncode}); see {a.out}/runs.log")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -258,7 +265,9 @@ def main():
                     help='more dstk.Loader arguments as JSON, e.g. \'{"direct": false, "window": 16}\'')
     ap.add_argument("--no-numpy", action="store_true", help="skip the np.load(mmap) + DataLoader run")
     ap.add_argument("--keep-data", action="store_true", help="keep the dataset for another run")
-    ap.add_argument("--tiny", action="store_true", help="a small case: 500K positions, 160M, 5 s a run")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a small case: 500K positions, 160M, 5 s a run, the loader on the CPU, no numpy run")
+    ap.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)  # a worker without CUDA
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--dataset", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -294,7 +303,7 @@ def main():
         m = None
         try:
             import torch  # noqa: F401
-            if not a.no_numpy:
+            if not (a.no_numpy or a.tiny):
                 evict(ds)
                 m = worker_run(cg, a, "numpy", ds)
         except ImportError:
@@ -336,8 +345,8 @@ def main():
                      f"{gib(m['peak_rss'])} (workers {gib(m['children_peak_rss'])}); dstk / numpy "
                      f"{statistics.median(r['samples_per_s'] for r in d_all) / m['samples_per_s']:.2f}x")
     else:
-        lines.append("  np.load(mmap) + DataLoader: skipped (" + ("--no-numpy" if a.no_numpy else
-                                                                "PyTorch is not installed") + ")")
+        why = "--no-numpy" if a.no_numpy else "--tiny: PyTorch outgrows its cgroup" if a.tiny else "PyTorch is not installed"
+        lines.append("  np.load(mmap) + DataLoader: skipped (" + why + ")")
     if not a.keep_data:
         shutil.rmtree(a.work, ignore_errors=True)
     lines.append(f"({time.time() - t0:.0f} s; logs in {a.out})")
