@@ -198,40 +198,30 @@ TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
     }
 }
 
-// In tf32 and bf16 the weight gradient of 3x3 convolutions on multiples of 32
-// channels and power-of-two widths runs tc_wgrad.cu: widths 8, 16 (12 rows: a partial
-// last tile of 8) and 64, 32 to 64 channels.
-TEST(TrainGpu, TensorCoreWeightGradientMatchesCpu) {
+// dstrain's own tensor-core convolutions, forced where they apply (the
+// timing might otherwise give these small shapes to cuDNN):
+//  - tc_wgrad.cu, tf32 and bf16: the weight gradient on multiples of 32
+//    channels and power-of-two widths: widths 8, 16 (12 rows: a partial last
+//    tile of 8) and 64, 32 to 64 channels;
+//  - tc_conv.cu, bf16: forward and data gradient reading 16 to 128 channels
+//    (multiples of 16) and writing multiples of 32: 8x8 and 16x16 images, a
+//    12x10 one (tiles of 120 pixels: a partial last row tile of 16), 128
+//    output channels (four blocks of 32), and a data gradient of 16 outputs
+//    that stays with cuDNN.
+TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
     REQUIRE_GPU();
     const std::pair<const char*, TensorShape> cases[] = {
         {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 8, 8}},
         {"conv3x3:32,bn,relu,conv3x3:64,bn,relu,conv3x3:64,flatten,fc:5", {3, 16, 16}},
         {"conv3x3:32,conv3x3:32:bias,flatten,fc:5", {3, 12, 16}},
         {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 6, 64}},
+        {"conv3x3:16,conv3x3:32,relu,conv3x3:128,flatten,fc:5", {3, 12, 10}},
     };
-    setenv("DSTK_CONV_KERNELS", "own", 1); // untimed: these small shapes might otherwise go to cuDNN
+    setenv("DSTK_CONV_KERNELS", "own", 1);
     for (const auto& [spec, in] : cases) {
         compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
         compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
     }
-    unsetenv("DSTK_CONV_KERNELS");
-}
-
-// In bf16 the forward and data gradient of 3x3, stride 1, padding 1
-// convolutions with 16 to 128 input channels (multiples of 16) and output
-// channels in multiples of 32 may run tc_conv.cu (chosen by timing; forced
-// here): 8x8 and 16x16 images, a 12x10 one (tiles of 120 pixels: a partial
-// last row tile of 16), 128 output channels (four blocks of 32), and a layer
-// whose data gradient (16 outputs) stays with cuDNN.
-TEST(TrainGpu, TensorCoreConvolutionMatchesCpu) {
-    REQUIRE_GPU();
-    const std::pair<const char*, TensorShape> cases[] = {
-        {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 8, 8}},
-        {"conv3x3:32,bn,relu,conv3x3:64,bn,relu,conv3x3:64,flatten,fc:5", {3, 16, 16}},
-        {"conv3x3:16,conv3x3:32,relu,conv3x3:128,flatten,fc:5", {3, 12, 10}},
-    };
-    setenv("DSTK_CONV_KERNELS", "own", 1);
-    for (const auto& [spec, in] : cases) compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
     unsetenv("DSTK_CONV_KERNELS");
 }
 
