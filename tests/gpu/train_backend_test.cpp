@@ -178,9 +178,10 @@ TEST(TrainGpu, EveryLayerMatchesCpuFp32) {
 // First convolutions on 1 to 4 channels run the direct kernels (direct_conv.cu):
 // each channel count, strides 1 and 2, padding 0 to 2, odd sizes, 8 to 256
 // output channels (one lane per channel at 256), in every precision. In bf16
-// at stride 1 with up to 64 output channels (a multiple of 8) the forward runs
-// on tensor cores: checked here on both paths (DSTK_FIRST_CONV_TC=0 forces the
-// CUDA-core one), including a tile whose pixels are not a multiple of 16.
+// and tf32 at stride 1 with up to 64 output channels (a multiple of 8) the
+// forward runs on tensor cores: checked here on both paths
+// (DSTK_FIRST_CONV_TC=0 forces the CUDA-core one), including a tile whose
+// pixels are not a multiple of 16 and (tf32) inputs of 1, 3 and 4 channels.
 TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
     REQUIRE_GPU();
     const std::pair<const char*, TensorShape> cases[] = {
@@ -193,6 +194,7 @@ TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
         compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
         compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
         setenv("DSTK_FIRST_CONV_TC", "0", 1);
+        compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
         compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
         unsetenv("DSTK_FIRST_CONV_TC");
     }
@@ -419,7 +421,9 @@ TEST(TrainGpu, DeterministicRunsAreBitwiseEqualAndResumeExactly) {
 // The weight gradients run on a second stream beside the data gradients
 // (side_branch.hpp), their buffers handed out so that none is overwritten
 // while read: with deterministic kernels every step, graph (full batch) and
-// eager (partial), equals one stream's bit for bit.
+// eager (partial), equals one stream's bit for bit. With the branch, the
+// parameters above the last weight gradient are updated on the side stream
+// while it runs (early_update_layer), with AdamW's two slots and with SGD.
 // (Its convolutions differ in shape from SecondRunReusesCachedKernelChoicesBitEqual's, whose first
 // trainer must time its choices: the process remembers timed choices.)
 TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
@@ -427,14 +431,17 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
     const char* pooled = "conv3x3:32,bn,relu,conv3x3:48,bn,relu,maxpool2,conv3x3:64:bias,bn,relu,maxpool2,"
                          "flatten,fc:32,relu,fc:10";
     for (const Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
-        for (const bool fused_pool : {false, true}) {
-            SCOPED_TRACE(std::string(precision_name(p)) + (fused_pool ? " pooled" : " residual"));
+        for (const int variant : {0, 1, 2}) { // residual; pooled; pooled with SGD
+            const bool fused_pool = variant > 0;
+            SCOPED_TRACE(std::string(precision_name(p)) + (fused_pool ? " pooled" : " residual") +
+                         (variant == 2 ? " sgd" : ""));
             const TensorShape in{3, 16, 16};
             const std::uint32_t batch = 32;
             const Data d = make_random_data(in, 10, batch * 6, 29);
             const DeviceData dd(d);
             TrainerConfig c = deterministic_config(p);
             if (fused_pool) c.plan = plan_network(resolve_model(pooled, 10), in, 10);
+            if (variant == 2) c.optimizer.kind = OptimizerKind::sgd, c.optimizer.lr = 0.05f;
             setenv("DSTK_WEIGHT_BRANCH", "1", 1); // not the timed choice: each way, for sure
             auto branched = make_trainer(c);
             setenv("DSTK_WEIGHT_BRANCH", "0", 1);
@@ -448,6 +455,51 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
             EXPECT_EQ(branched->read_states(), one->read_states());
             EXPECT_EQ(branched->read_gradients(), one->read_gradients());
         }
+}
+
+// A batch norm right after a direct first convolution leaves its backward
+// element-wise pass to that convolution's tensor-core weight gradient in bf16
+// training steps (first_bn_into_wgrad); DSTK_FIRST_CONV_BN=0 runs the pass
+// itself. The kernels share bn_backward_value and bf16's rounding: bit for
+// bit the same parameters, statistics and gradients, graph steps and an eager
+// partial one, at 32 and 64 channels, with and without the ReLU, on an image
+// whose tiles end in a partial k8 step. (Shapes unlike the other tests': the
+// process remembers timed kernel choices.)
+TEST(TrainGpu, FirstBatchNormInWeightGradientEqualsItsOwnPass) {
+    REQUIRE_GPU();
+    const std::pair<const char*, TensorShape> cases[] = {
+        {"conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,flatten,fc:10", {3, 20, 12}},
+        {"conv3x3:32,bn,conv3x3:16,bn,relu,flatten,fc:10", {3, 12, 10}},
+        {"conv3x3:64,bn,relu,flatten,fc:10", {3, 8, 8}},
+    };
+    const std::uint32_t batch = 32;
+    for (const auto& [spec, in] : cases) {
+        SCOPED_TRACE(spec);
+        const Data d = make_random_data(in, 10, batch * 6, 37);
+        const DeviceData dd(d);
+        TrainerConfig c = deterministic_config(Precision::bf16);
+        c.plan = plan_network(resolve_model(spec, 10), in, 10);
+        auto train = [&](bool own_pass) {
+            if (own_pass) setenv("DSTK_FIRST_CONV_BN", "0", 1);
+            auto t = make_trainer(c);
+            unsetenv("DSTK_FIRST_CONV_BN");
+            run_steps(*t, dd, in, batch, 0, 4);
+            t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+            return t;
+        };
+        auto taken_in = train(false);
+        auto own = train(true);
+        auto reported = [](const Trainer& t) {
+            for (const KernelReport& r : t.kernel_choices())
+                if (r.layer == 1 && r.kernel == "own:in_first_wgrad") return true;
+            return false;
+        };
+        EXPECT_TRUE(reported(*taken_in));
+        EXPECT_FALSE(reported(*own));
+        EXPECT_EQ(taken_in->read_parameters(), own->read_parameters());
+        EXPECT_EQ(taken_in->read_states(), own->read_states());
+        EXPECT_EQ(taken_in->read_gradients(), own->read_gradients());
+    }
 }
 
 // DSTK_FC_FUSED=0 runs the linear layers as before (flattened features

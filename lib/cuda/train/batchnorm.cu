@@ -355,9 +355,7 @@ __global__ void bn_apply_backward_kernel(const T* x, const T* dy, T* dx, std::ui
             k = coef[c], c1 = coef[channels + c], c2 = coef[2 * channels + c], m = coef[3 * channels + c],
             b = coef[4 * channels + c];
         }
-        const float xv = ld(x, i);
-        const float g = relu && !(bn_value(xv, m, k, b) > 0.0f) ? 0.0f : ld(dy, i);
-        st(dx, i, k * g + c1 * (xv - m) + c2);
+        st(dx, i, bn_backward_value(ld(x, i), ld(dy, i), k, c1, c2, m, b, relu));
     }
 }
 
@@ -419,10 +417,7 @@ __global__ void bn_apply_backward_vec_kernel(const T* x, const T* dy, T* dx, std
         ldv<V>(x, g * V, xv);
         ldv<V>(dy, g * V, gv);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-            const float g1 = relu && !(bn_value(xv[k], m[k], kk[k], b[k]) > 0.0f) ? 0.0f : gv[k];
-            gv[k] = kk[k] * g1 + c1[k] * (xv[k] - m[k]) + c2[k];
-        }
+        for (int k = 0; k < V; ++k) gv[k] = bn_backward_value(xv[k], gv[k], kk[k], c1[k], c2[k], m[k], b[k], relu);
         stv<V>(dx, g * V, gv);
     }
 }
@@ -456,14 +451,6 @@ PoolWindows pool_windows(std::uint32_t n, std::uint64_t h, std::uint32_t w, std:
     p.dow = Div32(p.ow);
     p.doh = Div32(p.oh);
     return p;
-}
-
-// A value as the unfused layers store it (rounded to the activation type).
-template <class T> __device__ __forceinline__ float stored(float v) {
-    if constexpr (std::is_same_v<T, float>)
-        return v;
-    else
-        return __bfloat162float(__float2bfloat16(v));
 }
 
 // The window's inputs, the maximum of relu(bn(x)) as stored, and the index of
@@ -570,7 +557,8 @@ __global__ void bn_apply_backward_pool_kernel(const T* x, const T* dp, T* dx, Po
             float out[V];
 #pragma unroll
             for (int k = 0; k < V; ++k)
-                out[k] = kk[k] * pooled_grad<V>(j, k, arg, gp, xv, m, kk, b) + c1[k] * (xv[j][k] - m[k]) + c2[k];
+                out[k] = bn_backward_value(xv[j][k], pooled_grad<V>(j, k, arg, gp, xv, m, kk, b), kk[k], c1[k], c2[k],
+                                           m[k], b[k], false);
             stv<V>(dx, base + p.offset(j), out);
         }
     }
@@ -584,6 +572,10 @@ bool bn_pool_fusable(ActType t, std::uint32_t c, std::uint64_t h, std::uint64_t 
     if (!(threads % groups == 0 || (groups % 32 == 0 && groups <= 1024))) return false;
     return std::uint64_t{n} * (h / 2) * (w / 2) * groups < narrow_limit &&
            std::uint64_t{n} * h * w * c < (std::uint64_t{1} << 40);
+}
+
+const float* bn_backward_coefs(const double* partials, std::uint32_t channels) {
+    return bn_coef(const_cast<double*>(partials), channels);
 }
 
 std::uint64_t bn_partials(std::uint32_t channels) {
@@ -746,6 +738,7 @@ void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActT
                                        : bn_reduce(xt, dyt, refs, n, hw, c, nchw, partials, s);
         launch_kernel(bn_finalize_backward_kernel, c, 128, 0, s, c, splits, static_cast<double>(rows), gamma, beta,
                       save_mean, save_invstd, dgamma, dbeta, partials, coef);
+        if (!dxt) return; // the consumer applies the coefficients itself
         if (pool_w) {
             const unsigned nt = bn_vec_threads<T>(c, {x, dy, dx});
             const PoolWindows pw = pool_windows(n, hw / pool_w, pool_w, c, vec_of<T>);

@@ -232,7 +232,13 @@ class CudaTrainer final : public Trainer {
     TcConvShape conv_shape(std::size_t i, std::uint32_t n, bool data_gradient) const;
     void convert(const StepFields& b);
     void forward(std::uint32_t n, bool training, bool fuse);
-    void backward(std::uint32_t n, bool want_input_grad, bool fuse);
+    static constexpr std::size_t npos = ~std::size_t{0};
+    // early: a layer after whose backward pass the parameters of it and the
+    // layers above are updated beside the rest of the pass (npos: none).
+    void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos);
+    std::size_t early_update_layer() const;
+    bool first_bn_into_wgrad() const;
+    void update(ParamRange r, cudaStream_t s);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
     void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
     void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
@@ -243,7 +249,7 @@ class CudaTrainer final : public Trainer {
     };
     FcGemms plan_fc_gemms(std::size_t i, std::uint32_t n);
     std::vector<FcGemms>& fc_gemms(std::uint32_t n);
-    void report_fc_choices();
+    void report_rule_choices();
     void step_body(std::uint32_t n);
     void refresh_copies();
     void upload_initial_state();
@@ -285,7 +291,13 @@ class CudaTrainer final : public Trainer {
     // DSTK_FC_FUSED=0: linear layers as plain GEMMs and kernels, flattened
     // features transposed to NCHW (to time one against the other).
     bool fc_fused_ = true;
-    TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
+    // DSTK_FIRST_CONV_BN=0: a batch norm right after a direct first
+    // convolution runs its own element-wise backward pass instead of leaving
+    // it to that convolution's weight gradient (first_bn_into_wgrad).
+    bool first_conv_bn_ = true;
+    bool leave_first_bn_ = false; // this backward pass: first_bn_into_wgrad() and no input gradient wanted
+    BnBackwardIn pending_bn_;     // set by a batch norm's backward that left its pass to the layer below
+    TensorShape input_;           // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
     cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
@@ -307,6 +319,7 @@ class CudaTrainer final : public Trainer {
     std::vector<std::uint32_t> map_host_, inv_host_;
     std::uint64_t conv_copies_ = 0;
     std::vector<std::uint64_t> copy_offset_; // per layer, elements into wcopy
+    std::vector<std::uint64_t> copy_count_;  // per conv layer, its elements there
     void *act0_ = nullptr, *input_grad_ = nullptr;
     GradBuffers gbuf_; // data gradients, three so that the side branch's reads overlap the layers below
     // Per head: the loss gradient of its outputs, its target (classes or
@@ -338,6 +351,7 @@ class CudaTrainer final : public Trainer {
     MetricsBlock metrics_[3];
     std::uint64_t metric_sums_ = 0, metrics_bytes_ = 0;
     unsigned long long* step_dev_ = nullptr;
+    StepScalars* scalars_ = nullptr; // this step's learning rate and bias corrections
     std::vector<LayerDev> dev_;
     std::vector<KernelReport> reports_;
     std::map<std::uint32_t, BatchDescs> descs_;
@@ -407,6 +421,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     }
     nchw_ = cfg_.precision == Precision::fp32;
     if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
+    if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
     input_ = cfg_.plan.input;
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
@@ -459,7 +474,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     refresh_copies();
     find_algorithms();
     descs(cfg_.max_batch);
-    report_fc_choices(); // plans them for max_batch, before any capture
+    report_rule_choices(); // plans them for max_batch, before any capture
 
     const std::uint32_t n = cfg_.max_batch;
     choose_weight_branch();
@@ -739,6 +754,7 @@ void CudaTrainer::plan_linear_fusion() {
 void CudaTrainer::plan_copies() {
     inv_host_.assign(cfg_.plan.params, no_copy);
     copy_offset_.assign(layers().size(), 0);
+    copy_count_.assign(layers().size(), 0);
     for (const bool conv_pass : {true, false}) {
         for (std::size_t i = 0; i < layers().size(); ++i) {
             const LayerPlan& l = layers()[i];
@@ -762,6 +778,7 @@ void CudaTrainer::plan_copies() {
                     else
                         for (std::uint64_t j = 0; j < rs; ++j)
                             for (std::uint64_t c = 0; c < cin; ++c) add(k, c, j);
+                copy_count_[i] = map_host_.size() - copy_offset_[i];
             } else if (!conv_pass && l.spec.kind == LayerKind::linear && linear_copied(i)) {
                 if (fc_fused_) // 256-byte aligned for cuBLASLt's fast kernels; the gap is never read
                     while (map_host_.size() % 128) map_host_.push_back(no_copy);
@@ -796,6 +813,7 @@ void CudaTrainer::layout(Arena& a) {
     side_inv_std_ = a.take<float>(cfg_.side.std.size());
     layout_metrics(a);
     step_dev_ = a.take<unsigned long long>(1);
+    scalars_ = a.take<StepScalars>(1);
     wcopy_ = a.take_bytes(map_host_.size() * ab);
     gcopy_ = a.take_bytes(conv_copies_ * ab);
     map_ = a.take<std::uint32_t>(map_host_.size());
@@ -953,6 +971,7 @@ DirectConvShape CudaTrainer::direct_shape(std::uint32_t n) const {
     s.pad = l.spec.padding;
     s.kernel = l.spec.kernel;
     s.nchw = nchw_;
+    s.tf32 = cfg_.precision == Precision::tf32;
     return s;
 }
 
@@ -1124,7 +1143,7 @@ std::vector<CudaTrainer::FcGemms>& CudaTrainer::fc_gemms(std::uint32_t n) {
 
 // What the linear layers and the flattens before them run at max_batch, in
 // the kernel report (rules, not timings).
-void CudaTrainer::report_fc_choices() {
+void CudaTrainer::report_rule_choices() {
     const std::vector<FcGemms>& plans = fc_gemms(cfg_.max_batch);
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerDev& d = dev_[i];
@@ -1137,6 +1156,7 @@ void CudaTrainer::report_fc_choices() {
         if (plans[i].weight_grad)
             reports_.push_back({i, "bwd_filter", "cublaslt:bgradb_epilogue", ChoiceSource::rule, 0.0});
     }
+    if (first_bn_into_wgrad()) reports_.push_back({1, "bwd", "own:in_first_wgrad", ChoiceSource::rule, 0.0});
     std::stable_sort(reports_.begin(), reports_.end(),
                      [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
 }
@@ -1330,13 +1350,17 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     float* g = grads_ + l.param_offset;
     const Lane w = weight_lane();
     if (i == 0 && direct_first_) // fp32, straight into the gradient vector
-        launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream);
+        launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream, std::exchange(pending_bn_, {}));
     else if (d.tc_wgrad)
         launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, d.gk, w.stream);
     else
         CUDNN_CHECK(cudnnConvolutionBackwardFilter(w.cudnn, &one, xd, x, yd, dy, d.conv_bwd_filter,
                                                    bd.algos[i].bwd_filter, w.workspace, workspace_bytes_, &zero,
                                                    d.filter, d.gk));
+    // Into the gradient vector at once, beside the data gradients (a direct
+    // first convolution wrote it there itself).
+    if (!(i == 0 && direct_first_))
+        launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
     if (l.spec.bias)
         launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, w.stream);
     if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
@@ -1392,9 +1416,12 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
         return dx;
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
-        launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,
-                           g + l.in.c, bn_partials_, stream_, fused && d.pool_next ? l.in.w : 0);
-        return dx;
+        const bool leave = i == 1 && leave_first_bn_;
+        launch_bn_backward(x, dy, fused, leave ? nullptr : dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux,
+                           d.aux + l.in.c, g, g + l.in.c, bn_partials_, stream_, fused && d.pool_next ? l.in.w : 0);
+        if (!leave) return dx;
+        pending_bn_ = {x, bn_backward_coefs(bn_partials_, l.in.c), fused};
+        return dy;
     }
     case LayerKind::relu:
         if (fuse && i > 0 && dev_[i - 1].relu_next) return dy; // the batchnorm below applies the mask
@@ -1451,7 +1478,8 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
 
 // From the last layer to the first: each head's layers start from its loss
 // gradient, the trunk from the sum of the heads' gradients of its output.
-void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
+void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early) {
+    leave_first_bn_ = fuse && !want_input_grad && first_bn_into_wgrad();
     const auto& heads = cfg_.plan.heads;
     const std::int32_t trunk_end = heads[0].begin >= 0 ? cfg_.plan.trunk_end() : -2;
     const void* dy = nullptr;
@@ -1463,31 +1491,66 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse) {
         void* dx = first ? input_grad_ : gbuf_.next(dy, stream_);
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
+        if (i == early) { // nothing below reads these parameters or writes their gradients
+            side_->fork();
+            update({layers()[i].param_offset, cfg_.plan.params}, side_->stream());
+        }
     }
     if (trunk_end == -1 && want_input_grad) // the heads read the input itself
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
     side_->join(); // the weight gradients are all there
     gbuf_.reset();
-    // A direct first convolution wrote its gradient itself: its copies (the first) are skipped.
-    const std::uint64_t skip =
-        direct_first_ ? std::uint64_t{layers()[0].out.c} * layers()[0].spec.kernel * layers()[0].spec.kernel * input_.c
-                      : 0;
-    launch_scatter_grads(static_cast<char*>(gcopy_) + skip * act_bytes(at_), at_, map_ + skip, grads_,
-                         conv_copies_ - skip, stream_);
-    mark(~std::size_t{0}, "weight-gradient scatter");
+}
+
+// Whether a batch norm right after a direct first convolution (its input the
+// convolution's output, no bias, no pool fused in) leaves its backward
+// element-wise pass to the convolution's weight gradient, which reads the
+// batch norm's input and output gradient instead of the pass's output: at
+// the end of a step, where nothing else runs beside it, one pass over the
+// largest activations less. Only where no input gradient is wanted, and where
+// that weight gradient can (direct_conv_wgrad_takes_bn: bf16 on tensor cores).
+bool CudaTrainer::first_bn_into_wgrad() const {
+    if (!first_conv_bn_ || !direct_first_ || layers().size() < 2) return false;
+    const LayerPlan &c = layers()[0], &b = layers()[1];
+    return !c.spec.bias && b.spec.kind == LayerKind::batchnorm && b.source == 0 &&
+           !(dev_[1].relu_next && dev_[1].pool_next) && direct_conv_wgrad_takes_bn(at_, direct_shape(cfg_.max_batch));
+}
+
+// The layer whose weight gradient is the last but one of a backward pass:
+// once it is issued, every parameter from it up can be updated on the side
+// stream while the layers below finish (the last weight gradient, usually
+// the first layer's, then ends the step with a small update). None where
+// the gradients are averaged across ranks first, where the weight gradients
+// run on the main stream, or while profiling.
+std::size_t CudaTrainer::early_update_layer() const {
+    if (reducer_ || one_stream_ || marks_) return npos;
+    std::size_t found = 0;
+    for (std::size_t i = 0; i < layers().size(); ++i) {
+        const LayerKind k = layers()[i].spec.kind;
+        if ((k == LayerKind::conv || k == LayerKind::linear) && ++found == 2) return i;
+    }
+    return npos;
+}
+
+void CudaTrainer::update(ParamRange r, cudaStream_t s) {
+    launch_optimizer(cfg_.optimizer, params_, grads_, slots_, cfg_.plan.params, r, scalars_, inv_, wcopy_, at_, s);
 }
 
 void CudaTrainer::step_body(std::uint32_t n) {
+    // The step's learning rate, on the side stream (beside the forward pass) where one runs.
+    const bool beside = !marks_ && !one_stream_;
+    if (beside) side_->fork();
+    launch_step_scalars(cfg_.optimizer, cfg_.schedule, step_dev_, scalars_, beside ? side_->stream() : stream_);
     forward(n, true, true);
     losses(n, train_phase, true);
     mark(~std::size_t{0}, "loss");
-    backward(n, false, true);
+    const std::size_t early = early_update_layer();
+    backward(n, false, true, early);
     if (reducer_) { // grads_ holds every weight gradient: one collective
         reducer_->average_device(grads_, cfg_.plan.params, stream_);
         mark(~std::size_t{0}, "gradient all-reduce");
     }
-    launch_optimizer(cfg_.optimizer, cfg_.schedule, params_, grads_, slots_, cfg_.plan.params, step_dev_, inv_, wcopy_,
-                     at_, stream_);
+    update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_);
     launch_advance_step(step_dev_, stream_);
     mark(~std::size_t{0}, "optimizer");
 }

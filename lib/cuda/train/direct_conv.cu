@@ -238,12 +238,26 @@ std::uint64_t tc_forward_shared(const TcParams& p) {
     return std::uint64_t{tc_tile_words(p)} * sizeof(uint2) + std::uint64_t{tc_warps} * 16 * p.s.k * sizeof(bf16);
 }
 
+// The TF32 kernel's: the input tile as 16-byte pixels, then each warp's
+// staging rows (16 pixels x k floats, padded by 4 against bank conflicts).
+__host__ __device__ unsigned tc_tf32_row_floats(const TcParams& p) {
+    return p.s.k + 4;
+}
+std::uint64_t tc_forward_tf32_shared(const TcParams& p) {
+    return std::uint64_t{p.rows_in} * p.cols_in * sizeof(uint4) +
+           std::uint64_t{tc_warps} * 16 * tc_tf32_row_floats(p) * sizeof(float);
+}
+
+// bf16 (input channels padded to a multiple of 4), or fp32 where the
+// precision is tf32 (any stride of at most 4 channels).
 bool tc_forward_applies(ActType t, const DirectConvShape& s) {
     if (const char* e = std::getenv("DSTK_FIRST_CONV_TC"); e && std::strcmp(e, "0") == 0) return false;
-    if (t != ActType::bf16 || s.nchw || s.c > 4 || s.cstride % 4 != 0 || s.stride != 1 || s.kernel != 3) return false;
+    const bool bf = t == ActType::bf16 && s.cstride % 4 == 0, tf = t == ActType::f32 && s.tf32;
+    if (!(bf || tf) || s.nchw || s.c > 4 || s.stride != 1 || s.kernel != 3) return false;
     if (s.k % 8 != 0 || s.k > tc_max_k || s.oh != s.h + 2 * s.pad - 2 || s.ow != s.w + 2 * s.pad - 2) return false;
     const TcParams p = tc_params_of(s);
-    return tc_forward_shared(p) <= tc_max_shared && std::uint64_t{s.n} * s.oh * s.ow * s.k < narrow_limit;
+    const std::uint64_t shared = bf ? tc_forward_shared(p) : tc_forward_tf32_shared(p);
+    return shared <= tc_max_shared && std::uint64_t{s.n} * s.oh * s.ow * s.k < narrow_limit;
 }
 
 // The input pixels (their first four channels) under the output rows from
@@ -324,13 +338,111 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
     }
 }
 
-void launch_tc_forward(const void* x, const float* w, void* y, const DirectConvShape& s, cudaStream_t stream) {
+// ---- the same forward in 3xTF32 (fp32 activations, the tf32 precision) ----
+// m16n8k4: one k4 step per tap, its four slots the input's first four
+// channels (zero past c), nine steps. Each fp32 operand is split into a TF32
+// value and the TF32 rounding of its remainder, and a product is taken as
+// hi*hi + hi*lo + lo*hi: about fp32's accuracy, as the CUDA-core kernel has.
+// A single TF32 product here moved the gradients of a first layer followed by
+// batch norm at small batches by several percent (the normalisation divides
+// by the batch's spread, which the rounding shifts). The layer stays bound by
+// writing its output, so the two extra products cost little.
+__device__ void load_input_pixels_f32(const float* x, const TcParams& p, unsigned img, unsigned oy0, uint4* xs) {
+    const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
+    const unsigned c = p.s.c;
+    for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
+        const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
+        const int iy = iy0 + static_cast<int>(ry), ix = static_cast<int>(rx) - static_cast<int>(p.s.pad);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (iy >= 0 && iy < static_cast<int>(p.s.h) && ix >= 0 && ix < static_cast<int>(p.s.w)) {
+            const float* src = x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride;
+            v = make_float4(src[0], c > 1 ? src[1] : 0.0f, c > 2 ? src[2] : 0.0f, c > 3 ? src[3] : 0.0f);
+        }
+        xs[e] = *reinterpret_cast<const uint4*>(&v);
+    }
+}
+
+// An fp32 value as TF32 hi + lo.
+struct SplitTf32 {
+    std::uint32_t hi, lo;
+};
+__device__ __forceinline__ SplitTf32 split_tf32(float v) {
+    const std::uint32_t hi = to_tf32(v);
+    return {hi, to_tf32(v - __uint_as_float(hi))};
+}
+
+// Fragments (m16n8k4): A rows gid and gid + 8 are two output pixels, k slot
+// t4 channel t4 under the step's tap; B row t4 of column gid the weight of
+// output channel 8 j + gid, channel t4, that tap.
+template <int NT>
+__global__ void __launch_bounds__(tc_threads)
+    tc_forward_tf32_kernel(const float* x, const float* wt, float* y, TcParams p) {
+    extern __shared__ uint4 px16[]; // rows_in x cols_in input pixels (fp32); then the staging rows
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
+    const unsigned C = p.s.c, row = tc_tf32_row_floats(p);
+    SplitTf32 b[9][NT];
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) b[tap][j] = split_tf32(t4 < C ? wt[((8 * j + gid) * C + t4) * 9 + tap] : 0.0f);
+    const unsigned img = blockIdx.x / p.tiles_per_image;
+    const unsigned oy0 = (blockIdx.x - img * p.tiles_per_image) * p.tile_rows;
+    load_input_pixels_f32(x, p, img, oy0, px16);
+    __syncthreads();
+    const auto* words = reinterpret_cast<const std::uint32_t*>(px16);
+    auto* stage = reinterpret_cast<float*>(px16 + p.rows_in * p.cols_in);
+    const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, mtiles = (pixels + 15) / 16;
+    float* out = y + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
+    for (unsigned m = warp; m < mtiles; m += tc_warps) {
+        const unsigned p0 = m * 16 + gid, p1 = p0 + 8;
+        // Rows past the tile's last pixel read a valid one and are not stored.
+        const unsigned q0 = min(p0, pixels - 1), q1 = min(p1, pixels - 1);
+        const unsigned y0 = p.dow.div(q0), y1 = p.dow.div(q1);
+        const unsigned base0 = y0 * p.cols_in + (q0 - y0 * p.s.ow), base1 = y1 * p.cols_in + (q1 - y1 * p.s.ow);
+        float d[NT][4] = {};
+#pragma unroll
+        for (int tap = 0; tap < 9; ++tap) {
+            const unsigned off = (tap / 3) * p.cols_in + tap % 3;
+            const SplitTf32 a0 = split_tf32(__uint_as_float(words[(base0 + off) * 4 + t4]));
+            const SplitTf32 a1 = split_tf32(__uint_as_float(words[(base1 + off) * 4 + t4]));
+#pragma unroll
+            for (int j = 0; j < NT; ++j) { // the small terms first
+                mma_tf32(d[j], a0.lo, a1.lo, b[tap][j].hi);
+                mma_tf32(d[j], a0.hi, a1.hi, b[tap][j].lo);
+                mma_tf32(d[j], a0.hi, a1.hi, b[tap][j].hi);
+            }
+        }
+        // Through the warp's staging rows to 16-byte stores of whole pixels.
+        float* rows = stage + warp * 16 * row;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            *reinterpret_cast<float2*>(rows + gid * row + 8 * j + 2 * t4) = make_float2(d[j][0], d[j][1]);
+            *reinterpret_cast<float2*>(rows + (gid + 8) * row + 8 * j + 2 * t4) = make_float2(d[j][2], d[j][3]);
+        }
+        __syncwarp();
+        constexpr unsigned chunks = 2 * NT; // 16-byte chunks per pixel
+        const unsigned valid = min(16u, pixels - m * 16) * chunks;
+        uint4* dst = reinterpret_cast<uint4*>(out + std::uint64_t{m} * 16 * p.s.k);
+        for (unsigned e = lane; e < valid; e += 32)
+            dst[e] = *reinterpret_cast<const uint4*>(rows + (e / chunks) * row + (e % chunks) * 4);
+        __syncwarp();
+    }
+}
+
+void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
+                       cudaStream_t stream) {
     const TcParams p = tc_params_of(s);
     const unsigned blocks = s.n * p.tiles_per_image;
-    const std::uint64_t shared = tc_forward_shared(p);
+    const bool bf = t == ActType::bf16;
+    const std::uint64_t shared = bf ? tc_forward_shared(p) : tc_forward_tf32_shared(p);
     auto go = [&](auto nt) {
-        tc_forward_kernel<decltype(nt)::value>
-            <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p);
+        constexpr int NT = decltype(nt)::value;
+        if (bf)
+            tc_forward_kernel<NT>
+                <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p);
+        else
+            tc_forward_tf32_kernel<NT>
+                <<<blocks, tc_threads, shared, stream>>>(static_cast<const float*>(x), w, static_cast<float*>(y), p);
     };
     with_constant<8>(s.k / 8, go); // tc_forward_applies: k a multiple of 8 up to 64
     CUDA_CHECK(cudaGetLastError());
@@ -349,7 +461,7 @@ constexpr unsigned tcw_warps = 8, tcw_threads = tcw_warps * 32, tcw_blocks_per_s
 constexpr int tcw_ntiles = 5;
 
 bool tc_wgrad_applies(ActType t, const DirectConvShape& s) {
-    return tc_forward_applies(t, s) && (s.k == 32 || s.k == 64);
+    return t == ActType::bf16 && tc_forward_applies(t, s) && (s.k == 32 || s.k == 64);
 }
 
 unsigned tc_wgrad_blocks(const TcParams& p) {
@@ -374,25 +486,62 @@ template <int CH> __device__ __forceinline__ unsigned dy_chunk(unsigned r, unsig
     return r * CH + (q ^ (CH == 4 ? (r >> 1) & 3u : r & 7u));
 }
 
-// Loads tile t's dy rows (swizzled, zero past its pixels) and input pixels; returns its pixel count.
+// BnBackwardIn as the bf16 kernel takes it.
+struct BnIn {
+    const bf16* x;
+    const float* coef;
+    bool relu;
+};
+
+// Eight channels' output gradients from the batch norm's input and output
+// gradient (BnBackwardIn), with the coefficients of channels c0.. in shared memory.
+__device__ __forceinline__ uint4 bn_backward_chunk(uint4 g, uint4 x, const float* sc, unsigned k, unsigned c0,
+                                                   bool relu) {
+    const auto* gh = reinterpret_cast<const __nv_bfloat162*>(&g);
+    const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
+    std::uint32_t out[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        const float2 gf = __bfloat1622float2(gh[h]), xf = __bfloat1622float2(xh[h]);
+        float v[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const unsigned c = c0 + 2 * h + i;
+            v[i] = bn_backward_value(i ? xf.y : xf.x, i ? gf.y : gf.x, sc[c], sc[k + c], sc[2 * k + c], sc[3 * k + c],
+                                     sc[4 * k + c], relu);
+        }
+        out[h] = pack_bf16(v[0], v[1]);
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Loads tile t's dy rows (swizzled, zero past its pixels) and input pixels;
+// returns its pixel count. With bn.x, dy is the batch norm's output gradient
+// and its pass is applied as the rows arrive (coefficients sc in shared memory).
 template <int CH>
-__device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const TcParams& p, unsigned t, uint4* dys, uint2* xs) {
+__device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const BnIn& bn, const float* sc, const TcParams& p,
+                                  unsigned t, uint4* dys, uint2* xs) {
     const unsigned img = t / p.tiles_per_image, oy0 = (t - img * p.tiles_per_image) * p.tile_rows;
     const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, padded = (pixels + 7) / 8 * 8;
-    const uint4* src = reinterpret_cast<const uint4*>(dy + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k);
+    const std::uint64_t first = (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
+    const uint4* src = reinterpret_cast<const uint4*>(dy + first);
+    const uint4* bsrc = bn.x ? reinterpret_cast<const uint4*>(bn.x + first) : nullptr;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     // Four loads in flight per thread before any store: one at a time left
     // the pass bound by latency, not bandwidth.
     constexpr unsigned batch = 4;
     for (unsigned e0 = threadIdx.x; e0 < padded * CH; e0 += batch * blockDim.x) {
-        uint4 v[batch];
+        uint4 v[batch], b[batch];
 #pragma unroll
         for (unsigned u = 0; u < batch; ++u) {
             const unsigned e = e0 + u * blockDim.x;
-            v[u] = e < pixels * CH ? src[e] : make_uint4(0u, 0u, 0u, 0u);
+            v[u] = e < pixels * CH ? src[e] : zero;
+            if (bn.x) b[u] = e < pixels * CH ? bsrc[e] : zero;
         }
 #pragma unroll
         for (unsigned u = 0; u < batch; ++u) {
             const unsigned e = e0 + u * blockDim.x;
+            if (bn.x && e < pixels * CH) v[u] = bn_backward_chunk(v[u], b[u], sc, p.s.k, (e % CH) * 8, bn.relu);
             if (e < padded * CH) dys[dy_chunk<CH>(e / CH, e % CH)] = v[u];
         }
     }
@@ -403,9 +552,12 @@ __device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const TcParams&
 // CH = k / 8 chunks of 8 channels per dy row (4 or 8); MT = k / 16 m-tiles.
 template <int CH>
 __global__ void __launch_bounds__(tcw_threads)
-    tc_wgrad_kernel(const bf16* x, const bf16* dy, TcParams p, float* partials) {
+    tc_wgrad_kernel(const bf16* x, const bf16* dy, TcParams p, float* partials, BnIn bn) {
     constexpr int MT = CH / 2;
     extern __shared__ uint4 smem[];
+    __shared__ float sc[5 * 8 * CH]; // the batch norm's coefficients, where its pass is taken in
+    if (bn.x)
+        for (unsigned e = threadIdx.x; e < 5 * p.s.k; e += blockDim.x) sc[e] = bn.coef[e];
     uint4* dys = smem;
     auto* xs = reinterpret_cast<uint2*>(smem + tc_tile_rows_padded(p) * CH);
     const auto* xh = reinterpret_cast<const unsigned short*>(xs);
@@ -414,7 +566,7 @@ __global__ void __launch_bounds__(tcw_threads)
     const unsigned tiles = p.s.n * p.tiles_per_image;
     for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
         __syncthreads(); // the previous tile's reads are done
-        const unsigned pixels = tcw_load_tile<CH>(x, dy, p, t, dys, xs);
+        const unsigned pixels = tcw_load_tile<CH>(x, dy, bn, sc, p, t, dys, xs);
         __syncthreads();
         for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps) {
             const unsigned r = ks * 8 + lane % 8;
@@ -465,16 +617,17 @@ __global__ void __launch_bounds__(tcw_threads)
 }
 
 void launch_tc_wgrad(const void* x, const void* dy, const DirectConvShape& s, float* partials, float* dw,
-                     cudaStream_t stream) {
+                     const BnBackwardIn& bn, cudaStream_t stream) {
     const TcParams p = tc_params_of(s);
     const unsigned blocks = tc_wgrad_blocks(p);
     const std::uint64_t shared = tc_wgrad_shared(p);
+    const auto* xt = static_cast<const bf16*>(x);
+    const auto* dyt = static_cast<const bf16*>(dy);
+    const BnIn b{static_cast<const bf16*>(bn.x), bn.coef, bn.relu};
     if (s.k == 32)
-        tc_wgrad_kernel<4><<<blocks, tcw_threads, shared, stream>>>(static_cast<const bf16*>(x),
-                                                                    static_cast<const bf16*>(dy), p, partials);
+        tc_wgrad_kernel<4><<<blocks, tcw_threads, shared, stream>>>(xt, dyt, p, partials, b);
     else
-        tc_wgrad_kernel<8><<<blocks, tcw_threads, shared, stream>>>(static_cast<const bf16*>(x),
-                                                                    static_cast<const bf16*>(dy), p, partials);
+        tc_wgrad_kernel<8><<<blocks, tcw_threads, shared, stream>>>(xt, dyt, p, partials, b);
     CUDA_CHECK(cudaGetLastError());
     launch_sum_partials(partials, blocks, std::uint64_t{9} * s.c * s.k, dw, ActType::f32, stream);
 }
@@ -520,6 +673,10 @@ bool direct_conv_supported(const DirectConvShape& s) {
     return p.rows_in * p.cols_in <= max_tile_pixels && std::uint64_t{s.n} * p.tiles_per_image < 0x7fffffffu;
 }
 
+bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s) {
+    return tc_wgrad_applies(t, s);
+}
+
 std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
     const Params p = params_of(s);
     const std::uint64_t blocks = std::max(wgrad_blocks(p), tc_wgrad_blocks(tc_params_of(s)));
@@ -529,7 +686,7 @@ std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
                                 cudaStream_t stream) {
     if (tc_forward_applies(t, s)) {
-        launch_tc_forward(x, w, y, s, stream);
+        launch_tc_forward(x, w, y, t, s, stream);
         return;
     }
     const Params p = params_of(s);
@@ -543,11 +700,12 @@ void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType 
 }
 
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
-                              float* dw, cudaStream_t stream) {
+                              float* dw, cudaStream_t stream, const BnBackwardIn& bn) {
     if (tc_wgrad_applies(t, s)) {
-        launch_tc_wgrad(x, dy, s, static_cast<float*>(workspace), dw, stream);
+        launch_tc_wgrad(x, dy, s, static_cast<float*>(workspace), dw, bn, stream);
         return;
     }
+    if (bn.x) throw std::logic_error("a batch norm's backward pass given to a weight gradient that cannot take it");
     const Params p = params_of(s);
     const unsigned blocks = wgrad_blocks(p);
     auto* partials = static_cast<float*>(workspace);

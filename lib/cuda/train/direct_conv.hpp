@@ -26,6 +26,7 @@ struct DirectConvShape {
     std::uint32_t cstride = 0; // NHWC: channels stored per input pixel (>= c, padding zero); NCHW: c
     std::uint32_t h = 0, w = 0, k = 0, oh = 0, ow = 0, stride = 1, pad = 0, kernel = 3;
     bool nchw = false;
+    bool tf32 = false; // fp32 activations whose products may be taken in TF32 (the tf32 precision)
 };
 
 // Whether the direct kernels handle this shape: a 3x3 kernel, stride 1 or 2,
@@ -36,10 +37,27 @@ bool direct_conv_supported(const DirectConvShape& s);
 // Workspace bytes launch_direct_conv_wgrad needs for this shape (or smaller batches).
 std::uint64_t direct_conv_workspace(const DirectConvShape& s);
 
+// A batch norm's backward pass taken into the weight gradient (batchnorm.hpp,
+// bn_backward_coefs), where direct_conv_wgrad_takes_bn: dy is then the
+// gradient of the batch norm's output (of its ReLU's, where relu), and the
+// convolution's own output gradient is bn_backward_value of it and x,
+// computed as the tensor-core kernel loads its dy tiles and rounded to bf16
+// as the activation is stored: the same bits as the batch norm's
+// element-wise pass, whose output then never exists. (The CUDA-core kernel,
+// reading dy an element at a time, took longer with the second tensor than
+// the pass it saved.)
+struct BnBackwardIn {
+    const void* x = nullptr;     // the batch norm's input, this convolution's output (null: none)
+    const float* coef = nullptr; // bn_backward_coefs of the k output channels
+    bool relu = false;
+};
+
+bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s);
+
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
                                 cudaStream_t stream);
 // dw[k][c][r][s] (fp32) = sum over the batch and output pixels of dy * x.
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
-                              float* dw, cudaStream_t stream);
+                              float* dw, cudaStream_t stream, const BnBackwardIn& bn = {});
 
 } // namespace dstk::train::cuda

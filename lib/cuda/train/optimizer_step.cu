@@ -30,12 +30,20 @@ __device__ __forceinline__ void refresh_copy(const std::uint32_t* inv, C* copy, 
     }
 }
 
+// The step's scalars, once per step: device_lr's double-precision schedule
+// on one thread was a fixed cost of every update kernel, the last of which
+// ends the step.
+__global__ void step_scalars_kernel(OptimizerConfig o, ScheduleConfig sched, const unsigned long long* step,
+                                    StepScalars* out) {
+    const float lr = device_lr(o.lr, sched, *step);
+    const float t = static_cast<float>(*step + 1);
+    *out = {lr, 1.0f - powf(o.beta1, t), 1.0f - powf(o.beta2, t)};
+}
+
 template <class C>
-__global__ void sgd_kernel(OptimizerConfig o, ScheduleConfig sched, float* p, const float* g, float* m,
-                           std::uint64_t count, const unsigned long long* step, const std::uint32_t* inv, C* copy) {
-    __shared__ float lr;
-    if (threadIdx.x == 0) lr = device_lr(o.lr, sched, *step);
-    __syncthreads();
+__global__ void sgd_kernel(OptimizerConfig o, float* p, const float* g, float* m, std::uint64_t count,
+                           const StepScalars* sc, const std::uint32_t* inv, C* copy) {
+    const float lr = sc->lr;
     GRID_LOOP(i, count) {
         const float pi = p[i];
         const float gi = g[i] + o.weight_decay * pi;
@@ -48,16 +56,9 @@ __global__ void sgd_kernel(OptimizerConfig o, ScheduleConfig sched, float* p, co
 }
 
 template <class C>
-__global__ void adamw_kernel(OptimizerConfig o, ScheduleConfig sched, float* p, const float* g, float* m, float* v,
-                             std::uint64_t count, const unsigned long long* step, const std::uint32_t* inv, C* copy) {
-    __shared__ float lr, c1, c2;
-    if (threadIdx.x == 0) {
-        lr = device_lr(o.lr, sched, *step);
-        const float t = static_cast<float>(*step + 1);
-        c1 = 1.0f - powf(o.beta1, t);
-        c2 = 1.0f - powf(o.beta2, t);
-    }
-    __syncthreads();
+__global__ void adamw_kernel(OptimizerConfig o, float* p, const float* g, float* m, float* v, std::uint64_t count,
+                             const StepScalars* sc, const std::uint32_t* inv, C* copy) {
+    const float lr = sc->lr, c1 = sc->c1, c2 = sc->c2;
     const float decay = 1.0f - lr * o.weight_decay;
     GRID_LOOP(i, count) {
         const float gi = g[i];
@@ -77,17 +78,27 @@ __global__ void advance_step_kernel(unsigned long long* step) {
 
 } // namespace
 
-void launch_optimizer(const OptimizerConfig& o, const ScheduleConfig& sched, float* params, const float* grads,
-                      float* slots, std::uint64_t count, const unsigned long long* step, const std::uint32_t* inv,
-                      void* copy, ActType copy_t, cudaStream_t s) {
-    const unsigned b = blocks_for(count, 4);
+void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, const unsigned long long* step,
+                         StepScalars* out, cudaStream_t s) {
+    step_scalars_kernel<<<1, 1, 0, s>>>(o, sched, step, out);
+    check_launch();
+}
+
+void launch_optimizer(const OptimizerConfig& o, float* params, const float* grads, float* slots, std::uint64_t count,
+                      ParamRange r, const StepScalars* sc, const std::uint32_t* inv, void* copy, ActType copy_t,
+                      cudaStream_t s) {
+    if (r.end <= r.begin) return;
+    const std::uint64_t b0 = r.begin, len = r.end - r.begin;
+    const unsigned b = blocks_for(len, 4);
+    const std::uint32_t* iv = inv ? inv + b0 : nullptr;
     dispatch(copy_t, [&](auto tag) {
         using T = DSTK_T;
         T* c = static_cast<T*>(copy);
         if (o.kind == OptimizerKind::sgd)
-            sgd_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, count, step, inv, c);
+            sgd_kernel<<<b, threads, 0, s>>>(o, params + b0, grads + b0, slots + b0, len, sc, iv, c);
         else
-            adamw_kernel<<<b, threads, 0, s>>>(o, sched, params, grads, slots, slots + count, count, step, inv, c);
+            adamw_kernel<<<b, threads, 0, s>>>(o, params + b0, grads + b0, slots + b0, slots + count + b0, len, sc, iv,
+                                               c);
     });
     check_launch();
 }

@@ -10,14 +10,28 @@
 
 namespace dstk::train::cuda {
 
-// One optimiser step over the flat fp32 parameters; the learning rate is
-// computed on the device from *step (so a captured graph stays valid), then
-// launch_advance_step increments it. Where inv[i] != ~0u the updated parameter
-// is also written to copy[inv[i]] (type copy_t): the compute copies stay fresh
-// without another pass.
-void launch_optimizer(const OptimizerConfig& o, const ScheduleConfig& sched, float* params, const float* grads,
-                      float* slots, std::uint64_t count, const unsigned long long* step, const std::uint32_t* inv,
-                      void* copy, ActType copy_t, cudaStream_t s);
+// What an optimiser step needs of the step count: the learning rate (the
+// schedule's, at *step) and AdamW's bias corrections. launch_step_scalars
+// computes them on the device from *step (so a captured graph stays valid),
+// once per step before the updates; launch_advance_step then increments it.
+struct StepScalars {
+    float lr, c1, c2;
+};
+void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, const unsigned long long* step,
+                         StepScalars* out, cudaStream_t s);
+
+// One optimiser step over the flat fp32 parameters [r.begin, r.end) of the
+// `count`: a step may update the parameters whose gradients are complete
+// while the last weight gradients are still being computed, and the rest
+// after. Where inv[i] != ~0u the updated parameter is also written to
+// copy[inv[i]] (type copy_t): the compute copies stay fresh without another
+// pass.
+struct ParamRange {
+    std::uint64_t begin = 0, end = 0;
+};
+void launch_optimizer(const OptimizerConfig& o, float* params, const float* grads, float* slots, std::uint64_t count,
+                      ParamRange r, const StepScalars* sc, const std::uint32_t* inv, void* copy, ActType copy_t,
+                      cudaStream_t s);
 void launch_advance_step(unsigned long long* step, cudaStream_t s);
 
 } // namespace dstk::train::cuda
