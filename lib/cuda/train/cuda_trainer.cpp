@@ -238,7 +238,7 @@ class CudaTrainer final : public Trainer {
     void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos);
     std::size_t early_update_layer() const;
     bool first_bn_into_wgrad() const;
-    void update(ParamRange r, cudaStream_t s);
+    void update(ParamRange r, cudaStream_t s, bool advance = false);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
     void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
     void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
@@ -1532,8 +1532,9 @@ std::size_t CudaTrainer::early_update_layer() const {
     return npos;
 }
 
-void CudaTrainer::update(ParamRange r, cudaStream_t s) {
-    launch_optimizer(cfg_.optimizer, params_, grads_, slots_, cfg_.plan.params, r, scalars_, inv_, wcopy_, at_, s);
+void CudaTrainer::update(ParamRange r, cudaStream_t s, bool advance) {
+    launch_optimizer(cfg_.optimizer, params_, grads_, slots_, cfg_.plan.params, r, scalars_, inv_, wcopy_, at_,
+                     advance ? step_dev_ : nullptr, s);
 }
 
 void CudaTrainer::step_body(std::uint32_t n) {
@@ -1550,8 +1551,7 @@ void CudaTrainer::step_body(std::uint32_t n) {
         reducer_->average_device(grads_, cfg_.plan.params, stream_);
         mark(~std::size_t{0}, "gradient all-reduce");
     }
-    update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_);
-    launch_advance_step(step_dev_, stream_);
+    update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_, true);
     mark(~std::size_t{0}, "optimizer");
 }
 

@@ -42,7 +42,8 @@ __global__ void step_scalars_kernel(OptimizerConfig o, ScheduleConfig sched, con
 
 template <class C>
 __global__ void sgd_kernel(OptimizerConfig o, float* p, const float* g, float* m, std::uint64_t count,
-                           const StepScalars* sc, const std::uint32_t* inv, C* copy) {
+                           const StepScalars* sc, const std::uint32_t* inv, C* copy, unsigned long long* advance) {
+    if (advance && blockIdx.x == 0 && threadIdx.x == 0) *advance += 1;
     const float lr = sc->lr;
     GRID_LOOP(i, count) {
         const float pi = p[i];
@@ -57,7 +58,8 @@ __global__ void sgd_kernel(OptimizerConfig o, float* p, const float* g, float* m
 
 template <class C>
 __global__ void adamw_kernel(OptimizerConfig o, float* p, const float* g, float* m, float* v, std::uint64_t count,
-                             const StepScalars* sc, const std::uint32_t* inv, C* copy) {
+                             const StepScalars* sc, const std::uint32_t* inv, C* copy, unsigned long long* advance) {
+    if (advance && blockIdx.x == 0 && threadIdx.x == 0) *advance += 1;
     const float lr = sc->lr, c1 = sc->c1, c2 = sc->c2;
     const float decay = 1.0f - lr * o.weight_decay;
     GRID_LOOP(i, count) {
@@ -76,6 +78,11 @@ __global__ void advance_step_kernel(unsigned long long* step) {
     *step += 1;
 }
 
+void launch_advance_step(unsigned long long* step, cudaStream_t s) {
+    advance_step_kernel<<<1, 1, 0, s>>>(step);
+    check_launch();
+}
+
 } // namespace
 
 void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, const unsigned long long* step,
@@ -86,8 +93,11 @@ void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, 
 
 void launch_optimizer(const OptimizerConfig& o, float* params, const float* grads, float* slots, std::uint64_t count,
                       ParamRange r, const StepScalars* sc, const std::uint32_t* inv, void* copy, ActType copy_t,
-                      cudaStream_t s) {
-    if (r.end <= r.begin) return;
+                      unsigned long long* advance, cudaStream_t s) {
+    if (r.end <= r.begin) {
+        if (advance) launch_advance_step(advance, s);
+        return;
+    }
     const std::uint64_t b0 = r.begin, len = r.end - r.begin;
     const unsigned b = blocks_for(len, 4);
     const std::uint32_t* iv = inv ? inv + b0 : nullptr;
@@ -95,16 +105,11 @@ void launch_optimizer(const OptimizerConfig& o, float* params, const float* grad
         using T = DSTK_T;
         T* c = static_cast<T*>(copy);
         if (o.kind == OptimizerKind::sgd)
-            sgd_kernel<<<b, threads, 0, s>>>(o, params + b0, grads + b0, slots + b0, len, sc, iv, c);
+            sgd_kernel<<<b, threads, 0, s>>>(o, params + b0, grads + b0, slots + b0, len, sc, iv, c, advance);
         else
             adamw_kernel<<<b, threads, 0, s>>>(o, params + b0, grads + b0, slots + b0, slots + count + b0, len, sc, iv,
-                                               c);
+                                               c, advance);
     });
-    check_launch();
-}
-
-void launch_advance_step(unsigned long long* step, cudaStream_t s) {
-    advance_step_kernel<<<1, 1, 0, s>>>(step);
     check_launch();
 }
 

@@ -13,7 +13,7 @@ namespace dstk::train::cuda {
 // What an optimiser step needs of the step count: the learning rate (the
 // schedule's, at *step) and AdamW's bias corrections. launch_step_scalars
 // computes them on the device from *step (so a captured graph stays valid),
-// once per step before the updates; launch_advance_step then increments it.
+// once per step before the updates; the last update then increments it.
 struct StepScalars {
     float lr, c1, c2;
 };
@@ -25,13 +25,13 @@ void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, 
 // while the last weight gradients are still being computed, and the rest
 // after. Where inv[i] != ~0u the updated parameter is also written to
 // copy[inv[i]] (type copy_t): the compute copies stay fresh without another
-// pass.
+// pass. advance (or null): the step count, incremented by the same launch
+// (the step's last update; launch_step_scalars has read it by then).
 struct ParamRange {
     std::uint64_t begin = 0, end = 0;
 };
 void launch_optimizer(const OptimizerConfig& o, float* params, const float* grads, float* slots, std::uint64_t count,
                       ParamRange r, const StepScalars* sc, const std::uint32_t* inv, void* copy, ActType copy_t,
-                      cudaStream_t s);
-void launch_advance_step(unsigned long long* step, cudaStream_t s);
+                      unsigned long long* advance, cudaStream_t s);
 
 } // namespace dstk::train::cuda
