@@ -1247,8 +1247,10 @@ void CudaTrainer::forward_linear(std::size_t i, std::uint32_t n, bool fuse) {
     const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c);
     gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, w, d.wk ? blas_type_ : CUDA_R_32F, in,
          input_of(i), in, y, blas_type_, out);
-    if (l.spec.bias) launch_add_bias(y, at_, p + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_);
-    if (relu) launch_relu_forward(y, y, at_, std::uint64_t{n} * l.out.c, stream_);
+    if (l.spec.bias)
+        launch_add_bias(y, at_, p + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, stream_, relu);
+    else if (relu)
+        launch_relu_forward(y, y, at_, std::uint64_t{n} * l.out.c, stream_);
 }
 
 void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {

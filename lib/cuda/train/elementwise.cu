@@ -9,10 +9,14 @@
 namespace dstk::train::cuda {
 namespace {
 
-template <class T> __global__ void add_bias_kernel(T* y, const float* bias, std::uint64_t total, Channels ch) {
+template <class T>
+__global__ void add_bias_kernel(T* y, const float* bias, std::uint64_t total, Channels ch, bool relu) {
     await_predecessor();
     const std::uint32_t c0 = first_channel(ch.c);
-    GRID_LOOP(i, total) st(y, i, ld(y, i) + bias[ch(i, c0)]);
+    GRID_LOOP(i, total) {
+        const float v = ld(y, i) + bias[ch(i, c0)];
+        st(y, i, relu ? fmaxf(v, 0.0f) : v);
+    }
 }
 
 template <class T>
@@ -111,14 +115,14 @@ __global__ void __launch_bounds__(1024)
 } // namespace
 
 void launch_add_bias(void* y, ActType t, const float* bias, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
-                     bool nchw, cudaStream_t s) {
+                     bool nchw, cudaStream_t s, bool relu) {
     const std::uint64_t total = n * c * hw;
     const unsigned nt = channel_threads(c);
     const unsigned b = std::max(1u, blocks_for(total, 4) * threads / nt);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
         launch_kernel(add_bias_kernel<T>, b, nt, 0, s, static_cast<T*>(y), bias, total,
-                      channels_of(c, hw, nchw, nt, total));
+                      channels_of(c, hw, nchw, nt, total), relu);
     });
 }
 

@@ -12,8 +12,9 @@
 namespace dstk::train::cuda {
 
 // y[n][hw][c] += bias[c] (feature rows: hw = 1)
+// relu: y = max(y + bias, 0) in the same pass.
 void launch_add_bias(void* y, ActType t, const float* bias, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
-                     bool nchw, cudaStream_t s);
+                     bool nchw, cudaStream_t s, bool relu = false);
 // db[c] = sum over n, hw of dy
 void launch_bias_grad(const void* dy, ActType t, float* db, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
                       bool nchw, cudaStream_t s);
