@@ -1353,15 +1353,15 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     const Lane w = weight_lane();
     if (i == 0 && direct_first_) // fp32, straight into the gradient vector
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream, std::exchange(pending_bn_, {}));
-    else if (d.tc_wgrad)
-        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, d.gk, w.stream);
+    else if (d.tc_wgrad) // fp32 sums straight into the gradient vector, through the copy's map
+        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i]);
     else
         CUDNN_CHECK(cudnnConvolutionBackwardFilter(w.cudnn, &one, xd, x, yd, dy, d.conv_bwd_filter,
                                                    bd.algos[i].bwd_filter, w.workspace, workspace_bytes_, &zero,
                                                    d.filter, d.gk));
     // Into the gradient vector at once, beside the data gradients (a direct
-    // first convolution wrote it there itself).
-    if (!(i == 0 && direct_first_))
+    // first convolution and tc_wgrad wrote it there themselves).
+    if (!(i == 0 && direct_first_) && !d.tc_wgrad)
         launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
     if (l.spec.bias)
         launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, w.stream);

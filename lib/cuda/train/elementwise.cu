@@ -93,7 +93,8 @@ template <class T> __global__ void tanh_backward_kernel(const T* y, const T* dy,
 // per block of 1024 threads, each output's blocks in 32 interleaved parts.
 constexpr unsigned sum_parts = 32;
 __global__ void __launch_bounds__(1024)
-    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out) {
+    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out,
+                        const std::uint32_t* map) {
     await_predecessor();
     __shared__ double parts[sum_parts][32];
     const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
@@ -106,7 +107,9 @@ __global__ void __launch_bounds__(1024)
     __syncthreads();
     if (pt != 0 || e >= count) return;
     for (unsigned i = 1; i < sum_parts; ++i) sum += parts[i][el];
-    if (bf16_out)
+    if (map) {
+        if (map[e] != ~0u) static_cast<float*>(out)[map[e]] = static_cast<float>(sum);
+    } else if (bf16_out)
         static_cast<bf16*>(out)[e] = __float2bfloat16(static_cast<float>(sum));
     else
         static_cast<float*>(out)[e] = static_cast<float>(sum);
@@ -203,9 +206,9 @@ void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::ui
 }
 
 void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
-                         cudaStream_t s) {
+                         cudaStream_t s, const std::uint32_t* map) {
     launch_kernel(sum_partials_kernel, static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s, partials, blocks,
-                  count, out, out_t == ActType::bf16);
+                  count, out, out_t == ActType::bf16, map);
 }
 
 } // namespace dstk::train::cuda

@@ -278,7 +278,7 @@ std::uint64_t tc_wgrad_workspace(const TcWgradShape& s) {
 }
 
 void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShape& s, void* workspace, void* dw,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const std::uint32_t* map) {
     const Geometry g = geometry_of(s);
     auto launch = [&](auto kernel, auto tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -310,7 +310,8 @@ void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShap
         by_width(static_cast<bf16*>(nullptr));
     else
         by_width(static_cast<float*>(nullptr));
-    launch_sum_partials(static_cast<const float*>(workspace), g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, t, stream);
+    launch_sum_partials(static_cast<const float*>(workspace), g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, t, stream,
+                        map);
 }
 
 } // namespace dstk::train::cuda

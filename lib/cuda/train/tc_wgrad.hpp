@@ -33,8 +33,9 @@ bool tc_wgrad_supported(const TcWgradShape& s);
 // Workspace bytes launch_tc_wgrad needs for this shape (or smaller batches).
 std::uint64_t tc_wgrad_workspace(const TcWgradShape& s);
 // dw ([k][3][3][c], in the activation type t: float or bf16, fp32 sums) from
-// x ([n][h][w][c]) and dy ([n][h][w][k]).
+// x ([n][h][w][c]) and dy ([n][h][w][k]); with map, as float at
+// dw[map[e]] for element e of that order (launch_sum_partials).
 void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShape& s, void* workspace, void* dw,
-                     cudaStream_t stream);
+                     cudaStream_t stream, const std::uint32_t* map = nullptr);
 
 } // namespace dstk::train::cuda
