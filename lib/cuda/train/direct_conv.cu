@@ -274,6 +274,14 @@ __device__ void load_input_pixels(const bf16* x, const TcParams& p, unsigned img
     }
 }
 
+// Tile pixel q's top-left tap in the input tile; pixels past the tile's last
+// read that one instead (their rows of the MMA are computed, not stored).
+__device__ __forceinline__ unsigned tile_pixel_base(const TcParams& p, unsigned q, unsigned pixels) {
+    q = min(q, pixels - 1);
+    const unsigned y = p.dow.div(q);
+    return y * p.cols_in + (q - y * p.s.ow);
+}
+
 // Block: tile_rows output rows of one image; warp w takes the 16-pixel row
 // tiles w, w + 4, ... Fragments (gid = lane / 4, t4 = lane % 4): A rows gid
 // and gid + 8 are two output pixels, its k slots 2 t4, 2 t4 + 1 of step s are
@@ -306,11 +314,8 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
     const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, mtiles = (pixels + 15) / 16;
     bf16* out = y + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
     for (unsigned m = warp; m < mtiles; m += tc_warps) {
-        const unsigned p0 = m * 16 + gid, p1 = p0 + 8;
-        // Rows past the tile's last pixel read a valid one and are not stored.
-        const unsigned q0 = min(p0, pixels - 1), q1 = min(p1, pixels - 1);
-        const unsigned y0 = p.dow.div(q0), y1 = p.dow.div(q1);
-        const unsigned base0 = y0 * p.cols_in + (q0 - y0 * p.s.ow), base1 = y1 * p.cols_in + (q1 - y1 * p.s.ow);
+        const unsigned base0 = tile_pixel_base(p, m * 16 + gid, pixels),
+                       base1 = tile_pixel_base(p, m * 16 + gid + 8, pixels);
         float d[NT][4] = {};
 #pragma unroll
         for (int s = 0; s < tc_ksteps; ++s) {
@@ -394,11 +399,8 @@ __global__ void __launch_bounds__(tc_threads)
     const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, mtiles = (pixels + 15) / 16;
     float* out = y + (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
     for (unsigned m = warp; m < mtiles; m += tc_warps) {
-        const unsigned p0 = m * 16 + gid, p1 = p0 + 8;
-        // Rows past the tile's last pixel read a valid one and are not stored.
-        const unsigned q0 = min(p0, pixels - 1), q1 = min(p1, pixels - 1);
-        const unsigned y0 = p.dow.div(q0), y1 = p.dow.div(q1);
-        const unsigned base0 = y0 * p.cols_in + (q0 - y0 * p.s.ow), base1 = y1 * p.cols_in + (q1 - y1 * p.s.ow);
+        const unsigned base0 = tile_pixel_base(p, m * 16 + gid, pixels),
+                       base1 = tile_pixel_base(p, m * 16 + gid + 8, pixels);
         float d[NT][4] = {};
 #pragma unroll
         for (int tap = 0; tap < 9; ++tap) {
