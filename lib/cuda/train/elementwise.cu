@@ -92,9 +92,8 @@ template <class T> __global__ void tanh_backward_kernel(const T* y, const T* dy,
 // out[e] = sum over blocks of partials[block][e], in block order: 32 outputs
 // per block of 1024 threads, each output's blocks in 32 interleaved parts.
 constexpr unsigned sum_parts = 32;
-__global__ void __launch_bounds__(1024)
-    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out,
-                        const std::uint32_t* map) {
+__global__ void __launch_bounds__(1024) sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count,
+                                                            void* out, bool bf16_out, const std::uint32_t* map) {
     await_predecessor();
     __shared__ double parts[sum_parts][32];
     const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
