@@ -291,11 +291,11 @@ class CudaTrainer final : public Trainer {
     // DSTK_FC_FUSED=0: linear layers as plain GEMMs and kernels, flattened
     // features transposed to NCHW (to time one against the other).
     bool fc_fused_ = true;
-    // DSTK_FIRST_CONV_BN=0: a batch norm right after a direct first
-    // convolution runs its own element-wise backward pass instead of leaving
-    // it to that convolution's weight gradient (first_bn_into_wgrad).
+    // Whether a batch norm right after a direct first convolution leaves its
+    // element-wise backward pass to that convolution's weight gradient
+    // (first_bn_into_wgrad, settled once at setup; DSTK_FIRST_CONV_BN=0: never).
     bool first_conv_bn_ = true;
-    bool leave_first_bn_ = false; // this backward pass: first_bn_into_wgrad() and no input gradient wanted
+    bool leave_first_bn_ = false; // this backward pass: first_conv_bn_ and no input gradient wanted
     BnBackwardIn pending_bn_;     // set by a batch norm's backward that left its pass to the layer below
     TensorShape input_;           // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
@@ -474,6 +474,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     refresh_copies();
     find_algorithms();
     descs(cfg_.max_batch);
+    first_conv_bn_ = first_bn_into_wgrad();
     report_rule_choices(); // plans them for max_batch, before any capture
 
     const std::uint32_t n = cfg_.max_batch;
@@ -1011,10 +1012,10 @@ void CudaTrainer::find_algorithms() {
                 own.dgrad = [&, i] {
                     launch_tc_conv(gbuf_[0], d.wk, gbuf_[1], conv_shape(i, cfg_.max_batch, true), workspace_, stream_);
                 };
-            if (d.tc_wgrad)
+            if (d.tc_wgrad) // as a step runs it: into the gradient vector (overwritten by every backward pass)
                 own.wgrad = [&, i] {
-                    launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch), workspace_, d.gk,
-                                    stream_);
+                    launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch), workspace_, grads_,
+                                    stream_, map_ + copy_offset_[i]);
                 };
             OwnUse used;
             d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &used);
@@ -1156,7 +1157,7 @@ void CudaTrainer::report_rule_choices() {
         if (plans[i].weight_grad)
             reports_.push_back({i, "bwd_filter", "cublaslt:bgradb_epilogue", ChoiceSource::rule, 0.0});
     }
-    if (first_bn_into_wgrad()) reports_.push_back({1, "bwd", "own:in_first_wgrad", ChoiceSource::rule, 0.0});
+    if (first_conv_bn_) reports_.push_back({1, "bwd", "own:in_first_wgrad", ChoiceSource::rule, 0.0});
     std::stable_sort(reports_.begin(), reports_.end(),
                      [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
 }
@@ -1481,7 +1482,7 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
 // From the last layer to the first: each head's layers start from its loss
 // gradient, the trunk from the sum of the heads' gradients of its output.
 void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early) {
-    leave_first_bn_ = fuse && !want_input_grad && first_bn_into_wgrad();
+    leave_first_bn_ = fuse && !want_input_grad && first_conv_bn_;
     const auto& heads = cfg_.plan.heads;
     const std::int32_t trunk_end = heads[0].begin >= 0 ? cfg_.plan.trunk_end() : -2;
     const void* dy = nullptr;
