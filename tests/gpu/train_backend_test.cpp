@@ -209,7 +209,10 @@ TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
 //    (multiples of 16) and writing multiples of 32: 8x8 and 16x16 images, a
 //    12x10 one (tiles of 120 pixels: a partial last row tile of 16), 128
 //    output channels (four blocks of 32), and a data gradient of 16 outputs
-//    that stays with cuDNN.
+//    that stays with cuDNN; tiles of several whole images: 8x8 images at 64
+//    channels (two per tile), 4x4 at 32 (sixteen per tile, a batch of 5 and
+//    so one partial tile) and 6x6 at 48 (three per tile, two tiles, the
+//    second partial).
 TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
     REQUIRE_GPU();
     const std::pair<const char*, TensorShape> cases[] = {
@@ -218,11 +221,15 @@ TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
         {"conv3x3:32,conv3x3:32:bias,flatten,fc:5", {3, 12, 16}},
         {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 6, 64}},
         {"conv3x3:16,conv3x3:32,relu,conv3x3:128,flatten,fc:5", {3, 12, 10}},
+        {"conv3x3:32,conv3x3:64,conv3x3:128,flatten,fc:5", {3, 8, 8}},
+        {"conv3x3:32,conv3x3:32,bn,relu,conv3x3:64,flatten,fc:5", {3, 4, 4}},
+        {"conv3x3:16,conv3x3:48,conv3x3:32,flatten,fc:5", {3, 6, 6}},
     };
     setenv("DSTK_CONV_KERNELS", "own", 1);
     for (const auto& [spec, in] : cases) {
         compare_layers(spec, in, 5, 4, Precision::tf32, 2e-2, 2e-2);
         compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
+        compare_layers(spec, in, 5, 5, Precision::bf16, 3e-2, 0.35);
     }
     unsetenv("DSTK_CONV_KERNELS");
 }

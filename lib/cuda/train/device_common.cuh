@@ -118,6 +118,16 @@ __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&v)[4], const void* s
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                  : "r"(a));
 }
+// The same from a shared-memory address (a kernel's byte offsets added to its
+// buffer's address once converted, not to generic pointers at each load).
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&v)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(address));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&v)[4], const void* smem) {
     const auto a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"

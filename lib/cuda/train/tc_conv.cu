@@ -3,53 +3,75 @@
 #include <algorithm>
 #include <mutex>
 
-#include "cuda_check.hpp"
-#include "device_common.cuh"
+#include "launch_common.cuh"
 
 namespace dstk::train::cuda {
 namespace {
 
-constexpr unsigned warps = 4, threads = warps * 32;
-constexpr unsigned tile_pixels = 128; // output pixels per tile, at most: whole rows of one image
-constexpr unsigned block_n = 32;      // output channels per block (four n8 tiles)
+constexpr unsigned conv_warps = 4, conv_threads = conv_warps * 32;
+constexpr unsigned block_n = 32; // output channels per block (four n8 tiles)
 constexpr unsigned max_cin = 128, max_width = 128;
 constexpr std::uint64_t max_shared = 160 * 1024;
 constexpr unsigned stage_words = 16 * block_n / 2; // a warp's staging rows: 16 pixels x 32 bf16
 
+// 16-pixel row tiles per warp: four (sixteen products per six ldmatrix)
+// where the block's tile fits in shared memory, else two.
+constexpr unsigned wide_mtiles = 4, narrow_mtiles = 2;
+// Registers for four blocks per SM (as many as a 32-channel tile's shared
+// memory allows); the two sets of fragments would take more unbounded.
+constexpr unsigned blocks_per_sm = 4;
+
+// A tile: whole rows of one image, or several whole images where an image
+// has at most half a tile's pixels (the 8x8 and smaller layers would leave
+// most warps idle otherwise). Each image's rows come with a row of halo above
+// and below and a column left and right ("segments" in shared memory).
 // Shared memory, in bf16 elements: the input tile's pixels and the block's
 // filter rows ([n][tap]) each padded by 8 so that the eight 16-byte rows an
 // ldmatrix reads (consecutive pixels, or consecutive n) fall in distinct banks.
 struct Geometry {
     TcConvShape s;
-    unsigned tile_rows, tiles_per_image, tiles, rows_in, cols_in, pitch;
-    Div32 dw;
+    unsigned mw;
+    unsigned images, tile_rows, tiles_per_image, tiles, seg_rows, cols_in, pitch, seg_pixels;
+    Div32 dw, dcols, dseg_rows, dseg_pixels;
     std::uint64_t x_elems, w_elems, shared;
 };
 
-Geometry geometry_of(const TcConvShape& s) {
+Geometry geometry_for(const TcConvShape& s, unsigned mw) {
     Geometry g{};
     g.s = s;
-    g.tile_rows = std::max(1u, std::min(s.h, tile_pixels / std::max(1u, s.w)));
+    g.mw = mw;
+    const unsigned tile = conv_warps * 16 * mw, image = std::max(1u, s.h * s.w);
+    g.images = image * 2 <= tile ? tile / image : 1;
+    g.tile_rows = g.images > 1 ? s.h : std::max(1u, std::min(s.h, tile / std::max(1u, s.w)));
     g.tiles_per_image = (s.h + g.tile_rows - 1) / g.tile_rows;
-    g.tiles = s.n * g.tiles_per_image;
-    g.rows_in = g.tile_rows + 2;
+    g.tiles = g.images > 1 ? (s.n + g.images - 1) / g.images : s.n * g.tiles_per_image;
+    g.seg_rows = g.tile_rows + 2;
     g.cols_in = s.w + 2;
     g.pitch = s.cin + 8;
+    g.seg_pixels = g.tile_rows * s.w;
     g.dw = Div32(s.w);
-    g.x_elems = std::uint64_t{g.rows_in} * g.cols_in * g.pitch;
+    g.dcols = Div32(g.cols_in);
+    g.dseg_rows = Div32(g.seg_rows);
+    g.dseg_pixels = Div32(g.seg_pixels);
+    g.x_elems = std::uint64_t{g.images} * g.seg_rows * g.cols_in * g.pitch;
     g.w_elems = std::uint64_t{block_n} * 9 * g.pitch;
-    g.shared = (2 * g.x_elems + g.w_elems) * sizeof(bf16) + std::uint64_t{warps} * stage_words * 4;
+    g.shared = (g.x_elems + g.w_elems) * sizeof(bf16) + std::uint64_t{conv_warps} * stage_words * 4;
     return g;
+}
+
+Geometry geometry_of(const TcConvShape& s) {
+    const Geometry wide = geometry_for(s, wide_mtiles);
+    return wide.shared <= max_shared ? wide : geometry_for(s, narrow_mtiles);
 }
 
 // The block's 32 filters as B[n][tap][c] (c the reduction's input channel):
 // rows of the [cout][3][3][cin] filter (the forward's own, or the data
 // gradient's, turned by turn_filters), copied asynchronously.
-__device__ void load_filters(const bf16* w, const Geometry& g, unsigned n0, bf16* ws) {
-    const unsigned chunks = g.s.cin / 8;
-    for (unsigned e = threadIdx.x; e < block_n * 9 * chunks; e += blockDim.x) {
+template <unsigned CIN> __device__ void load_filters(const bf16* w, const Geometry& g, unsigned n0, bf16* ws) {
+    constexpr unsigned chunks = CIN / 8;
+    for (unsigned e = threadIdx.x; e < block_n * 9 * chunks; e += conv_threads) {
         const unsigned row = e / chunks, ch = e - row * chunks; // row = n * 9 + tap
-        cp_async16(ws + row * g.pitch + ch * 8, w + (std::uint64_t{n0} * 9 + row) * g.s.cin + ch * 8, true);
+        cp_async16(ws + row * (CIN + 8) + ch * 8, w + (std::uint64_t{n0} * 9 + row) * CIN + ch * 8, true);
     }
 }
 
@@ -57,6 +79,7 @@ __device__ void load_filters(const bf16* w, const Geometry& g, unsigned n0, bf16
 // w[k][8 - tap][c] (dx = conv(dy) with the taps turned 180 degrees and the
 // channels swapped), once per call into scratch.
 __global__ void turn_filters_kernel(const bf16* w, bf16* out, unsigned k, unsigned c) {
+    await_predecessor();
     const unsigned total = 9 * k * c;
     for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
         const unsigned kk = e % k, rest = e / k, tap = rest % 9, cc = rest / 9; // e = (cc * 9 + tap) * k + kk
@@ -64,70 +87,101 @@ __global__ void turn_filters_kernel(const bf16* w, bf16* out, unsigned k, unsign
     }
 }
 
-// Starts the copy of the input rows under tile t (zero outside the image);
-// returns the tile's output pixel count and first pixel.
-__device__ unsigned load_tile(const bf16* x, const Geometry& g, unsigned t, bf16* xs, std::uint64_t& first) {
-    const unsigned img = t / g.tiles_per_image, oy0 = (t - img * g.tiles_per_image) * g.tile_rows;
-    const unsigned chunks = g.s.cin / 8, total = g.rows_in * g.cols_in * chunks;
-    for (unsigned e = threadIdx.x; e < total; e += blockDim.x) {
-        const unsigned pix = e / chunks, ch = e - pix * chunks;
-        const unsigned ry = pix / g.cols_in, rx = pix - ry * g.cols_in;
+// A tile's place: its first output pixel and how many it has.
+struct TileSpan {
+    std::uint64_t first = 0;
+    unsigned pixels = 0;
+};
+
+// Starts the copy of the input rows under tile t (zero outside the images):
+// each thread keeps to one 16-byte chunk of the pixels' channels.
+template <unsigned CIN> __device__ TileSpan load_tile(const bf16* x, const Geometry& g, unsigned t, bf16* xs) {
+    constexpr unsigned chunks = CIN / 8, step = conv_threads / chunks;
+    unsigned img0 = t, oy0 = 0, nimg = 1;
+    if (g.images > 1) {
+        img0 = t * g.images;
+        nimg = min(g.images, g.s.n - img0);
+    } else {
+        img0 = t / g.tiles_per_image;
+        oy0 = (t - img0 * g.tiles_per_image) * g.tile_rows;
+    }
+    const unsigned ch = threadIdx.x % chunks, total = nimg * g.seg_rows * g.cols_in;
+    for (unsigned pix = threadIdx.x / chunks; pix < total; pix += step) {
+        const unsigned r = g.dcols.div(pix), rx = pix - r * g.cols_in;
+        const unsigned seg = g.dseg_rows.div(r), ry = r - seg * g.seg_rows;
         const int iy = static_cast<int>(oy0 + ry) - 1, ix = static_cast<int>(rx) - 1;
         const bool in = iy >= 0 && iy < static_cast<int>(g.s.h) && ix >= 0 && ix < static_cast<int>(g.s.w);
-        cp_async16(xs + pix * g.pitch + ch * 8,
-                   in ? x + ((std::uint64_t{img} * g.s.h + iy) * g.s.w + ix) * g.s.cin + ch * 8 : x, in);
+        const std::uint64_t src = ((std::uint64_t{img0 + seg} * g.s.h + iy) * g.s.w + ix) * CIN + ch * 8;
+        cp_async16(xs + pix * (CIN + 8) + ch * 8, in ? x + src : x, in);
     }
-    first = (std::uint64_t{img} * g.s.h + oy0) * g.s.w;
-    return min(g.tile_rows, g.s.h - oy0) * g.s.w;
+    TileSpan span;
+    span.first = (std::uint64_t{img0} * g.s.h + oy0) * g.s.w;
+    span.pixels = g.images > 1 ? nimg * g.seg_pixels : min(g.tile_rows, g.s.h - oy0) * g.s.w;
+    return span;
 }
 
-// A warp's 16-pixel row tiles m0 and m0 + warps (where they exist) times the
-// block's four column tiles, then each through the staging rows to 16-byte
-// stores of the output pixels' 32 channels.
-template <unsigned CIN>
+// Offset in pixels of this lane's ldmatrix row for output pixel p of the
+// tile (tap 0, the window's top-left input pixel).
+__device__ __forceinline__ unsigned pixel_base(const Geometry& g, unsigned p) {
+    const unsigned seg = g.dseg_pixels.div(p), q = p - seg * g.seg_pixels, py = g.dw.div(q);
+    return (seg * g.seg_rows + py) * g.cols_in + (q - py * g.s.w);
+}
+
+// A warp's 16-pixel row tiles m0, m0 + warps, ... (where they exist) times
+// the block's four column tiles, then each through the staging rows to
+// 16-byte stores of the output pixels' 32 channels. Shared memory is
+// addressed in bytes from the buffers' converted addresses, the offsets of
+// taps and channels constants where they can be.
+template <unsigned CIN, unsigned MW>
 __device__ void multiply_tiles(const Geometry& g, const bf16* xs, const bf16* ws, unsigned pixels, unsigned m0, bf16* y,
                                std::uint32_t* stage) {
+    constexpr unsigned mw = MW, pitch = (CIN + 8) * sizeof(bf16);
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
-    const unsigned mtiles = (pixels + 15) / 16;
-    bool live[2];
-    unsigned base[2];
+    const unsigned mtiles = (pixels + 15) / 16, row_bytes = g.cols_in * pitch;
+    bool live[mw];
+    unsigned base[mw];
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-        const unsigned mt = m0 + m * warps;
+    for (unsigned m = 0; m < mw; ++m) {
+        const unsigned mt = m0 + m * conv_warps;
         live[m] = mt < mtiles;
-        const unsigned p = min(mt * 16 + lane % 16, pixels - 1), py = g.dw.div(p);
-        base[m] = (py * g.cols_in + (p - py * g.s.w)) * g.pitch + (lane / 16) * 8;
+        base[m] = smem_address(xs) + pixel_base(g, min(mt * 16 + lane % 16, pixels - 1)) * pitch + (lane / 16) * 16;
     }
-    float acc[2][4][4] = {};
+    float acc[mw][4][4] = {};
     // ldmatrix rows for B: lane l reads n = (2 jp + l / 16) * 8 + l % 8, k half (l / 8) % 2.
-    const unsigned brow = ((lane / 16) * 8 + lane % 8) * 9 * g.pitch + ((lane / 8) % 2) * 8;
-    // Both loops unrolled (CIN a constant): the next steps' ldmatrix are
-    // issued ahead of this step's products instead of waiting on each.
+    const unsigned brow = smem_address(ws) + ((lane / 16) * 8 + lane % 8) * 9 * pitch + ((lane / 8) % 2) * 16;
+    // The reduction in steps of 16 (a tap's input channels c0 .. c0 + 15),
+    // unrolled (CIN a constant), each step's fragments loaded while the step
+    // before is multiplied (two sets of registers).
+    constexpr unsigned per_tap = CIN / 16, steps = 9 * per_tap;
+    std::uint32_t a[2][mw][4], b[2][2][4];
+    auto load = [&](unsigned k, unsigned set) {
+        const unsigned tap = k / per_tap, c0 = (k % per_tap) * 16;
+        const unsigned off = (tap / 3) * row_bytes + (tap % 3) * pitch + c0 * 2;
 #pragma unroll
-    for (unsigned tap = 0; tap < 9; ++tap) {
-        const unsigned off = ((tap / 3) * g.cols_in + tap % 3) * g.pitch;
+        for (unsigned jp = 0; jp < 2; ++jp) ldmatrix_x4(b[set][jp], brow + (jp * 16 * 9 + tap) * pitch + c0 * 2);
 #pragma unroll
-        for (unsigned c0 = 0; c0 < CIN; c0 += 16) {
-            std::uint32_t b[2][4];
+        for (unsigned m = 0; m < mw; ++m)
+            if (live[m]) ldmatrix_x4(a[set][m], base[m] + off);
+    };
+    load(0, 0);
 #pragma unroll
-            for (int jp = 0; jp < 2; ++jp) ldmatrix_x4(b[jp], ws + brow + jp * 16 * 9 * g.pitch + tap * g.pitch + c0);
+    for (unsigned k = 0; k < steps; ++k) {
+        if (k + 1 < steps) load(k + 1, (k + 1) % 2);
+        const unsigned set = k % 2;
 #pragma unroll
-            for (int m = 0; m < 2; ++m) {
-                if (!live[m]) continue;
-                std::uint32_t a[4];
-                ldmatrix_x4(a, xs + base[m] + off + c0);
+        for (unsigned m = 0; m < mw; ++m) {
+            if (!live[m]) continue;
 #pragma unroll
-                for (int jp = 0; jp < 2; ++jp) {
-                    mma_bf16_k16(acc[m][2 * jp], a, b[jp][0], b[jp][1]);
-                    mma_bf16_k16(acc[m][2 * jp + 1], a, b[jp][2], b[jp][3]);
-                }
+            for (int jp = 0; jp < 2; ++jp) {
+                mma_bf16_k16(acc[m][2 * jp], a[set][m], b[set][jp][0], b[set][jp][1]);
+                mma_bf16_k16(acc[m][2 * jp + 1], a[set][m], b[set][jp][2], b[set][jp][3]);
             }
         }
     }
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (unsigned m = 0; m < mw; ++m) {
         if (!live[m]) continue;
-        const unsigned mt = m0 + m * warps;
+        const unsigned mt = m0 + m * conv_warps;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             stage[gid * 16 + 4 * j + t4] = pack_bf16(acc[m][j][0], acc[m][j][1]);
@@ -143,53 +197,44 @@ __device__ void multiply_tiles(const Geometry& g, const bf16* xs, const bf16* ws
 }
 
 // Blocks stride over the pixel tiles with their 32 filters loaded once;
-// blockIdx.y picks the output channels. The next tile's rows arrive while
-// this one is multiplied (two buffers).
-template <unsigned CIN>
-__global__ void __launch_bounds__(threads) tc_conv_kernel(const bf16* x, const bf16* w, bf16* y, Geometry g) {
+// blockIdx.y picks the output channels. One buffer per block: while a block
+// waits for its tile's rows, the others on the SM multiply (a second buffer
+// per block, fewer blocks per SM, measured slower).
+template <unsigned CIN, unsigned MW>
+__global__ void __launch_bounds__(conv_threads, blocks_per_sm)
+    tc_conv_kernel(const bf16* x, const bf16* w, bf16* y, Geometry g) {
+    await_predecessor();
     extern __shared__ uint4 smem[];
-    bf16* const xs0 = reinterpret_cast<bf16*>(smem);
-    bf16* const xs1 = xs0 + g.x_elems;
-    bf16* ws = xs1 + g.x_elems;
+    bf16* const xs = reinterpret_cast<bf16*>(smem);
+    bf16* const ws = xs + g.x_elems;
     auto* stage = reinterpret_cast<std::uint32_t*>(ws + g.w_elems) + (threadIdx.x / 32) * stage_words;
     const unsigned n0 = blockIdx.y * block_n;
-    load_filters(w, g, n0, ws);
-    // This tile's buffer, first pixel and pixel count, then the next one's
-    // (plain variables swapped each round: indexed arrays went to local memory).
-    std::uint64_t first = 0, next_first = 0;
-    unsigned pixels = 0, next_pixels = 0;
-    if (blockIdx.x < g.tiles) pixels = load_tile(x, g, blockIdx.x, xs0, first);
-    cp_async_commit();
-    bool odd = false;
-    for (unsigned t = blockIdx.x; t < g.tiles; t += gridDim.x, odd = !odd) {
-        if (t + gridDim.x < g.tiles) next_pixels = load_tile(x, g, t + gridDim.x, odd ? xs0 : xs1, next_first);
+    load_filters<CIN>(w, g, n0, ws);
+    for (unsigned t = blockIdx.x; t < g.tiles; t += gridDim.x) {
+        const TileSpan span = load_tile<CIN>(x, g, t, xs);
         cp_async_commit();
-        cp_async_wait<1>(); // this tile's copies (and the filters) are done
+        cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
         __syncthreads();
-        multiply_tiles<CIN>(g, odd ? xs1 : xs0, ws, pixels, threadIdx.x / 32, y + first * g.s.cout + n0, stage);
-        __syncthreads(); // every warp is done with this buffer before the copy into it starts
-        pixels = next_pixels;
-        first = next_first;
+        multiply_tiles<CIN, MW>(g, xs, ws, span.pixels, threadIdx.x / 32, y + span.first * g.s.cout + n0, stage);
+        __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
     }
 }
 
-template <unsigned CIN> unsigned blocks_x(const Geometry& g) {
+template <unsigned CIN, unsigned MW>
+void launch_for(const void* x, const bf16* filters, void* y, const Geometry& g, cudaStream_t s) {
+    auto* kernel = tc_conv_kernel<CIN, MW>;
     static std::once_flag once;
-    std::call_once(once, [] {
-        CUDA_CHECK(cudaFuncSetAttribute(tc_conv_kernel<CIN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(max_shared)));
+    std::call_once(once, [&] {
+        CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_shared)));
     });
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tc_conv_kernel<CIN>, threads, g.shared));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, conv_threads, g.shared));
     const unsigned ny = g.s.cout / block_n;
     const std::uint64_t slots = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
-    return static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, g.tiles));
-}
-
-template <unsigned CIN>
-void launch_for(const void* x, const bf16* filters, void* y, const Geometry& g, cudaStream_t s) {
-    const dim3 grid(blocks_x<CIN>(g), g.s.cout / block_n);
-    tc_conv_kernel<CIN><<<grid, threads, g.shared, s>>>(static_cast<const bf16*>(x), filters, static_cast<bf16*>(y), g);
+    const dim3 grid(static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, g.tiles)), ny);
+    launch_kernel(kernel, grid, conv_threads, g.shared, s, static_cast<const bf16*>(x), filters, static_cast<bf16*>(y),
+                  g);
 }
 
 } // namespace
@@ -210,15 +255,16 @@ void launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s,
     const auto* filters = static_cast<const bf16*>(w);
     if (s.data_gradient) {
         const unsigned total = 9 * s.cin * s.cout;
-        turn_filters_kernel<<<(total + 255) / 256, 256, 0, stream>>>(filters, static_cast<bf16*>(scratch), s.cin,
-                                                                     s.cout);
-        CUDA_CHECK(cudaGetLastError());
+        launch_kernel(turn_filters_kernel, (total + 255) / 256, 256, 0, stream, filters, static_cast<bf16*>(scratch),
+                      s.cin, s.cout);
         filters = static_cast<const bf16*>(scratch);
     }
     // tc_conv_supported: cin a multiple of 16 up to max_cin.
-    with_constant<max_cin / 16>(s.cin / 16,
-                                [&](auto c) { launch_for<16 * decltype(c)::value>(x, filters, y, g, stream); });
-    CUDA_CHECK(cudaGetLastError());
+    with_constant<max_cin / 16>(s.cin / 16, [&](auto c) {
+        constexpr unsigned cin = 16 * decltype(c)::value;
+        g.mw == wide_mtiles ? launch_for<cin, wide_mtiles>(x, filters, y, g, stream)
+                            : launch_for<cin, narrow_mtiles>(x, filters, y, g, stream);
+    });
 }
 
 } // namespace dstk::train::cuda

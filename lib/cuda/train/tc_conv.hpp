@@ -7,11 +7,13 @@
 // At a training batch of a few hundred images the layers after the first are
 // small matrix products (32 to 128 channels, 8x8 to 32x32 pixels) on which
 // cuDNN's engines reach a fraction of the tensor cores' rate. Here a block
-// copies the input rows under its tile of output pixels (all channels) and
-// its 32 output channels' filters into shared memory (cp.async; the next
-// tile's rows arrive while this one is multiplied), each warp multiplies
-// its 16-pixel row tiles by the four 8-channel column tiles through ldmatrix,
-// and writes whole output pixels through staging rows. The data gradient is
+// copies the input rows under its tile of output pixels (all channels; whole
+// images per tile where they are small) and its 32 output channels' filters
+// into shared memory (cp.async; one buffer per block, the other blocks on the
+// SM multiply while it fills), each warp multiplies its four (or, where the
+// tile would not fit, two) 16-pixel row tiles by the four 8-channel column
+// tiles through ldmatrix, the next step's fragments loaded during this
+// step's products, and writes whole output pixels through staging rows. The data gradient is
 // the same product on dy with the filters turned 180 degrees and their input
 // and output channels swapped (a small kernel writes them so into scratch).
 // Each output is summed by one thread in a fixed order: the same result on
