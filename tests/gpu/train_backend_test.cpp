@@ -509,6 +509,62 @@ TEST(TrainGpu, FirstBatchNormInWeightGradientEqualsItsOwnPass) {
     }
 }
 
+// A batch norm right after a convolution run by tc_conv (bf16) takes its
+// forward statistics from the convolution's epilogue (own:stats_in_conv in
+// the kernel report) instead of its own reduction pass; DSTK_CONV_BN_STATS=0,
+// or the convolution given to cuDNN (DSTK_CONV_KERNELS=cudnn), falls back to
+// the pass. The sums differ in order and pivot (the running mean, not the
+// first value), so the parameters and running statistics after graph steps
+// and an eager partial one agree within the bf16 tolerances of the CPU
+// comparisons. Shapes: a 32-channel layer (four row tiles per warp), 64 and
+// 128 channels (two and four blocks of 32 output channels), 8x8 images
+// (several per tile), a batch of 20 (a partial tile), a conv with bias (no
+// fusion: the bias is added after the epilogue).
+TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
+    REQUIRE_GPU();
+    struct Case {
+        const char* spec;
+        TensorShape in;
+        std::size_t fused; // convolutions that take their batch norm's statistics
+    };
+    const Case cases[] = {
+        {"conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:64,bn,relu,flatten,fc:10", {3, 16, 16}, 2},
+        {"conv3x3:16,bn,relu,conv3x3:128,bn,conv3x3:32:bias,bn,relu,flatten,fc:10", {3, 8, 8}, 1},
+    };
+    const std::uint32_t batch = 32;
+    const auto fused_layers = [](const Trainer& t) {
+        std::size_t n = 0;
+        for (const KernelReport& r : t.kernel_choices()) n += r.kernel == "own:stats_in_conv";
+        return n;
+    };
+    for (const auto& [spec, in, expected] : cases) {
+        SCOPED_TRACE(spec);
+        const Data d = make_random_data(in, 10, batch * 6, 41);
+        const DeviceData dd(d);
+        const TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, Precision::bf16, OptimizerKind::adamw);
+        auto train = [&](const char* kernels, const char* stats) {
+            setenv("DSTK_CONV_KERNELS", kernels, 1); // both read when the trainer is made
+            setenv("DSTK_CONV_BN_STATS", stats, 1);
+            auto t = make_trainer(c);
+            unsetenv("DSTK_CONV_KERNELS");
+            unsetenv("DSTK_CONV_BN_STATS");
+            run_steps(*t, dd, in, batch, 0, 4);
+            t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+            return t;
+        };
+        auto fused = train("own", "1"), pass = train("own", "0"), cudnn = train("cudnn", "1");
+        EXPECT_EQ(fused_layers(*fused), expected) << "the statistics were not taken in the convolutions' epilogues";
+        EXPECT_EQ(fused_layers(*pass), 0u);
+        EXPECT_EQ(fused_layers(*cudnn), 0u);
+        for (auto* other : {pass.get(), cudnn.get()}) {
+            Checker check;
+            check("parameters after 5 steps", fused->read_parameters(), other->read_parameters(), 6e-2);
+            check("BN running statistics after 5 steps", fused->read_states(), other->read_states(), 6e-2);
+            std::printf("%-80s worst %.2e (%s)\n", spec, check.worst, check.worst_what.c_str());
+        }
+    }
+}
+
 // DSTK_FC_FUSED=0 runs the linear layers as before (flattened features
 // transposed to NCHW, cuBLAS GEMMs, bias and ReLU kernels); by default a
 // linear layer after a flatten reads NHWC features through a weight copy with

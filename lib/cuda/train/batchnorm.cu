@@ -270,17 +270,22 @@ __device__ void channel_totals(const double* partials, std::uint32_t c, std::uin
 }
 
 // coef per channel: forward (scale, shift, -, mean): y = bn_value(x, mean, scale, shift).
+// The pivot is the channel's first value, or where pivot is given (sums
+// taken by a convolution's epilogue), pivot[c], read before run_mean (which
+// it may be) is updated.
 template <class T>
-__global__ void bn_finalize_forward_kernel(const T* x, std::uint64_t pivot_stride, std::uint32_t channels,
-                                           std::uint32_t splits, double count, const float* gamma, const float* beta,
-                                           float* run_mean, float* run_var, float* save_mean, float* save_invstd,
-                                           const double* partials, float* coef, float momentum, float eps) {
+__global__ void bn_finalize_forward_kernel(const T* x, std::uint64_t pivot_stride, const float* pivot,
+                                           std::uint32_t channels, std::uint32_t splits, double count,
+                                           const float* gamma, const float* beta, float* run_mean, float* run_var,
+                                           float* save_mean, float* save_invstd, const double* partials, float* coef,
+                                           float momentum, float eps) {
     await_predecessor();
     const std::uint32_t c = blockIdx.x;
     double sum, sq;
     channel_totals(partials, c, splits, sum, sq);
     if (threadIdx.x != 0) return;
-    const double d = sum / count, mean = static_cast<double>(ld(x, c * pivot_stride)) + d;
+    const double p = pivot ? pivot[c] : ld(x, c * pivot_stride);
+    const double d = sum / count, mean = p + d;
     const double var = fmax(0.0, sq / count - d * d);
     const float is = static_cast<float>(1.0 / sqrt(var + eps));
     coef[c] = gamma[c] * is;
@@ -692,18 +697,25 @@ unsigned reduce_pool(const T* x, const T* dp, const BnRefs& r, std::uint32_t n, 
 
 } // namespace
 
+unsigned bn_max_splits_of_partials() {
+    return bn_max_splits;
+}
+
 void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
-                             float eps, cudaStream_t s, std::uint32_t pool_w) {
+                             float eps, cudaStream_t s, std::uint32_t pool_w, unsigned given_splits) {
     const std::uint64_t rows = std::uint64_t{n} * hw;
     float* coef = bn_coef(partials, c);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
         const T* xt = static_cast<const T*>(x);
         T* yt = static_cast<T*>(y);
-        const unsigned splits = bn_reduce(xt, static_cast<const T*>(nullptr), BnRefs{}, n, hw, c, nchw, partials, s);
-        launch_kernel(bn_finalize_forward_kernel<T>, c, 128, 0, s, xt, nchw ? hw : 1, c, splits,
+        const unsigned splits =
+            given_splits ? given_splits
+                         : bn_reduce(xt, static_cast<const T*>(nullptr), BnRefs{}, n, hw, c, nchw, partials, s);
+        launch_kernel(bn_finalize_forward_kernel<T>, c, 128, 0, s, xt, nchw ? hw : 1,
+                      given_splits ? static_cast<const float*>(run_mean) : nullptr, c, splits,
                       static_cast<double>(rows), gamma, beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
                       momentum, eps);
         bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, s);

@@ -28,12 +28,17 @@ namespace dstk::train::cuda {
 // would store it), and the backward takes the pooled gradient and recomputes
 // each window's first maximum from x, so neither the full-size output nor its
 // gradient exists.
+// With given_splits, the forward's reduction has been done by the layer
+// before (a convolution's epilogue, tc_conv.hpp): partials hold, per channel
+// and split, the sums of (v - run_mean[c]) and their squares, in the layout
+// above, with given_splits splits (at most bn_max_splits_of_partials()).
 std::uint64_t bn_partials(std::uint32_t channels);
+unsigned bn_max_splits_of_partials();
 bool bn_pool_fusable(ActType t, std::uint32_t c, std::uint64_t h, std::uint64_t w, std::uint32_t n);
 void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
-                             float eps, cudaStream_t s, std::uint32_t pool_w = 0);
+                             float eps, cudaStream_t s, std::uint32_t pool_w = 0, unsigned given_splits = 0);
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s,

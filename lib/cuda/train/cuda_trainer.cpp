@@ -87,6 +87,7 @@ struct LayerDev {
     bool tc_wgrad = false;     // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
     bool tc_fwd = false;       // conv: forward by tc_conv.cu (bf16)
     bool tc_dgrad = false;     // conv: data gradient by tc_conv.cu (bf16)
+    bool bn_stats = false;     // conv: its forward (tc_conv) also sums the next batch norm's statistics
     bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     bool relu_in_gemm = false; // linear followed by relu: the relu's output written by the GEMM where fused
     // Flatten (and heads reading it): the features stay in this NHWC map's
@@ -238,6 +239,7 @@ class CudaTrainer final : public Trainer {
     void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos);
     std::size_t early_update_layer() const;
     bool first_bn_into_wgrad() const;
+    void plan_conv_bn_stats();
     void update(ParamRange r, cudaStream_t s, bool advance = false);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
     void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
@@ -295,6 +297,11 @@ class CudaTrainer final : public Trainer {
     // element-wise backward pass to that convolution's weight gradient
     // (first_bn_into_wgrad, settled once at setup; DSTK_FIRST_CONV_BN=0: never).
     bool first_conv_bn_ = true;
+    // Whether a batch norm after a tc_conv forward takes its statistics from
+    // that convolution's epilogue (plan_conv_bn_stats; DSTK_CONV_BN_STATS=0:
+    // never), and the splits the last such convolution wrote.
+    bool conv_bn_stats_ = true;
+    unsigned stats_splits_ = 0;
     bool leave_first_bn_ = false; // this backward pass: first_conv_bn_ and no input gradient wanted
     BnBackwardIn pending_bn_;     // set by a batch norm's backward that left its pass to the layer below
     TensorShape input_;           // as stored on the device: channels padded in bf16 before a first convolution
@@ -422,6 +429,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     nchw_ = cfg_.precision == Precision::fp32;
     if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
     if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
+    if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
     input_ = cfg_.plan.input;
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
@@ -475,6 +483,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     find_algorithms();
     descs(cfg_.max_batch);
     first_conv_bn_ = first_bn_into_wgrad();
+    plan_conv_bn_stats();
     report_rule_choices(); // plans them for max_batch, before any capture
 
     const std::uint32_t n = cfg_.max_batch;
@@ -1158,6 +1167,8 @@ void CudaTrainer::report_rule_choices() {
             reports_.push_back({i, "bwd_filter", "cublaslt:bgradb_epilogue", ChoiceSource::rule, 0.0});
     }
     if (first_conv_bn_) reports_.push_back({1, "bwd", "own:in_first_wgrad", ChoiceSource::rule, 0.0});
+    for (std::size_t i = 0; i < layers().size(); ++i)
+        if (dev_[i].bn_stats) reports_.push_back({i + 1, "fwd", "own:stats_in_conv", ChoiceSource::rule, 0.0});
     std::stable_sort(reports_.begin(), reports_.end(),
                      [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
 }
@@ -1269,6 +1280,10 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         case LayerKind::conv:
             if (i == 0 && direct_first_)
                 launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
+            else if (d.tc_fwd && training && d.bn_stats)
+                stats_splits_ =
+                    launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_,
+                                   {bn_partials_, states_ + layers()[i + 1].state_offset, bn_max_splits_of_partials()});
             else if (d.tc_fwd)
                 launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_);
             else
@@ -1281,10 +1296,11 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             void* y = pooled ? dev_[i + 2].out : fused ? dev_[i + 1].out : d.out;
             const std::uint32_t pool_w = pooled ? l.in.w : 0;
             float* rm = states_ + l.state_offset;
+            const unsigned given_splits = i > 0 && dev_[i - 1].bn_stats ? stats_splits_ : 0;
             if (training)
                 launch_bn_forward_train(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
                                         d.aux, d.aux + l.in.c, bn_partials_, static_cast<float>(bn_momentum),
-                                        static_cast<float>(bn_eps), stream_, pool_w);
+                                        static_cast<float>(bn_eps), stream_, pool_w, given_splits);
             else
                 launch_bn_forward_eval(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
                                        static_cast<float>(bn_eps), bn_partials_, stream_, pool_w);
@@ -1517,6 +1533,20 @@ bool CudaTrainer::first_bn_into_wgrad() const {
     const LayerPlan &c = layers()[0], &b = layers()[1];
     return !c.spec.bias && b.spec.kind == LayerKind::batchnorm && b.source == 0 &&
            !(dev_[1].relu_next && dev_[1].pool_next) && direct_conv_wgrad_takes_bn(at_, direct_shape(cfg_.max_batch));
+}
+
+// Which convolutions run by tc_conv also sum the statistics of the batch
+// norm right after them in their epilogue (the norm's reduction pass over
+// the output is then not run): no bias (added after the epilogue), the norm
+// reading this output. The timing that gave the layer to tc_conv did not
+// count the pass it saves, so where cuDNN's convolution was faster alone the
+// pass stays.
+void CudaTrainer::plan_conv_bn_stats() {
+    for (std::size_t i = 0; i + 1 < layers().size(); ++i) {
+        const LayerPlan &c = layers()[i], &b = layers()[i + 1];
+        dev_[i].bn_stats = conv_bn_stats_ && dev_[i].tc_fwd && c.spec.kind == LayerKind::conv && !c.spec.bias &&
+                           b.spec.kind == LayerKind::batchnorm && b.source == static_cast<std::int32_t>(i);
+    }
 }
 
 // The layer whose weight gradient is the last but one of a backward pass:

@@ -127,14 +127,74 @@ __device__ __forceinline__ unsigned pixel_base(const Geometry& g, unsigned p) {
     return (seg * g.seg_rows + py) * g.cols_in + (q - py * g.s.w);
 }
 
+// Batch-norm statistics of the output, per block: each channel's sums of
+// (v - pivot) and (v - pivot)^2 over the block's pixels, v the value as
+// stored (bf16), pivot the running mean; per tile in float across a warp's
+// rows and lanes, then in double per warp and channel (shared memory, one
+// lane each), summed over the warps in order at the end.
+struct StatsOut {
+    double* partials = nullptr; // bn's layout: [(c * splits + block) * 2 + k]
+    const float* pivot = nullptr;
+};
+
+// The per-warp sums live in the padding of the filter rows (16 bytes after
+// each row's CIN channels, which no ldmatrix reads): two doubles per row, the
+// block's four warps x 32 channels x 2 sums in the first 128 rows, so that
+// the statistics take no shared memory from the tiles (and no block per SM).
+template <unsigned CIN> __device__ __forceinline__ double& stat_slot(bf16* ws, unsigned i) {
+    return reinterpret_cast<double*>(ws + (i / 2) * (CIN + 8) + CIN)[i % 2];
+}
+
+template <unsigned CIN, unsigned MW>
+__device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[MW], unsigned m0, unsigned pixels,
+                               const float* pivot, bf16* ws) {
+    const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
+    float s1[4][2] = {}, s2[4][2] = {};
+#pragma unroll
+    for (unsigned m = 0; m < MW; ++m) {
+        if (!live[m]) continue;
+#pragma unroll
+        for (unsigned half = 0; half < 2; ++half) {
+            if ((m0 + m * conv_warps) * 16 + gid + 8 * half >= pixels) continue;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float v = stored<bf16>(acc[m][j][2 * half + e]) - __ldg(pivot + j * 8 + 2 * t4 + e);
+                    s1[j][e] += v;
+                    s2[j][e] = __fmaf_rn(v, v, s2[j][e]);
+                }
+        }
+    }
+#pragma unroll
+    for (unsigned off = 4; off < 32; off <<= 1)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                s1[j][e] += __shfl_xor_sync(0xffffffffu, s1[j][e], off);
+                s2[j][e] += __shfl_xor_sync(0xffffffffu, s2[j][e], off);
+            }
+    if (gid != 0) return;
+    const unsigned first = (threadIdx.x / 32) * block_n * 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const unsigned c = j * 8 + 2 * t4 + e;
+            stat_slot<CIN>(ws, first + c * 2) += s1[j][e];
+            stat_slot<CIN>(ws, first + c * 2 + 1) += s2[j][e];
+        }
+}
+
 // A warp's 16-pixel row tiles m0, m0 + warps, ... (where they exist) times
 // the block's four column tiles, then each through the staging rows to
 // 16-byte stores of the output pixels' 32 channels. Shared memory is
 // addressed in bytes from the buffers' converted addresses, the offsets of
 // taps and channels constants where they can be.
-template <unsigned CIN, unsigned MW>
-__device__ void multiply_tiles(const Geometry& g, const bf16* xs, const bf16* ws, unsigned pixels, unsigned m0, bf16* y,
-                               std::uint32_t* stage) {
+template <unsigned CIN, unsigned MW, bool Stats>
+__device__ void multiply_tiles(const Geometry& g, const bf16* xs, bf16* ws, unsigned pixels, unsigned m0, bf16* y,
+                               std::uint32_t* stage, const float* pivot) {
     constexpr unsigned mw = MW, pitch = (CIN + 8) * sizeof(bf16);
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     const unsigned mtiles = (pixels + 15) / 16, row_bytes = g.cols_in * pitch;
@@ -178,6 +238,7 @@ __device__ void multiply_tiles(const Geometry& g, const bf16* xs, const bf16* ws
             }
         }
     }
+    if constexpr (Stats) add_statistics<CIN, mw>(acc, live, m0, pixels, pivot, ws);
 #pragma unroll
     for (unsigned m = 0; m < mw; ++m) {
         if (!live[m]) continue;
@@ -200,9 +261,9 @@ __device__ void multiply_tiles(const Geometry& g, const bf16* xs, const bf16* ws
 // blockIdx.y picks the output channels. One buffer per block: while a block
 // waits for its tile's rows, the others on the SM multiply (a second buffer
 // per block, fewer blocks per SM, measured slower).
-template <unsigned CIN, unsigned MW>
+template <unsigned CIN, unsigned MW, bool Stats>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
-    tc_conv_kernel(const bf16* x, const bf16* w, bf16* y, Geometry g) {
+    tc_conv_kernel(const bf16* x, const bf16* w, bf16* y, Geometry g, StatsOut stats) {
     await_predecessor();
     extern __shared__ uint4 smem[];
     bf16* const xs = reinterpret_cast<bf16*>(smem);
@@ -210,19 +271,31 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     auto* stage = reinterpret_cast<std::uint32_t*>(ws + g.w_elems) + (threadIdx.x / 32) * stage_words;
     const unsigned n0 = blockIdx.y * block_n;
     load_filters<CIN>(w, g, n0, ws);
+    const float* const pivot = Stats ? stats.pivot + n0 : nullptr; // the block's channels' running means
+    if constexpr (Stats)
+        for (unsigned e = threadIdx.x; e < conv_warps * block_n * 2; e += conv_threads) stat_slot<CIN>(ws, e) = 0.0;
     for (unsigned t = blockIdx.x; t < g.tiles; t += gridDim.x) {
         const TileSpan span = load_tile<CIN>(x, g, t, xs);
         cp_async_commit();
         cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
         __syncthreads();
-        multiply_tiles<CIN, MW>(g, xs, ws, span.pixels, threadIdx.x / 32, y + span.first * g.s.cout + n0, stage);
+        multiply_tiles<CIN, MW, Stats>(g, xs, ws, span.pixels, threadIdx.x / 32, y + span.first * g.s.cout + n0, stage,
+                                       pivot);
         __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
+    }
+    if constexpr (Stats) {
+        if (threadIdx.x >= block_n * 2) return;
+        double total = 0.0;
+        for (unsigned wp = 0; wp < conv_warps; ++wp) total += stat_slot<CIN>(ws, wp * block_n * 2 + threadIdx.x);
+        const unsigned c = n0 + threadIdx.x / 2, k = threadIdx.x % 2;
+        stats.partials[(std::uint64_t{c} * gridDim.x + blockIdx.x) * 2 + k] = total;
     }
 }
 
-template <unsigned CIN, unsigned MW>
-void launch_for(const void* x, const bf16* filters, void* y, const Geometry& g, cudaStream_t s) {
-    auto* kernel = tc_conv_kernel<CIN, MW>;
+template <unsigned CIN, unsigned MW, bool Stats>
+unsigned launch_for(const void* x, const bf16* filters, void* y, const Geometry& g, const StatsOut& stats,
+                    unsigned max_blocks, cudaStream_t s) {
+    auto* kernel = tc_conv_kernel<CIN, MW, Stats>;
     static std::once_flag once;
     std::call_once(once, [&] {
         CUDA_CHECK(
@@ -232,9 +305,11 @@ void launch_for(const void* x, const bf16* filters, void* y, const Geometry& g, 
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, conv_threads, g.shared));
     const unsigned ny = g.s.cout / block_n;
     const std::uint64_t slots = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
-    const dim3 grid(static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, g.tiles)), ny);
-    launch_kernel(kernel, grid, conv_threads, g.shared, s, static_cast<const bf16*>(x), filters, static_cast<bf16*>(y),
-                  g);
+    const auto bx =
+        static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, std::min<std::uint64_t>(g.tiles, max_blocks)));
+    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, static_cast<const bf16*>(x), filters,
+                  static_cast<bf16*>(y), g, stats);
+    return bx;
 }
 
 } // namespace
@@ -250,7 +325,8 @@ bool tc_conv_supported(const TcConvShape& s) {
     return geometry_of(s).shared <= max_shared;
 }
 
-void launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream) {
+unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
+                        const TcConvStats& stats) {
     const Geometry g = geometry_of(s);
     const auto* filters = static_cast<const bf16*>(w);
     if (s.data_gradient) {
@@ -259,12 +335,21 @@ void launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s,
                       s.cin, s.cout);
         filters = static_cast<const bf16*>(scratch);
     }
+    const StatsOut out{stats.partials, stats.pivot};
+    const unsigned max_blocks = stats.partials ? stats.max_splits : ~0u;
+    unsigned blocks = 0;
     // tc_conv_supported: cin a multiple of 16 up to max_cin.
     with_constant<max_cin / 16>(s.cin / 16, [&](auto c) {
         constexpr unsigned cin = 16 * decltype(c)::value;
-        g.mw == wide_mtiles ? launch_for<cin, wide_mtiles>(x, filters, y, g, stream)
-                            : launch_for<cin, narrow_mtiles>(x, filters, y, g, stream);
+        const bool wide = g.mw == wide_mtiles;
+        if (stats.partials)
+            blocks = wide ? launch_for<cin, wide_mtiles, true>(x, filters, y, g, out, max_blocks, stream)
+                          : launch_for<cin, narrow_mtiles, true>(x, filters, y, g, out, max_blocks, stream);
+        else
+            blocks = wide ? launch_for<cin, wide_mtiles, false>(x, filters, y, g, out, max_blocks, stream)
+                          : launch_for<cin, narrow_mtiles, false>(x, filters, y, g, out, max_blocks, stream);
     });
+    return blocks;
 }
 
 } // namespace dstk::train::cuda

@@ -37,9 +37,21 @@ bool tc_conv_supported(const TcConvShape& s);
 // Bytes of device memory launch_tc_conv needs as scratch (the data
 // gradient's turned filters; 0 for the forward).
 std::uint64_t tc_conv_scratch(const TcConvShape& s);
+// Where a forward call also writes batch-norm statistics of its output
+// (training, a batch norm right after): per block, each channel's sums of
+// (v - pivot[c]) and (v - pivot[c])^2 over its pixels, v as stored (bf16),
+// into partials[(c * splits + block) * 2 + k] (batchnorm.hpp's layout; splits
+// the returned block count, at most max_splits). Each sum in a fixed order.
+struct TcConvStats {
+    double* partials = nullptr; // none: no statistics
+    const float* pivot = nullptr;
+    unsigned max_splits = 0;
+};
 // y ([n][h][w][cout], bf16) = conv(x ([n][h][w][cin], bf16), w). Forward: w
 // is [cout][3][3][cin] (cuDNN's NHWC filter, KRSC); data gradient: w is the
-// forward filter [cin][3][3][cout] and the call computes dx from dy.
-void launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream);
+// forward filter [cin][3][3][cout] and the call computes dx from dy. Returns
+// the blocks per 32 output channels (the statistics' splits).
+unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
+                        const TcConvStats& stats = {});
 
 } // namespace dstk::train::cuda
