@@ -145,11 +145,25 @@ template <unsigned CIN> __device__ __forceinline__ double& stat_slot(bf16* ws, u
     return reinterpret_cast<double*>(ws + (i / 2) * (CIN + 8) + CIN)[i % 2];
 }
 
+// One step of the reduce-scatter: with the lane off apart, keep the lower or
+// upper W of 2 W sums (both lanes' sums of it) in v[0 .. W).
+template <int W> __device__ __forceinline__ void halve(float (&v)[16], bool upper, unsigned off) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+        const float lo = v[i], hi = v[W + i];
+        v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, off);
+    }
+}
+
+// Per tile: each lane sums its rows' values of its eight channels (j * 8 +
+// 2 t4 + e), then the eight lanes that share t4 halve their sixteen sums three
+// times (a reduce-scatter: 14 shuffles instead of 48), so that each lane ends
+// with both sums of one channel and adds them to its warp's doubles.
 template <unsigned CIN, unsigned MW>
 __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[MW], unsigned m0, unsigned pixels,
                                const float* pivot, bf16* ws) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
-    float s1[4][2] = {}, s2[4][2] = {};
+    float v[16] = {}; // [j * 4 + e * 2 + k]: k 0 the sum, 1 the sum of squares
 #pragma unroll
     for (unsigned m = 0; m < MW; ++m) {
         if (!live[m]) continue;
@@ -160,31 +174,20 @@ __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[
             for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float v = stored<bf16>(acc[m][j][2 * half + e]) - __ldg(pivot + j * 8 + 2 * t4 + e);
-                    s1[j][e] += v;
-                    s2[j][e] = __fmaf_rn(v, v, s2[j][e]);
+                    const float d = stored<bf16>(acc[m][j][2 * half + e]) - __ldg(pivot + j * 8 + 2 * t4 + e);
+                    v[j * 4 + e * 2] += d;
+                    v[j * 4 + e * 2 + 1] = __fmaf_rn(d, d, v[j * 4 + e * 2 + 1]);
                 }
         }
     }
-#pragma unroll
-    for (unsigned off = 4; off < 32; off <<= 1)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                s1[j][e] += __shfl_xor_sync(0xffffffffu, s1[j][e], off);
-                s2[j][e] += __shfl_xor_sync(0xffffffffu, s2[j][e], off);
-            }
-    if (gid != 0) return;
-    const unsigned first = (threadIdx.x / 32) * block_n * 2;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const unsigned c = j * 8 + 2 * t4 + e;
-            stat_slot<CIN>(ws, first + c * 2) += s1[j][e];
-            stat_slot<CIN>(ws, first + c * 2 + 1) += s2[j][e];
-        }
+    halve<8>(v, lane & 16, 16);
+    halve<4>(v, lane & 8, 8);
+    halve<2>(v, lane & 4, 4);
+    // v[0], v[1]: channel (j, e) with j = 2 g2 + g1, e = g0 (gid's bits g2 g1 g0).
+    const unsigned c = ((gid >> 2) * 2 + ((gid >> 1) & 1)) * 8 + 2 * t4 + (gid & 1);
+    const unsigned first = (threadIdx.x / 32) * block_n * 2 + c * 2;
+    stat_slot<CIN>(ws, first) += v[0];
+    stat_slot<CIN>(ws, first + 1) += v[1];
 }
 
 // A warp's 16-pixel row tiles m0, m0 + warps, ... (where they exist) times
