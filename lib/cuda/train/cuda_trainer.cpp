@@ -85,8 +85,8 @@ struct LayerDev {
     void* gk = nullptr;        // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
     bool relu_next = false;    // batchnorm followed by relu: fused where allowed
     bool tc_wgrad = false;     // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
-    bool tc_fwd = false;       // conv: forward by tc_conv.cu (bf16)
-    bool tc_dgrad = false;     // conv: data gradient by tc_conv.cu (bf16)
+    bool tc_fwd = false;       // conv: forward by tc_conv.cu (bf16, tf32)
+    bool tc_dgrad = false;     // conv: data gradient by tc_conv.cu (bf16, tf32)
     bool bn_stats = false;     // conv: its forward (tc_conv) also sums the next batch norm's statistics
     bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     bool relu_in_gemm = false; // linear followed by relu: the relu's output written by the GEMM where fused
@@ -946,7 +946,7 @@ void CudaTrainer::create_layer_descriptors() {
         dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
                            sp.stride == 1 && sp.padding == 1 && tc_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
         if (dev_[i].tc_wgrad) ws = std::max(ws, tc_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
-        const bool tc = own && sp.kind == LayerKind::conv && at_ == ActType::bf16 && !nchw_ && sp.kernel == 3 &&
+        const bool tc = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
                         sp.stride == 1 && sp.padding == 1;
         dev_[i].tc_fwd = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, false));
         dev_[i].tc_dgrad = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, true));
@@ -963,7 +963,9 @@ TcWgradShape CudaTrainer::wgrad_shape(std::size_t i, std::uint32_t n) const {
 TcConvShape CudaTrainer::conv_shape(std::size_t i, std::uint32_t n, bool data_gradient) const {
     const LayerPlan& l = layers()[i];
     const std::uint32_t in = i == 0 ? input_.c : l.in.c;
-    return {n, l.in.h, l.in.w, data_gradient ? l.out.c : in, data_gradient ? in : l.out.c, data_gradient};
+    TcConvShape s{n, l.in.h, l.in.w, data_gradient ? l.out.c : in, data_gradient ? in : l.out.c, data_gradient};
+    s.tf32 = at_ == ActType::f32;
+    return s;
 }
 
 DirectConvShape CudaTrainer::direct_shape(std::uint32_t n) const {

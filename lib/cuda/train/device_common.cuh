@@ -109,6 +109,15 @@ __device__ __forceinline__ void mma_bf16_k16(float (&d)[4], const std::uint32_t 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D += A B, m16n8k8 in TF32: a0..a3 rows gid, gid + 8 of k slot t4, then the same at k + 4; b0, b1 rows t4 and
+// t4 + 4 of column gid.
+__device__ __forceinline__ void mma_tf32_k8(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                            std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Four 8x8 b16 matrices from shared memory: lane l gives the address of row l % 8 of matrix l / 8 (16 bytes);
 // v[q] is matrix q's fragment (row gid, elements 2 t4 and 2 t4 + 1; with .trans, column gid, rows 2 t4 and
 // 2 t4 + 1).

@@ -10,30 +10,48 @@ namespace {
 
 constexpr unsigned conv_warps = 4, conv_threads = conv_warps * 32;
 constexpr unsigned block_n = 32; // output channels per block (four n8 tiles)
-constexpr unsigned max_cin = 128, max_width = 128;
+constexpr unsigned max_width = 128;
+// Input channels: up to 128 in bf16; in float the filter rows of 32 outputs
+// at more than 64 channels leave no room for a tile in max_shared.
+constexpr unsigned max_cin_bf16 = 128, max_cin_float = 64;
 constexpr std::uint64_t max_shared = 160 * 1024;
-constexpr unsigned stage_words = 16 * block_n / 2; // a warp's staging rows: 16 pixels x 32 bf16
+constexpr unsigned row_pad = 16; // bytes after each shared row of channels
 
 // 16-pixel row tiles per warp: four (sixteen products per six ldmatrix)
 // where the block's tile fits in shared memory, else two.
 constexpr unsigned wide_mtiles = 4, narrow_mtiles = 2;
-// Registers for four blocks per SM (as many as a 32-channel tile's shared
-// memory allows); the two sets of fragments would take more unbounded.
+// Registers for four blocks per SM (as many as a 32-channel bf16 tile's
+// shared memory allows); the two sets of fragments would take more unbounded.
 constexpr unsigned blocks_per_sm = 4;
+
+// What differs between the stored types. Shared memory is addressed in bytes
+// and a reduction step takes 32 bytes of a pixel's channels: 16 bf16 for
+// m16n8k16, or 8 floats for m16n8k8 in tf32. ldmatrix's 8x8 matrices of b16
+// then hold both products' fragments: a lane receives 4 bytes of row gid at
+// byte 4 t4, the bf16 pair (2 t4, 2 t4 + 1) or the float t4 that tf32's A
+// and B take there (the tensor cores read a float's upper 19 bits). Staged
+// output rows of floats are padded to 40 words, so that a half-warp's float2
+// stores fall in distinct banks.
+template <class T> struct Elem {
+    static constexpr unsigned size = sizeof(T), per_chunk = 16 / size;
+    static constexpr unsigned stage_pitch = size == 4 ? 40 : 16; // words per staged pixel
+    static constexpr unsigned stage_words = 16 * stage_pitch;    // a warp's staging rows
+};
 
 // A tile: whole rows of one image, or several whole images where an image
 // has at most half a tile's pixels (the 8x8 and smaller layers would leave
 // most warps idle otherwise). Each image's rows come with a row of halo above
 // and below and a column left and right ("segments" in shared memory).
-// Shared memory, in bf16 elements: the input tile's pixels and the block's
-// filter rows ([n][tap]) each padded by 8 so that the eight 16-byte rows an
+// Shared memory: the input tile's pixels and the block's filter rows
+// ([n][tap]) each padded by 16 bytes, so that the eight 16-byte rows an
 // ldmatrix reads (consecutive pixels, or consecutive n) fall in distinct banks.
 struct Geometry {
     TcConvShape s;
     unsigned mw;
-    unsigned images, tile_rows, tiles_per_image, tiles, seg_rows, cols_in, pitch, seg_pixels;
+    unsigned images, tile_rows, tiles_per_image, tiles, seg_rows, cols_in, seg_pixels;
+    unsigned pitch; // bytes per pixel (or filter row) in shared memory
     Div32 dw, dcols, dseg_rows, dseg_pixels;
-    std::uint64_t x_elems, w_elems, shared;
+    std::uint64_t x_bytes, w_bytes, shared;
 };
 
 Geometry geometry_for(const TcConvShape& s, unsigned mw) {
@@ -47,15 +65,16 @@ Geometry geometry_for(const TcConvShape& s, unsigned mw) {
     g.tiles = g.images > 1 ? (s.n + g.images - 1) / g.images : s.n * g.tiles_per_image;
     g.seg_rows = g.tile_rows + 2;
     g.cols_in = s.w + 2;
-    g.pitch = s.cin + 8;
     g.seg_pixels = g.tile_rows * s.w;
+    g.pitch = s.cin * (s.tf32 ? Elem<float>::size : Elem<bf16>::size) + row_pad;
     g.dw = Div32(s.w);
     g.dcols = Div32(g.cols_in);
     g.dseg_rows = Div32(g.seg_rows);
     g.dseg_pixels = Div32(g.seg_pixels);
-    g.x_elems = std::uint64_t{g.images} * g.seg_rows * g.cols_in * g.pitch;
-    g.w_elems = std::uint64_t{block_n} * 9 * g.pitch;
-    g.shared = (g.x_elems + g.w_elems) * sizeof(bf16) + std::uint64_t{conv_warps} * stage_words * 4;
+    g.x_bytes = std::uint64_t{g.images} * g.seg_rows * g.cols_in * g.pitch;
+    g.w_bytes = std::uint64_t{block_n} * 9 * g.pitch;
+    const unsigned stage_words = s.tf32 ? Elem<float>::stage_words : Elem<bf16>::stage_words;
+    g.shared = g.x_bytes + g.w_bytes + std::uint64_t{conv_warps} * stage_words * 4;
     return g;
 }
 
@@ -64,21 +83,56 @@ Geometry geometry_of(const TcConvShape& s) {
     return wide.shared <= max_shared ? wide : geometry_for(s, narrow_mtiles);
 }
 
+template <class T, unsigned CIN> constexpr unsigned shared_pitch = CIN * sizeof(T) + row_pad;
+
+// The 16-byte chunks that this thread copies into shared memory (and, in
+// float, rounds): f(row, chunk) for the block's filter rows and for the
+// pixels of a tile (a row each; threads past a whole number of rows per step
+// stay out, so that no two copy the same chunk).
+template <class T, unsigned CIN, class F> __device__ __forceinline__ void for_filter_chunks(F&& f) {
+    constexpr unsigned chunks = CIN / Elem<T>::per_chunk;
+    for (unsigned e = threadIdx.x; e < block_n * 9 * chunks; e += conv_threads) f(e / chunks, e % chunks);
+}
+template <class T, unsigned CIN, class F> __device__ __forceinline__ void for_tile_chunks(unsigned rows, F&& f) {
+    constexpr unsigned chunks = CIN / Elem<T>::per_chunk, step = conv_threads / chunks;
+    if (threadIdx.x >= step * chunks) return;
+    for (unsigned pix = threadIdx.x / chunks; pix < rows; pix += step) f(pix, threadIdx.x % chunks);
+}
+
 // The block's 32 filters as B[n][tap][c] (c the reduction's input channel):
 // rows of the [cout][3][3][cin] filter (the forward's own, or the data
 // gradient's, turned by turn_filters), copied asynchronously.
-template <unsigned CIN> __device__ void load_filters(const bf16* w, const Geometry& g, unsigned n0, bf16* ws) {
-    constexpr unsigned chunks = CIN / 8;
-    for (unsigned e = threadIdx.x; e < block_n * 9 * chunks; e += conv_threads) {
-        const unsigned row = e / chunks, ch = e - row * chunks; // row = n * 9 + tap
-        cp_async16(ws + row * (CIN + 8) + ch * 8, w + (std::uint64_t{n0} * 9 + row) * CIN + ch * 8, true);
+template <class T, unsigned CIN> __device__ void load_filters(const T* w, unsigned n0, char* ws) {
+    for_filter_chunks<T, CIN>([&](unsigned row, unsigned ch) { // row = n * 9 + tap
+        cp_async16(ws + row * shared_pitch<T, CIN> + ch * 16,
+                   w + (std::uint64_t{n0} * 9 + row) * CIN + ch * Elem<T>::per_chunk, true);
+    });
+}
+
+// Float operands rounded to tf32 in shared memory, to nearest as cuDNN's
+// tf32 convolutions take them (the tensor cores would read a float's upper
+// 19 bits: a bias toward zero); by the thread that copied them, once its
+// copies have landed (the filters with the first tile).
+__device__ __forceinline__ void round_chunk_to_tf32(char* p) {
+    float4& v = *reinterpret_cast<float4*>(p);
+    v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
+                    __uint_as_float(to_tf32(v.w)));
+}
+template <class T, unsigned CIN> __device__ void round_copies(char* xs, char* ws, unsigned copied, bool filters) {
+    if constexpr (std::is_same_v<T, float>) {
+        const auto at = [](char* base) {
+            return
+                [base](unsigned row, unsigned ch) { round_chunk_to_tf32(base + row * shared_pitch<T, CIN> + ch * 16); };
+        };
+        for_tile_chunks<T, CIN>(copied, at(xs));
+        if (filters) for_filter_chunks<T, CIN>(at(ws));
     }
 }
 
 // The data gradient's filter from the forward's: out[c][tap][k] =
 // w[k][8 - tap][c] (dx = conv(dy) with the taps turned 180 degrees and the
 // channels swapped), once per call into scratch.
-__global__ void turn_filters_kernel(const bf16* w, bf16* out, unsigned k, unsigned c) {
+template <class T> __global__ void turn_filters_kernel(const T* w, T* out, unsigned k, unsigned c) {
     await_predecessor();
     const unsigned total = 9 * k * c;
     for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
@@ -91,12 +145,12 @@ __global__ void turn_filters_kernel(const bf16* w, bf16* out, unsigned k, unsign
 struct TileSpan {
     std::uint64_t first = 0;
     unsigned pixels = 0;
+    unsigned copied = 0; // pixels in shared memory, the halo's included
 };
 
 // Starts the copy of the input rows under tile t (zero outside the images):
 // each thread keeps to one 16-byte chunk of the pixels' channels.
-template <unsigned CIN> __device__ TileSpan load_tile(const bf16* x, const Geometry& g, unsigned t, bf16* xs) {
-    constexpr unsigned chunks = CIN / 8, step = conv_threads / chunks;
+template <class T, unsigned CIN> __device__ TileSpan load_tile(const T* x, const Geometry& g, unsigned t, char* xs) {
     unsigned img0 = t, oy0 = 0, nimg = 1;
     if (g.images > 1) {
         img0 = t * g.images;
@@ -105,18 +159,20 @@ template <unsigned CIN> __device__ TileSpan load_tile(const bf16* x, const Geome
         img0 = t / g.tiles_per_image;
         oy0 = (t - img0 * g.tiles_per_image) * g.tile_rows;
     }
-    const unsigned ch = threadIdx.x % chunks, total = nimg * g.seg_rows * g.cols_in;
-    for (unsigned pix = threadIdx.x / chunks; pix < total; pix += step) {
+    const unsigned total = nimg * g.seg_rows * g.cols_in;
+    for_tile_chunks<T, CIN>(total, [&](unsigned pix, unsigned ch) {
         const unsigned r = g.dcols.div(pix), rx = pix - r * g.cols_in;
         const unsigned seg = g.dseg_rows.div(r), ry = r - seg * g.seg_rows;
         const int iy = static_cast<int>(oy0 + ry) - 1, ix = static_cast<int>(rx) - 1;
         const bool in = iy >= 0 && iy < static_cast<int>(g.s.h) && ix >= 0 && ix < static_cast<int>(g.s.w);
-        const std::uint64_t src = ((std::uint64_t{img0 + seg} * g.s.h + iy) * g.s.w + ix) * CIN + ch * 8;
-        cp_async16(xs + pix * (CIN + 8) + ch * 8, in ? x + src : x, in);
-    }
+        const std::uint64_t src =
+            ((std::uint64_t{img0 + seg} * g.s.h + iy) * g.s.w + ix) * CIN + ch * Elem<T>::per_chunk;
+        cp_async16(xs + pix * shared_pitch<T, CIN> + ch * 16, in ? x + src : x, in);
+    });
     TileSpan span;
     span.first = (std::uint64_t{img0} * g.s.h + oy0) * g.s.w;
     span.pixels = g.images > 1 ? nimg * g.seg_pixels : min(g.tile_rows, g.s.h - oy0) * g.s.w;
+    span.copied = total;
     return span;
 }
 
@@ -127,22 +183,32 @@ __device__ __forceinline__ unsigned pixel_base(const Geometry& g, unsigned p) {
     return (seg * g.seg_rows + py) * g.cols_in + (q - py * g.s.w);
 }
 
+// One reduction step of a 16x8 tile: 16 bf16 or 8 tf32 channels.
+template <class T>
+__device__ __forceinline__ void mma_step(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+    if constexpr (std::is_same_v<T, float>)
+        mma_tf32_k8(d, a, b0, b1);
+    else
+        mma_bf16_k16(d, a, b0, b1);
+}
+
 // Batch-norm statistics of the output, per block: each channel's sums of
 // (v - pivot) and (v - pivot)^2 over the block's pixels, v the value as
-// stored (bf16), pivot the running mean; per tile in float across a warp's
-// rows and lanes, then in double per warp and channel (shared memory, one
-// lane each), summed over the warps in order at the end.
+// stored, pivot the running mean; per tile in float across a warp's rows and
+// lanes, then in double per warp and channel (shared memory, one lane each),
+// summed over the warps in order at the end.
 struct StatsOut {
     double* partials = nullptr; // bn's layout: [(c * splits + block) * 2 + k]
     const float* pivot = nullptr;
 };
 
 // The per-warp sums live in the padding of the filter rows (16 bytes after
-// each row's CIN channels, which no ldmatrix reads): two doubles per row, the
+// each row's channels, which no ldmatrix reads): two doubles per row, the
 // block's four warps x 32 channels x 2 sums in the first 128 rows, so that
 // the statistics take no shared memory from the tiles (and no block per SM).
-template <unsigned CIN> __device__ __forceinline__ double& stat_slot(bf16* ws, unsigned i) {
-    return reinterpret_cast<double*>(ws + (i / 2) * (CIN + 8) + CIN)[i % 2];
+template <class T, unsigned CIN> __device__ __forceinline__ double& stat_slot(char* ws, unsigned i) {
+    return reinterpret_cast<double*>(reinterpret_cast<T*>(ws) + (i / 2) * (CIN + Elem<T>::per_chunk) + CIN)[i % 2];
 }
 
 // One step of the reduce-scatter: with the lane off apart, keep the lower or
@@ -159,9 +225,9 @@ template <int W> __device__ __forceinline__ void halve(float (&v)[16], bool uppe
 // 2 t4 + e), then the eight lanes that share t4 halve their sixteen sums three
 // times (a reduce-scatter: 14 shuffles instead of 48), so that each lane ends
 // with both sums of one channel and adds them to its warp's doubles.
-template <unsigned CIN, unsigned MW>
+template <class T, unsigned CIN, unsigned MW>
 __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[MW], unsigned m0, unsigned pixels,
-                               const float* pivot, bf16* ws) {
+                               const float* pivot, char* ws) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     float v[16] = {}; // [j * 4 + e * 2 + k]: k 0 the sum, 1 the sum of squares
 #pragma unroll
@@ -174,7 +240,7 @@ __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[
             for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float d = stored<bf16>(acc[m][j][2 * half + e]) - __ldg(pivot + j * 8 + 2 * t4 + e);
+                    const float d = stored<T>(acc[m][j][2 * half + e]) - __ldg(pivot + j * 8 + 2 * t4 + e);
                     v[j * 4 + e * 2] += d;
                     v[j * 4 + e * 2 + 1] = __fmaf_rn(d, d, v[j * 4 + e * 2 + 1]);
                 }
@@ -186,8 +252,25 @@ __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[
     // v[0], v[1]: channel (j, e) with j = 2 g2 + g1, e = g0 (gid's bits g2 g1 g0).
     const unsigned c = ((gid >> 2) * 2 + ((gid >> 1) & 1)) * 8 + 2 * t4 + (gid & 1);
     const unsigned first = (threadIdx.x / 32) * block_n * 2 + c * 2;
-    stat_slot<CIN>(ws, first) += v[0];
-    stat_slot<CIN>(ws, first + 1) += v[1];
+    stat_slot<T, CIN>(ws, first) += v[0];
+    stat_slot<T, CIN>(ws, first + 1) += v[1];
+}
+
+// A 16-pixel row tile's four 8-channel column tiles into a warp's staging
+// rows (pixel-major, as the output stores them): bf16 pairs, or float pairs.
+template <class T>
+__device__ __forceinline__ void stage_tile(const float (&acc)[4][4], std::uint32_t* stage, unsigned gid, unsigned t4) {
+    constexpr unsigned p = Elem<T>::stage_pitch;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if constexpr (std::is_same_v<T, float>) {
+            *reinterpret_cast<float2*>(stage + gid * p + 8 * j + 2 * t4) = make_float2(acc[j][0], acc[j][1]);
+            *reinterpret_cast<float2*>(stage + (gid + 8) * p + 8 * j + 2 * t4) = make_float2(acc[j][2], acc[j][3]);
+        } else {
+            stage[gid * p + 4 * j + t4] = pack_bf16(acc[j][0], acc[j][1]);
+            stage[(gid + 8) * p + 4 * j + t4] = pack_bf16(acc[j][2], acc[j][3]);
+        }
+    }
 }
 
 // A warp's 16-pixel row tiles m0, m0 + warps, ... (where they exist) times
@@ -195,10 +278,10 @@ __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[
 // 16-byte stores of the output pixels' 32 channels. Shared memory is
 // addressed in bytes from the buffers' converted addresses, the offsets of
 // taps and channels constants where they can be.
-template <unsigned CIN, unsigned MW, bool Stats>
-__device__ void multiply_tiles(const Geometry& g, const bf16* xs, bf16* ws, unsigned pixels, unsigned m0, bf16* y,
+template <class T, unsigned CIN, unsigned MW, bool Stats>
+__device__ void multiply_tiles(const Geometry& g, const char* xs, char* ws, unsigned pixels, unsigned m0, T* y,
                                std::uint32_t* stage, const float* pivot) {
-    constexpr unsigned mw = MW, pitch = (CIN + 8) * sizeof(bf16);
+    constexpr unsigned mw = MW, pitch = shared_pitch<T, CIN>;
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     const unsigned mtiles = (pixels + 15) / 16, row_bytes = g.cols_in * pitch;
     bool live[mw];
@@ -212,16 +295,16 @@ __device__ void multiply_tiles(const Geometry& g, const bf16* xs, bf16* ws, unsi
     float acc[mw][4][4] = {};
     // ldmatrix rows for B: lane l reads n = (2 jp + l / 16) * 8 + l % 8, k half (l / 8) % 2.
     const unsigned brow = smem_address(ws) + ((lane / 16) * 8 + lane % 8) * 9 * pitch + ((lane / 8) % 2) * 16;
-    // The reduction in steps of 16 (a tap's input channels c0 .. c0 + 15),
-    // unrolled (CIN a constant), each step's fragments loaded while the step
-    // before is multiplied (two sets of registers).
-    constexpr unsigned per_tap = CIN / 16, steps = 9 * per_tap;
+    // The reduction in steps of 32 bytes of a tap's input channels, unrolled
+    // (CIN a constant), each step's fragments loaded while the step before is
+    // multiplied (two sets of registers).
+    constexpr unsigned per_tap = CIN * sizeof(T) / 32, steps = 9 * per_tap;
     std::uint32_t a[2][mw][4], b[2][2][4];
     auto load = [&](unsigned k, unsigned set) {
-        const unsigned tap = k / per_tap, c0 = (k % per_tap) * 16;
-        const unsigned off = (tap / 3) * row_bytes + (tap % 3) * pitch + c0 * 2;
+        const unsigned tap = k / per_tap, c0 = (k % per_tap) * 32;
+        const unsigned off = (tap / 3) * row_bytes + (tap % 3) * pitch + c0;
 #pragma unroll
-        for (unsigned jp = 0; jp < 2; ++jp) ldmatrix_x4(b[set][jp], brow + (jp * 16 * 9 + tap) * pitch + c0 * 2);
+        for (unsigned jp = 0; jp < 2; ++jp) ldmatrix_x4(b[set][jp], brow + (jp * 16 * 9 + tap) * pitch + c0);
 #pragma unroll
         for (unsigned m = 0; m < mw; ++m)
             if (live[m]) ldmatrix_x4(a[set][m], base[m] + off);
@@ -236,26 +319,28 @@ __device__ void multiply_tiles(const Geometry& g, const bf16* xs, bf16* ws, unsi
             if (!live[m]) continue;
 #pragma unroll
             for (int jp = 0; jp < 2; ++jp) {
-                mma_bf16_k16(acc[m][2 * jp], a[set][m], b[set][jp][0], b[set][jp][1]);
-                mma_bf16_k16(acc[m][2 * jp + 1], a[set][m], b[set][jp][2], b[set][jp][3]);
+                mma_step<T>(acc[m][2 * jp], a[set][m], b[set][jp][0], b[set][jp][1]);
+                mma_step<T>(acc[m][2 * jp + 1], a[set][m], b[set][jp][2], b[set][jp][3]);
             }
         }
     }
-    if constexpr (Stats) add_statistics<CIN, mw>(acc, live, m0, pixels, pivot, ws);
+    if constexpr (Stats) add_statistics<T, CIN, mw>(acc, live, m0, pixels, pivot, ws);
+    constexpr unsigned chunks = block_n * sizeof(T) / 16; // 16-byte chunks per output pixel
 #pragma unroll
     for (unsigned m = 0; m < mw; ++m) {
         if (!live[m]) continue;
         const unsigned mt = m0 + m * conv_warps;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            stage[gid * 16 + 4 * j + t4] = pack_bf16(acc[m][j][0], acc[m][j][1]);
-            stage[(gid + 8) * 16 + 4 * j + t4] = pack_bf16(acc[m][j][2], acc[m][j][3]);
-        }
+        stage_tile<T>(acc[m], stage, gid, t4);
         __syncwarp();
-        const unsigned valid = min(16u, pixels - mt * 16) * 4; // 16-byte chunks: 4 per pixel
-        for (unsigned e = lane; e < valid; e += 32)
-            *reinterpret_cast<uint4*>(y + std::uint64_t{mt * 16 + e / 4} * g.s.cout + (e % 4) * 8) =
-                reinterpret_cast<const uint4*>(stage)[e];
+        const unsigned valid = min(16u, pixels - mt * 16) * chunks;
+        for (unsigned e = lane; e < valid; e += 32) {
+            // The chunk's word in the staging rows (e * 4 where they are not padded).
+            const unsigned word =
+                Elem<T>::stage_pitch == chunks * 4 ? e * 4 : (e / chunks) * Elem<T>::stage_pitch + (e % chunks) * 4;
+            *reinterpret_cast<uint4*>(y + std::uint64_t{mt * 16 + e / chunks} * g.s.cout +
+                                      (e % chunks) * Elem<T>::per_chunk) =
+                *reinterpret_cast<const uint4*>(stage + word);
+        }
         __syncwarp();
     }
 }
@@ -264,41 +349,42 @@ __device__ void multiply_tiles(const Geometry& g, const bf16* xs, bf16* ws, unsi
 // blockIdx.y picks the output channels. One buffer per block: while a block
 // waits for its tile's rows, the others on the SM multiply (a second buffer
 // per block, fewer blocks per SM, measured slower).
-template <unsigned CIN, unsigned MW, bool Stats>
+template <class T, unsigned CIN, unsigned MW, bool Stats>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
-    tc_conv_kernel(const bf16* x, const bf16* w, bf16* y, Geometry g, StatsOut stats) {
+    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, StatsOut stats) {
     await_predecessor();
     extern __shared__ uint4 smem[];
-    bf16* const xs = reinterpret_cast<bf16*>(smem);
-    bf16* const ws = xs + g.x_elems;
-    auto* stage = reinterpret_cast<std::uint32_t*>(ws + g.w_elems) + (threadIdx.x / 32) * stage_words;
+    char* const xs = reinterpret_cast<char*>(smem);
+    char* const ws = xs + g.x_bytes;
+    auto* stage = reinterpret_cast<std::uint32_t*>(ws + g.w_bytes) + (threadIdx.x / 32) * Elem<T>::stage_words;
     const unsigned n0 = blockIdx.y * block_n;
-    load_filters<CIN>(w, g, n0, ws);
+    load_filters<T, CIN>(w, n0, ws);
     const float* const pivot = Stats ? stats.pivot + n0 : nullptr; // the block's channels' running means
     if constexpr (Stats)
-        for (unsigned e = threadIdx.x; e < conv_warps * block_n * 2; e += conv_threads) stat_slot<CIN>(ws, e) = 0.0;
+        for (unsigned e = threadIdx.x; e < conv_warps * block_n * 2; e += conv_threads) stat_slot<T, CIN>(ws, e) = 0.0;
     for (unsigned t = blockIdx.x; t < g.tiles; t += gridDim.x) {
-        const TileSpan span = load_tile<CIN>(x, g, t, xs);
+        const TileSpan span = load_tile<T, CIN>(x, g, t, xs);
         cp_async_commit();
         cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
+        round_copies<T, CIN>(xs, ws, span.copied, t == blockIdx.x);
         __syncthreads();
-        multiply_tiles<CIN, MW, Stats>(g, xs, ws, span.pixels, threadIdx.x / 32, y + span.first * g.s.cout + n0, stage,
-                                       pivot);
+        multiply_tiles<T, CIN, MW, Stats>(g, xs, ws, span.pixels, threadIdx.x / 32, y + span.first * g.s.cout + n0,
+                                          stage, pivot);
         __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
     }
     if constexpr (Stats) {
         if (threadIdx.x >= block_n * 2) return;
         double total = 0.0;
-        for (unsigned wp = 0; wp < conv_warps; ++wp) total += stat_slot<CIN>(ws, wp * block_n * 2 + threadIdx.x);
+        for (unsigned wp = 0; wp < conv_warps; ++wp) total += stat_slot<T, CIN>(ws, wp * block_n * 2 + threadIdx.x);
         const unsigned c = n0 + threadIdx.x / 2, k = threadIdx.x % 2;
         stats.partials[(std::uint64_t{c} * gridDim.x + blockIdx.x) * 2 + k] = total;
     }
 }
 
-template <unsigned CIN, unsigned MW, bool Stats>
-unsigned launch_for(const void* x, const bf16* filters, void* y, const Geometry& g, const StatsOut& stats,
-                    unsigned max_blocks, cudaStream_t s) {
-    auto* kernel = tc_conv_kernel<CIN, MW, Stats>;
+template <class T, unsigned CIN, unsigned MW, bool Stats>
+unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const StatsOut& stats, unsigned max_blocks,
+                    cudaStream_t s) {
+    auto* kernel = tc_conv_kernel<T, CIN, MW, Stats>;
     static std::once_flag once;
     std::call_once(once, [&] {
         CUDA_CHECK(
@@ -310,18 +396,49 @@ unsigned launch_for(const void* x, const bf16* filters, void* y, const Geometry&
     const std::uint64_t slots = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
     const auto bx =
         static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, std::min<std::uint64_t>(g.tiles, max_blocks)));
-    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, static_cast<const bf16*>(x), filters,
-                  static_cast<bf16*>(y), g, stats);
+    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, x, filters, y, g, stats);
     return bx;
+}
+
+// The forward or data gradient in stored type T (bf16, or float with tf32
+// products), cin a multiple of 16 up to MaxCin (tc_conv_supported).
+template <class T, unsigned MaxCin>
+unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, void* scratch, cudaStream_t stream,
+                      const TcConvStats& stats) {
+    const TcConvShape& s = g.s;
+    const T* filters = static_cast<const T*>(w);
+    if (s.data_gradient) {
+        const unsigned total = 9 * s.cin * s.cout;
+        launch_kernel(turn_filters_kernel<T>, (total + 255) / 256, 256, 0, stream, filters, static_cast<T*>(scratch),
+                      s.cin, s.cout);
+        filters = static_cast<const T*>(scratch);
+    }
+    const StatsOut out{stats.partials, stats.pivot};
+    const unsigned max_blocks = stats.partials ? stats.max_splits : ~0u;
+    const auto* in = static_cast<const T*>(x);
+    auto* outp = static_cast<T*>(y);
+    unsigned blocks = 0;
+    with_constant<MaxCin / 16>(s.cin / 16, [&](auto c) {
+        constexpr unsigned cin = 16 * decltype(c)::value;
+        const bool wide = g.mw == wide_mtiles;
+        if (stats.partials)
+            blocks = wide ? launch_for<T, cin, wide_mtiles, true>(in, filters, outp, g, out, max_blocks, stream)
+                          : launch_for<T, cin, narrow_mtiles, true>(in, filters, outp, g, out, max_blocks, stream);
+        else
+            blocks = wide ? launch_for<T, cin, wide_mtiles, false>(in, filters, outp, g, out, max_blocks, stream)
+                          : launch_for<T, cin, narrow_mtiles, false>(in, filters, outp, g, out, max_blocks, stream);
+    });
+    return blocks;
 }
 
 } // namespace
 
 std::uint64_t tc_conv_scratch(const TcConvShape& s) {
-    return s.data_gradient ? std::uint64_t{9} * s.cin * s.cout * sizeof(bf16) : 0;
+    return s.data_gradient ? std::uint64_t{9} * s.cin * s.cout * (s.tf32 ? sizeof(float) : sizeof(bf16)) : 0;
 }
 
 bool tc_conv_supported(const TcConvShape& s) {
+    const unsigned max_cin = s.tf32 ? max_cin_float : max_cin_bf16;
     if (s.n < 1 || s.h < 1 || s.w < 1 || s.w > max_width) return false;
     if (s.cin == 0 || s.cin % 16 != 0 || s.cin > max_cin || s.cout == 0 || s.cout % block_n != 0) return false;
     if (std::uint64_t{s.n} * s.h * s.w * std::max(s.cin, s.cout) >= narrow_limit) return false;
@@ -331,28 +448,8 @@ bool tc_conv_supported(const TcConvShape& s) {
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
                         const TcConvStats& stats) {
     const Geometry g = geometry_of(s);
-    const auto* filters = static_cast<const bf16*>(w);
-    if (s.data_gradient) {
-        const unsigned total = 9 * s.cin * s.cout;
-        launch_kernel(turn_filters_kernel, (total + 255) / 256, 256, 0, stream, filters, static_cast<bf16*>(scratch),
-                      s.cin, s.cout);
-        filters = static_cast<const bf16*>(scratch);
-    }
-    const StatsOut out{stats.partials, stats.pivot};
-    const unsigned max_blocks = stats.partials ? stats.max_splits : ~0u;
-    unsigned blocks = 0;
-    // tc_conv_supported: cin a multiple of 16 up to max_cin.
-    with_constant<max_cin / 16>(s.cin / 16, [&](auto c) {
-        constexpr unsigned cin = 16 * decltype(c)::value;
-        const bool wide = g.mw == wide_mtiles;
-        if (stats.partials)
-            blocks = wide ? launch_for<cin, wide_mtiles, true>(x, filters, y, g, out, max_blocks, stream)
-                          : launch_for<cin, narrow_mtiles, true>(x, filters, y, g, out, max_blocks, stream);
-        else
-            blocks = wide ? launch_for<cin, wide_mtiles, false>(x, filters, y, g, out, max_blocks, stream)
-                          : launch_for<cin, narrow_mtiles, false>(x, filters, y, g, out, max_blocks, stream);
-    });
-    return blocks;
+    return s.tf32 ? launch_typed<float, max_cin_float>(x, w, y, g, scratch, stream, stats)
+                  : launch_typed<bf16, max_cin_bf16>(x, w, y, g, scratch, stream, stats);
 }
 
 } // namespace dstk::train::cuda

@@ -1,8 +1,10 @@
 #pragma once
 // Forward and data gradient of a 3x3, stride 1, padding 1 convolution on
-// tensor cores in bf16, NHWC: an implicit GEMM (rows the output pixels,
-// columns the output channels, the reduction 9 taps x the input channels)
-// with mma.sync m16n8k16 and fp32 sums.
+// tensor cores, NHWC: an implicit GEMM (rows the output pixels, columns the
+// output channels, the reduction 9 taps x the input channels) with mma.sync
+// and fp32 sums; bf16 data (m16n8k16) or float data with tf32 products
+// (m16n8k8, the same kernel on 32 bytes of channels per step; the operands
+// rounded to tf32 to nearest in shared memory).
 //
 // At a training batch of a few hundred images the layers after the first are
 // small matrix products (32 to 128 channels, 8x8 to 32x32 pixels) on which
@@ -29,17 +31,19 @@ struct TcConvShape {
     std::uint32_t n = 0, h = 0, w = 0; // batch and image size (input = output: stride 1, padding 1)
     std::uint32_t cin = 0, cout = 0;   // channels read and written by this call
     bool data_gradient = false;        // dx from dy: w is the forward's filter [cin][3][3][cout]
+    bool tf32 = false;                 // float data and filters, tf32 products (else bf16 throughout)
 };
 
-// Whether the kernel handles this shape: cin a multiple of 16 up to 128, cout
-// a multiple of 32, width up to 128, and the tiles fit in shared memory.
+// Whether the kernel handles this shape: cin a multiple of 16 up to 128 (64
+// in float), cout a multiple of 32, width up to 128, and the tiles fit in
+// shared memory.
 bool tc_conv_supported(const TcConvShape& s);
 // Bytes of device memory launch_tc_conv needs as scratch (the data
 // gradient's turned filters; 0 for the forward).
 std::uint64_t tc_conv_scratch(const TcConvShape& s);
 // Where a forward call also writes batch-norm statistics of its output
 // (training, a batch norm right after): per block, each channel's sums of
-// (v - pivot[c]) and (v - pivot[c])^2 over its pixels, v as stored (bf16),
+// (v - pivot[c]) and (v - pivot[c])^2 over its pixels, v as stored,
 // into partials[(c * splits + block) * 2 + k] (batchnorm.hpp's layout; splits
 // the returned block count, at most max_splits). Each sum in a fixed order.
 struct TcConvStats {
@@ -47,7 +51,7 @@ struct TcConvStats {
     const float* pivot = nullptr;
     unsigned max_splits = 0;
 };
-// y ([n][h][w][cout], bf16) = conv(x ([n][h][w][cin], bf16), w). Forward: w
+// y ([n][h][w][cout]) = conv(x ([n][h][w][cin]), w), all bf16 or (tf32) all float. Forward: w
 // is [cout][3][3][cin] (cuDNN's NHWC filter, KRSC); data gradient: w is the
 // forward filter [cin][3][3][cout] and the call computes dx from dy. Returns
 // the blocks per 32 output channels (the statistics' splits).
