@@ -109,10 +109,10 @@ template <class T, unsigned CIN> __device__ void load_filters(const T* w, unsign
     });
 }
 
-// Float operands rounded to tf32 in shared memory, to nearest as cuDNN's
-// tf32 convolutions take them (the tensor cores would read a float's upper
-// 19 bits: a bias toward zero); by the thread that copied them, once its
-// copies have landed (the filters with the first tile).
+// Float operands rounded to tf32 in shared memory, to nearest (ties away):
+// unrounded, the products would use a float's upper 19 bits as they are, a
+// bias toward zero that the CPU comparisons measured; by the thread that
+// copied them, once its copies have landed (the filters with the first tile).
 __device__ __forceinline__ void round_chunk_to_tf32(char* p) {
     float4& v = *reinterpret_cast<float4*>(p);
     v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
