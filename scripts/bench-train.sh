@@ -2,7 +2,7 @@
 # dstrain against PyTorch on the same data, same model (ref-cnn), same batch,
 # data already in GPU memory, each configuration in RUNS fresh processes
 # (dstrain and PyTorch alternating), reported as min / median / max.
-# TASKS (default "cls reg heads"): cls, ref-cnn's classification (MODEL: another
+# TASKS (default "cls reg heads"; "" for none, e.g. with CURVE): cls, ref-cnn's classification (MODEL: another
 # preset or spec for cls, its PyTorch twin too); reg, the same
 # network regressing a float target of 10 values (mse); heads, ref-cnn's trunk
 # with two heads (cls=fc:10>ce:y, value=fc:1,tanh>mse:v). reg and heads train
@@ -12,7 +12,9 @@
 # Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 bf16 fp32"),
 #      RUNS (fresh processes per configuration, default 5, at least 5 for the check),
 #      TORCH (1: also PyTorch eager and compile; 0: dstrain only), TORCH_RUNS (default RUNS),
-#      CHECK (1: exit 1 when a dstrain configuration's slowest run is below 95% of its median).
+#      JAX (1, the default where python3 has jax and TORCH is not 0: also the JAX twin, scripts/jax_baseline.py,
+#      for the cls task, TORCH_RUNS processes), CHECK (1: exit 1 when a dstrain configuration's slowest run is
+#      below 95% of its median).
 # A dstrain run's figure is the median of its epochs after the first; a PyTorch
 # run's is torch_baseline.py's figure per mode. bf16 is compared with PyTorch's
 # bf16 autocast + channels_last.
@@ -21,9 +23,10 @@
 # their medians: a change's effect measured on the same machine instance.
 # CURVE="128 256 512 1024": also a batch-size curve of ref-cnn classification,
 # data on the GPU, per precision: dstrain (RUNS fresh processes per point), the
-# PyTorch twin compiled (torch.compile, CUDA graphs) and the JAX twin (steps
-# fused with lax.scan, scripts/jax_baseline.py; skipped where python3 has no
-# jax), one process each; printed as a table of medians.
+# PyTorch twin compiled (torch.compile, CUDA graphs; TORCH_RUNS processes per
+# point, none with TORCH=0) and the JAX twin (steps fused with lax.scan,
+# scripts/jax_baseline.py; TORCH_RUNS processes, each timing every batch size;
+# none with JAX=0 or where python3 has no jax); printed as medians with min-max.
 # MEMMAP=1 (default) also runs the end-to-end comparison with the seeds' recipe
 # once: dstrain --data stream (tf32) against PyTorch fed by an np.memmap Dataset
 # + DataLoader(shuffle, 4 workers, pin_memory), both reading the dataset files.
@@ -33,7 +36,18 @@ work=${2:-$(mktemp -d)}
 mkdir -p "$work"
 here=$(cd "$(dirname "$0")" && pwd)
 train=${TRAIN:-50000} batch=${BATCH:-256} epochs=${EPOCHS:-3} precisions=${PRECISIONS:-"tf32 bf16 fp32"}
-model=${MODEL:-ref-cnn} runs=${RUNS:-5} torch=${TORCH:-1} torch_runs=${TORCH_RUNS:-${RUNS:-5}} tasks=${TASKS:-"cls reg heads"}
+model=${MODEL:-ref-cnn} runs=${RUNS:-5} torch=${TORCH:-1} torch_runs=${TORCH_RUNS:-${RUNS:-5}} tasks=${TASKS-"cls reg heads"}
+have_jax=0
+env -u LD_LIBRARY_PATH python3 -c 'import jax' 2>/dev/null && have_jax=1
+jax=${JAX:-$([ "$torch" != 0 ] && echo "$have_jax" || echo 0)}
+if [ "$jax" != 0 ] && [ "$have_jax" = 0 ]; then
+  echo "bench-train: JAX=$jax, but python3 has no jax (pip install 'jax[cuda12]'), or set JAX=0" >&2
+  exit 2
+fi
+# jax_figure JSON BATCH: the JAX twin's samples/s at BATCH from its --json output.
+jax_figure() {
+  python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["batches"][sys.argv[2]]))' "$1" "$2"
+}
 data="$work/bench-u8"
 [[ -f "$data/dataset.json" ]] || "$build/bin/dsgen" "$data" --train "$train" --test 10000 --shape 3x32x32 --dtype u8 --classes 10 --quiet
 # The same images with float targets: r, the label one-hot as f32[10]; v, the label mapped to [-1, 1].
@@ -98,6 +112,11 @@ for r in $(seq 1 "$runs"); do
               >>"$results"
         done
       fi
+      if [ "$jax" != 0 ] && [ "$t" = cls ] && [ "$r" -le "$torch_runs" ]; then
+        env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model "$model" --batches "$batch" \
+            --precision "$p" --json >"$work/jax-$p-$r.json" 2>"$work/jax-$p-$r.err"
+        printf 'jax-scan %s\t%s\n' "$p" "$(jax_figure "$work/jax-$p-$r.json" "$batch")" >>"$results"
+      fi
     done
   done
 done
@@ -123,6 +142,9 @@ for t in sys.argv[3].split():
                    default=0)
         if d and best:
             print(f"dstrain{sfx} {p} median / PyTorch's best median: {st.median(d) / best:.2f}x")
+        twins = [st.median(rows[k]) for k in (f"torch-compile{sfx} {p}", f"jax-scan{sfx} {p}") if k in rows]
+        if d and len(twins) == 2:
+            print(f"dstrain{sfx} {p} median / the best twin's median (PyTorch compile, JAX): {st.median(d) / max(twins):.2f}x")
         c = rows.get(f"dstrain {p}")
         if d and c and t != "cls":
             print(f"dstrain{sfx} {p} median / dstrain (ref-cnn classification) median: "
@@ -151,44 +173,46 @@ fi
 if [ -n "${CURVE:-}" ]; then
   curve="$work/curve.tsv"
   : >"$curve"
-  have_jax=0
-  env -u LD_LIBRARY_PATH python3 -c 'import jax' 2>/dev/null && have_jax=1
-  for b in $CURVE; do
-    for p in $precisions; do
+  for p in $precisions; do
+    for b in $CURVE; do
       for r in $(seq 1 "$runs"); do
         "$build/bin/dstrain" "$data" --model ref-cnn --batch "$b" --epochs "$epochs" --precision "$p" --device cuda:0 \
             --save "$work/model-curve.safetensors" --force --json >"$work/curve-$b-$p-$r.json" 2>"$work/curve-$b-$p-$r.err"
         printf 'dstrain\t%s\t%s\t%s\n' "$p" "$b" "$(epoch_median "$work/curve-$b-$p-$r.json")" >>"$curve"
-      done
-      if [ "$torch" != 0 ]; then
-        env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --model ref-cnn --batch "$b" --epochs 2 \
-            --precision "$p" --modes compile --json >"$work/curve-torch-$b-$p.json" 2>"$work/curve-torch-$b-$p.err" &&
+        if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
+          env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --model ref-cnn --batch "$b" --epochs 2 \
+              --precision "$p" --modes compile --json >"$work/curve-torch-$b-$p-$r.json" 2>"$work/curve-torch-$b-$p-$r.err"
           printf 'torch-compile\t%s\t%s\t%s\n' "$p" "$b" \
-              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/curve-torch-$b-$p.json")" >>"$curve"
-      fi
-      if [ "$have_jax" = 1 ]; then
-        env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model ref-cnn --batches "$b" --precision "$p" \
-            --json >"$work/curve-jax-$b-$p.json" 2>"$work/curve-jax-$b-$p.err" &&
-          printf 'jax-scan\t%s\t%s\t%s\n' "$p" "$b" \
-              "$(python3 -c 'import json,sys; print(int(list(json.load(open(sys.argv[1]))["batches"].values())[0]))' "$work/curve-jax-$b-$p.json")" >>"$curve"
-      fi
+              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/curve-torch-$b-$p-$r.json")" >>"$curve"
+        fi
+      done
+    done
+    # The JAX twin times every batch size in one process (one compilation per size).
+    for r in $(seq 1 "$torch_runs"); do
+      [ "$jax" != 0 ] || break
+      env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model ref-cnn --batches "$(echo "$CURVE" | tr ' ' ,)" \
+          --precision "$p" --json >"$work/curve-jax-$p-$r.json" 2>"$work/curve-jax-$p-$r.err"
+      for b in $CURVE; do
+        printf 'jax-scan\t%s\t%s\t%s\n' "$p" "$b" "$(jax_figure "$work/curve-jax-$p-$r.json" "$b")" >>"$curve"
+      done
     done
   done
-  [ "$have_jax" = 1 ] || echo "bench-train: no jax in python3: the curve has no JAX column"
-  printf '\nbatch-size curve, ref-cnn, data on the GPU (samples/s; dstrain: median of %s processes)\n' "$runs"
+  printf '\nbatch-size curve, ref-cnn, data on the GPU (samples/s, median [min-max] of fresh processes: dstrain %s, twins %s)\n' \
+      "$runs" "$torch_runs"
   python3 - "$curve" <<'EOF'
 import sys, statistics as st
 v = {}
 for line in open(sys.argv[1]):
     who, p, b, x = line.split()
     v.setdefault((p, int(b), who), []).append(float(x))
-print(f"{'precision':9s} {'batch':>6s} {'dstrain':>10s} {'torch-compile':>14s} {'jax-scan':>10s} {'dstrain/best':>13s}")
+def cell(x):
+    return f"{st.median(x) / 1e3:.1f}k [{min(x) / 1e3:.1f}-{max(x) / 1e3:.1f}]" if x else "-"
+print(f"{'precision':9s} {'batch':>6s} {'dstrain':>24s} {'torch-compile':>24s} {'jax-scan':>24s} {'dstrain/best':>13s}")
 for p, b in sorted({(p, b) for p, b, _ in v}):
-    d = st.median(v.get((p, b, "dstrain"), [0]))
-    t = st.median(v.get((p, b, "torch-compile"), [0]))
-    j = st.median(v.get((p, b, "jax-scan"), [0]))
-    best = max(t, j)
-    print(f"{p:9s} {b:6d} {d:10.0f} {t:14.0f} {j:10.0f} {(f'{d / best:.2f}x' if best else '-'):>13s}")
+    d, t, j = (v.get((p, b, w), []) for w in ("dstrain", "torch-compile", "jax-scan"))
+    best = max([st.median(x) for x in (t, j) if x], default=0)
+    ratio = f"{st.median(d) / best:.2f}x" if d and best else "-"
+    print(f"{p:9s} {b:6d} {cell(d):>24s} {cell(t):>24s} {cell(j):>24s} {ratio:>13s}")
 EOF
 fi
 
