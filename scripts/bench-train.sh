@@ -121,9 +121,10 @@ for r in $(seq 1 "$runs"); do
   done
 done
 
-printf '\n%s, batch %s, %s samples 3x32x32 u8 in GPU memory, %s fresh processes each (samples/s)\n' \
-    "$model" "$batch" "$train" "$runs"
-python3 - "$results" "$precisions" "$tasks" <<'EOF'
+if [ -n "$tasks" ]; then
+  printf '\n%s, batch %s, %s samples 3x32x32 u8 in GPU memory, %s fresh processes each (samples/s)\n' \
+      "$model" "$batch" "$train" "$runs"
+  python3 - "$results" "$precisions" "$tasks" <<'EOF'
 import sys, statistics as st
 rows = {}
 for line in open(sys.argv[1]):
@@ -157,6 +158,7 @@ t, b = rows.get("dstrain tf32"), rows.get("dstrain bf16")
 if t and b:
     print(f"dstrain bf16 median / tf32 median: {st.median(b) / st.median(t):.2f}x")
 EOF
+fi
 
 if [ "${MEMMAP:-1}" != 0 ] && [ "$torch" != 0 ]; then
   "$build/bin/dstrain" "$data" --model ref-cnn --batch "$batch" --epochs "$epochs" --precision tf32 --device cuda:0 \
