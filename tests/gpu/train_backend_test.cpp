@@ -181,13 +181,16 @@ TEST(TrainGpu, EveryLayerMatchesCpuFp32) {
 // and tf32 at stride 1 with up to 64 output channels (a multiple of 8) the
 // forward runs on tensor cores: checked here on both paths
 // (DSTK_FIRST_CONV_TC=0 forces the CUDA-core one), including a tile whose
-// pixels are not a multiple of 16 and (tf32) inputs of 1, 3 and 4 channels.
+// pixels are not a multiple of 16 and (tf32) inputs of 1, 2, 3 and 4
+// channels; so does the weight gradient at 32 and 64 output channels, the
+// last two cases with the batch norm's backward pass taken into it.
 TEST(TrainGpu, DirectFirstConvolutionMatchesCpu) {
     REQUIRE_GPU();
     const std::pair<const char*, TensorShape> cases[] = {
         {"conv3x3:16,bn,relu,flatten,fc:5", {1, 28, 28}}, {"conv3x3:8:s2:p2,flatten,fc:5", {2, 9, 7}},
         {"conv3x3:32:bias,flatten,fc:5", {3, 32, 32}},    {"conv3x3:64:p0,flatten,fc:5", {4, 13, 11}},
         {"conv3x3:256:s2,flatten,fc:5", {3, 16, 16}},     {"conv3x3:24,flatten,fc:5", {3, 7, 9}},
+        {"conv3x3:32,bn,relu,flatten,fc:5", {3, 12, 10}}, {"conv3x3:64,bn,flatten,fc:5", {2, 9, 20}},
     };
     for (const auto& [spec, in] : cases) {
         compare_layers(spec, in, 5, 4, Precision::fp32, 1e-4, 1e-4);
@@ -481,8 +484,9 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
 
 // A batch norm right after a direct first convolution leaves its backward
 // element-wise pass to that convolution's tensor-core weight gradient in bf16
-// training steps (first_bn_into_wgrad); DSTK_FIRST_CONV_BN=0 runs the pass
-// itself. The kernels share bn_backward_value and bf16's rounding: bit for
+// and tf32 training steps (first_bn_into_wgrad); DSTK_FIRST_CONV_BN=0 runs the
+// pass itself. The kernels share bn_backward_value and the rounding of the
+// stored activation (bf16) or of the weight gradient's operand (TF32): bit for
 // bit the same parameters, statistics and gradients, graph steps and an eager
 // partial one, at 32 and 64 channels, with and without the ReLU, on an image
 // whose tiles end in a partial k8 step. (Shapes unlike the other tests': the
@@ -495,33 +499,34 @@ TEST(TrainGpu, FirstBatchNormInWeightGradientEqualsItsOwnPass) {
         {"conv3x3:64,bn,relu,flatten,fc:10", {3, 8, 8}},
     };
     const std::uint32_t batch = 32;
-    for (const auto& [spec, in] : cases) {
-        SCOPED_TRACE(spec);
-        const Data d = make_random_data(in, 10, batch * 6, 37);
-        const DeviceData dd(d);
-        TrainerConfig c = deterministic_config(Precision::bf16);
-        c.plan = plan_network(resolve_model(spec, 10), in, 10);
-        auto train = [&](bool own_pass) {
-            if (own_pass) setenv("DSTK_FIRST_CONV_BN", "0", 1);
-            auto t = make_trainer(c);
-            unsetenv("DSTK_FIRST_CONV_BN");
-            run_steps(*t, dd, in, batch, 0, 4);
-            t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
-            return t;
-        };
-        auto taken_in = train(false);
-        auto own = train(true);
-        auto reported = [](const Trainer& t) {
-            for (const KernelReport& r : t.kernel_choices())
-                if (r.layer == 1 && r.kernel == "own:in_first_wgrad") return true;
-            return false;
-        };
-        EXPECT_TRUE(reported(*taken_in));
-        EXPECT_FALSE(reported(*own));
-        EXPECT_EQ(taken_in->read_parameters(), own->read_parameters());
-        EXPECT_EQ(taken_in->read_states(), own->read_states());
-        EXPECT_EQ(taken_in->read_gradients(), own->read_gradients());
-    }
+    for (const auto& [spec, in] : cases)
+        for (const Precision prec : {Precision::bf16, Precision::tf32}) {
+            SCOPED_TRACE(std::string(spec) + " " + std::string(precision_name(prec)));
+            const Data d = make_random_data(in, 10, batch * 6, 37);
+            const DeviceData dd(d);
+            TrainerConfig c = deterministic_config(prec);
+            c.plan = plan_network(resolve_model(spec, 10), in, 10);
+            auto train = [&](bool own_pass) {
+                if (own_pass) setenv("DSTK_FIRST_CONV_BN", "0", 1);
+                auto t = make_trainer(c);
+                unsetenv("DSTK_FIRST_CONV_BN");
+                run_steps(*t, dd, in, batch, 0, 4);
+                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+                return t;
+            };
+            auto taken_in = train(false);
+            auto own = train(true);
+            auto reported = [](const Trainer& t) {
+                for (const KernelReport& r : t.kernel_choices())
+                    if (r.layer == 1 && r.kernel == "own:in_first_wgrad") return true;
+                return false;
+            };
+            EXPECT_TRUE(reported(*taken_in));
+            EXPECT_FALSE(reported(*own));
+            EXPECT_EQ(taken_in->read_parameters(), own->read_parameters());
+            EXPECT_EQ(taken_in->read_states(), own->read_states());
+            EXPECT_EQ(taken_in->read_gradients(), own->read_gradients());
+        }
 }
 
 // A batch norm right after a convolution run by tc_conv (bf16, tf32) takes its

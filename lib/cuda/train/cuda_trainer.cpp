@@ -1529,7 +1529,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
 // batch norm's input and output gradient instead of the pass's output: at
 // the end of a step, where nothing else runs beside it, one pass over the
 // largest activations less. Only where no input gradient is wanted, and where
-// that weight gradient can (direct_conv_wgrad_takes_bn: bf16 on tensor cores).
+// that weight gradient can (direct_conv_wgrad_takes_bn: bf16 or tf32 on tensor cores).
 bool CudaTrainer::first_bn_into_wgrad() const {
     if (!first_conv_bn_ || !direct_first_ || layers().size() < 2) return false;
     const LayerPlan &c = layers()[0], &b = layers()[1];

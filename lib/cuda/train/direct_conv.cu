@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "device_common.cuh"
@@ -450,20 +451,25 @@ void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const 
     CUDA_CHECK(cudaGetLastError());
 }
 
-// ---- weight gradient on tensor cores (bf16, NHWC, stride 1, 32 or 64 output channels) ----
+// ---- weight gradient on tensor cores (NHWC, stride 1, 32 or 64 output channels) ----
 // dw as a GEMM reduced over the output pixels: rows the output channels,
 // columns the 9 taps x 4 input channels (five n8 tiles, the last half
 // empty), k8 steps of 8 pixels. A (dy, channels x pixels) comes from a
-// shared-memory tile of the block's output pixels through ldmatrix.trans; B
-// (the inputs under each tap) from the input tile, two pixels to a register.
-// Blocks stride over the tiles and sum their warps in a fixed order into
-// per-block partials, added up by sum_partials as for the CUDA-core kernel:
-// the same result on every run.
+// shared-memory tile of the block's output pixels; B (the inputs under each
+// tap) from the input tile. bf16: A through ldmatrix.trans, B two pixels to
+// a register. tf32 (fp32 activations): m16n8k8 in TF32, every fragment a
+// scalar load; dy rounded to TF32 as it is staged and the inputs as they are
+// read (to nearest: dropping the low bits biases every term toward zero, and
+// the sums run over the whole batch's pixels). One product, not the
+// forward's three: a weight gradient's error stays in its own tensor, where
+// cuDNN's TF32 weight gradients leave theirs too. Blocks stride over the
+// tiles and sum their warps in a fixed order into per-block partials, added
+// up by sum_partials as for the CUDA-core kernel: the same result on every run.
 constexpr unsigned tcw_warps = 8, tcw_threads = tcw_warps * 32, tcw_blocks_per_sm = 2;
 constexpr int tcw_ntiles = 5;
 
 bool tc_wgrad_applies(ActType t, const DirectConvShape& s) {
-    return t == ActType::bf16 && tc_forward_applies(t, s) && (s.k == 32 || s.k == 64);
+    return (t == ActType::bf16 || t == ActType::f32) && tc_forward_applies(t, s) && (s.k == 32 || s.k == 64);
 }
 
 unsigned tc_wgrad_blocks(const TcParams& p) {
@@ -476,53 +482,93 @@ __host__ __device__ unsigned tc_tile_rows_padded(const TcParams& p) {
     return (p.tile_rows * p.s.ow + 7) / 8 * 8;
 }
 
-std::uint64_t tc_wgrad_shared(const TcParams& p) {
-    const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * p.s.k * sizeof(bf16) +
-                                std::uint64_t{p.rows_in} * p.cols_in * sizeof(uint2);
+// A dy row of k channels in shared memory: `chunks` 16-byte chunks, at a
+// stride of `stride` chunks. bf16 rows are swizzled (dy_chunk) for
+// ldmatrix; fp32 rows padded by two chunks, so that the eight channels and
+// four pixels of a fragment's scalar loads fall in distinct banks.
+template <class T> struct DyRows {
+    static constexpr bool bf = std::is_same_v<T, bf16>;
+    unsigned chunks, stride;
+    __host__ __device__ explicit DyRows(unsigned k) : chunks(k * sizeof(T) / 16), stride(chunks + (bf ? 0 : 2)) {}
+};
+
+// The input tile's pixels: their first four channels, 8 bytes (bf16) or 16 (fp32).
+template <class T> using InPixel = std::conditional_t<std::is_same_v<T, bf16>, uint2, uint4>;
+
+template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p) {
+    const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * DyRows<T>(p.s.k).stride * 16 +
+                                std::uint64_t{p.rows_in} * p.cols_in * sizeof(InPixel<T>);
     return std::max<std::uint64_t>(tiles, std::uint64_t{p.s.k} * 8 * tcw_ntiles * sizeof(float));
 }
 
-// The 16-byte chunk q of dy's pixel row r in shared memory, swizzled so that
-// the eight rows one ldmatrix reads fall in distinct banks (rows of 64 or 128 bytes).
-template <int CH> __device__ __forceinline__ unsigned dy_chunk(unsigned r, unsigned q) {
-    return r * CH + (q ^ (CH == 4 ? (r >> 1) & 3u : r & 7u));
+// The 16-byte chunk q of dy's pixel row r in shared memory; bf16 swizzled so
+// that the eight rows one ldmatrix reads fall in distinct banks (rows of 64 or 128 bytes).
+template <class T, int CH> __device__ __forceinline__ unsigned dy_chunk(unsigned r, unsigned q) {
+    if constexpr (std::is_same_v<T, bf16>)
+        return r * CH + (q ^ (CH == 4 ? (r >> 1) & 3u : r & 7u));
+    else
+        return r * (CH + 2) + q;
 }
 
-// BnBackwardIn as the bf16 kernel takes it.
-struct BnIn {
-    const bf16* x;
+// BnBackwardIn as the kernels take it.
+template <class T> struct BnIn {
+    const T* x;
     const float* coef;
     bool relu;
 };
 
-// Eight channels' output gradients from the batch norm's input and output
-// gradient (BnBackwardIn), with the coefficients of channels c0.. in shared memory.
+// A chunk's channels' output gradients from the batch norm's input and
+// output gradient (BnBackwardIn), with the coefficients of channels c0.. in
+// shared memory; as the tile stores them (bf16, or fp32 rounded to TF32).
+template <class T>
 __device__ __forceinline__ uint4 bn_backward_chunk(uint4 g, uint4 x, const float* sc, unsigned k, unsigned c0,
                                                    bool relu) {
-    const auto* gh = reinterpret_cast<const __nv_bfloat162*>(&g);
-    const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
+    auto value = [&](unsigned c, float xv, float gv) {
+        return bn_backward_value(xv, gv, sc[c], sc[k + c], sc[2 * k + c], sc[3 * k + c], sc[4 * k + c], relu);
+    };
     std::uint32_t out[4];
+    if constexpr (std::is_same_v<T, bf16>) {
+        const auto* gh = reinterpret_cast<const __nv_bfloat162*>(&g);
+        const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
 #pragma unroll
-    for (int h = 0; h < 4; ++h) {
-        const float2 gf = __bfloat1622float2(gh[h]), xf = __bfloat1622float2(xh[h]);
-        float v[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const unsigned c = c0 + 2 * h + i;
-            v[i] = bn_backward_value(i ? xf.y : xf.x, i ? gf.y : gf.x, sc[c], sc[k + c], sc[2 * k + c], sc[3 * k + c],
-                                     sc[4 * k + c], relu);
+        for (int h = 0; h < 4; ++h) {
+            const float2 gf = __bfloat1622float2(gh[h]), xf = __bfloat1622float2(xh[h]);
+            out[h] = pack_bf16(value(c0 + 2 * h, xf.x, gf.x), value(c0 + 2 * h + 1, xf.y, gf.y));
         }
-        out[h] = pack_bf16(v[0], v[1]);
+    } else {
+        const auto* gf = reinterpret_cast<const float*>(&g);
+        const auto* xf = reinterpret_cast<const float*>(&x);
+#pragma unroll
+        for (int h = 0; h < 4; ++h) out[h] = to_tf32(value(c0 + h, xf[h], gf[h]));
     }
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Loads tile t's dy rows (swizzled, zero past its pixels) and input pixels;
-// returns its pixel count. With bn.x, dy is the batch norm's output gradient
-// and its pass is applied as the rows arrive (coefficients sc in shared memory).
-template <int CH>
-__device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const BnIn& bn, const float* sc, const TcParams& p,
-                                  unsigned t, uint4* dys, uint2* xs) {
+// dy's chunk as the tile stores it: fp32 rounded to TF32.
+template <class T> __device__ __forceinline__ uint4 staged(uint4 v) {
+    if constexpr (std::is_same_v<T, bf16>)
+        return v;
+    else
+        return make_uint4(to_tf32(__uint_as_float(v.x)), to_tf32(__uint_as_float(v.y)), to_tf32(__uint_as_float(v.z)),
+                          to_tf32(__uint_as_float(v.w)));
+}
+
+__device__ __forceinline__ void load_tile_inputs(const bf16* x, const TcParams& p, unsigned img, unsigned oy0,
+                                                 uint2* xs) {
+    load_input_pixels(x, p, img, oy0, xs);
+}
+__device__ __forceinline__ void load_tile_inputs(const float* x, const TcParams& p, unsigned img, unsigned oy0,
+                                                 uint4* xs) {
+    load_input_pixels_f32(x, p, img, oy0, xs);
+}
+
+// Loads tile t's dy rows (zero past its pixels) and input pixels; returns
+// its pixel count. With bn.x, dy is the batch norm's output gradient and its
+// pass is applied as the rows arrive (coefficients sc in shared memory).
+template <class T, int CH>
+__device__ unsigned tcw_load_tile(const T* x, const T* dy, const BnIn<T>& bn, const float* sc, const TcParams& p,
+                                  unsigned t, uint4* dys, InPixel<T>* xs) {
+    constexpr unsigned per_chunk = 16 / sizeof(T);
     const unsigned img = t / p.tiles_per_image, oy0 = (t - img * p.tiles_per_image) * p.tile_rows;
     const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, padded = (pixels + 7) / 8 * 8;
     const std::uint64_t first = (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
@@ -543,62 +589,106 @@ __device__ unsigned tcw_load_tile(const bf16* x, const bf16* dy, const BnIn& bn,
 #pragma unroll
         for (unsigned u = 0; u < batch; ++u) {
             const unsigned e = e0 + u * blockDim.x;
-            if (bn.x && e < pixels * CH) v[u] = bn_backward_chunk(v[u], b[u], sc, p.s.k, (e % CH) * 8, bn.relu);
-            if (e < padded * CH) dys[dy_chunk<CH>(e / CH, e % CH)] = v[u];
+            if (bn.x && e < pixels * CH)
+                v[u] = bn_backward_chunk<T>(v[u], b[u], sc, p.s.k, (e % CH) * per_chunk, bn.relu);
+            else
+                v[u] = staged<T>(v[u]);
+            if (e < padded * CH) dys[dy_chunk<T, CH>(e / CH, e % CH)] = v[u];
         }
     }
-    load_input_pixels(x, p, img, oy0, xs);
+    load_tile_inputs(x, p, img, oy0, xs);
     return pixels;
 }
 
-// CH = k / 8 chunks of 8 channels per dy row (4 or 8); MT = k / 16 m-tiles.
-template <int CH>
+// One k8 step of 8 pixels from ks * 8 (bf16: m16n8k8, A by ldmatrix.trans
+// and B two pixels to a register; fp32: m16n8k8 TF32, A rows gid, gid + 8 of
+// pixels t4 and t4 + 4, B those pixels under each tap).
+template <class T, int CH, int MT>
+__device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs, const TcParams& p, unsigned ks,
+                                         unsigned pixels, float (&acc)[MT][tcw_ntiles][4]) {
+    const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
+    // The pixel's top-left tap in the input tile (pixels past the tile clamped: their dy rows are zero).
+    auto base_of = [&](unsigned q) {
+        q = min(q, pixels - 1);
+        const unsigned y = p.dow.div(q);
+        return y * p.cols_in + (q - y * p.s.ow);
+    };
+    auto tap_of = [&](int j, unsigned& tap, unsigned& off) {
+        tap = 2 * j + gid / 4;
+        off = (tap / 3) * p.cols_in + tap % 3;
+    };
+    if constexpr (std::is_same_v<T, bf16>) {
+        const auto* xh = reinterpret_cast<const unsigned short*>(xs);
+        const unsigned r = ks * 8 + lane % 8;
+        std::uint32_t a[MT][2];
+#pragma unroll
+        for (int h = 0; h < MT / 2; ++h) {
+            std::uint32_t v[4];
+            ldmatrix_x4_trans(v, dys + dy_chunk<T, CH>(r, 4 * h + lane / 8));
+            a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
+        }
+        const unsigned ba = base_of(ks * 8 + 2 * t4), bb = base_of(ks * 8 + 2 * t4 + 1);
+#pragma unroll
+        for (int j = 0; j < tcw_ntiles; ++j) {
+            unsigned tap, off;
+            tap_of(j, tap, off);
+            const unsigned c = gid % 4;
+            const std::uint32_t b =
+                tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : 0u;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
+        }
+    } else {
+        const auto* dw = reinterpret_cast<const std::uint32_t*>(dys);
+        const auto* xw = reinterpret_cast<const float*>(xs);
+        constexpr unsigned row = (CH + 2) * 4; // words per dy row
+        const unsigned r0 = ks * 8 + t4;
+        std::uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const unsigned k = 16 * m + gid;
+            a[m][0] = dw[r0 * row + k], a[m][1] = dw[r0 * row + k + 8];
+            a[m][2] = dw[(r0 + 4) * row + k], a[m][3] = dw[(r0 + 4) * row + k + 8];
+        }
+        const unsigned ba = base_of(r0), bb = base_of(r0 + 4);
+#pragma unroll
+        for (int j = 0; j < tcw_ntiles; ++j) {
+            unsigned tap, off;
+            tap_of(j, tap, off);
+            const unsigned c = gid % 4;
+            const std::uint32_t b0 = tap < 9 ? to_tf32(xw[(ba + off) * 4 + c]) : 0u;
+            const std::uint32_t b1 = tap < 9 ? to_tf32(xw[(bb + off) * 4 + c]) : 0u;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0, b1);
+        }
+    }
+}
+
+// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
+template <class T, int K>
 __global__ void __launch_bounds__(tcw_threads)
-    tc_wgrad_kernel(const bf16* x, const bf16* dy, TcParams p, float* partials, BnIn bn) {
-    constexpr int MT = CH / 2;
+    tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, BnIn<T> bn) {
+    constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
     extern __shared__ uint4 smem[];
-    __shared__ float sc[5 * 8 * CH]; // the batch norm's coefficients, where its pass is taken in
+    __shared__ float sc[5 * K]; // the batch norm's coefficients, where its pass is taken in
     if (bn.x)
-        for (unsigned e = threadIdx.x; e < 5 * p.s.k; e += blockDim.x) sc[e] = bn.coef[e];
+        for (unsigned e = threadIdx.x; e < 5 * K; e += blockDim.x) sc[e] = bn.coef[e];
     uint4* dys = smem;
-    auto* xs = reinterpret_cast<uint2*>(smem + tc_tile_rows_padded(p) * CH);
-    const auto* xh = reinterpret_cast<const unsigned short*>(xs);
+    auto* xs = reinterpret_cast<InPixel<T>*>(smem + tc_tile_rows_padded(p) * DyRows<T>(K).stride);
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
     float acc[MT][tcw_ntiles][4] = {};
     const unsigned tiles = p.s.n * p.tiles_per_image;
     for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
         __syncthreads(); // the previous tile's reads are done
-        const unsigned pixels = tcw_load_tile<CH>(x, dy, bn, sc, p, t, dys, xs);
+        const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, sc, p, t, dys, xs);
         __syncthreads();
-        for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps) {
-            const unsigned r = ks * 8 + lane % 8;
-            std::uint32_t a[MT][2];
-#pragma unroll
-            for (int h = 0; h < MT / 2; ++h) {
-                std::uint32_t v[4];
-                ldmatrix_x4_trans(v, dys + dy_chunk<CH>(r, 4 * h + lane / 8));
-                a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
-            }
-            // This thread's two pixels of the step (clamped: their dy rows are zero).
-            const unsigned pa = min(ks * 8 + 2 * t4, pixels - 1), pb = min(ks * 8 + 2 * t4 + 1, pixels - 1);
-            const unsigned ya = p.dow.div(pa), yb = p.dow.div(pb);
-            const unsigned ba = ya * p.cols_in + (pa - ya * p.s.ow), bb = yb * p.cols_in + (pb - yb * p.s.ow);
-#pragma unroll
-            for (int j = 0; j < tcw_ntiles; ++j) {
-                const unsigned tap = 2 * j + gid / 4, c = gid % 4;
-                const unsigned off = (tap / 3) * p.cols_in + tap % 3;
-                const std::uint32_t b =
-                    tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : 0u;
-#pragma unroll
-                for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
-            }
-        }
+        for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps) tcw_step<T, CH, MT>(dys, xs, p, ks, pixels, acc);
     }
     // The warps' sums in warp order, then this block's partials in dw's KCRS order.
     __syncthreads();
     auto* red = reinterpret_cast<float*>(smem); // [k][40]
     constexpr unsigned cols = 8 * tcw_ntiles;
-    for (unsigned e = threadIdx.x; e < p.s.k * cols; e += blockDim.x) red[e] = 0.0f;
+    for (unsigned e = threadIdx.x; e < K * cols; e += blockDim.x) red[e] = 0.0f;
     for (unsigned w = 0; w < tcw_warps; ++w) {
         __syncthreads();
         if (warp != w) continue;
@@ -611,26 +701,40 @@ __global__ void __launch_bounds__(tcw_threads)
                     red[(16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1)] += acc[m][j][e];
     }
     __syncthreads();
-    const unsigned C = p.s.c, kw = 9 * C * p.s.k;
+    const unsigned C = p.s.c, kw = 9 * C * K;
     for (unsigned e = threadIdx.x; e < kw; e += blockDim.x) {
         const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
         partials[std::uint64_t{blockIdx.x} * kw + e] = red[k * cols + tap * 4 + c];
     }
 }
 
-void launch_tc_wgrad(const void* x, const void* dy, const DirectConvShape& s, float* partials, float* dw,
+template <class T>
+void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, unsigned blocks, float* partials,
+                           const BnBackwardIn& bn, cudaStream_t stream) {
+    const std::uint64_t shared = tc_wgrad_shared<T>(p);
+    const BnIn<T> b{static_cast<const T*>(bn.x), bn.coef, bn.relu};
+    auto go = [&](auto kernel) {
+        if (shared > 48 * 1024)
+            CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        kernel<<<blocks, tcw_threads, shared, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), p,
+                                                        partials, b);
+    };
+    if (p.s.k == 32)
+        go(tc_wgrad_kernel<T, 32>);
+    else
+        go(tc_wgrad_kernel<T, 64>);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_tc_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, float* partials, float* dw,
                      const BnBackwardIn& bn, cudaStream_t stream) {
     const TcParams p = tc_params_of(s);
     const unsigned blocks = tc_wgrad_blocks(p);
-    const std::uint64_t shared = tc_wgrad_shared(p);
-    const auto* xt = static_cast<const bf16*>(x);
-    const auto* dyt = static_cast<const bf16*>(dy);
-    const BnIn b{static_cast<const bf16*>(bn.x), bn.coef, bn.relu};
-    if (s.k == 32)
-        tc_wgrad_kernel<4><<<blocks, tcw_threads, shared, stream>>>(xt, dyt, p, partials, b);
+    if (t == ActType::bf16)
+        launch_tc_wgrad_typed<bf16>(x, dy, p, blocks, partials, bn, stream);
     else
-        tc_wgrad_kernel<8><<<blocks, tcw_threads, shared, stream>>>(xt, dyt, p, partials, b);
-    CUDA_CHECK(cudaGetLastError());
+        launch_tc_wgrad_typed<float>(x, dy, p, blocks, partials, bn, stream);
     launch_sum_partials(partials, blocks, std::uint64_t{9} * s.c * s.k, dw, ActType::f32, stream);
 }
 
@@ -704,7 +808,7 @@ void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType 
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
                               float* dw, cudaStream_t stream, const BnBackwardIn& bn) {
     if (tc_wgrad_applies(t, s)) {
-        launch_tc_wgrad(x, dy, s, static_cast<float*>(workspace), dw, bn, stream);
+        launch_tc_wgrad(x, dy, t, s, static_cast<float*>(workspace), dw, bn, stream);
         return;
     }
     if (bn.x) throw std::logic_error("a batch norm's backward pass given to a weight gradient that cannot take it");

@@ -41,9 +41,10 @@ std::uint64_t direct_conv_workspace(const DirectConvShape& s);
 // bn_backward_coefs), where direct_conv_wgrad_takes_bn: dy is then the
 // gradient of the batch norm's output (of its ReLU's, where relu), and the
 // convolution's own output gradient is bn_backward_value of it and x,
-// computed as the tensor-core kernel loads its dy tiles and rounded to bf16
-// as the activation is stored: the same bits as the batch norm's
-// element-wise pass, whose output then never exists. (The CUDA-core kernel,
+// computed as the tensor-core kernel loads its dy tiles (bf16, or fp32 where
+// the precision is tf32) and rounded as the kernel's operands are (bf16, the
+// same bits as the batch norm's element-wise pass stores; TF32): the pass's
+// output then never exists. (The CUDA-core kernel,
 // reading dy an element at a time, took longer with the second tensor than
 // the pass it saved.)
 struct BnBackwardIn {
