@@ -325,11 +325,14 @@ DeviceIdentity device_identity(int device) {
 }
 
 ConvAlgos fit_conv_algorithms(const ConvSearch& s, const ConvCall& c, ConvAlgos a, std::size_t layer,
-                              std::uint32_t batch) {
+                              std::uint32_t batch, ConvUnfit& unfit) {
     auto none = [&](const char* which) {
-        return runtime_error(std::string("no ") + which + " convolution algorithm for layer " + std::to_string(layer) +
-                             " at batch " + std::to_string(batch) + " fits the workspace bound");
+        return std::string("no ") + which + " convolution algorithm for layer " + std::to_string(layer) + " at batch " +
+               std::to_string(batch) + " fits the precision" + (s.deterministic ? ", determinism" : "") +
+               " and workspace bound (" + format_bytes(s.workspace_bytes) +
+               "); use a larger workspace, another precision or a batch size that divides the data";
     };
+    unfit = {};
     std::optional<Ranked> r;
     auto ranked = [&]() -> const Ranked& {
         if (!r) r = heuristic_lists(s, c);
@@ -339,22 +342,23 @@ ConvAlgos fit_conv_algorithms(const ConvSearch& s, const ConvCall& c, ConvAlgos 
     // One direction: the algorithm stays if cuDNN sized its workspace within the bound, else the first usable one
     // of cuDNN's ranked list with the descriptor's math type replaces it.
     auto refit = [&](auto& algo, cudnnStatus_t sized, cudnnConvolutionDescriptor_t conv, auto list, int Ranked::*count,
-                     const char* which) {
+                     const char* which, std::string& why) {
         if (sized == CUDNN_STATUS_SUCCESS && need <= s.workspace_bytes) return;
         cudnnMathType_t math;
         CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &math));
-        const auto* p = first_usable(ranked().*list, ranked().*count, s, &math);
-        if (!p) throw none(which);
-        algo = p->algo;
+        if (const auto* p = first_usable(ranked().*list, ranked().*count, s, &math))
+            algo = p->algo;
+        else
+            why = none(which);
     };
     refit(a.fwd, cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, c.x, c.w, c.fwd, c.y, a.fwd, &need), c.fwd,
-          &Ranked::fwd, &Ranked::fwd_count, "forward");
+          &Ranked::fwd, &Ranked::fwd_count, "forward", unfit.fwd);
     refit(a.bwd_data,
           cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn, c.w, c.y, c.bwd_data, c.x, a.bwd_data, &need),
-          c.bwd_data, &Ranked::data, &Ranked::data_count, "backward-data");
+          c.bwd_data, &Ranked::data, &Ranked::data_count, "backward-data", unfit.bwd_data);
     refit(a.bwd_filter,
           cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn, c.x, c.y, c.bwd_filter, c.w, a.bwd_filter, &need),
-          c.bwd_filter, &Ranked::filter, &Ranked::filter_count, "weight-gradient");
+          c.bwd_filter, &Ranked::filter, &Ranked::filter_count, "weight-gradient", unfit.bwd_filter);
     return a;
 }
 

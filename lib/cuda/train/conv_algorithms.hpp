@@ -109,11 +109,19 @@ class ConvChooser {
 // and its kernel set.
 DeviceIdentity device_identity(int device);
 
+// Why no allowed algorithm fits each operation at a batch size (empty: one does).
+struct ConvUnfit {
+    std::string fwd, bwd_data, bwd_filter;
+};
+
 // For another batch size: the chosen algorithms where their workspace still
 // fits; otherwise the first allowed algorithm of cuDNN's ranked list with the
-// same math type (the descriptors are shared between batch sizes).
+// same math type (the descriptors are shared between batch sizes). Where
+// none is allowed, unfit says why and the chosen one stays: the operation
+// fails only if cuDNN is asked to run it at this batch (our own kernels may
+// run it, or nothing may need it: an evaluation needs no gradients).
 ConvAlgos fit_conv_algorithms(const ConvSearch& s, const ConvCall& c, ConvAlgos chosen, std::size_t layer,
-                              std::uint32_t batch);
+                              std::uint32_t batch, ConvUnfit& unfit);
 
 // Mean GPU time of op on the stream in ms (one warm-up run, then reps timed).
 double time_on_stream(cudaStream_t stream, const std::function<void()>& op, int reps = 5);

@@ -104,8 +104,14 @@ struct BatchDescs {
     cudnnTensorDescriptor_t input = nullptr;
     std::vector<cudnnTensorDescriptor_t> out;
     std::vector<ConvAlgos> algos;
-    std::string first_dgrad_error; // a direct first convolution's: why cuDNN has no input gradient at this batch
+    std::vector<ConvUnfit> unfit; // per layer: the operations cuDNN has no fitting algorithm for at this batch
 };
+
+// Throws where cuDNN has no algorithm for an operation it is about to run
+// (fit_conv_algorithms: empty where it has).
+void require_fit(const std::string& why) {
+    if (!why.empty()) throw runtime_error(why);
+}
 
 std::uint64_t conv_weights(const LayerPlan& l) {
     return std::uint64_t{l.out.c} * l.in.c * l.spec.kernel * l.spec.kernel;
@@ -1090,23 +1096,10 @@ BatchDescs& CudaTrainer::descs(std::uint32_t n) {
     d.input = make_tensor(n, input_, cudnn_type_, nchw_);
     for (const auto& l : layers()) d.out.push_back(make_tensor(n, l.out, cudnn_type_, nchw_));
     d.algos.resize(layers().size());
-    for (std::size_t i = 0; i < layers().size(); ++i) {
-        if (layers()[i].spec.kind != LayerKind::conv) continue;
-        if (i > 0 || !direct_first_) {
-            d.algos[i] = fit_conv_algorithms(search(), conv_call(d, i), dev_[i].algos, i, n);
-            continue;
-        }
-        // Our direct kernels run this layer: cuDNN serves only an input
-        // gradient that inspection asks for, so a batch where none of its
-        // algorithms fits fails only if one is asked for. (Met: a first layer
-        // on 3 fp32 channels, tf32, deterministic, at a partial batch of 20.)
-        try {
-            d.algos[i] = fit_conv_algorithms(search(), conv_call(d, i), dev_[i].algos, i, n);
-        } catch (const std::exception& e) {
-            d.algos[i] = dev_[i].algos;
-            d.first_dgrad_error = e.what();
-        }
-    }
+    d.unfit.resize(layers().size());
+    for (std::size_t i = 0; i < layers().size(); ++i)
+        if (layers()[i].spec.kind == LayerKind::conv)
+            d.algos[i] = fit_conv_algorithms(search(), conv_call(d, i), dev_[i].algos, i, n, d.unfit[i]);
     return descs_.emplace(n, std::move(d)).first->second;
 }
 
@@ -1303,9 +1296,11 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
                                    {bn_partials_, states_ + layers()[i + 1].state_offset, bn_max_splits_of_partials()});
             else if (d.tc_fwd)
                 launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_);
-            else
+            else {
+                require_fit(bd.unfit[i].fwd);
                 CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, d.wk, d.conv_fwd, bd.algos[i].fwd,
                                                     workspace_, workspace_bytes_, &zero, yd, d.out));
+            }
             if (l.spec.bias) launch_add_bias(d.out, at_, p + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
             break;
         case LayerKind::batchnorm: {
@@ -1389,10 +1384,12 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream, std::exchange(pending_bn_, {}));
     else if (d.tc_wgrad) // fp32 sums straight into the gradient vector, through the copy's map
         launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i]);
-    else
+    else {
+        require_fit(bd.unfit[i].bwd_filter);
         CUDNN_CHECK(cudnnConvolutionBackwardFilter(w.cudnn, &one, xd, x, yd, dy, d.conv_bwd_filter,
                                                    bd.algos[i].bwd_filter, w.workspace, workspace_bytes_, &zero,
                                                    d.filter, d.gk));
+    }
     // Into the gradient vector at once, beside the data gradients (a direct
     // first convolution and tc_wgrad wrote it there themselves).
     if (!(i == 0 && direct_first_) && !d.tc_wgrad)
@@ -1404,8 +1401,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     if (need_dx && d.tc_dgrad)
         launch_tc_conv(dy, d.wk, dx, conv_shape(i, n, true), workspace_, stream_);
     else if (need_dx) {
-        if (i == 0 && !bd.first_dgrad_error.empty())
-            throw runtime_error("the input gradient of the first convolution: " + bd.first_dgrad_error);
+        require_fit(bd.unfit[i].bwd_data);
         CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
                                                  bd.algos[i].bwd_data, workspace_, workspace_bytes_, &zero, xd, dx));
     }
