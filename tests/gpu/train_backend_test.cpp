@@ -507,9 +507,9 @@ TEST(TrainGpu, FirstBatchNormInWeightGradientEqualsItsOwnPass) {
             TrainerConfig c = deterministic_config(prec);
             c.plan = plan_network(resolve_model(spec, 10), in, 10);
             // The partial batch: a training step in bf16; in tf32 an evaluation
-            // (for the second convolution of the first case cuDNN has no
+            // (for the second case's 32->16 convolution at 12x10 cuDNN has no
             // deterministic weight-gradient algorithm at batch 20 within the
-            // workspace bound: a step there fails saying so, an evaluation,
+            // workspace bound: a step there fails saying so; an evaluation,
             // needing no gradient, runs).
             auto train = [&](bool own_pass) {
                 if (own_pass) setenv("DSTK_FIRST_CONV_BN", "0", 1);
