@@ -21,7 +21,7 @@
 # BASELINE=BUILD_DIR: also ref-cnn classification by that build's dstrain (another
 # tree, built in the same call), alternating with this one, and the ratio of
 # their medians: a change's effect measured on the same machine instance.
-# CURVE="128 256 512 1024": also a batch-size curve of ref-cnn classification,
+# CURVE="128 256 512 1024": also a batch-size curve of MODEL's classification,
 # data on the GPU, per precision: dstrain (RUNS fresh processes per point), the
 # PyTorch twin compiled (torch.compile, CUDA graphs; TORCH_RUNS processes per
 # point, none with TORCH=0) and the JAX twin (steps fused with lax.scan,
@@ -178,11 +178,11 @@ if [ -n "${CURVE:-}" ]; then
   for p in $precisions; do
     for b in $CURVE; do
       for r in $(seq 1 "$runs"); do
-        "$build/bin/dstrain" "$data" --model ref-cnn --batch "$b" --epochs "$epochs" --precision "$p" --device cuda:0 \
+        "$build/bin/dstrain" "$data" --model "$model" --batch "$b" --epochs "$epochs" --precision "$p" --device cuda:0 \
             --save "$work/model-curve.safetensors" --force --json >"$work/curve-$b-$p-$r.json" 2>"$work/curve-$b-$p-$r.err"
         printf 'dstrain\t%s\t%s\t%s\n' "$p" "$b" "$(epoch_median "$work/curve-$b-$p-$r.json")" >>"$curve"
         if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
-          env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --model ref-cnn --batch "$b" --epochs 2 \
+          env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --model "$model" --batch "$b" --epochs 2 \
               --precision "$p" --modes compile --json >"$work/curve-torch-$b-$p-$r.json" 2>"$work/curve-torch-$b-$p-$r.err"
           printf 'torch-compile\t%s\t%s\t%s\n' "$p" "$b" \
               "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/curve-torch-$b-$p-$r.json")" >>"$curve"
@@ -192,15 +192,15 @@ if [ -n "${CURVE:-}" ]; then
     # The JAX twin times every batch size in one process (one compilation per size).
     for r in $(seq 1 "$torch_runs"); do
       [ "$jax" != 0 ] || break
-      env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model ref-cnn --batches "$(echo "$CURVE" | tr ' ' ,)" \
+      env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model "$model" --batches "$(echo "$CURVE" | tr ' ' ,)" \
           --precision "$p" --json >"$work/curve-jax-$p-$r.json" 2>"$work/curve-jax-$p-$r.err"
       for b in $CURVE; do
         printf 'jax-scan\t%s\t%s\t%s\n' "$p" "$b" "$(jax_figure "$work/curve-jax-$p-$r.json" "$b")" >>"$curve"
       done
     done
   done
-  printf '\nbatch-size curve, ref-cnn, data on the GPU (samples/s, median [min-max] of fresh processes: dstrain %s, twins %s)\n' \
-      "$runs" "$torch_runs"
+  printf '\nbatch-size curve, %s, data on the GPU (samples/s, median [min-max] of fresh processes: dstrain %s, twins %s)\n' \
+      "$model" "$runs" "$torch_runs"
   python3 - "$curve" <<'EOF'
 import sys, statistics as st
 v = {}
