@@ -353,6 +353,8 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
 // batch norm at small batches by several percent (the normalisation divides
 // by the batch's spread, which the rounding shifts). The layer stays bound by
 // writing its output, so the two extra products cost little.
+// Round: each value rounded to TF32 (to nearest), for a single-product kernel.
+template <bool Round = false>
 __device__ void load_input_pixels_f32(const float* x, const TcParams& p, unsigned img, unsigned oy0, uint4* xs) {
     const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
     const unsigned c = p.s.c;
@@ -364,6 +366,9 @@ __device__ void load_input_pixels_f32(const float* x, const TcParams& p, unsigne
             const float* src = x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride;
             v = make_float4(src[0], c > 1 ? src[1] : 0.0f, c > 2 ? src[2] : 0.0f, c > 3 ? src[3] : 0.0f);
         }
+        if constexpr (Round)
+            v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
+                            __uint_as_float(to_tf32(v.w)));
         xs[e] = *reinterpret_cast<const uint4*>(&v);
     }
 }
@@ -458,13 +463,13 @@ void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const 
 // shared-memory tile of the block's output pixels; B (the inputs under each
 // tap) from the input tile. bf16: A through ldmatrix.trans, B two pixels to
 // a register. tf32 (fp32 activations): m16n8k8 in TF32, every fragment a
-// scalar load; dy rounded to TF32 as it is staged and the inputs as they are
-// read (to nearest: dropping the low bits biases every term toward zero, and
-// the sums run over the whole batch's pixels). One product, not the
-// forward's three: a weight gradient's error stays in its own tensor, where
-// cuDNN's TF32 weight gradients leave theirs too. Blocks stride over the
-// tiles and sum their warps in a fixed order into per-block partials, added
-// up by sum_partials as for the CUDA-core kernel: the same result on every run.
+// scalar load; dy and the inputs rounded to TF32 as they are staged (to
+// nearest: dropping the low bits biases every term toward zero, and the sums
+// run over the whole batch's pixels). One product, not the forward's three:
+// a weight gradient's error stays in its own tensor, where cuDNN's TF32
+// weight gradients leave theirs too. Blocks stride over the tiles and sum
+// their warps in a fixed order into per-block partials, added up by
+// sum_partials as for the CUDA-core kernel: the same result on every run.
 constexpr unsigned tcw_warps = 8, tcw_threads = tcw_warps * 32, tcw_blocks_per_sm = 2;
 constexpr int tcw_ntiles = 5;
 
@@ -559,7 +564,7 @@ __device__ __forceinline__ void load_tile_inputs(const bf16* x, const TcParams& 
 }
 __device__ __forceinline__ void load_tile_inputs(const float* x, const TcParams& p, unsigned img, unsigned oy0,
                                                  uint4* xs) {
-    load_input_pixels_f32(x, p, img, oy0, xs);
+    load_input_pixels_f32<true>(x, p, img, oy0, xs);
 }
 
 // Loads tile t's dy rows (zero past its pixels) and input pixels; returns
@@ -640,8 +645,8 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
         }
     } else {
         const auto* dw = reinterpret_cast<const std::uint32_t*>(dys);
-        const auto* xw = reinterpret_cast<const float*>(xs);
-        constexpr unsigned row = (CH + 2) * 4; // words per dy row
+        const auto* xw = reinterpret_cast<const std::uint32_t*>(xs); // rounded to TF32 as loaded
+        constexpr unsigned row = (CH + 2) * 4;                       // words per dy row
         const unsigned r0 = ks * 8 + t4;
         std::uint32_t a[MT][4];
 #pragma unroll
@@ -656,8 +661,8 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             unsigned tap, off;
             tap_of(j, tap, off);
             const unsigned c = gid % 4;
-            const std::uint32_t b0 = tap < 9 ? to_tf32(xw[(ba + off) * 4 + c]) : 0u;
-            const std::uint32_t b1 = tap < 9 ? to_tf32(xw[(bb + off) * 4 + c]) : 0u;
+            const std::uint32_t b0 = tap < 9 ? xw[(ba + off) * 4 + c] : 0u;
+            const std::uint32_t b1 = tap < 9 ? xw[(bb + off) * 4 + c] : 0u;
 #pragma unroll
             for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0, b1);
         }
