@@ -306,9 +306,8 @@ class CudaTrainer final : public Trainer {
     bool first_conv_bn_ = true;
     // Whether a batch norm after a tc_conv forward takes its statistics from
     // that convolution's epilogue (plan_conv_bn_stats; DSTK_CONV_BN_STATS=0:
-    // never), and the splits the last such convolution wrote.
+    // never).
     bool conv_bn_stats_ = true;
-    unsigned stats_splits_ = 0;
     bool leave_first_bn_ = false; // this backward pass: first_conv_bn_ and no input gradient wanted
     BnBackwardIn pending_bn_;     // set by a batch norm's backward that left its pass to the layer below
     TensorShape input_;           // as stored on the device: channels padded in bf16 before a first convolution
@@ -1278,6 +1277,7 @@ void CudaTrainer::forward_linear(std::size_t i, std::uint32_t n, bool fuse) {
 void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
     const float one = 1.0f, zero = 0.0f;
     BatchDescs& bd = descs(n);
+    unsigned stats_splits = 0; // the splits of the statistics the last convolution summed (bn_stats)
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
@@ -1291,7 +1291,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             if (i == 0 && direct_first_)
                 launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
             else if (d.tc_fwd && training && d.bn_stats)
-                stats_splits_ =
+                stats_splits =
                     launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_,
                                    {bn_partials_, states_ + layers()[i + 1].state_offset, bn_max_splits_of_partials()});
             else if (d.tc_fwd)
@@ -1308,7 +1308,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             void* y = pooled ? dev_[i + 2].out : fused ? dev_[i + 1].out : d.out;
             const std::uint32_t pool_w = pooled ? l.in.w : 0;
             float* rm = states_ + l.state_offset;
-            const unsigned given_splits = i > 0 && dev_[i - 1].bn_stats ? stats_splits_ : 0;
+            const unsigned given_splits = i > 0 && dev_[i - 1].bn_stats ? stats_splits : 0;
             if (training)
                 launch_bn_forward_train(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
                                         d.aux, d.aux + l.in.c, bn_partials_, static_cast<float>(bn_momentum),

@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
 // writing its output, so the two extra products cost little.
 // Round: each value rounded to TF32 (to nearest), for a single-product kernel.
 template <bool Round = false>
-__device__ void load_input_pixels_f32(const float* x, const TcParams& p, unsigned img, unsigned oy0, uint4* xs) {
+__device__ void load_input_pixels(const float* x, const TcParams& p, unsigned img, unsigned oy0, uint4* xs) {
     const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
     const unsigned c = p.s.c;
     for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(tc_threads)
         for (int j = 0; j < NT; ++j) b[tap][j] = split_tf32(t4 < C ? wt[((8 * j + gid) * C + t4) * 9 + tap] : 0.0f);
     const unsigned img = blockIdx.x / p.tiles_per_image;
     const unsigned oy0 = (blockIdx.x - img * p.tiles_per_image) * p.tile_rows;
-    load_input_pixels_f32(x, p, img, oy0, px16);
+    load_input_pixels(x, p, img, oy0, px16);
     __syncthreads();
     const auto* words = reinterpret_cast<const std::uint32_t*>(px16);
     auto* stage = reinterpret_cast<float*>(px16 + p.rows_in * p.cols_in);
@@ -558,15 +558,6 @@ template <class T> __device__ __forceinline__ uint4 staged(uint4 v) {
                           to_tf32(__uint_as_float(v.w)));
 }
 
-__device__ __forceinline__ void load_tile_inputs(const bf16* x, const TcParams& p, unsigned img, unsigned oy0,
-                                                 uint2* xs) {
-    load_input_pixels(x, p, img, oy0, xs);
-}
-__device__ __forceinline__ void load_tile_inputs(const float* x, const TcParams& p, unsigned img, unsigned oy0,
-                                                 uint4* xs) {
-    load_input_pixels_f32<true>(x, p, img, oy0, xs);
-}
-
 // Loads tile t's dy rows (zero past its pixels) and input pixels; returns
 // its pixel count. With bn.x, dy is the batch norm's output gradient and its
 // pass is applied as the rows arrive (coefficients sc in shared memory).
@@ -601,7 +592,10 @@ __device__ unsigned tcw_load_tile(const T* x, const T* dy, const BnIn<T>& bn, co
             if (e < padded * CH) dys[dy_chunk<T, CH>(e / CH, e % CH)] = v[u];
         }
     }
-    load_tile_inputs(x, p, img, oy0, xs);
+    if constexpr (std::is_same_v<T, bf16>)
+        load_input_pixels(x, p, img, oy0, xs);
+    else
+        load_input_pixels<true>(x, p, img, oy0, xs); // rounded to TF32 once, for every fragment that reads them
     return pixels;
 }
 

@@ -193,15 +193,11 @@ __device__ __forceinline__ void mma_step(float (&d)[4], const std::uint32_t (&a)
         mma_bf16_k16(d, a, b0, b1);
 }
 
-// Batch-norm statistics of the output, per block: each channel's sums of
-// (v - pivot) and (v - pivot)^2 over the block's pixels, v the value as
-// stored, pivot the running mean; per tile in float across a warp's rows and
-// lanes, then in double per warp and channel (shared memory, one lane each),
-// summed over the warps in order at the end.
-struct StatsOut {
-    double* partials = nullptr; // bn's layout: [(c * splits + block) * 2 + k]
-    const float* pivot = nullptr;
-};
+// Batch-norm statistics of the output (TcConvStats), per block: each
+// channel's sums of (v - pivot) and (v - pivot)^2 over the block's pixels, v
+// the value as stored, pivot the running mean; per tile in float across a
+// warp's rows and lanes, then in double per warp and channel (shared memory,
+// one lane each), summed over the warps in order at the end.
 
 // The per-warp sums live in the padding of the filter rows (16 bytes after
 // each row's channels, which no ldmatrix reads): two doubles per row, the
@@ -351,7 +347,7 @@ __device__ void multiply_tiles(const Geometry& g, const char* xs, char* ws, unsi
 // per block, fewer blocks per SM, measured slower).
 template <class T, unsigned CIN, unsigned MW, bool Stats>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
-    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, StatsOut stats) {
+    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats) {
     await_predecessor();
     extern __shared__ uint4 smem[];
     char* const xs = reinterpret_cast<char*>(smem);
@@ -382,8 +378,8 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
 }
 
 template <class T, unsigned CIN, unsigned MW, bool Stats>
-unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const StatsOut& stats, unsigned max_blocks,
-                    cudaStream_t s) {
+unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const TcConvStats& stats,
+                    unsigned max_blocks, cudaStream_t s) {
     auto* kernel = tc_conv_kernel<T, CIN, MW, Stats>;
     static std::once_flag once;
     std::call_once(once, [&] {
@@ -413,7 +409,6 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
                       s.cin, s.cout);
         filters = static_cast<const T*>(scratch);
     }
-    const StatsOut out{stats.partials, stats.pivot};
     const unsigned max_blocks = stats.partials ? stats.max_splits : ~0u;
     const auto* in = static_cast<const T*>(x);
     auto* outp = static_cast<T*>(y);
@@ -422,11 +417,11 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
         constexpr unsigned cin = 16 * decltype(c)::value;
         const bool wide = g.mw == wide_mtiles;
         if (stats.partials)
-            blocks = wide ? launch_for<T, cin, wide_mtiles, true>(in, filters, outp, g, out, max_blocks, stream)
-                          : launch_for<T, cin, narrow_mtiles, true>(in, filters, outp, g, out, max_blocks, stream);
+            blocks = wide ? launch_for<T, cin, wide_mtiles, true>(in, filters, outp, g, stats, max_blocks, stream)
+                          : launch_for<T, cin, narrow_mtiles, true>(in, filters, outp, g, stats, max_blocks, stream);
         else
-            blocks = wide ? launch_for<T, cin, wide_mtiles, false>(in, filters, outp, g, out, max_blocks, stream)
-                          : launch_for<T, cin, narrow_mtiles, false>(in, filters, outp, g, out, max_blocks, stream);
+            blocks = wide ? launch_for<T, cin, wide_mtiles, false>(in, filters, outp, g, stats, max_blocks, stream)
+                          : launch_for<T, cin, narrow_mtiles, false>(in, filters, outp, g, stats, max_blocks, stream);
     });
     return blocks;
 }
