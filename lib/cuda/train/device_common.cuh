@@ -144,6 +144,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&v)[4], const v
                  : "r"(a));
 }
 
+// A hint that the 128-byte line at p is read soon: fetched into L2, no
+// register held, nothing waited for.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // 16-byte copies from global to shared memory that do not hold a register
 // (compute capability 8.0 and up): a zero-fill where !valid (src unread), a
 // group per commit, and a wait until at most N groups are still in flight.

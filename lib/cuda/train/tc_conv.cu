@@ -176,6 +176,28 @@ template <class T, unsigned CIN> __device__ TileSpan load_tile(const T* x, const
     return span;
 }
 
+// The input rows under tile t (the halo's included, where they exist) into
+// L2, while the tile before it is multiplied: its copy into shared memory
+// then waits on L2, not on memory. One contiguous range: whole images, or
+// consecutive rows of one image.
+template <class T, unsigned CIN> __device__ void prefetch_tile(const T* x, const Geometry& g, unsigned t) {
+    std::uint64_t first = 0, pixels = 0;
+    if (g.images > 1) {
+        const unsigned img0 = t * g.images;
+        first = std::uint64_t{img0} * g.s.h * g.s.w;
+        pixels = std::uint64_t{min(g.images, g.s.n - img0)} * g.s.h * g.s.w;
+    } else {
+        const unsigned img = t / g.tiles_per_image, oy0 = (t - img * g.tiles_per_image) * g.tile_rows;
+        const unsigned y0 = oy0 > 0 ? oy0 - 1 : 0, y1 = min(oy0 + g.tile_rows + 1, g.s.h);
+        first = (std::uint64_t{img} * g.s.h + y0) * g.s.w;
+        pixels = std::uint64_t{y1 - y0} * g.s.w;
+    }
+    const char* base = reinterpret_cast<const char*>(x + first * CIN);
+    const std::uint64_t bytes = pixels * CIN * sizeof(T);
+    for (std::uint64_t off = std::uint64_t{threadIdx.x} * 128; off < bytes; off += conv_threads * 128)
+        prefetch_l2(base + off);
+}
+
 // Offset in pixels of this lane's ldmatrix row for output pixel p of the
 // tile (tap 0, the window's top-left input pixel).
 __device__ __forceinline__ unsigned pixel_base(const Geometry& g, unsigned p) {
@@ -361,6 +383,7 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     for (unsigned t = blockIdx.x; t < g.tiles; t += gridDim.x) {
         const TileSpan span = load_tile<T, CIN>(x, g, t, xs);
         cp_async_commit();
+        if (t + gridDim.x < g.tiles) prefetch_tile<T, CIN>(x, g, t + gridDim.x);
         cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
         round_copies<T, CIN>(xs, ws, span.copied, t == blockIdx.x);
         __syncthreads();
