@@ -291,26 +291,33 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[4][4], std::uint32
     }
 }
 
+// Which of a warp's 16-pixel row tiles m0, m0 + warps, ... exist.
+template <unsigned MW> __device__ __forceinline__ void live_tiles(bool (&live)[MW], unsigned pixels, unsigned m0) {
+#pragma unroll
+    for (unsigned m = 0; m < MW; ++m) live[m] = m0 + m * conv_warps < (pixels + 15) / 16;
+}
+
 // A warp's 16-pixel row tiles m0, m0 + warps, ... (where they exist) times
-// the block's four column tiles, then each through the staging rows to
-// 16-byte stores of the output pixels' 32 channels. Shared memory is
-// addressed in bytes from the buffers' converted addresses, the offsets of
-// taps and channels constants where they can be.
-template <class T, unsigned CIN, unsigned MW, bool Stats>
-__device__ void multiply_tiles(const Geometry& g, const char* xs, char* ws, unsigned pixels, unsigned m0, T* y,
-                               std::uint32_t* stage, const float* pivot) {
+// the block's four column tiles into acc. Shared memory is addressed in
+// bytes from the buffers' converted addresses, the offsets of taps and
+// channels constants where they can be.
+template <class T, unsigned CIN, unsigned MW>
+__device__ void multiply_tiles(const Geometry& g, const char* xs, const char* ws, unsigned pixels, unsigned m0,
+                               float (&acc)[MW][4][4]) {
     constexpr unsigned mw = MW, pitch = shared_pitch<T, CIN>;
-    const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
-    const unsigned mtiles = (pixels + 15) / 16, row_bytes = g.cols_in * pitch;
+    const unsigned lane = threadIdx.x % 32, row_bytes = g.cols_in * pitch;
     bool live[mw];
+    live_tiles(live, pixels, m0);
     unsigned base[mw];
 #pragma unroll
     for (unsigned m = 0; m < mw; ++m) {
         const unsigned mt = m0 + m * conv_warps;
-        live[m] = mt < mtiles;
         base[m] = smem_address(xs) + pixel_base(g, min(mt * 16 + lane % 16, pixels - 1)) * pitch + (lane / 16) * 16;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
     }
-    float acc[mw][4][4] = {};
     // ldmatrix rows for B: lane l reads n = (2 jp + l / 16) * 8 + l % 8, k half (l / 8) % 2.
     const unsigned brow = smem_address(ws) + ((lane / 16) * 8 + lane % 8) * 9 * pitch + ((lane / 8) % 2) * 16;
     // The reduction in steps of 32 bytes of a tap's input channels, unrolled
@@ -342,6 +349,18 @@ __device__ void multiply_tiles(const Geometry& g, const char* xs, char* ws, unsi
             }
         }
     }
+}
+
+// The products of multiply_tiles through the warp's staging rows to 16-byte
+// stores of the output pixels' 32 channels (and, with Stats, into the
+// statistics' sums).
+template <class T, unsigned CIN, unsigned MW, bool Stats>
+__device__ void store_tiles(const Geometry& g, const float (&acc)[MW][4][4], char* ws, unsigned pixels, unsigned m0,
+                            T* y, std::uint32_t* stage, const float* pivot) {
+    constexpr unsigned mw = MW;
+    const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
+    bool live[mw];
+    live_tiles(live, pixels, m0);
     if constexpr (Stats) add_statistics<T, CIN, mw>(acc, live, m0, pixels, pivot, ws);
     constexpr unsigned chunks = block_n * sizeof(T) / 16; // 16-byte chunks per output pixel
 #pragma unroll
@@ -366,7 +385,9 @@ __device__ void multiply_tiles(const Geometry& g, const char* xs, char* ws, unsi
 // Blocks stride over the pixel tiles with their 32 filters loaded once;
 // blockIdx.y picks the output channels. One buffer per block: while a block
 // waits for its tile's rows, the others on the SM multiply (a second buffer
-// per block, fewer blocks per SM, measured slower).
+// per block, fewer blocks per SM, measured slower); the next tile's copy
+// starts once every warp has multiplied and runs while the products are
+// stored, its rows already on their way into L2 (prefetch_tile).
 template <class T, unsigned CIN, unsigned MW, bool Stats>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats) {
@@ -380,16 +401,23 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     const float* const pivot = Stats ? stats.pivot + n0 : nullptr; // the block's channels' running means
     if constexpr (Stats)
         for (unsigned e = threadIdx.x; e < conv_warps * block_n * 2; e += conv_threads) stat_slot<T, CIN>(ws, e) = 0.0;
+    const unsigned m0 = threadIdx.x / 32;
+    TileSpan span = load_tile<T, CIN>(x, g, blockIdx.x, xs); // the grid has at most one block per tile
+    cp_async_commit();
     for (unsigned t = blockIdx.x; t < g.tiles; t += gridDim.x) {
-        const TileSpan span = load_tile<T, CIN>(x, g, t, xs);
-        cp_async_commit();
         if (t + gridDim.x < g.tiles) prefetch_tile<T, CIN>(x, g, t + gridDim.x);
         cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
         round_copies<T, CIN>(xs, ws, span.copied, t == blockIdx.x);
         __syncthreads();
-        multiply_tiles<T, CIN, MW, Stats>(g, xs, ws, span.pixels, threadIdx.x / 32, y + span.first * g.s.cout + n0,
-                                          stage, pivot);
+        float acc[MW][4][4];
+        multiply_tiles<T, CIN, MW>(g, xs, ws, span.pixels, m0, acc);
         __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
+        const TileSpan done = span;
+        if (t + gridDim.x < g.tiles) {
+            span = load_tile<T, CIN>(x, g, t + gridDim.x, xs);
+            cp_async_commit();
+        }
+        store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage, pivot);
     }
     if constexpr (Stats) {
         if (threadIdx.x >= block_n * 2) return;
