@@ -382,12 +382,17 @@ __device__ void store_tiles(const Geometry& g, const float (&acc)[MW][4][4], cha
     }
 }
 
+// Whether the next tile's copy starts before the products are stored (and
+// runs while they are): measured faster in float (twice the bytes per tile),
+// slower in bf16 (the products held across it spill).
+template <class T> constexpr bool early_copy = std::is_same_v<T, float>;
+
 // Blocks stride over the pixel tiles with their 32 filters loaded once;
 // blockIdx.y picks the output channels. One buffer per block: while a block
 // waits for its tile's rows, the others on the SM multiply (a second buffer
 // per block, fewer blocks per SM, measured slower); the next tile's copy
-// starts once every warp has multiplied and runs while the products are
-// stored, its rows already on their way into L2 (prefetch_tile).
+// starts once every warp has multiplied (early_copy), its rows already on
+// their way into L2 (prefetch_tile).
 template <class T, unsigned CIN, unsigned MW, bool Stats>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats) {
@@ -413,13 +418,17 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
         multiply_tiles<T, CIN, MW>(g, xs, ws, span.pixels, m0, acc);
         __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
         const TileSpan done = span;
-        if (t + gridDim.x < g.tiles) {
+        const bool more = t + gridDim.x < g.tiles;
+        auto copy_next = [&] {
             span = load_tile<T, CIN>(x, g, t + gridDim.x, xs);
             cp_async_commit();
-        }
+        };
+        if (more && early_copy<T>) copy_next();
         store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage, pivot);
+        if (more && !early_copy<T>) copy_next();
     }
     if constexpr (Stats) {
+        __syncthreads(); // every warp's sums are in
         if (threadIdx.x >= block_n * 2) return;
         double total = 0.0;
         for (unsigned wp = 0; wp < conv_warps; ++wp) total += stat_slot<T, CIN>(ws, wp * block_n * 2 + threadIdx.x);
