@@ -383,8 +383,9 @@ __device__ void store_tiles(const Geometry& g, const float (&acc)[MW][4][4], cha
 }
 
 // Whether the next tile's copy starts before the products are stored (and
-// runs while they are): measured faster in float (twice the bytes per tile),
-// slower in bf16 (the products held across it spill).
+// runs while they are, once every warp has multiplied): measured faster in
+// float (twice the bytes per tile); in bf16 each warp storing as soon as it
+// has multiplied measured faster.
 template <class T> constexpr bool early_copy = std::is_same_v<T, float>;
 
 // Blocks stride over the pixel tiles with their 32 filters loaded once;
@@ -416,16 +417,17 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
         __syncthreads();
         float acc[MW][4][4];
         multiply_tiles<T, CIN, MW>(g, xs, ws, span.pixels, m0, acc);
-        __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
         const TileSpan done = span;
-        const bool more = t + gridDim.x < g.tiles;
-        auto copy_next = [&] {
+        auto store = [&] {
+            store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage, pivot);
+        };
+        if constexpr (!early_copy<T>) store(); // each warp as soon as it has multiplied
+        __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
+        if (t + gridDim.x < g.tiles) {
             span = load_tile<T, CIN>(x, g, t + gridDim.x, xs);
             cp_async_commit();
-        };
-        if (more && early_copy<T>) copy_next();
-        store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage, pivot);
-        if (more && !early_copy<T>) copy_next();
+        }
+        if constexpr (early_copy<T>) store();
     }
     if constexpr (Stats) {
         __syncthreads(); // every warp's sums are in
