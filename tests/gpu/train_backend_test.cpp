@@ -249,6 +249,13 @@ TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
         compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
         compare_layers(spec, in, 5, 5, Precision::bf16, 3e-2, 0.35);
     }
+    // More tiles than blocks (80 images of 16x16, 256 outputs: eight columns
+    // of blocks, each a few tiles): a block copies its next tile as it goes
+    // (in float while it stores the one before), and its statistics' sums
+    // are all in before their final sum.
+    const char* many_tiles = "conv3x3:32,conv3x3:256,bn,flatten,fc:5";
+    compare_layers(many_tiles, {3, 16, 16}, 5, 80, Precision::tf32, 2e-2, 2e-2);
+    compare_layers(many_tiles, {3, 16, 16}, 5, 80, Precision::bf16, 3e-2, 0.35);
     unsetenv("DSTK_CONV_KERNELS");
 }
 

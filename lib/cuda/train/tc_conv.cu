@@ -422,7 +422,8 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
             store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage, pivot);
         };
         if constexpr (!early_copy<T>) store(); // each warp as soon as it has multiplied
-        __syncthreads(); // every warp is done with the buffer before the next tile's copy starts
+        // Every warp is done with the buffer before the next tile's copy starts.
+        __syncthreads();
         if (t + gridDim.x < g.tiles) {
             span = load_tile<T, CIN>(x, g, t + gridDim.x, xs);
             cp_async_commit();
