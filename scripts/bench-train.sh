@@ -21,6 +21,9 @@
 # BASELINE=BUILD_DIR: also ref-cnn classification by that build's dstrain (another
 # tree, built in the same call), alternating with this one, and the ratio of
 # their medians: a change's effect measured on the same machine instance.
+# Each build then keeps its kernel choices in a cache of its own under
+# WORK_DIR (XDG_CACHE_HOME): the cache is kept per GPU, cuDNN and kernel set,
+# not per tree, so one build's timing would otherwise decide for both.
 # CURVE="128 256 512 1024": also a batch-size curve of MODEL's classification,
 # data on the GPU, per precision: dstrain (RUNS fresh processes per point), the
 # PyTorch twin compiled (torch.compile, CUDA graphs; TORCH_RUNS processes per
@@ -88,16 +91,23 @@ epoch_median() {
   python3 -c 'import json,sys,statistics as s; e=[x["samples_per_second"] for x in json.load(open(sys.argv[1]))["epochs"]]; print(int(s.median(e[1:] or e)))' "$1"
 }
 
+# With BASELINE, a kernel-choice cache per build (XDG_CACHE_HOME must be absolute).
+own_cache=() base_cache=()
+if [ -n "${BASELINE:-}" ]; then
+  work_abs=$(cd "$work" && pwd)
+  own_cache=(env XDG_CACHE_HOME="$work_abs/choices-build") base_cache=(env XDG_CACHE_HOME="$work_abs/choices-baseline")
+fi
+
 for r in $(seq 1 "$runs"); do
   for p in $precisions; do
     for t in $tasks; do
       task_args "$t"
       name=dstrain; [ "$t" = cls ] || name="dstrain-$t"
-      "$build/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
+      "${own_cache[@]}" "$build/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
           --save "$work/model-$t-$p-$r.safetensors" --force --json >"$work/$name-$p-$r.json" 2>"$work/$name-$p-$r.err"
       printf '%s %s\t%s\n' "$name" "$p" "$(epoch_median "$work/$name-$p-$r.json")" >>"$results"
       if [ -n "${BASELINE:-}" ] && [ "$t" = cls ]; then
-        "$BASELINE/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
+        "${base_cache[@]}" "$BASELINE/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
             --save "$work/model-base-$p-$r.safetensors" --force --json >"$work/base-$p-$r.json" 2>"$work/base-$p-$r.err"
         printf 'dstrain-base %s\t%s\n' "$p" "$(epoch_median "$work/base-$p-$r.json")" >>"$results"
       fi
