@@ -191,6 +191,11 @@ __device__ __forceinline__ std::uint32_t to_tf32(float v) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
     return r;
 }
+// A 16-byte chunk of four floats, each rounded to TF32.
+__device__ __forceinline__ uint4 to_tf32(uint4 v) {
+    return make_uint4(to_tf32(__uint_as_float(v.x)), to_tf32(__uint_as_float(v.y)), to_tf32(__uint_as_float(v.z)),
+                      to_tf32(__uint_as_float(v.w)));
+}
 
 // Two floats as a bf16 pair (lo in the low half).
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {

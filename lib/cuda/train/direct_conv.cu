@@ -366,10 +366,7 @@ __device__ void load_input_pixels(const float* x, const TcParams& p, unsigned im
             const float* src = x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride;
             v = make_float4(src[0], c > 1 ? src[1] : 0.0f, c > 2 ? src[2] : 0.0f, c > 3 ? src[3] : 0.0f);
         }
-        if constexpr (Round)
-            v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
-                            __uint_as_float(to_tf32(v.w)));
-        xs[e] = *reinterpret_cast<const uint4*>(&v);
+        xs[e] = Round ? to_tf32(*reinterpret_cast<const uint4*>(&v)) : *reinterpret_cast<const uint4*>(&v);
     }
 }
 
@@ -554,8 +551,7 @@ template <class T> __device__ __forceinline__ uint4 staged(uint4 v) {
     if constexpr (std::is_same_v<T, bf16>)
         return v;
     else
-        return make_uint4(to_tf32(__uint_as_float(v.x)), to_tf32(__uint_as_float(v.y)), to_tf32(__uint_as_float(v.z)),
-                          to_tf32(__uint_as_float(v.w)));
+        return to_tf32(v);
 }
 
 // Loads tile t's dy rows (zero past its pixels) and input pixels; returns

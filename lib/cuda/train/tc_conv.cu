@@ -114,9 +114,8 @@ template <class T, unsigned CIN> __device__ void load_filters(const T* w, unsign
 // bias toward zero that the CPU comparisons measured; by the thread that
 // copied them, once its copies have landed (the filters with the first tile).
 __device__ __forceinline__ void round_chunk_to_tf32(char* p) {
-    float4& v = *reinterpret_cast<float4*>(p);
-    v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
-                    __uint_as_float(to_tf32(v.w)));
+    uint4& v = *reinterpret_cast<uint4*>(p);
+    v = to_tf32(v);
 }
 template <class T, unsigned CIN> __device__ void round_copies(char* xs, char* ws, unsigned copied, bool filters) {
     if constexpr (std::is_same_v<T, float>) {
@@ -148,17 +147,21 @@ struct TileSpan {
     unsigned copied = 0; // pixels in shared memory, the halo's included
 };
 
+// Where tile t starts: its first image, its first output row in it (0 for
+// tiles of whole images) and how many images it has.
+struct TileOrigin {
+    unsigned img0, oy0, nimg;
+};
+__device__ __forceinline__ TileOrigin tile_origin(const Geometry& g, unsigned t) {
+    if (g.images > 1) return {t * g.images, 0, min(g.images, g.s.n - t * g.images)};
+    const unsigned img = t / g.tiles_per_image;
+    return {img, (t - img * g.tiles_per_image) * g.tile_rows, 1};
+}
+
 // Starts the copy of the input rows under tile t (zero outside the images):
 // each thread keeps to one 16-byte chunk of the pixels' channels.
 template <class T, unsigned CIN> __device__ TileSpan load_tile(const T* x, const Geometry& g, unsigned t, char* xs) {
-    unsigned img0 = t, oy0 = 0, nimg = 1;
-    if (g.images > 1) {
-        img0 = t * g.images;
-        nimg = min(g.images, g.s.n - img0);
-    } else {
-        img0 = t / g.tiles_per_image;
-        oy0 = (t - img0 * g.tiles_per_image) * g.tile_rows;
-    }
+    const auto [img0, oy0, nimg] = tile_origin(g, t);
     const unsigned total = nimg * g.seg_rows * g.cols_in;
     for_tile_chunks<T, CIN>(total, [&](unsigned pix, unsigned ch) {
         const unsigned r = g.dcols.div(pix), rx = pix - r * g.cols_in;
@@ -181,17 +184,12 @@ template <class T, unsigned CIN> __device__ TileSpan load_tile(const T* x, const
 // then waits on L2, not on memory. One contiguous range: whole images, or
 // consecutive rows of one image.
 template <class T, unsigned CIN> __device__ void prefetch_tile(const T* x, const Geometry& g, unsigned t) {
-    std::uint64_t first = 0, pixels = 0;
-    if (g.images > 1) {
-        const unsigned img0 = t * g.images;
-        first = std::uint64_t{img0} * g.s.h * g.s.w;
-        pixels = std::uint64_t{min(g.images, g.s.n - img0)} * g.s.h * g.s.w;
-    } else {
-        const unsigned img = t / g.tiles_per_image, oy0 = (t - img * g.tiles_per_image) * g.tile_rows;
-        const unsigned y0 = oy0 > 0 ? oy0 - 1 : 0, y1 = min(oy0 + g.tile_rows + 1, g.s.h);
-        first = (std::uint64_t{img} * g.s.h + y0) * g.s.w;
-        pixels = std::uint64_t{y1 - y0} * g.s.w;
-    }
+    const auto [img0, oy0, nimg] = tile_origin(g, t);
+    // Rows y0 .. y1 - 1 of images img0 ..: whole images, or the tile's rows and their halo.
+    const unsigned y0 = g.images > 1 ? 0 : (oy0 > 0 ? oy0 - 1 : 0);
+    const unsigned y1 = g.images > 1 ? g.s.h : min(oy0 + g.tile_rows + 1, g.s.h);
+    const std::uint64_t first = (std::uint64_t{img0} * g.s.h + y0) * g.s.w;
+    const std::uint64_t pixels = (std::uint64_t{nimg - 1} * g.s.h + (y1 - y0)) * g.s.w;
     const char* base = reinterpret_cast<const char*>(x + first * CIN);
     const std::uint64_t bytes = pixels * CIN * sizeof(T);
     for (std::uint64_t off = std::uint64_t{threadIdx.x} * 128; off < bytes; off += conv_threads * 128)
