@@ -59,7 +59,7 @@ constexpr bool tma_tiles = false;
 #endif
 constexpr unsigned tma_align = 1024; // a plane starts where the 128-byte pattern does
 // Bytes of a pixel's channels per plane: 32, 64 or 128.
-template <class T, unsigned CIN> constexpr unsigned plane_row = std::gcd(CIN * unsigned{sizeof(T)}, 128u);
+template <class T, unsigned CIN> constexpr unsigned plane_row = std::gcd(CIN* unsigned{sizeof(T)}, 128u);
 // The largest box side TMA takes.
 constexpr unsigned tma_max_box = 256;
 
@@ -152,27 +152,19 @@ template <class T, unsigned CIN> __device__ void load_filters(const T* w, unsign
 // Float operands rounded to tf32 in shared memory, to nearest (ties away):
 // unrounded, the products would use a float's upper 19 bits as they are, a
 // bias toward zero that the CPU comparisons measured; by the thread that
-// copied them, once its copies have landed (the filters with the first tile).
+// copied them, once its copies have landed (the filters with the first tile;
+// tiles that TMA copies come rounded, tile_map).
 __device__ __forceinline__ void round_chunk_to_tf32(char* p) {
     uint4& v = *reinterpret_cast<uint4*>(p);
     v = to_tf32(v);
 }
-template <class T, unsigned CIN>
-__device__ void round_copies(const Geometry& g, char* xs, char* ws, unsigned copied, bool filters) {
+template <class T, unsigned CIN> __device__ void round_copies(char* xs, char* ws, unsigned copied, bool filters) {
     if constexpr (std::is_same_v<T, float>) {
         const auto at = [](char* base) {
             return
                 [base](unsigned row, unsigned ch) { round_chunk_to_tf32(base + row * shared_pitch<T, CIN> + ch * 16); };
         };
-        if constexpr (tma_tiles) { // the whole box, every plane: nobody copied a part of it
-            constexpr unsigned planes = CIN * sizeof(T) / plane_row<T, CIN>;
-            const unsigned chunks = copied * plane_row<T, CIN> / 16;
-            for (unsigned p = 0; p < planes; ++p)
-                for (unsigned e = threadIdx.x; e < chunks; e += conv_threads)
-                    round_chunk_to_tf32(xs + p * g.plane_bytes + e * 16);
-        } else {
-            for_tile_chunks<T, CIN>(copied, at(xs));
-        }
+        if constexpr (!tma_tiles) for_tile_chunks<T, CIN>(copied, at(xs)); // (TMA converts: tile_map)
         if (filters) for_filter_chunks<T, CIN>(at(ws));
     }
 }
@@ -502,10 +494,12 @@ template <class T> constexpr bool early_copy = std::is_same_v<T, float>;
 // per tile.
 template <class T, unsigned CIN, unsigned MW, bool Stats>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
-    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats, const __grid_constant__ CUtensorMap map) {
+    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats,
+                   const __grid_constant__ CUtensorMap map) {
     await_predecessor();
     extern __shared__ uint4 smem[];
-    char* const xs = reinterpret_cast<char*>(smem) + (tma_tiles ? (tma_align - smem_address(smem) % tma_align) % tma_align : 0);
+    char* const xs =
+        reinterpret_cast<char*>(smem) + (tma_tiles ? (tma_align - smem_address(smem) % tma_align) % tma_align : 0);
     char* const ws = xs + g.x_bytes;
     auto* const stages = reinterpret_cast<std::uint32_t*>(ws + g.w_bytes);
     auto* stage = stages + (threadIdx.x / 32) * Elem<T>::stage_words;
@@ -524,7 +518,7 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
         if (t + gridDim.x < g.tiles) prefetch_tile<T, CIN>(x, map, g, t + gridDim.x);
         cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
         if constexpr (tma_tiles) mbarrier_wait(bar, phase);
-        round_copies<T, CIN>(g, xs, ws, span.copied, t == blockIdx.x);
+        round_copies<T, CIN>(xs, ws, span.copied, t == blockIdx.x);
         __syncthreads();
         float acc[MW][4][4];
         multiply_tiles<T, CIN, MW>(g, xs, ws, span.pixels, m0, acc);
@@ -568,7 +562,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // The tensor map of input x for TMA's tile copies ([n][h][w][c] as four
 // dimensions, channels innermost; one box a tile's segments in one plane),
-// or an unused one without TMA.
+// or an unused one without TMA. Floats come as TF32 (TFLOAT32): TMA rounds
+// them to nearest, ties to even (measured on an H100), where round_copies
+// rounds ties away; both unbiased, which the CPU comparisons need.
 CUtensorMap tile_map(const void* x, const Geometry& g) {
     CUtensorMap map{};
     if (!g.tma) return map;
@@ -578,13 +574,13 @@ CUtensorMap tile_map(const void* x, const Geometry& g) {
     const cuuint64_t strides[3] = {std::uint64_t{s.cin} * size, std::uint64_t{s.cin} * size * s.w,
                                    std::uint64_t{s.cin} * size * s.w * s.h};
     const cuuint32_t box[4] = {row / size, g.cols_in, g.seg_rows, g.images}, steps[4] = {1, 1, 1, 1};
-    const CUtensorMapSwizzle swizzle = row == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+    const CUtensorMapSwizzle swizzle = row == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                        : row == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                    : CU_TENSOR_MAP_SWIZZLE_32B;
-    const CUresult r = tensor_map_encoder()(
-        &map, s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(x), dims,
-        strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        tensor_map_encoder()(&map, s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                             const_cast<void*>(x), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         throw Error(ExitCode::failure, "tc_conv: cuTensorMapEncodeTiled failed (error " + std::to_string(r) +
                                            ") for an input of " + std::to_string(s.n) + "x" + std::to_string(s.h) +

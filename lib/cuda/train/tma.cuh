@@ -28,8 +28,8 @@ __device__ __forceinline__ void mbarrier_init(unsigned bar) {
 }
 // The calling thread's arrival, announcing the bytes the copies it issues next bring.
 __device__ __forceinline__ void mbarrier_expect(unsigned bar, unsigned bytes) {
-    DSTK_TMA_BODY(
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");)
+    DSTK_TMA_BODY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                               : "memory");)
 }
 // Waits until the barrier's phase with this parity has completed.
 __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
@@ -54,8 +54,7 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const CUtensorMap& map
                                             unsigned bar) {
     DSTK_TMA_BODY(asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                                " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
-                               "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                               "r"(bar)
+                               "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                                : "memory");)
 }
 // The same box into L2 only: nothing to wait for.
