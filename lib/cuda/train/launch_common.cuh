@@ -57,17 +57,21 @@ __device__ __forceinline__ void await_predecessor() {
 #endif
 }
 
-// Whether this kernel may be launched programmatically here: not where
-// DSTK_PDL=0 (read at each launch: a graph keeps what held at its capture);
-// only on a device of compute capability 9.0 or more (binaryVersion), and
-// only where the kernel's code was compiled for compute_90 or later
+// Whether the kernel's code here uses compute capability 9.0: a device of 9.0
+// or more (binaryVersion), and code compiled for compute_90 or later
 // (ptxVersion): PTX of an older architecture, JIT-compiled for a newer GPU,
-// has the wait compiled out.
-template <class K> bool programmatic_launch(K* kernel) {
-    if (const char* e = std::getenv("DSTK_PDL"); e && std::strcmp(e, "0") == 0) return false;
+// has what __CUDA_ARCH__ >= 900 guards compiled out.
+template <class K> bool compiled_for_sm90(K* kernel) {
     cudaFuncAttributes a{};
     CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
     return a.binaryVersion >= 90 && a.ptxVersion >= 90;
+}
+// Whether this kernel may be launched programmatically here: not where
+// DSTK_PDL=0 (read at each launch: a graph keeps what held at its capture),
+// and only where its code waits (compiled_for_sm90).
+template <class K> bool programmatic_launch(K* kernel) {
+    if (const char* e = std::getenv("DSTK_PDL"); e && std::strcmp(e, "0") == 0) return false;
+    return compiled_for_sm90(kernel);
 }
 
 // kernel<<<grid, block, shared, s>>>(args...) with the PDL attribute where

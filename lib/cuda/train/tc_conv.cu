@@ -1,9 +1,15 @@
 #include "tc_conv.hpp"
 
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <mutex>
+#include <numeric>
+#include <stdexcept>
+#include <string>
 
 #include "launch_common.cuh"
+#include "tma.cuh"
 
 namespace dstk::train::cuda {
 namespace {
@@ -38,26 +44,50 @@ template <class T> struct Elem {
     static constexpr unsigned stage_words = 16 * stage_pitch;    // a warp's staging rows
 };
 
+// How the input tiles come into shared memory. On compute capability 9.0
+// one thread has the tensor memory accelerator copy a tile as a box of the
+// [n][h][w][c] input, the halo outside the images filled with zeros, in
+// "planes" of up to 128 bytes of each pixel's channels with the 16-byte
+// chunks of each row swizzled (TMA's 32, 64 or 128-byte pattern, the chunk
+// index XORed with bits 7 and up of its address): the eight rows an ldmatrix
+// reads fall in distinct banks without padding. Elsewhere each thread copies
+// 16-byte chunks (cp.async) into rows padded by 16 bytes.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool tma_tiles = true;
+#else
+constexpr bool tma_tiles = false;
+#endif
+constexpr unsigned tma_align = 1024; // a plane starts where the 128-byte pattern does
+// Bytes of a pixel's channels per plane: 32, 64 or 128.
+template <class T, unsigned CIN> constexpr unsigned plane_row = std::gcd(CIN* unsigned{sizeof(T)}, 128u);
+// The largest box side TMA takes.
+constexpr unsigned tma_max_box = 256;
+
 // A tile: whole rows of one image, or several whole images where an image
 // has at most half a tile's pixels (the 8x8 and smaller layers would leave
 // most warps idle otherwise). Each image's rows come with a row of halo above
 // and below and a column left and right ("segments" in shared memory).
-// Shared memory: the input tile's pixels and the block's filter rows
-// ([n][tap]) each padded by 16 bytes, so that the eight 16-byte rows an
-// ldmatrix reads (consecutive pixels, or consecutive n) fall in distinct banks.
+// Shared memory: the input tile's pixels (padded rows, or TMA's planes) and
+// the block's filter rows ([n][tap]) padded by 16 bytes, so that the eight
+// 16-byte rows an ldmatrix reads (consecutive pixels, or consecutive n) fall
+// in distinct banks.
 struct Geometry {
     TcConvShape s;
     unsigned mw;
+    bool tma;
     unsigned images, tile_rows, tiles_per_image, tiles, seg_rows, cols_in, seg_pixels;
-    unsigned pitch; // bytes per pixel (or filter row) in shared memory
+    unsigned pitch;       // bytes per filter row (and, without TMA, per pixel) in shared memory
+    unsigned plane_bytes; // TMA: bytes between planes (a tile's pixels x plane_row, aligned)
+    unsigned box_bytes;   // TMA: bytes a tile's copy brings
     Div32 dw, dcols, dseg_rows, dseg_pixels;
     std::uint64_t x_bytes, w_bytes, shared;
 };
 
-Geometry geometry_for(const TcConvShape& s, unsigned mw) {
+Geometry geometry_for(const TcConvShape& s, unsigned mw, bool tma) {
     Geometry g{};
     g.s = s;
     g.mw = mw;
+    g.tma = tma;
     const unsigned tile = conv_warps * 16 * mw, image = std::max(1u, s.h * s.w);
     g.images = image * 2 <= tile ? tile / image : 1;
     g.tile_rows = g.images > 1 ? s.h : std::max(1u, std::min(s.h, tile / std::max(1u, s.w)));
@@ -66,21 +96,31 @@ Geometry geometry_for(const TcConvShape& s, unsigned mw) {
     g.seg_rows = g.tile_rows + 2;
     g.cols_in = s.w + 2;
     g.seg_pixels = g.tile_rows * s.w;
-    g.pitch = s.cin * (s.tf32 ? Elem<float>::size : Elem<bf16>::size) + row_pad;
+    const unsigned channel_bytes = s.cin * (s.tf32 ? Elem<float>::size : Elem<bf16>::size);
+    g.pitch = channel_bytes + row_pad;
     g.dw = Div32(s.w);
     g.dcols = Div32(g.cols_in);
     g.dseg_rows = Div32(g.seg_rows);
     g.dseg_pixels = Div32(g.seg_pixels);
-    g.x_bytes = std::uint64_t{g.images} * g.seg_rows * g.cols_in * g.pitch;
+    const std::uint64_t pixels = std::uint64_t{g.images} * g.seg_rows * g.cols_in;
+    if (tma) {
+        const unsigned row = std::gcd(channel_bytes, 128u), planes = channel_bytes / row; // as plane_row
+        g.plane_bytes = static_cast<unsigned>((pixels * row + tma_align - 1) / tma_align * tma_align);
+        g.box_bytes = static_cast<unsigned>(pixels * channel_bytes);
+        g.x_bytes = std::uint64_t{planes} * g.plane_bytes;
+    } else {
+        g.x_bytes = pixels * g.pitch;
+    }
     g.w_bytes = std::uint64_t{block_n} * 9 * g.pitch;
     const unsigned stage_words = s.tf32 ? Elem<float>::stage_words : Elem<bf16>::stage_words;
-    g.shared = g.x_bytes + g.w_bytes + std::uint64_t{conv_warps} * stage_words * 4;
+    // TMA: room to align the tiles, and the barrier (8 bytes) after the staging rows.
+    g.shared = (tma ? tma_align + 8 : 0) + g.x_bytes + g.w_bytes + std::uint64_t{conv_warps} * stage_words * 4;
     return g;
 }
 
-Geometry geometry_of(const TcConvShape& s) {
-    const Geometry wide = geometry_for(s, wide_mtiles);
-    return wide.shared <= max_shared ? wide : geometry_for(s, narrow_mtiles);
+Geometry geometry_of(const TcConvShape& s, bool tma) {
+    const Geometry wide = geometry_for(s, wide_mtiles, tma);
+    return wide.shared <= max_shared ? wide : geometry_for(s, narrow_mtiles, tma);
 }
 
 template <class T, unsigned CIN> constexpr unsigned shared_pitch = CIN * sizeof(T) + row_pad;
@@ -112,7 +152,8 @@ template <class T, unsigned CIN> __device__ void load_filters(const T* w, unsign
 // Float operands rounded to tf32 in shared memory, to nearest (ties away):
 // unrounded, the products would use a float's upper 19 bits as they are, a
 // bias toward zero that the CPU comparisons measured; by the thread that
-// copied them, once its copies have landed (the filters with the first tile).
+// copied them, once its copies have landed (the filters with the first tile;
+// tiles that TMA copies come rounded, tile_map).
 __device__ __forceinline__ void round_chunk_to_tf32(char* p) {
     uint4& v = *reinterpret_cast<uint4*>(p);
     v = to_tf32(v);
@@ -123,7 +164,7 @@ template <class T, unsigned CIN> __device__ void round_copies(char* xs, char* ws
             return
                 [base](unsigned row, unsigned ch) { round_chunk_to_tf32(base + row * shared_pitch<T, CIN> + ch * 16); };
         };
-        for_tile_chunks<T, CIN>(copied, at(xs));
+        if constexpr (!tma_tiles) for_tile_chunks<T, CIN>(copied, at(xs)); // (TMA converts: tile_map)
         if (filters) for_filter_chunks<T, CIN>(at(ws));
     }
 }
@@ -158,11 +199,43 @@ __device__ __forceinline__ TileOrigin tile_origin(const Geometry& g, unsigned t)
     return {img, (t - img * g.tiles_per_image) * g.tile_rows, 1};
 }
 
+// The TMA box of tile t, plane p: its channels, the column left of the
+// images, the row above its first output row, its first image.
+struct BoxAt {
+    int c, x, y, n;
+};
+template <class T, unsigned CIN> __device__ __forceinline__ BoxAt box_at(const TileOrigin& o, unsigned p) {
+    return {static_cast<int>(p * (plane_row<T, CIN> / sizeof(T))), -1, static_cast<int>(o.oy0) - 1,
+            static_cast<int>(o.img0)};
+}
+
 // Starts the copy of the input rows under tile t (zero outside the images):
-// each thread keeps to one 16-byte chunk of the pixels' channels.
-template <class T, unsigned CIN> __device__ TileSpan load_tile(const T* x, const Geometry& g, unsigned t, char* xs) {
-    const auto [img0, oy0, nimg] = tile_origin(g, t);
+// by TMA, one thread announcing the box's bytes on the barrier at bar (the
+// block's reads of the buffer ordered before it by the barrier before the
+// call), or each thread keeping to one 16-byte chunk of the pixels' channels.
+template <class T, unsigned CIN>
+__device__ TileSpan load_tile(const T* x, const CUtensorMap& map, const Geometry& g, unsigned t, char* xs,
+                              unsigned bar) {
+    const TileOrigin o = tile_origin(g, t);
+    const auto [img0, oy0, nimg] = o;
+    TileSpan span;
+    span.first = (std::uint64_t{img0} * g.s.h + oy0) * g.s.w;
+    span.pixels = g.images > 1 ? nimg * g.seg_pixels : min(g.tile_rows, g.s.h - oy0) * g.s.w;
+    if constexpr (tma_tiles) {
+        span.copied = g.images * g.seg_rows * g.cols_in;
+        if (threadIdx.x == 0) {
+            fence_proxy_async();
+            mbarrier_expect(bar, g.box_bytes);
+            constexpr unsigned planes = CIN * sizeof(T) / plane_row<T, CIN>;
+            for (unsigned p = 0; p < planes; ++p) {
+                const BoxAt b = box_at<T, CIN>(o, p);
+                tma_load_4d(smem_address(xs + p * g.plane_bytes), map, b.c, b.x, b.y, b.n, bar);
+            }
+        }
+        return span;
+    }
     const unsigned total = nimg * g.seg_rows * g.cols_in;
+    span.copied = total;
     for_tile_chunks<T, CIN>(total, [&](unsigned pix, unsigned ch) {
         const unsigned r = g.dcols.div(pix), rx = pix - r * g.cols_in;
         const unsigned seg = g.dseg_rows.div(r), ry = r - seg * g.seg_rows;
@@ -172,10 +245,6 @@ template <class T, unsigned CIN> __device__ TileSpan load_tile(const T* x, const
             ((std::uint64_t{img0 + seg} * g.s.h + iy) * g.s.w + ix) * CIN + ch * Elem<T>::per_chunk;
         cp_async16(xs + pix * shared_pitch<T, CIN> + ch * 16, in ? x + src : x, in);
     });
-    TileSpan span;
-    span.first = (std::uint64_t{img0} * g.s.h + oy0) * g.s.w;
-    span.pixels = g.images > 1 ? nimg * g.seg_pixels : min(g.tile_rows, g.s.h - oy0) * g.s.w;
-    span.copied = total;
     return span;
 }
 
@@ -183,8 +252,20 @@ template <class T, unsigned CIN> __device__ TileSpan load_tile(const T* x, const
 // L2, while the tile before it is multiplied: its copy into shared memory
 // then waits on L2, not on memory. One contiguous range: whole images, or
 // consecutive rows of one image.
-template <class T, unsigned CIN> __device__ void prefetch_tile(const T* x, const Geometry& g, unsigned t) {
-    const auto [img0, oy0, nimg] = tile_origin(g, t);
+template <class T, unsigned CIN>
+__device__ void prefetch_tile(const T* x, const CUtensorMap& map, const Geometry& g, unsigned t) {
+    const TileOrigin o = tile_origin(g, t);
+    if constexpr (tma_tiles) { // the boxes themselves
+        if (threadIdx.x == 0) {
+            constexpr unsigned planes = CIN * sizeof(T) / plane_row<T, CIN>;
+            for (unsigned p = 0; p < planes; ++p) {
+                const BoxAt b = box_at<T, CIN>(o, p);
+                tma_prefetch_4d(map, b.c, b.x, b.y, b.n);
+            }
+        }
+        return;
+    }
+    const auto [img0, oy0, nimg] = o;
     // Rows y0 .. y1 - 1 of images img0 ..: whole images, or the tile's rows and their halo.
     const unsigned y0 = g.images > 1 ? 0 : (oy0 > 0 ? oy0 - 1 : 0);
     const unsigned y1 = g.images > 1 ? g.s.h : min(oy0 + g.tile_rows + 1, g.s.h);
@@ -295,6 +376,22 @@ template <unsigned MW> __device__ __forceinline__ void live_tiles(bool (&live)[M
     for (unsigned m = 0; m < MW; ++m) live[m] = m0 + m * conv_warps < (pixels + 15) / 16;
 }
 
+// Where this lane's ldmatrix row starts in a tile's shared memory: byte c0
+// (a multiple of 32) of the channels of the pixel whose row starts at
+// address row (with the lane's half, lane / 16, in bit 4). Padded rows take
+// c0 as it is; TMA's swizzled planes take c0's plane and its 16-byte chunk
+// XORed with bits 7 and up of the row's address (the tiles start aligned).
+template <class T, unsigned CIN>
+__device__ __forceinline__ unsigned a_row(unsigned row, unsigned c0, unsigned plane_bytes) {
+    if constexpr (tma_tiles) {
+        constexpr unsigned r = plane_row<T, CIN>;
+        const unsigned swizzled = row ^ ((row >> 3) & ((r / 16 - 1) << 4));
+        return (swizzled ^ (c0 % r)) + (c0 / r) * plane_bytes;
+    } else {
+        return row + c0;
+    }
+}
+
 // A warp's 16-pixel row tiles m0, m0 + warps, ... (where they exist) times
 // the block's four column tiles into acc. Shared memory is addressed in
 // bytes from the buffers' converted addresses, the offsets of taps and
@@ -303,14 +400,15 @@ template <class T, unsigned CIN, unsigned MW>
 __device__ void multiply_tiles(const Geometry& g, const char* xs, const char* ws, unsigned pixels, unsigned m0,
                                float (&acc)[MW][4][4]) {
     constexpr unsigned mw = MW, pitch = shared_pitch<T, CIN>;
-    const unsigned lane = threadIdx.x % 32, row_bytes = g.cols_in * pitch;
+    constexpr unsigned xpitch = tma_tiles ? plane_row<T, CIN> : pitch; // bytes per tile pixel (row)
+    const unsigned lane = threadIdx.x % 32, row_bytes = g.cols_in * xpitch;
     bool live[mw];
     live_tiles(live, pixels, m0);
     unsigned base[mw];
 #pragma unroll
     for (unsigned m = 0; m < mw; ++m) {
         const unsigned mt = m0 + m * conv_warps;
-        base[m] = smem_address(xs) + pixel_base(g, min(mt * 16 + lane % 16, pixels - 1)) * pitch + (lane / 16) * 16;
+        base[m] = smem_address(xs) + pixel_base(g, min(mt * 16 + lane % 16, pixels - 1)) * xpitch + (lane / 16) * 16;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -325,12 +423,12 @@ __device__ void multiply_tiles(const Geometry& g, const char* xs, const char* ws
     std::uint32_t a[2][mw][4], b[2][2][4];
     auto load = [&](unsigned k, unsigned set) {
         const unsigned tap = k / per_tap, c0 = (k % per_tap) * 32;
-        const unsigned off = (tap / 3) * row_bytes + (tap % 3) * pitch + c0;
+        const unsigned off = (tap / 3) * row_bytes + (tap % 3) * xpitch;
 #pragma unroll
         for (unsigned jp = 0; jp < 2; ++jp) ldmatrix_x4(b[set][jp], brow + (jp * 16 * 9 + tap) * pitch + c0);
 #pragma unroll
         for (unsigned m = 0; m < mw; ++m)
-            if (live[m]) ldmatrix_x4(a[set][m], base[m] + off);
+            if (live[m]) ldmatrix_x4(a[set][m], a_row<T, CIN>(base[m] + off, c0, g.plane_bytes));
     };
     load(0, 0);
 #pragma unroll
@@ -391,26 +489,35 @@ template <class T> constexpr bool early_copy = std::is_same_v<T, float>;
 // waits for its tile's rows, the others on the SM multiply (a second buffer
 // per block, fewer blocks per SM, measured slower); the next tile's copy
 // starts once every warp has multiplied (early_copy), its rows already on
-// their way into L2 (prefetch_tile).
+// their way into L2 (prefetch_tile). With TMA (tma_tiles) thread 0 starts
+// each copy and the block waits on the barrier in shared memory, one phase
+// per tile.
 template <class T, unsigned CIN, unsigned MW, bool Stats>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
-    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats) {
+    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats,
+                   const __grid_constant__ CUtensorMap map) {
     await_predecessor();
     extern __shared__ uint4 smem[];
-    char* const xs = reinterpret_cast<char*>(smem);
+    char* const xs =
+        reinterpret_cast<char*>(smem) + (tma_tiles ? (tma_align - smem_address(smem) % tma_align) % tma_align : 0);
     char* const ws = xs + g.x_bytes;
-    auto* stage = reinterpret_cast<std::uint32_t*>(ws + g.w_bytes) + (threadIdx.x / 32) * Elem<T>::stage_words;
+    auto* const stages = reinterpret_cast<std::uint32_t*>(ws + g.w_bytes);
+    auto* stage = stages + (threadIdx.x / 32) * Elem<T>::stage_words;
+    const unsigned bar = smem_address(stages + conv_warps * Elem<T>::stage_words); // TMA's barrier
+    if (tma_tiles && threadIdx.x == 0) mbarrier_init(bar);
     const unsigned n0 = blockIdx.y * block_n;
     load_filters<T, CIN>(w, n0, ws);
     const float* const pivot = Stats ? stats.pivot + n0 : nullptr; // the block's channels' running means
     if constexpr (Stats)
         for (unsigned e = threadIdx.x; e < conv_warps * block_n * 2; e += conv_threads) stat_slot<T, CIN>(ws, e) = 0.0;
     const unsigned m0 = threadIdx.x / 32;
-    TileSpan span = load_tile<T, CIN>(x, g, blockIdx.x, xs); // the grid has at most one block per tile
+    if constexpr (tma_tiles) __syncthreads(); // the barrier is set up before anyone waits on it
+    TileSpan span = load_tile<T, CIN>(x, map, g, blockIdx.x, xs, bar); // the grid has at most one block per tile
     cp_async_commit();
-    for (unsigned t = blockIdx.x; t < g.tiles; t += gridDim.x) {
-        if (t + gridDim.x < g.tiles) prefetch_tile<T, CIN>(x, g, t + gridDim.x);
+    for (unsigned t = blockIdx.x, phase = 0; t < g.tiles; t += gridDim.x, phase ^= 1) {
+        if (t + gridDim.x < g.tiles) prefetch_tile<T, CIN>(x, map, g, t + gridDim.x);
         cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
+        if constexpr (tma_tiles) mbarrier_wait(bar, phase);
         round_copies<T, CIN>(xs, ws, span.copied, t == blockIdx.x);
         __syncthreads();
         float acc[MW][4][4];
@@ -423,7 +530,7 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
         // Every warp is done with the buffer before the next tile's copy starts.
         __syncthreads();
         if (t + gridDim.x < g.tiles) {
-            span = load_tile<T, CIN>(x, g, t + gridDim.x, xs);
+            span = load_tile<T, CIN>(x, map, g, t + gridDim.x, xs, bar);
             cp_async_commit();
         }
         if constexpr (early_copy<T>) store();
@@ -436,6 +543,49 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
         const unsigned c = n0 + threadIdx.x / 2, k = threadIdx.x % 2;
         stats.partials[(std::uint64_t{c} * gridDim.x + blockIdx.x) * 2 + k] = total;
     }
+}
+
+// The driver's tensor-map encoder (cuTensorMapEncodeTiled), found once
+// through the runtime (no link against the driver library).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || f == nullptr)
+            throw Error(ExitCode::failure, "tc_conv: the CUDA driver has no cuTensorMapEncodeTiled (a driver for "
+                                           "CUDA 12 or later is needed for the tensor memory accelerator)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    return encode;
+}
+
+// The tensor map of input x for TMA's tile copies ([n][h][w][c] as four
+// dimensions, channels innermost; one box a tile's segments in one plane),
+// or an unused one without TMA. Floats come as TF32 (TFLOAT32): TMA rounds
+// them to nearest, ties to even (measured on an H100), where round_copies
+// rounds ties away; both unbiased, which the CPU comparisons need.
+CUtensorMap tile_map(const void* x, const Geometry& g) {
+    CUtensorMap map{};
+    if (!g.tma) return map;
+    const TcConvShape& s = g.s;
+    const unsigned size = s.tf32 ? sizeof(float) : sizeof(bf16), row = std::gcd(s.cin * size, 128u);
+    const cuuint64_t dims[4] = {s.cin, s.w, s.h, s.n};
+    const cuuint64_t strides[3] = {std::uint64_t{s.cin} * size, std::uint64_t{s.cin} * size * s.w,
+                                   std::uint64_t{s.cin} * size * s.w * s.h};
+    const cuuint32_t box[4] = {row / size, g.cols_in, g.seg_rows, g.images}, steps[4] = {1, 1, 1, 1};
+    const CUtensorMapSwizzle swizzle = row == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : row == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                   : CU_TENSOR_MAP_SWIZZLE_32B;
+    const CUresult r =
+        tensor_map_encoder()(&map, s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                             const_cast<void*>(x), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw Error(ExitCode::failure, "tc_conv: cuTensorMapEncodeTiled failed (error " + std::to_string(r) +
+                                           ") for an input of " + std::to_string(s.n) + "x" + std::to_string(s.h) +
+                                           "x" + std::to_string(s.w) + "x" + std::to_string(s.cin));
+    return map;
 }
 
 template <class T, unsigned CIN, unsigned MW, bool Stats>
@@ -453,7 +603,7 @@ unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const
     const std::uint64_t slots = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
     const auto bx =
         static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, std::min<std::uint64_t>(g.tiles, max_blocks)));
-    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, x, filters, y, g, stats);
+    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, x, filters, y, g, stats, tile_map(x, g));
     return bx;
 }
 
@@ -498,12 +648,19 @@ bool tc_conv_supported(const TcConvShape& s) {
     if (s.n < 1 || s.h < 1 || s.w < 1 || s.w > max_width) return false;
     if (s.cin == 0 || s.cin % 16 != 0 || s.cin > max_cin || s.cout == 0 || s.cout % block_n != 0) return false;
     if (std::uint64_t{s.n} * s.h * s.w * std::max(s.cin, s.cout) >= narrow_limit) return false;
-    return geometry_of(s).shared <= max_shared;
+    // Either way of copying tiles (launch_tc_conv picks by the code here); a
+    // TMA box side (segment rows, images) of at most 256.
+    const Geometry tma = geometry_of(s, true);
+    if (tma.seg_rows > tma_max_box || tma.images > tma_max_box || tma.shared > max_shared) return false;
+    return geometry_of(s, false).shared <= max_shared;
 }
 
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
                         const TcConvStats& stats) {
-    const Geometry g = geometry_of(s);
+    // TMA where the kernels' code here is compute_90's (tma_tiles).
+    const bool tma = s.tf32 ? compiled_for_sm90(tc_conv_kernel<float, 16, narrow_mtiles, false>)
+                            : compiled_for_sm90(tc_conv_kernel<bf16, 16, narrow_mtiles, false>);
+    const Geometry g = geometry_of(s, tma);
     return s.tf32 ? launch_typed<float, max_cin_float>(x, w, y, g, scratch, stream, stats)
                   : launch_typed<bf16, max_cin_bf16>(x, w, y, g, scratch, stream, stats);
 }

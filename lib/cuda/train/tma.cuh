@@ -1,0 +1,70 @@
+#pragma once
+// The tensor memory accelerator (compute capability 9.0): a box of a tensor
+// copied into shared memory by one thread's instruction, the parts outside
+// the tensor filled with zeros, its arrival counted on a barrier in shared
+// memory (mbarrier) that the block's threads wait on. Device side only; the
+// tensor map (CUtensorMap) is encoded on the host by whoever launches.
+// Compiled for older architectures, the functions are empty: their callers
+// take them only where the kernel's code is compute_90 or later
+// (launch_common.cuh's programmatic_launch tells the same from the host).
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace dstk::train::cuda {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DSTK_TMA_BODY(...) __VA_ARGS__
+#else
+#define DSTK_TMA_BODY(...)
+#endif
+
+// A barrier at shared address bar that completes once one thread has arrived
+// and the bytes it announced have landed; visible to the async proxy.
+__device__ __forceinline__ void mbarrier_init(unsigned bar) {
+    DSTK_TMA_BODY(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
+                               "fence.mbarrier_init.release.cluster;" ::"r"(bar)
+                               : "memory");)
+}
+// The calling thread's arrival, announcing the bytes the copies it issues next bring.
+__device__ __forceinline__ void mbarrier_expect(unsigned bar, unsigned bytes) {
+    DSTK_TMA_BODY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                               : "memory");)
+}
+// Waits until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+    DSTK_TMA_BODY(unsigned done = 0; do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);)
+}
+// Orders this thread's earlier shared-memory accesses (and, after a block
+// barrier, the block's) before copies it issues next, which write there
+// through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+    DSTK_TMA_BODY(asm volatile("fence.proxy.async.shared::cta;" ::: "memory");)
+}
+// The box of a 4-dimensional tensor map at coordinates c (innermost first,
+// signed: a box may start outside) into shared address dst, counted on bar.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const CUtensorMap& map, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+    DSTK_TMA_BODY(asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                               " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+                               "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                               : "memory");)
+}
+// The same box into L2 only: nothing to wait for.
+__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap& map, int c0, int c1, int c2, int c3) {
+    DSTK_TMA_BODY(asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
+                                   reinterpret_cast<std::uint64_t>(&map)),
+                               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                               : "memory");)
+}
+
+#undef DSTK_TMA_BODY
+
+} // namespace dstk::train::cuda
