@@ -217,5 +217,14 @@ inline unsigned sm_count() {
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     return static_cast<unsigned>(std::max(1, sms));
 }
+// Shared memory one block may take on the current device (its opt-in
+// maximum: 227 KB on compute capability 9.0, 163 KB on 8.0, 99 KB on 8.6 and
+// 8.9); asking a kernel for more fails at launch.
+inline std::uint64_t block_shared_limit() {
+    int dev = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return static_cast<std::uint64_t>(std::max(0, bytes));
+}
 
 } // namespace dstk::train::cuda

@@ -18,9 +18,8 @@ constexpr unsigned conv_warps = 4, conv_threads = conv_warps * 32;
 constexpr unsigned block_n = 32; // output channels per block (four n8 tiles)
 constexpr unsigned max_width = 128;
 // Input channels: up to 128 in bf16; in float the filter rows of 32 outputs
-// at more than 64 channels leave no room for a tile in max_shared.
+// at more than 64 channels leave no room for a tile in shared memory.
 constexpr unsigned max_cin_bf16 = 128, max_cin_float = 64;
-constexpr std::uint64_t max_shared = 160 * 1024;
 constexpr unsigned row_pad = 16; // bytes after each shared row of channels
 
 // 16-pixel row tiles per warp: four (sixteen products per six ldmatrix)
@@ -118,9 +117,16 @@ Geometry geometry_for(const TcConvShape& s, unsigned mw, bool tma) {
     return g;
 }
 
+// Shared memory per block: up to 160 KB (more lets the float 64-channel
+// tiles go wide, four row tiles per warp, measured slower on an H100), never
+// more than the device allows (block_shared_limit: 99 KB on 8.6 and 8.9).
+std::uint64_t max_shared() {
+    return std::min<std::uint64_t>(160 * 1024, block_shared_limit());
+}
+
 Geometry geometry_of(const TcConvShape& s, bool tma) {
     const Geometry wide = geometry_for(s, wide_mtiles, tma);
-    return wide.shared <= max_shared ? wide : geometry_for(s, narrow_mtiles, tma);
+    return wide.shared <= max_shared() ? wide : geometry_for(s, narrow_mtiles, tma);
 }
 
 template <class T, unsigned CIN> constexpr unsigned shared_pitch = CIN * sizeof(T) + row_pad;
@@ -595,7 +601,7 @@ unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const
     static std::once_flag once;
     std::call_once(once, [&] {
         CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_shared)));
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_shared())));
     });
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, conv_threads, g.shared));
@@ -651,8 +657,8 @@ bool tc_conv_supported(const TcConvShape& s) {
     // Either way of copying tiles (launch_tc_conv picks by the code here); a
     // TMA box side (segment rows, images) of at most 256.
     const Geometry tma = geometry_of(s, true);
-    if (tma.seg_rows > tma_max_box || tma.images > tma_max_box || tma.shared > max_shared) return false;
-    return geometry_of(s, false).shared <= max_shared;
+    if (tma.seg_rows > tma_max_box || tma.images > tma_max_box || tma.shared > max_shared()) return false;
+    return geometry_of(s, false).shared <= max_shared();
 }
 
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,

@@ -269,7 +269,8 @@ bool tc_wgrad_supported(const TcWgradShape& s) {
     if (s.w < 8 || s.w > tile_pixels / 2 || (s.w & (s.w - 1)) != 0) return false;
     if (std::uint64_t{s.n} * s.h * s.w * std::max(s.c, s.k) >= (std::uint64_t{1} << 40)) return false;
     const Geometry g = geometry_of(s);
-    return g.shared <= max_shared && std::uint64_t{s.n} * g.tiles_per_image < 0x7fffffffu;
+    return g.shared <= std::min<std::uint64_t>(max_shared, block_shared_limit()) &&
+           std::uint64_t{s.n} * g.tiles_per_image < 0x7fffffffu;
 }
 
 std::uint64_t tc_wgrad_workspace(const TcWgradShape& s) {
