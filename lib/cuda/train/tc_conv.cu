@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <mutex>
 #include <numeric>
-#include <stdexcept>
 #include <string>
 
 #include "launch_common.cuh"
@@ -57,8 +56,13 @@ constexpr bool tma_tiles = true;
 constexpr bool tma_tiles = false;
 #endif
 constexpr unsigned tma_align = 1024; // a plane starts where the 128-byte pattern does
-// Bytes of a pixel's channels per plane: 32, 64 or 128.
-template <class T, unsigned CIN> constexpr unsigned plane_row = std::gcd(CIN* unsigned{sizeof(T)}, 128u);
+// Bytes of a pixel's channels per plane (of channel_bytes, a multiple of
+// 32): 32, 64 or 128; and the planes a tile takes.
+constexpr unsigned plane_row_of(unsigned channel_bytes) {
+    return std::gcd(channel_bytes, 128u);
+}
+template <class T, unsigned CIN> constexpr unsigned plane_row = plane_row_of(CIN* unsigned{sizeof(T)});
+template <class T, unsigned CIN> constexpr unsigned tile_planes = CIN* unsigned{sizeof(T)} / plane_row<T, CIN>;
 // The largest box side TMA takes.
 constexpr unsigned tma_max_box = 256;
 
@@ -103,7 +107,7 @@ Geometry geometry_for(const TcConvShape& s, unsigned mw, bool tma) {
     g.dseg_pixels = Div32(g.seg_pixels);
     const std::uint64_t pixels = std::uint64_t{g.images} * g.seg_rows * g.cols_in;
     if (tma) {
-        const unsigned row = std::gcd(channel_bytes, 128u), planes = channel_bytes / row; // as plane_row
+        const unsigned row = plane_row_of(channel_bytes), planes = channel_bytes / row;
         g.plane_bytes = static_cast<unsigned>((pixels * row + tma_align - 1) / tma_align * tma_align);
         g.box_bytes = static_cast<unsigned>(pixels * channel_bytes);
         g.x_bytes = std::uint64_t{planes} * g.plane_bytes;
@@ -191,7 +195,7 @@ template <class T> __global__ void turn_filters_kernel(const T* w, T* out, unsig
 struct TileSpan {
     std::uint64_t first = 0;
     unsigned pixels = 0;
-    unsigned copied = 0; // pixels in shared memory, the halo's included
+    unsigned copied = 0; // pixels the threads copy (cp.async), the halo's included; none with TMA
 };
 
 // Where tile t starts: its first image, its first output row in it (0 for
@@ -227,13 +231,11 @@ __device__ TileSpan load_tile(const T* x, const CUtensorMap& map, const Geometry
     TileSpan span;
     span.first = (std::uint64_t{img0} * g.s.h + oy0) * g.s.w;
     span.pixels = g.images > 1 ? nimg * g.seg_pixels : min(g.tile_rows, g.s.h - oy0) * g.s.w;
-    if constexpr (tma_tiles) {
-        span.copied = g.images * g.seg_rows * g.cols_in;
+    if constexpr (tma_tiles) { // (copied: none by the threads)
         if (threadIdx.x == 0) {
             fence_proxy_async();
             mbarrier_expect(bar, g.box_bytes);
-            constexpr unsigned planes = CIN * sizeof(T) / plane_row<T, CIN>;
-            for (unsigned p = 0; p < planes; ++p) {
+            for (unsigned p = 0; p < tile_planes<T, CIN>; ++p) {
                 const BoxAt b = box_at<T, CIN>(o, p);
                 tma_load_4d(smem_address(xs + p * g.plane_bytes), map, b.c, b.x, b.y, b.n, bar);
             }
@@ -263,8 +265,7 @@ __device__ void prefetch_tile(const T* x, const CUtensorMap& map, const Geometry
     const TileOrigin o = tile_origin(g, t);
     if constexpr (tma_tiles) { // the boxes themselves
         if (threadIdx.x == 0) {
-            constexpr unsigned planes = CIN * sizeof(T) / plane_row<T, CIN>;
-            for (unsigned p = 0; p < planes; ++p) {
+            for (unsigned p = 0; p < tile_planes<T, CIN>; ++p) {
                 const BoxAt b = box_at<T, CIN>(o, p);
                 tma_prefetch_4d(map, b.c, b.x, b.y, b.n);
             }
@@ -559,8 +560,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
         cudaDriverEntryPointQueryResult found{};
         CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
         if (found != cudaDriverEntryPointSuccess || f == nullptr)
-            throw Error(ExitCode::failure, "tc_conv: the CUDA driver has no cuTensorMapEncodeTiled (a driver for "
-                                           "CUDA 12 or later is needed for the tensor memory accelerator)");
+            throw Error(ExitCode::failure, "tc_conv: the CUDA driver has no cuTensorMapEncodeTiled, which the tensor "
+                                           "memory accelerator needs: install an NVIDIA driver for CUDA 12 or later");
         return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
     }();
     return encode;
@@ -575,7 +576,7 @@ CUtensorMap tile_map(const void* x, const Geometry& g) {
     CUtensorMap map{};
     if (!g.tma) return map;
     const TcConvShape& s = g.s;
-    const unsigned size = s.tf32 ? sizeof(float) : sizeof(bf16), row = std::gcd(s.cin * size, 128u);
+    const unsigned size = s.tf32 ? sizeof(float) : sizeof(bf16), row = plane_row_of(s.cin * size);
     const cuuint64_t dims[4] = {s.cin, s.w, s.h, s.n};
     const cuuint64_t strides[3] = {std::uint64_t{s.cin} * size, std::uint64_t{s.cin} * size * s.w,
                                    std::uint64_t{s.cin} * size * s.w * s.h};
