@@ -7,89 +7,143 @@ namespace dstk::train::cuda {
 namespace {
 
 constexpr unsigned taps = 9;
-constexpr unsigned mom_threads = taps * 32; // warp t: the pair's first tap t; lanes: pixels
+constexpr unsigned mom_warps = 8, mom_threads = mom_warps * 32;
+constexpr unsigned mom_tile = mom_threads; // output pixels per tile: one patch row per thread
 
 unsigned patch_values(const DirectConvShape& s) {
     return taps * s.c;
 }
 
+// Columns of the patch matrix: the K patch values, a one (its products are
+// the sums), zeros to a multiple of 16.
+unsigned moment_cols(const DirectConvShape& s) {
+    return patch_values(s) + 1 <= 32 ? 32 : 48;
+}
+
 unsigned moments_blocks(const DirectConvShape& s) {
-    const std::uint64_t pixels = std::uint64_t{s.n} * s.oh * s.ow;
-    return static_cast<unsigned>(std::clamp<std::uint64_t>((pixels + 31) / 32, 1, sm_count()));
+    const std::uint64_t tiles = (std::uint64_t{s.n} * s.oh * s.ow + mom_tile - 1) / mom_tile;
+    return static_cast<unsigned>(std::min<std::uint64_t>(tiles, std::uint64_t{sm_count()} * 2));
 }
 
-// The C channels of input pixel (iy, ix) of image img, zero outside the image.
-template <class T, int C>
-__device__ __forceinline__ void load_pixel(const T* x, const DirectConvShape& s, unsigned img, int iy, int ix,
-                                           float (&v)[C]) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) v[c] = 0.0f;
-    if (iy < 0 || ix < 0 || iy >= static_cast<int>(s.h) || ix >= static_cast<int>(s.w)) return;
-    const std::uint64_t at = ((std::uint64_t{img} * s.h + iy) * s.w + ix) * s.cstride;
-#pragma unroll
-    for (int c = 0; c < C; ++c) v[c] = ld(x, at + c);
+// Shared memory: the tile's patch rows (KP + 8 bf16 each: rows 16 bytes apart
+// mod 128, so an ldmatrix's eight rows fall in distinct banks), fp32 inputs
+// as a high and a low bf16 part (two matrices).
+template <class T, int KP> constexpr unsigned row_stride = KP + 8;
+template <class T, int KP> constexpr unsigned patch_matrices = std::is_same_v<T, bf16> ? 1 : 2;
+template <class T, int KP> std::uint64_t moments_shared() {
+    const std::uint64_t rows = std::uint64_t{patch_matrices<T, KP>} * mom_tile * row_stride<T, KP> * sizeof(bf16);
+    return std::max<std::uint64_t>(rows, std::uint64_t{KP} * KP * sizeof(float));
 }
 
-// Per block: the sums of the patch values (K), then their products (K x K),
-// j = c * 9 + tap. Warp t1 takes the products of tap t1 with every tap.
-template <class T, int C>
-__global__ void __launch_bounds__(mom_threads, 1)
+// Thread q's patch row of tile pixel `first + q` (zeros past the last pixel):
+// x under its nine taps, channel-major as in the KCRS weights, then a one.
+template <class T, int C, int KP>
+__device__ void build_patch_row(const T* x, const DirectConvShape& s, Div32 dow, Div32 doh, unsigned pixel,
+                                unsigned pixels, bf16* hi, bf16* lo) {
+    constexpr unsigned K = taps * C;
+    float v[KP] = {};
+    if (pixel < pixels) {
+        const unsigned row = dow.div(pixel), ox = pixel - row * s.ow, img = doh.div(row), oy = row - img * s.oh;
+        const int iy0 = static_cast<int>(oy * s.stride) - static_cast<int>(s.pad);
+        const int ix0 = static_cast<int>(ox * s.stride) - static_cast<int>(s.pad);
+#pragma unroll
+        for (int t = 0; t < static_cast<int>(taps); ++t) {
+            const int iy = iy0 + t / 3, ix = ix0 + t % 3;
+            if (iy < 0 || ix < 0 || iy >= static_cast<int>(s.h) || ix >= static_cast<int>(s.w)) continue;
+            const std::uint64_t at = ((std::uint64_t{img} * s.h + iy) * s.w + ix) * s.cstride;
+#pragma unroll
+            for (int c = 0; c < C; ++c) v[c * taps + t] = ld(x, at + c);
+        }
+        v[K] = 1.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < KP; j += 8) {
+        std::uint32_t h[4], l[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bf16 h0 = __float2bfloat16(v[j + 2 * e]), h1 = __float2bfloat16(v[j + 2 * e + 1]);
+            h[e] = pack_bf16(__bfloat162float(h0), __bfloat162float(h1));
+            l[e] = pack_bf16(v[j + 2 * e] - __bfloat162float(h0), v[j + 2 * e + 1] - __bfloat162float(h1));
+        }
+        *reinterpret_cast<uint4*>(hi + j) = make_uint4(h[0], h[1], h[2], h[3]);
+        if (lo) *reinterpret_cast<uint4*>(lo + j) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
+// Per block: M = P^T P over its tiles' pixels, P the tiles' patch rows (KP
+// columns, the last used one a one: M's column K holds the sums), on tensor
+// cores in bf16: exact products of bf16 inputs; fp32 inputs as hi + lo
+// (hi hi + hi lo + lo hi, the small terms first: about 16 bits of each).
+// One ldmatrix.x4.trans of 16 columns x 16 pixels is at once the A fragment
+// of those 16 rows of M and the B fragments of those 16 columns.
+template <class T, int C, int KP>
+__global__ void __launch_bounds__(mom_threads)
     first_bn_moments_kernel(const T* x, DirectConvShape s, Div32 dow, Div32 doh, float* partials) {
     await_predecessor();
-    constexpr unsigned K = taps * C;
-    const unsigned lane = threadIdx.x % 32, t1 = threadIdx.x / 32;
-    const int r1 = static_cast<int>(t1 / 3), q1 = static_cast<int>(t1 % 3);
-    float prod[taps][C][C] = {};
-    float sum[C] = {};
+    constexpr int MT = KP / 16, NT = KP / 8, RS = row_stride<T, KP>;
+    constexpr bool split = patch_matrices<T, KP> == 2;
+    extern __shared__ uint4 mom_smem[];
+    auto* hi = reinterpret_cast<bf16*>(mom_smem);
+    bf16* lo = split ? hi + mom_tile * RS : nullptr;
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
     const unsigned pixels = s.n * s.oh * s.ow; // first_bn_applies: below 2^31
-    for (unsigned p = blockIdx.x * 32 + lane; p < pixels; p += gridDim.x * 32) {
-        const unsigned row = dow.div(p), ox = p - row * s.ow, img = doh.div(row), oy = row - img * s.oh;
-        const int iy = static_cast<int>(oy * s.stride) - static_cast<int>(s.pad);
-        const int ix = static_cast<int>(ox * s.stride) - static_cast<int>(s.pad);
-        float v1[C];
-        load_pixel<T, C>(x, s, img, iy + r1, ix + q1, v1);
+    float acc[MT][NT][4] = {};
+    for (unsigned first = blockIdx.x * mom_tile; first < pixels; first += gridDim.x * mom_tile) {
+        __syncthreads(); // the previous tile's reads are done
+        build_patch_row<T, C, KP>(x, s, dow, doh, first + threadIdx.x, pixels, hi + threadIdx.x * RS,
+                                  split ? lo + threadIdx.x * RS : nullptr);
+        __syncthreads();
+        for (unsigned ks = warp; ks < mom_tile / 16; ks += mom_warps) {
+            const unsigned row = ks * 16 + (lane / 16) * 8 + lane % 8, col = ((lane / 8) % 2) * 8;
+            std::uint32_t h[MT][4], l[MT][4];
 #pragma unroll
-        for (int c = 0; c < C; ++c) sum[c] += v1[c];
+            for (int m = 0; m < MT; ++m) {
+                ldmatrix_x4_trans(h[m], hi + row * RS + 16 * m + col);
+                if constexpr (split) ldmatrix_x4_trans(l[m], lo + row * RS + 16 * m + col);
+            }
 #pragma unroll
-        for (int t2 = 0; t2 < static_cast<int>(taps); ++t2) {
-            float v2[C];
-            load_pixel<T, C>(x, s, img, iy + t2 / 3, ix + t2 % 3, v2);
+            for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int a = 0; a < C; ++a)
-#pragma unroll
-                for (int b = 0; b < C; ++b) prod[t2][a][b] = fmaf(v1[a], v2[b], prod[t2][a][b]);
+                for (int n = 0; n < NT; ++n) {
+                    const int bm = n / 2, b0 = n % 2, b1 = 2 + n % 2; // n-tile n: matrices b0, b1 of block n / 2
+                    if constexpr (split) {
+                        mma_bf16_k16(acc[m][n], h[m], l[bm][b0], l[bm][b1]);
+                        mma_bf16_k16(acc[m][n], l[m], h[bm][b0], h[bm][b1]);
+                    }
+                    mma_bf16_k16(acc[m][n], h[m], h[bm][b0], h[bm][b1]);
+                }
         }
     }
-    // The warp's sums over its lanes (a fixed shuffle tree), lane 0 writes them.
-    auto warp_sum = [](float v) {
+    // The warps' sums in warp order into M (KP x KP), then the block's partials.
+    __syncthreads();
+    auto* red = reinterpret_cast<float*>(mom_smem);
+    for (unsigned e = threadIdx.x; e < KP * KP; e += blockDim.x) red[e] = 0.0f;
+    for (unsigned w = 0; w < mom_warps; ++w) {
+        __syncthreads();
+        if (warp != w) continue;
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-        return v;
-    };
-    float* out = partials + std::uint64_t{blockIdx.x} * (K + K * K);
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int a = 0; a < C; ++a) {
-        const float total = warp_sum(sum[a]);
-        if (lane == 0) out[a * taps + t1] = total;
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    red[(16 * m + gid + (e >= 2 ? 8 : 0)) * KP + 8 * n + 2 * t4 + (e & 1)] += acc[m][n][e];
     }
-#pragma unroll
-    for (int t2 = 0; t2 < static_cast<int>(taps); ++t2)
-#pragma unroll
-        for (int a = 0; a < C; ++a)
-#pragma unroll
-            for (int b = 0; b < C; ++b) {
-                const float total = warp_sum(prod[t2][a][b]);
-                if (lane == 0) out[K + (a * taps + t1) * K + b * taps + t2] = total;
-            }
+    __syncthreads();
+    for (unsigned e = threadIdx.x; e < KP * KP; e += blockDim.x)
+        partials[std::uint64_t{blockIdx.x} * KP * KP + e] = red[e];
 }
 
-// moments[e] = the blocks' partials[b][e] added in block order, in double.
-__global__ void first_bn_moments_sum_kernel(const float* partials, unsigned blocks, unsigned count, double* moments) {
+// moments: the sums (M's column K), then the products (M's first K x K),
+// each the blocks' partials added in block order, in double.
+__global__ void first_bn_moments_sum_kernel(const float* partials, unsigned blocks, unsigned k, unsigned kp,
+                                            double* moments) {
     await_predecessor();
     const unsigned e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= count) return;
+    if (e >= k + k * k) return;
+    const unsigned at = e < k ? e * kp + k : ((e - k) / k) * kp + (e - k) % k;
     double total = 0.0;
-    for (unsigned b = 0; b < blocks; ++b) total += partials[std::uint64_t{b} * count + e];
+    for (unsigned b = 0; b < blocks; ++b) total += partials[std::uint64_t{b} * kp * kp + at];
     moments[e] = total;
 }
 
@@ -133,18 +187,23 @@ std::uint64_t first_bn_moments(const DirectConvShape& s) {
 }
 
 std::uint64_t first_bn_moments_workspace(const DirectConvShape& s) {
-    return std::uint64_t{moments_blocks(s)} * first_bn_moments(s) * sizeof(float);
+    return std::uint64_t{moments_blocks(s)} * moment_cols(s) * moment_cols(s) * sizeof(float);
 }
 
 void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, void* workspace, double* moments,
                              cudaStream_t stream) {
-    const unsigned blocks = moments_blocks(s);
+    const unsigned blocks = moments_blocks(s), kp = moment_cols(s);
     auto* partials = static_cast<float*>(workspace);
     const Div32 dow(s.ow), doh(s.oh);
     auto go = [&](auto tag, auto c) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        launch_kernel(first_bn_moments_kernel<T, decltype(c)::value>, blocks, mom_threads, 0, stream,
-                      static_cast<const T*>(x), s, dow, doh, partials);
+        constexpr int C = decltype(c)::value, KP = taps * C + 1 <= 32 ? 32 : 48;
+        const std::uint64_t shared = moments_shared<T, KP>();
+        if (shared > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(first_bn_moments_kernel<T, C, KP>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        launch_kernel(first_bn_moments_kernel<T, C, KP>, blocks, mom_threads, shared, stream, static_cast<const T*>(x),
+                      s, dow, doh, partials);
     };
     dispatch(t, [&](auto tag) {
         switch (s.c) {
@@ -162,8 +221,8 @@ void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s,
             break;
         }
     });
-    const auto count = static_cast<unsigned>(first_bn_moments(s));
-    launch_kernel(first_bn_moments_sum_kernel, (count + 127) / 128, 128, 0, stream, partials, blocks, count, moments);
+    const unsigned k = patch_values(s), count = k + k * k;
+    launch_kernel(first_bn_moments_sum_kernel, (count + 127) / 128, 128, 0, stream, partials, blocks, k, kp, moments);
 }
 
 void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShape& s, const FirstBnBackward& b,
