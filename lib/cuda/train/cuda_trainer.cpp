@@ -312,7 +312,7 @@ class CudaTrainer final : public Trainer {
     bool conv_bn_stats_ = true;
     bool leave_first_bn_ = false;         // this backward pass: first_conv_bn_ and no input gradient wanted
     std::optional<FirstBnIn> pending_bn_; // set by a batch norm's backward left to the layer below
-    double* moments_ = nullptr;           // first_bn_moments of the step's input, where direct_first_
+    float* moments_ = nullptr;            // first_bn_moments of the step's input, where direct_first_
     TensorShape input_;                   // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
@@ -864,7 +864,7 @@ void CudaTrainer::layout(Arena& a) {
     for (const auto& l : layers())
         if (l.spec.kind == LayerKind::batchnorm) bn_channels = std::max(bn_channels, l.in.c);
     bn_partials_ = a.take<double>(bn_partials(std::max(bn_channels, 1u)));
-    if (direct_first_) moments_ = a.take<double>(first_bn_moments(direct_shape(cfg_.max_batch)));
+    if (direct_first_) moments_ = a.take<float>(first_bn_moments(direct_shape(cfg_.max_batch)));
     for (std::size_t k = 0; k < GradBuffers::count; ++k)
         gbuf_.set(k, a.take_bytes(b * cfg_.plan.max_activation() * ab));
     input_grad_ = a.take_bytes(b * input_.numel() * ab);

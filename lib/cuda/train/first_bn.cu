@@ -1,6 +1,7 @@
 // The first batch norm's backward from the input's moments (first_bn.hpp).
 #include "first_bn.hpp"
 
+#include "elementwise.hpp"
 #include "launch_common.cuh"
 
 namespace dstk::train::cuda {
@@ -22,7 +23,7 @@ unsigned moment_cols(const DirectConvShape& s) {
 
 unsigned moments_blocks(const DirectConvShape& s) {
     const std::uint64_t tiles = (std::uint64_t{s.n} * s.oh * s.ow + mom_tile - 1) / mom_tile;
-    return static_cast<unsigned>(std::min<std::uint64_t>(tiles, std::uint64_t{sm_count()} * 2));
+    return static_cast<unsigned>(std::min<std::uint64_t>(tiles, std::uint64_t{sm_count()} * 4));
 }
 
 // Shared memory: the tile's patch rows (KP + 8 bf16 each: rows 16 bytes apart
@@ -51,8 +52,17 @@ __device__ void build_patch_row(const T* x, const DirectConvShape& s, Div32 dow,
             const int iy = iy0 + t / 3, ix = ix0 + t % 3;
             if (iy < 0 || ix < 0 || iy >= static_cast<int>(s.h) || ix >= static_cast<int>(s.w)) continue;
             const std::uint64_t at = ((std::uint64_t{img} * s.h + iy) * s.w + ix) * s.cstride;
+            if constexpr (std::is_same_v<T, bf16>) { // tc_forward_applies: channels stored in fours
+                const uint2 q = *reinterpret_cast<const uint2*>(x + at);
+                const float2 lo2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+                const float2 hi2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+                const float c4[4] = {lo2.x, lo2.y, hi2.x, hi2.y};
 #pragma unroll
-            for (int c = 0; c < C; ++c) v[c * taps + t] = ld(x, at + c);
+                for (int c = 0; c < C; ++c) v[c * taps + t] = c4[c];
+            } else {
+#pragma unroll
+                for (int c = 0; c < C; ++c) v[c * taps + t] = ld(x, at + c);
+            }
         }
         v[K] = 1.0f;
     }
@@ -134,22 +144,9 @@ __global__ void __launch_bounds__(mom_threads)
         partials[std::uint64_t{blockIdx.x} * KP * KP + e] = red[e];
 }
 
-// moments: the sums (M's column K), then the products (M's first K x K),
-// each the blocks' partials added in block order, in double.
-__global__ void first_bn_moments_sum_kernel(const float* partials, unsigned blocks, unsigned k, unsigned kp,
-                                            double* moments) {
-    await_predecessor();
-    const unsigned e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= k + k * k) return;
-    const unsigned at = e < k ? e * kp + k : ((e - k) / k) * kp + (e - k) % k;
-    double total = 0.0;
-    for (unsigned b = 0; b < blocks; ++b) total += partials[std::uint64_t{b} * kp * kp + at];
-    moments[e] = total;
-}
-
 // One block per output channel k, thread j one patch value (first_bn.hpp's formula).
-__global__ void first_bn_backward_kernel(const float* sums, unsigned K, unsigned kout, double count, bool bf16_weights,
-                                         FirstBnBackward b, float* dw) {
+__global__ void first_bn_backward_kernel(const float* sums, unsigned K, unsigned kp, unsigned kout, double count,
+                                         bool bf16_weights, FirstBnBackward b, float* dw) {
     await_predecessor();
     constexpr unsigned max_k = 4 * taps;
     __shared__ double w[max_k], wa[max_k];
@@ -169,28 +166,27 @@ __global__ void first_bn_backward_kernel(const float* sums, unsigned K, unsigned
         b.dbeta[k] = static_cast<float>(sg);
     }
     if (j >= K) return;
-    const double* sx = b.moments;
-    const double* gram = b.moments + K;
+    const float* m = b.moments + std::uint64_t{j} * kp; // row j: products with every column, then the sum
     double gw = 0.0;
-    for (unsigned i = 0; i < K; ++i) gw += gram[std::uint64_t{j} * K + i] * w[i];
-    const double z = gw - mean * sx[j]; // sum_p x_p[j] (y - mean)
+    for (unsigned i = 0; i < K; ++i) gw += m[i] * w[i];
+    const double sx = m[K];
+    const double z = gw - mean * sx; // sum_p x_p[j] (y - mean)
     const double a = sums[std::uint64_t{k} * K + j];
     dw[std::uint64_t{k} * K + j] =
-        static_cast<float>(b.gamma[k] * is * (a - sg / count * sx[j] - is * is * sgy / count * z));
+        static_cast<float>(b.gamma[k] * is * (a - sg / count * sx - is * is * sgy / count * z));
 }
 
 } // namespace
 
 std::uint64_t first_bn_moments(const DirectConvShape& s) {
-    const std::uint64_t k = patch_values(s);
-    return k + k * k;
+    return std::uint64_t{moment_cols(s)} * moment_cols(s);
 }
 
 std::uint64_t first_bn_moments_workspace(const DirectConvShape& s) {
     return std::uint64_t{moments_blocks(s)} * moment_cols(s) * moment_cols(s) * sizeof(float);
 }
 
-void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, void* workspace, double* moments,
+void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, void* workspace, float* moments,
                              cudaStream_t stream) {
     const unsigned blocks = moments_blocks(s), kp = moment_cols(s);
     auto* partials = static_cast<float*>(workspace);
@@ -221,15 +217,14 @@ void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s,
             break;
         }
     });
-    const unsigned k = patch_values(s), count = k + k * k;
-    launch_kernel(first_bn_moments_sum_kernel, (count + 127) / 128, 128, 0, stream, partials, blocks, k, kp, moments);
+    launch_sum_partials(partials, blocks, std::uint64_t{kp} * kp, moments, ActType::f32, stream);
 }
 
 void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShape& s, const FirstBnBackward& b,
                               float* dw, cudaStream_t stream) {
     const double count = static_cast<double>(s.n) * s.oh * s.ow;
-    launch_kernel(first_bn_backward_kernel, s.k, 64, 0, stream, sums, patch_values(s), s.k, count, t == ActType::bf16,
-                  b, dw);
+    launch_kernel(first_bn_backward_kernel, s.k, 64, 0, stream, sums, patch_values(s), moment_cols(s), s.k, count,
+                  t == ActType::bf16, b, dw);
 }
 
 } // namespace dstk::train::cuda

@@ -18,9 +18,10 @@
 // weight-gradient pass. The moments depend on the input alone and are taken
 // beside the forward pass.
 //
-// Moments: per-block float partials (a fixed grid, each warp one tap of the
-// pair, its lanes the pixels) summed in block order in double: the same result
-// on every run. Indices j = c * 9 + tap, as in the KCRS weights.
+// Moments: M = P^T P, P the patch rows with a one after the K values (M's
+// column K: the sums s; its first K x K: G), KP x KP floats (KP: K + 1 rounded
+// up to 32 or 48); per-block partials summed in a fixed order (sum_partials):
+// the same result on every run. Indices j = c * 9 + tap, as in the KCRS weights.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,13 +31,13 @@
 
 namespace dstk::train::cuda {
 
-// Doubles of the moments of shape s: K sums, then the K x K products.
+// Floats of the moments of shape s (KP x KP).
 std::uint64_t first_bn_moments(const DirectConvShape& s);
 // Workspace bytes launch_first_bn_moments needs.
 std::uint64_t first_bn_moments_workspace(const DirectConvShape& s);
 // x: the convolution's input as direct_conv reads it (NHWC, s.cstride
 // channels stored, s.c used; bf16, or fp32 in the tf32 precision).
-void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, void* workspace, double* moments,
+void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, void* workspace, float* moments,
                              cudaStream_t stream);
 
 // What the combination reads besides the weight gradient's sums.
@@ -45,7 +46,7 @@ struct FirstBnBackward {
     const float* gamma = nullptr;  // the batch norm's scale
     const float* mean = nullptr;   // its saved batch mean
     const float* invstd = nullptr; // and 1 / std
-    const double* moments = nullptr;
+    const float* moments = nullptr;
     float* dgamma = nullptr;
     float* dbeta = nullptr;
 };
