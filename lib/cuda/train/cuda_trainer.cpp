@@ -312,7 +312,6 @@ class CudaTrainer final : public Trainer {
     bool conv_bn_stats_ = true;
     bool leave_first_bn_ = false;         // this backward pass: first_conv_bn_ and no input gradient wanted
     std::optional<FirstBnIn> pending_bn_; // set by a batch norm's backward left to the layer below
-    float* moments_ = nullptr;            // first_bn_moments of the step's input, where direct_first_
     TensorShape input_;                   // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
@@ -864,7 +863,6 @@ void CudaTrainer::layout(Arena& a) {
     for (const auto& l : layers())
         if (l.spec.kind == LayerKind::batchnorm) bn_channels = std::max(bn_channels, l.in.c);
     bn_partials_ = a.take<double>(bn_partials(std::max(bn_channels, 1u)));
-    if (direct_first_) moments_ = a.take<float>(first_bn_moments(direct_shape(cfg_.max_batch)));
     for (std::size_t k = 0; k < GradBuffers::count; ++k)
         gbuf_.set(k, a.take_bytes(b * cfg_.plan.max_activation() * ab));
     input_grad_ = a.take_bytes(b * input_.numel() * ab);
@@ -950,9 +948,7 @@ void CudaTrainer::create_layer_descriptors() {
     force_own_ = env && std::string(env) == "own";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
-    if (direct_first_)
-        ws = std::max({ws, direct_conv_workspace(direct_shape(cfg_.max_batch)),
-                       first_bn_moments_workspace(direct_shape(cfg_.max_batch))});
+    if (direct_first_) ws = std::max(ws, direct_conv_workspace(direct_shape(cfg_.max_batch)));
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
         const LayerSpec& sp = layers()[i].spec;
         dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
@@ -1294,10 +1290,6 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         const float* p = params_ + l.param_offset;
         switch (l.spec.kind) {
         case LayerKind::conv:
-            if (i == 0 && direct_first_ && training && fuse && first_conv_bn_) {
-                const Lane w = weight_lane(); // the moments for the batch norm's backward, beside the forward pass
-                launch_first_bn_moments(x, at_, direct_shape(n), w.workspace, moments_, w.stream);
-            }
             if (i == 0 && direct_first_)
                 launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
             else if (d.tc_fwd && training && d.bn_stats)
@@ -1464,9 +1456,8 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
         if (i == 1 && leave_first_bn_) {        // first_bn_into_wgrad
-            pending_bn_ =
-                FirstBnIn{fused ? dev_[i + 1].out : nullptr,
-                          {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, moments_, g, g + l.in.c}};
+            pending_bn_ = FirstBnIn{fused ? dev_[i + 1].out : nullptr,
+                                    {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c}};
             return dy;
         }
         launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,

@@ -501,7 +501,8 @@ template <class T> using InPixel = std::conditional_t<std::is_same_v<T, bf16>, u
 template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p) {
     const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * DyRows<T>(p.s.k).stride * 16 +
                                 std::uint64_t{p.rows_in} * p.cols_in * sizeof(InPixel<T>);
-    return std::max<std::uint64_t>(tiles, std::uint64_t{p.s.k} * 8 * tcw_ntiles * sizeof(float));
+    constexpr std::uint64_t cols = 8 * tcw_ntiles; // the sums, then a batch norm's moments (tcw_reduce)
+    return std::max<std::uint64_t>(tiles, (std::uint64_t{p.s.k} + cols) * cols * sizeof(float));
 }
 
 // The 16-byte chunk q of dy's pixel row r in shared memory; bf16 swizzled so
@@ -513,12 +514,8 @@ template <class T, int CH> __device__ __forceinline__ unsigned dy_chunk(unsigned
         return r * (CH + 2) + q;
 }
 
-// FirstBnIn as the kernels take it: the ReLU mask's source, and whether a
-// column of ones sums dy (S) beside the patches.
-template <class T> struct MaskIn {
-    const T* relu_out;
-    bool ones;
-};
+// FirstBnIn as the kernels take it: the ReLU mask's source (null: none).
+template <class T> struct MaskIn { const T* relu_out; };
 
 // dy's chunk where relu_out's chunk m is positive, zero elsewhere.
 template <class T> __device__ __forceinline__ uint4 masked(uint4 g, uint4 m) {
@@ -580,14 +577,28 @@ __device__ unsigned tcw_load_tile(const T* x, const T* dy, const MaskIn<T>& bn, 
     return pixels;
 }
 
+// The moments' blocks (first_bn.hpp) a step adds with Moments: M = P^T P
+// over the 40 columns (tap * 4 + channel; column 36 the ones), whose B
+// fragments the step holds: for rows 16 mt.. the A fragment is made of the
+// B fragments of n-tiles 2 mt and 2 mt + 1. Only the blocks on and above the
+// diagonal (M is symmetric): m-tile mt with n-tiles from 2 mt.
+constexpr int mom_mtiles = 3;
+struct MomentBlocks {
+    float d[9][4];
+};
+__host__ __device__ constexpr int moment_block(int mt, int n) {
+    return mt == 0 ? n : mt == 1 ? 5 + n - 2 : 8;
+}
+
 // One k8 step of 8 pixels from ks * 8 (bf16: m16n8k8, A by ldmatrix.trans
 // and B two pixels to a register; fp32: m16n8k8 TF32, A rows gid, gid + 8 of
-// pixels t4 and t4 + 4, B those pixels under each tap).
-// With ones, the tenth tap's first channel is 1 under every pixel: that
-// column sums dy (rows past the tile's pixels are zero).
-template <class T, int CH, int MT>
+// pixels t4 and t4 + 4, B those pixels under each tap). With ones, the tenth
+// tap's first channel is 1 under every pixel: that column sums dy (rows past
+// the tile's pixels are zero).
+template <class T, int CH, int MT, bool Moments>
 __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs, const TcParams& p, unsigned ks,
-                                         unsigned pixels, bool ones, float (&acc)[MT][tcw_ntiles][4]) {
+                                         unsigned pixels, bool ones, float (&acc)[MT][tcw_ntiles][4],
+                                         MomentBlocks& mom) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     // The pixel's top-left tap in the input tile (pixels past the tile clamped: their dy rows are zero).
     auto base_of = [&](unsigned q) {
@@ -599,6 +610,7 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
         tap = 2 * j + gid / 4;
         off = (tap / 3) * p.cols_in + tap % 3;
     };
+    const unsigned c = gid % 4;
     if constexpr (std::is_same_v<T, bf16>) {
         const auto* xh = reinterpret_cast<const unsigned short*>(xs);
         const unsigned r = ks * 8 + lane % 8;
@@ -610,17 +622,23 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
         }
         const unsigned ba = base_of(ks * 8 + 2 * t4), bb = base_of(ks * 8 + 2 * t4 + 1);
+        const std::uint32_t one = ones && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
+        std::uint32_t b[tcw_ntiles + 1];
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
             unsigned tap, off;
             tap_of(j, tap, off);
-            const unsigned c = gid % 4;
-            const std::uint32_t one = ones && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
-            const std::uint32_t b =
-                tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : one;
+            b[j] = tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : one;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
+            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b[j]);
         }
+        b[tcw_ntiles] = 0u;
+        if constexpr (Moments)
+#pragma unroll
+            for (int mt = 0; mt < mom_mtiles; ++mt)
+#pragma unroll
+                for (int n = 2 * mt; n < tcw_ntiles; ++n)
+                    mma_bf16(mom.d[moment_block(mt, n)], b[2 * mt], b[2 * mt + 1], b[n]);
     } else {
         const auto* dw = reinterpret_cast<const std::uint32_t*>(dys);
         const auto* xw = reinterpret_cast<const std::uint32_t*>(xs); // rounded to TF32 as loaded
@@ -634,44 +652,39 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[m][2] = dw[(r0 + 4) * row + k], a[m][3] = dw[(r0 + 4) * row + k + 8];
         }
         const unsigned ba = base_of(r0), bb = base_of(r0 + 4);
+        const std::uint32_t one = ones && c == 0 ? 0x3f800000u : 0u; // 1.0f
+        std::uint32_t b0[tcw_ntiles + 1], b1[tcw_ntiles + 1];
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
             unsigned tap, off;
             tap_of(j, tap, off);
-            const unsigned c = gid % 4;
-            const std::uint32_t one = ones && c == 0 ? 0x3f800000u : 0u; // 1.0f
-            const std::uint32_t b0 = tap < 9 ? xw[(ba + off) * 4 + c] : one;
-            const std::uint32_t b1 = tap < 9 ? xw[(bb + off) * 4 + c] : one;
+            b0[j] = tap < 9 ? xw[(ba + off) * 4 + c] : one;
+            b1[j] = tap < 9 ? xw[(bb + off) * 4 + c] : one;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0, b1);
+            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0[j], b1[j]);
         }
+        b0[tcw_ntiles] = b1[tcw_ntiles] = 0u;
+        if constexpr (Moments)
+#pragma unroll
+            for (int mt = 0; mt < mom_mtiles; ++mt) {
+                const std::uint32_t am[4] = {b0[2 * mt], b0[2 * mt + 1], b1[2 * mt], b1[2 * mt + 1]};
+#pragma unroll
+                for (int n = 2 * mt; n < tcw_ntiles; ++n) mma_tf32_k8(mom.d[moment_block(mt, n)], am, b0[n], b1[n]);
+            }
     }
 }
 
 // K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
-template <class T, int K>
-__global__ void __launch_bounds__(tcw_threads)
-    tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, MaskIn<T> bn) {
-    constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
-    extern __shared__ uint4 smem[];
-    uint4* dys = smem;
-    auto* xs = reinterpret_cast<InPixel<T>*>(smem + tc_tile_rows_padded(p) * DyRows<T>(K).stride);
+// The block's sums of a step's products, in warp order: acc's (MT m-tiles
+// x 40 columns) into red, with Moments the moments' blocks into mred (40 x 40).
+template <int MT, bool Moments>
+__device__ void tcw_reduce(const float (&acc)[MT][tcw_ntiles][4], const MomentBlocks& mom, float* red, float* mred) {
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
-    float acc[MT][tcw_ntiles][4] = {};
-    const unsigned tiles = p.s.n * p.tiles_per_image;
-    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
-        __syncthreads(); // the previous tile's reads are done
-        const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, p, t, dys, xs);
-        __syncthreads();
-        for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps)
-            tcw_step<T, CH, MT>(dys, xs, p, ks, pixels, bn.ones, acc);
-    }
-    // The warps' sums in warp order, then this block's partials in dw's KCRS
-    // order (then, with ones, the K sums of dy).
-    __syncthreads();
-    auto* red = reinterpret_cast<float*>(smem); // [k][40]
     constexpr unsigned cols = 8 * tcw_ntiles;
-    for (unsigned e = threadIdx.x; e < K * cols; e += blockDim.x) red[e] = 0.0f;
+    for (unsigned e = threadIdx.x; e < 16 * MT * cols; e += blockDim.x) red[e] = 0.0f;
+    if constexpr (Moments)
+        for (unsigned e = threadIdx.x; e < cols * cols; e += blockDim.x) mred[e] = 0.0f;
+    auto at = [&](int m, int j, int e) { return (16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1); };
     for (unsigned w = 0; w < tcw_warps; ++w) {
         __syncthreads();
         if (warp != w) continue;
@@ -680,15 +693,51 @@ __global__ void __launch_bounds__(tcw_threads)
 #pragma unroll
             for (int j = 0; j < tcw_ntiles; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    red[(16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1)] += acc[m][j][e];
+                for (int e = 0; e < 4; ++e) red[at(m, j, e)] += acc[m][j][e];
+        if constexpr (Moments)
+#pragma unroll
+            for (int mt = 0; mt < mom_mtiles; ++mt)
+#pragma unroll
+                for (int n = 2 * mt; n < tcw_ntiles; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (16 * mt + gid + (e >= 2 ? 8 : 0) < cols)
+                            mred[at(mt, n, e)] += mom.d[moment_block(mt, n)][e];
     }
     __syncthreads();
-    const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (bn.ones ? K : 0);
+}
+
+// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles. With
+// Moments (a batch norm taken in, first_bn.hpp), each block's partials are dw's
+// (KCRS), the K sums of dy, then the moments' 40 x 40 blocks (first_bn_moments).
+template <class T, int K, bool Moments>
+__global__ void __launch_bounds__(tcw_threads, Moments && K == 32 ? tcw_blocks_per_sm : 1)
+    tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, MaskIn<T> bn) {
+    constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
+    extern __shared__ uint4 smem[];
+    uint4* dys = smem;
+    auto* xs = reinterpret_cast<InPixel<T>*>(smem + tc_tile_rows_padded(p) * DyRows<T>(K).stride);
+    const unsigned warp = threadIdx.x / 32;
+    float acc[MT][tcw_ntiles][4] = {};
+    MomentBlocks mom{};
+    const unsigned tiles = p.s.n * p.tiles_per_image;
+    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+        __syncthreads(); // the previous tile's reads are done
+        const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, p, t, dys, xs);
+        __syncthreads();
+        for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps)
+            tcw_step<T, CH, MT, Moments>(dys, xs, p, ks, pixels, Moments, acc, mom);
+    }
+    __syncthreads();
+    constexpr unsigned cols = 8 * tcw_ntiles;
+    auto* red = reinterpret_cast<float*>(smem); // [k][40], then the moments' [40][40]
+    tcw_reduce<MT, Moments>(acc, mom, red, red + K * cols);
+    const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (Moments ? K + cols * cols : 0);
     for (unsigned e = threadIdx.x; e < stride; e += blockDim.x) {
         const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
-        partials[std::uint64_t{blockIdx.x} * stride + e] =
-            e < kw ? red[k * cols + tap * 4 + c] : red[(e - kw) * cols + 36];
+        partials[std::uint64_t{blockIdx.x} * stride + e] = e < kw       ? red[k * cols + tap * 4 + c]
+                                                           : e < kw + K ? red[(e - kw) * cols + 36]
+                                                                        : red[K * cols + e - kw - K];
     }
 }
 
@@ -696,7 +745,7 @@ template <class T>
 void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, unsigned blocks, float* partials,
                            const FirstBnIn* bn, cudaStream_t stream) {
     const std::uint64_t shared = tc_wgrad_shared<T>(p);
-    const MaskIn<T> b{bn ? static_cast<const T*>(bn->relu_out) : nullptr, bn != nullptr};
+    const MaskIn<T> b{bn ? static_cast<const T*>(bn->relu_out) : nullptr};
     auto go = [&](auto kernel) {
         if (shared > 48 * 1024)
             CUDA_CHECK(
@@ -705,9 +754,9 @@ void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, uns
                                                         partials, b);
     };
     if (p.s.k == 32)
-        go(tc_wgrad_kernel<T, 32>);
+        bn ? go(tc_wgrad_kernel<T, 32, true>) : go(tc_wgrad_kernel<T, 32, false>);
     else
-        go(tc_wgrad_kernel<T, 64>);
+        bn ? go(tc_wgrad_kernel<T, 64, true>) : go(tc_wgrad_kernel<T, 64, false>);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -726,8 +775,9 @@ void launch_tc_wgrad(const void* x, const void* dy, ActType t, const DirectConvS
         launch_sum_partials(partials, blocks, kw, dw, ActType::f32, stream);
         return;
     }
-    float* sums = partials + blocks * (kw + s.k);
-    launch_sum_partials(partials, blocks, kw + s.k, sums, ActType::f32, stream);
+    const std::uint64_t count = kw + s.k + first_bn_moments(s);
+    float* sums = partials + blocks * count;
+    launch_sum_partials(partials, blocks, count, sums, ActType::f32, stream);
     launch_first_bn_backward(sums, t, s, bn->b, dw, stream);
 }
 
@@ -779,7 +829,8 @@ bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s) {
 std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
     const Params p = params_of(s);
     const std::uint64_t blocks = std::max(wgrad_blocks(p), tc_wgrad_blocks(tc_params_of(s)));
-    return (blocks + 1) * (9 * s.c + 1) * s.k * sizeof(float); // + 1: the sums and S of a batch norm taken in
+    // + 1: the sums of a batch norm taken in; the dy sums and moments per block
+    return (blocks + 1) * ((9 * s.c + 1) * s.k + first_bn_moments(s)) * sizeof(float);
 }
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,

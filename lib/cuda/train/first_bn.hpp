@@ -15,13 +15,10 @@
 // dgamma_k = is_k T, dbeta_k = S (is_k the saved 1 / std, N the pixel count).
 // So the batch norm's own reduction over its input and output gradient never
 // runs: the step's tail after the second convolution's data gradient is one
-// weight-gradient pass. The moments depend on the input alone and are taken
-// beside the forward pass.
-//
-// Moments: M = P^T P, P the patch rows with a one after the K values (M's
-// column K: the sums s; its first K x K: G), KP x KP floats (KP: K + 1 rounded
-// up to 32 or 48); per-block partials summed in a fixed order (sum_partials):
-// the same result on every run. Indices j = c * 9 + tap, as in the KCRS weights.
+// weight-gradient pass, which also sums the moments from the input patches
+// it holds anyway (direct_conv.cu: M = P^T P over 40 columns, tap * 4 +
+// channel, the tenth tap's first channel a one, so that M's column 36 holds
+// s; only its 16-row blocks on and above the diagonal).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,14 +28,8 @@
 
 namespace dstk::train::cuda {
 
-// Floats of the moments of shape s (KP x KP).
+// Floats of the moments the weight gradient sums after A and S (40 x 40).
 std::uint64_t first_bn_moments(const DirectConvShape& s);
-// Workspace bytes launch_first_bn_moments needs.
-std::uint64_t first_bn_moments_workspace(const DirectConvShape& s);
-// x: the convolution's input as direct_conv reads it (NHWC, s.cstride
-// channels stored, s.c used; bf16, or fp32 in the tf32 precision).
-void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, void* workspace, float* moments,
-                             cudaStream_t stream);
 
 // What the combination reads besides the weight gradient's sums.
 struct FirstBnBackward {
@@ -46,7 +37,6 @@ struct FirstBnBackward {
     const float* gamma = nullptr;  // the batch norm's scale
     const float* mean = nullptr;   // its saved batch mean
     const float* invstd = nullptr; // and 1 / std
-    const float* moments = nullptr;
     float* dgamma = nullptr;
     float* dbeta = nullptr;
 };
@@ -59,7 +49,7 @@ struct FirstBnIn {
     FirstBnBackward b;
 };
 
-// sums: A (k x K, KCRS) then S (k). Writes dw (KCRS, fp32), dgamma and dbeta.
+// sums: A (k x K, KCRS), S (k), then the moments. Writes dw (KCRS, fp32), dgamma and dbeta.
 void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShape& s, const FirstBnBackward& b,
                               float* dw, cudaStream_t stream);
 
