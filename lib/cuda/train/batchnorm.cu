@@ -35,6 +35,18 @@ __device__ __forceinline__ float bn_value(float x, float mean, float scale, floa
     return __fmaf_rn(x - mean, scale, shift);
 }
 
+// Batch norm's backward element (batchnorm.hpp): dx from the forward input x
+// and the gradient g of its output (of relu(bn(x)) where relu, masked where
+// the forward's output was not positive), with the channel's coefficients
+// k = gamma * invstd, c1, c2, the mean and beta. Explicit FMAs, so that every
+// pass applying it (plain, 16-byte groups, pooled) gets the same bits.
+__device__ __forceinline__ float bn_backward_value(float x, float g, float k, float c1, float c2, float m, float b,
+                                                   bool relu) {
+    const float v = x - m;
+    const float g1 = relu && !(__fmaf_rn(v, k, b) > 0.0f) ? 0.0f : g;
+    return __fmaf_rn(k, g1, __fmaf_rn(c1, v, c2));
+}
+
 // Partial sums over the rows of split blockIdx.x of the NHWC matrix [rows][C]:
 // forward (dy null) (v - pivot, (v - pivot)^2) with the channel's first value as
 // the pivot (no cancellation when |mean| >> std); backward (g, g * xhat) with g
@@ -579,10 +591,6 @@ bool bn_pool_fusable(ActType t, std::uint32_t c, std::uint64_t h, std::uint64_t 
            std::uint64_t{n} * h * w * c < (std::uint64_t{1} << 40);
 }
 
-const float* bn_backward_coefs(const double* partials, std::uint32_t channels) {
-    return bn_coef(const_cast<double*>(partials), channels);
-}
-
 std::uint64_t bn_partials(std::uint32_t channels) {
     return std::uint64_t{channels} * (bn_max_splits * 2 + 3);
 }
@@ -750,7 +758,6 @@ void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActT
                                        : bn_reduce(xt, dyt, refs, n, hw, c, nchw, partials, s);
         launch_kernel(bn_finalize_backward_kernel, c, 128, 0, s, c, splits, static_cast<double>(rows), gamma, beta,
                       save_mean, save_invstd, dgamma, dbeta, partials, coef);
-        if (!dxt) return; // the consumer applies the coefficients itself
         if (pool_w) {
             const unsigned nt = bn_vec_threads<T>(c, {x, dy, dx});
             const PoolWindows pw = pool_windows(n, hw / pool_w, pool_w, c, vec_of<T>);

@@ -43,12 +43,6 @@ void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, 
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s,
                             std::uint32_t pool_w = 0);
-// With dx null the backward stops after the finalisation: the coefficients
-// (bn_backward_coefs: five rows of c floats, k = gamma * invstd, c1, c2, the
-// mean and beta; no pool) are left for a consumer that applies
-// bn_backward_value itself, such as the weight gradient of a first
-// convolution (direct_conv.hpp), until the next batch norm's reduction.
-const float* bn_backward_coefs(const double* partials, std::uint32_t channels);
 void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActType t, std::uint32_t n,
                         std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* beta,
                         const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, double* partials,

@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include <cuda_profiler_api.h>
@@ -37,6 +38,7 @@
 #include "train/direct_conv.hpp"
 #include "train/elementwise.hpp"
 #include "train/epilogue_gemm.hpp"
+#include "train/first_bn.hpp"
 #include "train/input_layout.hpp"
 #include "train/loss.hpp"
 #include "train/optimizer_step.hpp"
@@ -301,16 +303,16 @@ class CudaTrainer final : public Trainer {
     // features transposed to NCHW (to time one against the other).
     bool fc_fused_ = true;
     // Whether a batch norm right after a direct first convolution leaves its
-    // element-wise backward pass to that convolution's weight gradient
+    // backward to that convolution's weight gradient and the input's moments
     // (first_bn_into_wgrad, settled once at setup; DSTK_FIRST_CONV_BN=0: never).
     bool first_conv_bn_ = true;
     // Whether a batch norm after a tc_conv forward takes its statistics from
     // that convolution's epilogue (plan_conv_bn_stats; DSTK_CONV_BN_STATS=0:
     // never).
     bool conv_bn_stats_ = true;
-    bool leave_first_bn_ = false; // this backward pass: first_conv_bn_ and no input gradient wanted
-    BnBackwardIn pending_bn_;     // set by a batch norm's backward that left its pass to the layer below
-    TensorShape input_;           // as stored on the device: channels padded in bf16 before a first convolution
+    bool leave_first_bn_ = false;         // this backward pass: first_conv_bn_ and no input gradient wanted
+    std::optional<FirstBnIn> pending_bn_; // set by a batch norm's backward left to the layer below
+    TensorShape input_;                   // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
     cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
@@ -1175,7 +1177,7 @@ void CudaTrainer::report_rule_choices() {
         if (plans[i].weight_grad)
             reports_.push_back({i, "bwd_filter", "cublaslt:bgradb_epilogue", ChoiceSource::rule, 0.0});
     }
-    if (first_conv_bn_) reports_.push_back({1, "bwd", "own:in_first_wgrad", ChoiceSource::rule, 0.0});
+    if (first_conv_bn_) reports_.push_back({1, "bwd", "own:input_moments", ChoiceSource::rule, 0.0});
     for (std::size_t i = 0; i < layers().size(); ++i)
         if (dev_[i].bn_stats) reports_.push_back({i + 1, "fwd", "own:stats_in_conv", ChoiceSource::rule, 0.0});
     std::stable_sort(reports_.begin(), reports_.end(),
@@ -1380,9 +1382,11 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     const auto xd = input_desc(bd, i), yd = bd.out[i];
     float* g = grads_ + l.param_offset;
     const Lane w = weight_lane();
-    if (i == 0 && direct_first_) // fp32, straight into the gradient vector
-        launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream, std::exchange(pending_bn_, {}));
-    else if (d.tc_wgrad) // fp32 sums straight into the gradient vector, through the copy's map
+    if (i == 0 && direct_first_) { // fp32, straight into the gradient vector
+        launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream,
+                                 pending_bn_ ? &*pending_bn_ : nullptr);
+        pending_bn_.reset();
+    } else if (d.tc_wgrad) // fp32 sums straight into the gradient vector, through the copy's map
         launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i]);
     else {
         require_fit(bd.unfit[i].bwd_filter);
@@ -1451,12 +1455,14 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
         return dx;
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
-        const bool leave = i == 1 && leave_first_bn_;
-        launch_bn_backward(x, dy, fused, leave ? nullptr : dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux,
-                           d.aux + l.in.c, g, g + l.in.c, bn_partials_, stream_, fused && d.pool_next ? l.in.w : 0);
-        if (!leave) return dx;
-        pending_bn_ = {x, bn_backward_coefs(bn_partials_, l.in.c), fused};
-        return dy;
+        if (i == 1 && leave_first_bn_) {        // first_bn_into_wgrad
+            pending_bn_ = FirstBnIn{fused ? dev_[i + 1].out : nullptr,
+                                    {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c}};
+            return dy;
+        }
+        launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,
+                           g + l.in.c, bn_partials_, stream_, fused && d.pool_next ? l.in.w : 0);
+        return dx;
     }
     case LayerKind::relu:
         if (fuse && i > 0 && dev_[i - 1].relu_next) return dy; // the batchnorm below applies the mask
@@ -1538,12 +1544,13 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
 }
 
 // Whether a batch norm right after a direct first convolution (its input the
-// convolution's output, no bias, no pool fused in) leaves its backward
-// element-wise pass to the convolution's weight gradient, which reads the
-// batch norm's input and output gradient instead of the pass's output: at
-// the end of a step, where nothing else runs beside it, one pass over the
-// largest activations less. Only where no input gradient is wanted, and where
-// that weight gradient can (direct_conv_wgrad_takes_bn: bf16 or tf32 on tensor cores).
+// convolution's output, no bias, no pool fused in) leaves its backward to the
+// convolution's weight gradient and the input's moments (first_bn.hpp): its
+// reduction over the largest activations, at the end of a step where nothing
+// else runs beside it, is then not run. Only where no input gradient is
+// wanted (the moments give the parameters' gradients, not the pass's output),
+// and where that weight gradient can (direct_conv_wgrad_takes_bn: bf16 or
+// tf32 on tensor cores).
 bool CudaTrainer::first_bn_into_wgrad() const {
     if (!first_conv_bn_ || !direct_first_ || layers().size() < 2) return false;
     const LayerPlan &c = layers()[0], &b = layers()[1];

@@ -172,19 +172,6 @@ template <class T> __device__ __forceinline__ float stored(float v) {
         return __bfloat162float(__float2bfloat16(v));
 }
 
-// Batch norm's backward element (batchnorm.hpp): dx from the forward input x
-// and the gradient g of its output (of relu(bn(x)) where relu, masked where
-// the forward's output was not positive), with the channel's coefficients
-// k = gamma * invstd, c1, c2, the mean and beta. Explicit FMAs, so that every
-// kernel applying it (the batch-norm pass, or the weight gradient of a first
-// convolution that takes the pass in) gets the same bits.
-__device__ __forceinline__ float bn_backward_value(float x, float g, float k, float c1, float c2, float m, float b,
-                                                   bool relu) {
-    const float v = x - m;
-    const float g1 = relu && !(__fmaf_rn(v, k, b) > 0.0f) ? 0.0f : g;
-    return __fmaf_rn(k, g1, __fmaf_rn(c1, v, c2));
-}
-
 // A float rounded to TF32 (to nearest, ties away), as mma's tf32 operands take it.
 __device__ __forceinline__ std::uint32_t to_tf32(float v) {
     std::uint32_t r;

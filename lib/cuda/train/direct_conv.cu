@@ -8,6 +8,7 @@
 #include "cuda_check.hpp"
 #include "device_common.cuh"
 #include "elementwise.hpp"
+#include "first_bn.hpp"
 
 namespace dstk::train::cuda {
 namespace {
@@ -500,7 +501,8 @@ template <class T> using InPixel = std::conditional_t<std::is_same_v<T, bf16>, u
 template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p) {
     const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * DyRows<T>(p.s.k).stride * 16 +
                                 std::uint64_t{p.rows_in} * p.cols_in * sizeof(InPixel<T>);
-    return std::max<std::uint64_t>(tiles, std::uint64_t{p.s.k} * 8 * tcw_ntiles * sizeof(float));
+    constexpr std::uint64_t cols = 8 * tcw_ntiles; // the sums, then a batch norm's moments (tcw_reduce)
+    return std::max<std::uint64_t>(tiles, (std::uint64_t{p.s.k} + cols) * cols * sizeof(float));
 }
 
 // The 16-byte chunk q of dy's pixel row r in shared memory; bf16 swizzled so
@@ -512,38 +514,23 @@ template <class T, int CH> __device__ __forceinline__ unsigned dy_chunk(unsigned
         return r * (CH + 2) + q;
 }
 
-// BnBackwardIn as the kernels take it.
-template <class T> struct BnIn {
-    const T* x;
-    const float* coef;
-    bool relu;
-};
+// FirstBnIn as the kernels take it: the ReLU mask's source (null: none).
+template <class T> struct MaskIn { const T* relu_out; };
 
-// A chunk's channels' output gradients from the batch norm's input and
-// output gradient (BnBackwardIn), with the coefficients of channels c0.. in
-// shared memory; as the tile stores them (bf16, or fp32 rounded to TF32).
-template <class T>
-__device__ __forceinline__ uint4 bn_backward_chunk(uint4 g, uint4 x, const float* sc, unsigned k, unsigned c0,
-                                                   bool relu) {
-    auto value = [&](unsigned c, float xv, float gv) {
-        return bn_backward_value(xv, gv, sc[c], sc[k + c], sc[2 * k + c], sc[3 * k + c], sc[4 * k + c], relu);
-    };
-    std::uint32_t out[4];
-    if constexpr (std::is_same_v<T, bf16>) {
-        const auto* gh = reinterpret_cast<const __nv_bfloat162*>(&g);
-        const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
+// dy's chunk where relu_out's chunk m is positive, zero elsewhere.
+template <class T> __device__ __forceinline__ uint4 masked(uint4 g, uint4 m) {
+    std::uint32_t* gw = &g.x;
+    const std::uint32_t* mw = &m.x;
 #pragma unroll
-        for (int h = 0; h < 4; ++h) {
-            const float2 gf = __bfloat1622float2(gh[h]), xf = __bfloat1622float2(xh[h]);
-            out[h] = pack_bf16(value(c0 + 2 * h, xf.x, gf.x), value(c0 + 2 * h + 1, xf.y, gf.y));
+    for (int h = 0; h < 4; ++h) {
+        if constexpr (std::is_same_v<T, bf16>) {
+            const float2 mf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mw + h));
+            gw[h] &= (mf.x > 0.0f ? 0xffffu : 0u) | (mf.y > 0.0f ? 0xffff0000u : 0u);
+        } else if (!(__uint_as_float(mw[h]) > 0.0f)) {
+            gw[h] = 0u;
         }
-    } else {
-        const auto* gf = reinterpret_cast<const float*>(&g);
-        const auto* xf = reinterpret_cast<const float*>(&x);
-#pragma unroll
-        for (int h = 0; h < 4; ++h) out[h] = to_tf32(value(c0 + h, xf[h], gf[h]));
     }
-    return make_uint4(out[0], out[1], out[2], out[3]);
+    return g;
 }
 
 // dy's chunk as the tile stores it: fp32 rounded to TF32.
@@ -554,38 +541,33 @@ template <class T> __device__ __forceinline__ uint4 staged(uint4 v) {
         return to_tf32(v);
 }
 
-// Loads tile t's dy rows (zero past its pixels) and input pixels; returns
-// its pixel count. With bn.x, dy is the batch norm's output gradient and its
-// pass is applied as the rows arrive (coefficients sc in shared memory).
+// Loads tile t's dy rows (zero past its pixels; masked by the ReLU's output
+// where bn.relu_out) and input pixels; returns its pixel count.
 template <class T, int CH>
-__device__ unsigned tcw_load_tile(const T* x, const T* dy, const BnIn<T>& bn, const float* sc, const TcParams& p,
-                                  unsigned t, uint4* dys, InPixel<T>* xs) {
-    constexpr unsigned per_chunk = 16 / sizeof(T);
+__device__ unsigned tcw_load_tile(const T* x, const T* dy, const MaskIn<T>& bn, const TcParams& p, unsigned t,
+                                  uint4* dys, InPixel<T>* xs) {
     const unsigned img = t / p.tiles_per_image, oy0 = (t - img * p.tiles_per_image) * p.tile_rows;
     const unsigned pixels = min(p.tile_rows, p.s.oh - oy0) * p.s.ow, padded = (pixels + 7) / 8 * 8;
     const std::uint64_t first = (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
     const uint4* src = reinterpret_cast<const uint4*>(dy + first);
-    const uint4* bsrc = bn.x ? reinterpret_cast<const uint4*>(bn.x + first) : nullptr;
+    const uint4* msrc = bn.relu_out ? reinterpret_cast<const uint4*>(bn.relu_out + first) : nullptr;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     // Four loads in flight per thread before any store: one at a time left
     // the pass bound by latency, not bandwidth.
     constexpr unsigned batch = 4;
     for (unsigned e0 = threadIdx.x; e0 < padded * CH; e0 += batch * blockDim.x) {
-        uint4 v[batch], b[batch];
+        uint4 v[batch], m[batch];
 #pragma unroll
         for (unsigned u = 0; u < batch; ++u) {
             const unsigned e = e0 + u * blockDim.x;
             v[u] = e < pixels * CH ? src[e] : zero;
-            if (bn.x) b[u] = e < pixels * CH ? bsrc[e] : zero;
+            if (msrc) m[u] = e < pixels * CH ? msrc[e] : zero;
         }
 #pragma unroll
         for (unsigned u = 0; u < batch; ++u) {
             const unsigned e = e0 + u * blockDim.x;
-            if (bn.x && e < pixels * CH)
-                v[u] = bn_backward_chunk<T>(v[u], b[u], sc, p.s.k, (e % CH) * per_chunk, bn.relu);
-            else
-                v[u] = staged<T>(v[u]);
-            if (e < padded * CH) dys[dy_chunk<T, CH>(e / CH, e % CH)] = v[u];
+            if (msrc) v[u] = masked<T>(v[u], m[u]);
+            if (e < padded * CH) dys[dy_chunk<T, CH>(e / CH, e % CH)] = staged<T>(v[u]);
         }
     }
     if constexpr (std::is_same_v<T, bf16>)
@@ -595,12 +577,28 @@ __device__ unsigned tcw_load_tile(const T* x, const T* dy, const BnIn<T>& bn, co
     return pixels;
 }
 
+// The moments' blocks (first_bn.hpp) a step adds with Moments: M = P^T P
+// over the 40 columns (tap * 4 + channel; column 36 the ones), whose B
+// fragments the step holds: for rows 16 mt.. the A fragment is made of the
+// B fragments of n-tiles 2 mt and 2 mt + 1. Only the blocks on and above the
+// diagonal (M is symmetric): m-tile mt with n-tiles from 2 mt.
+constexpr int mom_mtiles = 3;
+struct MomentBlocks {
+    float d[9][4];
+};
+__host__ __device__ constexpr int moment_block(int mt, int n) {
+    return mt == 0 ? n : mt == 1 ? 5 + n - 2 : 8;
+}
+
 // One k8 step of 8 pixels from ks * 8 (bf16: m16n8k8, A by ldmatrix.trans
 // and B two pixels to a register; fp32: m16n8k8 TF32, A rows gid, gid + 8 of
-// pixels t4 and t4 + 4, B those pixels under each tap).
-template <class T, int CH, int MT>
+// pixels t4 and t4 + 4, B those pixels under each tap). With ones, the tenth
+// tap's first channel is 1 under every pixel: that column sums dy (rows past
+// the tile's pixels are zero).
+template <class T, int CH, int MT, bool Moments>
 __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs, const TcParams& p, unsigned ks,
-                                         unsigned pixels, float (&acc)[MT][tcw_ntiles][4]) {
+                                         unsigned pixels, bool ones, float (&acc)[MT][tcw_ntiles][4],
+                                         MomentBlocks& mom) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     // The pixel's top-left tap in the input tile (pixels past the tile clamped: their dy rows are zero).
     auto base_of = [&](unsigned q) {
@@ -612,6 +610,7 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
         tap = 2 * j + gid / 4;
         off = (tap / 3) * p.cols_in + tap % 3;
     };
+    const unsigned c = gid % 4;
     if constexpr (std::is_same_v<T, bf16>) {
         const auto* xh = reinterpret_cast<const unsigned short*>(xs);
         const unsigned r = ks * 8 + lane % 8;
@@ -623,16 +622,23 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
         }
         const unsigned ba = base_of(ks * 8 + 2 * t4), bb = base_of(ks * 8 + 2 * t4 + 1);
+        const std::uint32_t one = ones && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
+        std::uint32_t b[tcw_ntiles + 1];
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
             unsigned tap, off;
             tap_of(j, tap, off);
-            const unsigned c = gid % 4;
-            const std::uint32_t b =
-                tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : 0u;
+            b[j] = tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : one;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
+            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b[j]);
         }
+        b[tcw_ntiles] = 0u;
+        if constexpr (Moments)
+#pragma unroll
+            for (int mt = 0; mt < mom_mtiles; ++mt)
+#pragma unroll
+                for (int n = 2 * mt; n < tcw_ntiles; ++n)
+                    mma_bf16(mom.d[moment_block(mt, n)], b[2 * mt], b[2 * mt + 1], b[n]);
     } else {
         const auto* dw = reinterpret_cast<const std::uint32_t*>(dys);
         const auto* xw = reinterpret_cast<const std::uint32_t*>(xs); // rounded to TF32 as loaded
@@ -646,44 +652,39 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[m][2] = dw[(r0 + 4) * row + k], a[m][3] = dw[(r0 + 4) * row + k + 8];
         }
         const unsigned ba = base_of(r0), bb = base_of(r0 + 4);
+        const std::uint32_t one = ones && c == 0 ? 0x3f800000u : 0u; // 1.0f
+        std::uint32_t b0[tcw_ntiles + 1], b1[tcw_ntiles + 1];
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
             unsigned tap, off;
             tap_of(j, tap, off);
-            const unsigned c = gid % 4;
-            const std::uint32_t b0 = tap < 9 ? xw[(ba + off) * 4 + c] : 0u;
-            const std::uint32_t b1 = tap < 9 ? xw[(bb + off) * 4 + c] : 0u;
+            b0[j] = tap < 9 ? xw[(ba + off) * 4 + c] : one;
+            b1[j] = tap < 9 ? xw[(bb + off) * 4 + c] : one;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0, b1);
+            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0[j], b1[j]);
         }
+        b0[tcw_ntiles] = b1[tcw_ntiles] = 0u;
+        if constexpr (Moments)
+#pragma unroll
+            for (int mt = 0; mt < mom_mtiles; ++mt) {
+                const std::uint32_t am[4] = {b0[2 * mt], b0[2 * mt + 1], b1[2 * mt], b1[2 * mt + 1]};
+#pragma unroll
+                for (int n = 2 * mt; n < tcw_ntiles; ++n) mma_tf32_k8(mom.d[moment_block(mt, n)], am, b0[n], b1[n]);
+            }
     }
 }
 
 // K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
-template <class T, int K>
-__global__ void __launch_bounds__(tcw_threads)
-    tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, BnIn<T> bn) {
-    constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
-    extern __shared__ uint4 smem[];
-    __shared__ float sc[5 * K]; // the batch norm's coefficients, where its pass is taken in
-    if (bn.x)
-        for (unsigned e = threadIdx.x; e < 5 * K; e += blockDim.x) sc[e] = bn.coef[e];
-    uint4* dys = smem;
-    auto* xs = reinterpret_cast<InPixel<T>*>(smem + tc_tile_rows_padded(p) * DyRows<T>(K).stride);
+// The block's sums of a step's products, in warp order: acc's (MT m-tiles
+// x 40 columns) into red, with Moments the moments' blocks into mred (40 x 40).
+template <int MT, bool Moments>
+__device__ void tcw_reduce(const float (&acc)[MT][tcw_ntiles][4], const MomentBlocks& mom, float* red, float* mred) {
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
-    float acc[MT][tcw_ntiles][4] = {};
-    const unsigned tiles = p.s.n * p.tiles_per_image;
-    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
-        __syncthreads(); // the previous tile's reads are done
-        const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, sc, p, t, dys, xs);
-        __syncthreads();
-        for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps) tcw_step<T, CH, MT>(dys, xs, p, ks, pixels, acc);
-    }
-    // The warps' sums in warp order, then this block's partials in dw's KCRS order.
-    __syncthreads();
-    auto* red = reinterpret_cast<float*>(smem); // [k][40]
     constexpr unsigned cols = 8 * tcw_ntiles;
-    for (unsigned e = threadIdx.x; e < K * cols; e += blockDim.x) red[e] = 0.0f;
+    for (unsigned e = threadIdx.x; e < 16 * MT * cols; e += blockDim.x) red[e] = 0.0f;
+    if constexpr (Moments)
+        for (unsigned e = threadIdx.x; e < cols * cols; e += blockDim.x) mred[e] = 0.0f;
+    auto at = [&](int m, int j, int e) { return (16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1); };
     for (unsigned w = 0; w < tcw_warps; ++w) {
         __syncthreads();
         if (warp != w) continue;
@@ -692,22 +693,59 @@ __global__ void __launch_bounds__(tcw_threads)
 #pragma unroll
             for (int j = 0; j < tcw_ntiles; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    red[(16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1)] += acc[m][j][e];
+                for (int e = 0; e < 4; ++e) red[at(m, j, e)] += acc[m][j][e];
+        if constexpr (Moments)
+#pragma unroll
+            for (int mt = 0; mt < mom_mtiles; ++mt)
+#pragma unroll
+                for (int n = 2 * mt; n < tcw_ntiles; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (16 * mt + gid + (e >= 2 ? 8 : 0) < cols)
+                            mred[at(mt, n, e)] += mom.d[moment_block(mt, n)][e];
     }
     __syncthreads();
-    const unsigned C = p.s.c, kw = 9 * C * K;
-    for (unsigned e = threadIdx.x; e < kw; e += blockDim.x) {
+}
+
+// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles. With
+// Moments (a batch norm taken in, first_bn.hpp), each block's partials are dw's
+// (KCRS), the K sums of dy, then the moments' 40 x 40 blocks (first_bn_moments).
+template <class T, int K, bool Moments>
+__global__ void __launch_bounds__(tcw_threads, Moments && K == 32 ? tcw_blocks_per_sm : 1)
+    tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, MaskIn<T> bn) {
+    constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
+    extern __shared__ uint4 smem[];
+    uint4* dys = smem;
+    auto* xs = reinterpret_cast<InPixel<T>*>(smem + tc_tile_rows_padded(p) * DyRows<T>(K).stride);
+    const unsigned warp = threadIdx.x / 32;
+    float acc[MT][tcw_ntiles][4] = {};
+    MomentBlocks mom{};
+    const unsigned tiles = p.s.n * p.tiles_per_image;
+    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+        __syncthreads(); // the previous tile's reads are done
+        const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, p, t, dys, xs);
+        __syncthreads();
+        for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps)
+            tcw_step<T, CH, MT, Moments>(dys, xs, p, ks, pixels, Moments, acc, mom);
+    }
+    __syncthreads();
+    constexpr unsigned cols = 8 * tcw_ntiles;
+    auto* red = reinterpret_cast<float*>(smem); // [k][40], then the moments' [40][40]
+    tcw_reduce<MT, Moments>(acc, mom, red, red + K * cols);
+    const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (Moments ? K + cols * cols : 0);
+    for (unsigned e = threadIdx.x; e < stride; e += blockDim.x) {
         const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
-        partials[std::uint64_t{blockIdx.x} * kw + e] = red[k * cols + tap * 4 + c];
+        partials[std::uint64_t{blockIdx.x} * stride + e] = e < kw       ? red[k * cols + tap * 4 + c]
+                                                           : e < kw + K ? red[(e - kw) * cols + 36]
+                                                                        : red[K * cols + e - kw - K];
     }
 }
 
 template <class T>
 void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, unsigned blocks, float* partials,
-                           const BnBackwardIn& bn, cudaStream_t stream) {
+                           const FirstBnIn* bn, cudaStream_t stream) {
     const std::uint64_t shared = tc_wgrad_shared<T>(p);
-    const BnIn<T> b{static_cast<const T*>(bn.x), bn.coef, bn.relu};
+    const MaskIn<T> b{bn ? static_cast<const T*>(bn->relu_out) : nullptr};
     auto go = [&](auto kernel) {
         if (shared > 48 * 1024)
             CUDA_CHECK(
@@ -716,21 +754,31 @@ void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, uns
                                                         partials, b);
     };
     if (p.s.k == 32)
-        go(tc_wgrad_kernel<T, 32>);
+        bn ? go(tc_wgrad_kernel<T, 32, true>) : go(tc_wgrad_kernel<T, 32, false>);
     else
-        go(tc_wgrad_kernel<T, 64>);
+        bn ? go(tc_wgrad_kernel<T, 64, true>) : go(tc_wgrad_kernel<T, 64, false>);
     CUDA_CHECK(cudaGetLastError());
 }
 
+// With bn, the sums (A, then S) go to the workspace after the partials and
+// first_bn's combination writes dw.
 void launch_tc_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, float* partials, float* dw,
-                     const BnBackwardIn& bn, cudaStream_t stream) {
+                     const FirstBnIn* bn, cudaStream_t stream) {
     const TcParams p = tc_params_of(s);
     const unsigned blocks = tc_wgrad_blocks(p);
     if (t == ActType::bf16)
         launch_tc_wgrad_typed<bf16>(x, dy, p, blocks, partials, bn, stream);
     else
         launch_tc_wgrad_typed<float>(x, dy, p, blocks, partials, bn, stream);
-    launch_sum_partials(partials, blocks, std::uint64_t{9} * s.c * s.k, dw, ActType::f32, stream);
+    const std::uint64_t kw = std::uint64_t{9} * s.c * s.k;
+    if (!bn) {
+        launch_sum_partials(partials, blocks, kw, dw, ActType::f32, stream);
+        return;
+    }
+    const std::uint64_t count = kw + s.k + first_bn_moments(s);
+    float* sums = partials + blocks * count;
+    launch_sum_partials(partials, blocks, count, sums, ActType::f32, stream);
+    launch_first_bn_backward(sums, t, s, bn->b, dw, stream);
 }
 
 // Calls f with a null T*, an integral constant C and an integral constant stride.
@@ -781,7 +829,8 @@ bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s) {
 std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
     const Params p = params_of(s);
     const std::uint64_t blocks = std::max(wgrad_blocks(p), tc_wgrad_blocks(tc_params_of(s)));
-    return blocks * 9 * s.c * s.k * sizeof(float);
+    // + 1: the sums of a batch norm taken in; the dy sums and moments per block
+    return (blocks + 1) * ((9 * s.c + 1) * s.k + first_bn_moments(s)) * sizeof(float);
 }
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
@@ -801,12 +850,12 @@ void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType 
 }
 
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
-                              float* dw, cudaStream_t stream, const BnBackwardIn& bn) {
+                              float* dw, cudaStream_t stream, const FirstBnIn* bn) {
     if (tc_wgrad_applies(t, s)) {
         launch_tc_wgrad(x, dy, t, s, static_cast<float*>(workspace), dw, bn, stream);
         return;
     }
-    if (bn.x) throw std::logic_error("a batch norm's backward pass given to a weight gradient that cannot take it");
+    if (bn) throw std::logic_error("a batch norm's backward pass given to a weight gradient that cannot take it");
     const Params p = params_of(s);
     const unsigned blocks = wgrad_blocks(p);
     auto* partials = static_cast<float*>(workspace);

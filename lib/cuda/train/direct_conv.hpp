@@ -37,28 +37,18 @@ bool direct_conv_supported(const DirectConvShape& s);
 // Workspace bytes launch_direct_conv_wgrad needs for this shape (or smaller batches).
 std::uint64_t direct_conv_workspace(const DirectConvShape& s);
 
-// A batch norm's backward pass taken into the weight gradient (batchnorm.hpp,
-// bn_backward_coefs), where direct_conv_wgrad_takes_bn: dy is then the
-// gradient of the batch norm's output (of its ReLU's, where relu), and the
-// convolution's own output gradient is bn_backward_value of it and x,
-// computed as the tensor-core kernel loads its dy tiles (bf16, or fp32 where
-// the precision is tf32) and rounded as the kernel's operands are (bf16, the
-// same bits as the batch norm's element-wise pass stores; TF32): the pass's
-// output then never exists. (The CUDA-core kernel,
-// reading dy an element at a time, took longer with the second tensor than
-// the pass it saved.)
-struct BnBackwardIn {
-    const void* x = nullptr;     // the batch norm's input, this convolution's output (null: none)
-    const float* coef = nullptr; // bn_backward_coefs of the k output channels
-    bool relu = false;
-};
+// The backward of a batch norm right after this convolution, taken into its
+// weight gradient (first_bn.hpp), where direct_conv_wgrad_takes_bn.
+struct FirstBnIn;
 
 bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s);
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
                                 cudaStream_t stream);
 // dw[k][c][r][s] (fp32) = sum over the batch and output pixels of dy * x.
+// With bn, dy is the gradient of the batch norm's output (of its ReLU's) and
+// dw, dgamma and dbeta are the ones first_bn.hpp derives from it.
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
-                              float* dw, cudaStream_t stream, const BnBackwardIn& bn = {});
+                              float* dw, cudaStream_t stream, const FirstBnIn* bn = nullptr);
 
 } // namespace dstk::train::cuda
