@@ -592,13 +592,12 @@ __host__ __device__ constexpr int moment_block(int mt, int n) {
 
 // One k8 step of 8 pixels from ks * 8 (bf16: m16n8k8, A by ldmatrix.trans
 // and B two pixels to a register; fp32: m16n8k8 TF32, A rows gid, gid + 8 of
-// pixels t4 and t4 + 4, B those pixels under each tap). With ones, the tenth
-// tap's first channel is 1 under every pixel: that column sums dy (rows past
-// the tile's pixels are zero).
+// pixels t4 and t4 + 4, B those pixels under each tap). With Moments, the
+// tenth tap's first channel is 1 under every pixel: that column sums dy (rows
+// past the tile's pixels are zero).
 template <class T, int CH, int MT, bool Moments>
 __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs, const TcParams& p, unsigned ks,
-                                         unsigned pixels, bool ones, float (&acc)[MT][tcw_ntiles][4],
-                                         MomentBlocks& mom) {
+                                         unsigned pixels, float (&acc)[MT][tcw_ntiles][4], MomentBlocks& mom) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     // The pixel's top-left tap in the input tile (pixels past the tile clamped: their dy rows are zero).
     auto base_of = [&](unsigned q) {
@@ -622,7 +621,7 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
         }
         const unsigned ba = base_of(ks * 8 + 2 * t4), bb = base_of(ks * 8 + 2 * t4 + 1);
-        const std::uint32_t one = ones && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
+        const std::uint32_t one = Moments && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
         std::uint32_t b[tcw_ntiles + 1];
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
@@ -652,7 +651,7 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[m][2] = dw[(r0 + 4) * row + k], a[m][3] = dw[(r0 + 4) * row + k + 8];
         }
         const unsigned ba = base_of(r0), bb = base_of(r0 + 4);
-        const std::uint32_t one = ones && c == 0 ? 0x3f800000u : 0u; // 1.0f
+        const std::uint32_t one = Moments && c == 0 ? 0x3f800000u : 0u; // 1.0f
         std::uint32_t b0[tcw_ntiles + 1], b1[tcw_ntiles + 1];
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
@@ -710,8 +709,12 @@ __device__ void tcw_reduce(const float (&acc)[MT][tcw_ntiles][4], const MomentBl
 // K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles. With
 // Moments (a batch norm taken in, first_bn.hpp), each block's partials are dw's
 // (KCRS), the K sums of dy, then the moments' 40 x 40 blocks (first_bn_moments).
+// The moments' accumulators would leave the 32-channel kernel at one block
+// per SM, its grid being two per SM: registers capped for two.
+template <int K, bool Moments> constexpr int tcw_min_blocks = Moments&& K == 32 ? tcw_blocks_per_sm : 1;
+
 template <class T, int K, bool Moments>
-__global__ void __launch_bounds__(tcw_threads, Moments && K == 32 ? tcw_blocks_per_sm : 1)
+__global__ void __launch_bounds__(tcw_threads, tcw_min_blocks<K, Moments>)
     tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, MaskIn<T> bn) {
     constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
     extern __shared__ uint4 smem[];
@@ -726,7 +729,7 @@ __global__ void __launch_bounds__(tcw_threads, Moments && K == 32 ? tcw_blocks_p
         const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, p, t, dys, xs);
         __syncthreads();
         for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps)
-            tcw_step<T, CH, MT, Moments>(dys, xs, p, ks, pixels, Moments, acc, mom);
+            tcw_step<T, CH, MT, Moments>(dys, xs, p, ks, pixels, acc, mom);
     }
     __syncthreads();
     constexpr unsigned cols = 8 * tcw_ntiles;
