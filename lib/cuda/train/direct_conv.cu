@@ -498,11 +498,14 @@ template <class T> struct DyRows {
 // The input tile's pixels: their first four channels, 8 bytes (bf16) or 16 (fp32).
 template <class T> using InPixel = std::conditional_t<std::is_same_v<T, bf16>, uint2, uint4>;
 
-template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p) {
+// The tiles, or at the end sum_warps' slots, then the block's sums (tcw_reduce).
+template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p, bool moments) {
     const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * DyRows<T>(p.s.k).stride * 16 +
                                 std::uint64_t{p.rows_in} * p.cols_in * sizeof(InPixel<T>);
-    constexpr std::uint64_t cols = 8 * tcw_ntiles; // the sums, then a batch norm's moments (tcw_reduce)
-    return std::max<std::uint64_t>(tiles, (std::uint64_t{p.s.k} + cols) * cols * sizeof(float));
+    constexpr std::uint64_t cols = 8 * tcw_ntiles;
+    const std::uint64_t values = std::uint64_t{p.s.k} / 16 * tcw_ntiles * 4 + (moments ? 9 * 4 : 0);
+    const std::uint64_t sums = (std::uint64_t{p.s.k} + (moments ? cols : 0)) * cols;
+    return std::max(tiles, std::max(tcw_warps / 2 * values * 32, sums) * sizeof(float));
 }
 
 // The 16-byte chunk q of dy's pixel row r in shared memory; bf16 swizzled so
@@ -674,6 +677,60 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
 }
 
 // K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
+// The block's sums of its warps' values v[V] (each lane its own), in a fixed
+// tree: warps 4-7 store theirs, 0-3 add them, then 2-3 into 0-1, 1 into 0.
+// slots: 4 x V x 32 floats, lane-major (conflict-free). Warp 0 ends with the
+// sums in v. (Adding the warps one after another into one buffer chained 8 x V
+// shared-memory updates per block.)
+template <int V> __device__ void sum_warps(float (&v)[V], float* slots) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (unsigned half = tcw_warps / 2; half >= 1; half /= 2) {
+        if (warp >= half && warp < 2 * half)
+#pragma unroll
+            for (int i = 0; i < V; ++i) slots[((warp - half) * V + i) * 32 + lane] = v[i];
+        __syncthreads();
+        if (warp < half)
+#pragma unroll
+            for (int i = 0; i < V; ++i) v[i] += slots[(warp * V + i) * 32 + lane];
+        __syncthreads();
+    }
+}
+
+// Values per lane the weight gradient sums: acc, then with Moments the moments' blocks.
+template <int MT, bool Moments> constexpr int tcw_values = MT* tcw_ntiles * 4 + (Moments ? 9 * 4 : 0);
+
+// The block's sums of a step's products (sum_warps): acc's (MT m-tiles x 40
+// columns) into red, with Moments the moments' blocks into mred (40 x 40).
+template <int MT, bool Moments>
+__device__ void tcw_reduce(float (&acc)[MT][tcw_ntiles][4], MomentBlocks& mom, float* smem, float* red, float* mred) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
+    constexpr unsigned cols = 8 * tcw_ntiles;
+    constexpr int na = MT * tcw_ntiles * 4, V = tcw_values<MT, Moments>;
+    float v[V];
+#pragma unroll
+    for (int i = 0; i < na; ++i) v[i] = acc[i / (tcw_ntiles * 4)][i / 4 % tcw_ntiles][i % 4];
+    if constexpr (Moments)
+#pragma unroll
+        for (int i = na; i < V; ++i) v[i] = mom.d[(i - na) / 4][(i - na) % 4];
+    sum_warps(v, smem);
+    auto at = [&](int m, int j, int e) { return (16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1); };
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < na; ++i) red[at(i / (tcw_ntiles * 4), i / 4 % tcw_ntiles, i % 4)] = v[i];
+        if constexpr (Moments)
+#pragma unroll
+            for (int mt = 0; mt < mom_mtiles; ++mt)
+#pragma unroll
+                for (int n = 2 * mt; n < tcw_ntiles; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (16 * mt + gid + (e >= 2 ? 8 : 0) < cols)
+                            mred[at(mt, n, e)] = v[na + 4 * moment_block(mt, n) + e];
+    }
+    __syncthreads();
+}
+
+// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
 // The block's sums of a step's products, in warp order: acc's (MT m-tiles
 // x 40 columns) into red, with Moments the moments' blocks into mred (40 x 40).
 template <int MT, bool Moments>
@@ -733,8 +790,8 @@ __global__ void __launch_bounds__(tcw_threads, tcw_min_blocks<K, Moments>)
     }
     __syncthreads();
     constexpr unsigned cols = 8 * tcw_ntiles;
-    auto* red = reinterpret_cast<float*>(smem); // [k][40], then the moments' [40][40]
-    tcw_reduce<MT, Moments>(acc, mom, red, red + K * cols);
+    auto* red = reinterpret_cast<float*>(smem); // [k][40], then the moments' [40][40] (over sum_warps' slots)
+    tcw_reduce<MT, Moments>(acc, mom, red, red, red + K * cols);
     const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (Moments ? K + cols * cols : 0);
     for (unsigned e = threadIdx.x; e < stride; e += blockDim.x) {
         const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
@@ -747,7 +804,7 @@ __global__ void __launch_bounds__(tcw_threads, tcw_min_blocks<K, Moments>)
 template <class T>
 void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, unsigned blocks, float* partials,
                            const FirstBnIn* bn, cudaStream_t stream) {
-    const std::uint64_t shared = tc_wgrad_shared<T>(p);
+    const std::uint64_t shared = tc_wgrad_shared<T>(p, bn != nullptr);
     const MaskIn<T> b{bn ? static_cast<const T*>(bn->relu_out) : nullptr};
     auto go = [&](auto kernel) {
         if (shared > 48 * 1024)
