@@ -489,10 +489,11 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
         }
 }
 
-// A batch norm right after a direct first convolution leaves its backward to
-// that convolution's tensor-core weight gradient and the input's moments in
-// bf16 and tf32 training steps (first_bn.hpp; own:input_moments in the kernel
-// report); DSTK_FIRST_CONV_BN=0 runs the batch norm's own passes. The sums
+// A batch norm right after a direct first convolution takes its statistics
+// (forward) and its backward from the input's moments in bf16 and tf32
+// training steps, applied in the convolution's epilogue and weight gradient
+// (first_bn.hpp; own:input_moments in the kernel report); DSTK_FIRST_CONV_BN=0
+// runs the batch norm's own passes. The sums
 // differ (exact products of the input's moments against the pass's rounded
 // gradient): the first step's gradients of the two layers agree with the own
 // pass's and with the CPU reference's within the tolerances of the CPU

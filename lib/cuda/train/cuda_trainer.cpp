@@ -242,6 +242,7 @@ class CudaTrainer final : public Trainer {
     TcConvShape conv_shape(std::size_t i, std::uint32_t n, bool data_gradient) const;
     void convert(const StepFields& b);
     void forward(std::uint32_t n, bool training, bool fuse);
+    void forward_first_conv_bn(std::uint32_t n);
     static constexpr std::size_t npos = ~std::size_t{0};
     // early: a layer after whose backward pass the parameters of it and the
     // layers above are updated beside the rest of the pass (npos: none).
@@ -948,7 +949,9 @@ void CudaTrainer::create_layer_descriptors() {
     force_own_ = env && std::string(env) == "own";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
-    if (direct_first_) ws = std::max(ws, direct_conv_workspace(direct_shape(cfg_.max_batch)));
+    if (direct_first_)
+        ws = std::max({ws, direct_conv_workspace(direct_shape(cfg_.max_batch)),
+                       first_bn_forward_workspace(direct_shape(cfg_.max_batch))});
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
         const LayerSpec& sp = layers()[i].spec;
         dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
@@ -1177,7 +1180,10 @@ void CudaTrainer::report_rule_choices() {
         if (plans[i].weight_grad)
             reports_.push_back({i, "bwd_filter", "cublaslt:bgradb_epilogue", ChoiceSource::rule, 0.0});
     }
-    if (first_conv_bn_) reports_.push_back({1, "bwd", "own:input_moments", ChoiceSource::rule, 0.0});
+    if (first_conv_bn_) {
+        reports_.push_back({1, "fwd", "own:input_moments", ChoiceSource::rule, 0.0});
+        reports_.push_back({1, "bwd", "own:input_moments", ChoiceSource::rule, 0.0});
+    }
     for (std::size_t i = 0; i < layers().size(); ++i)
         if (dev_[i].bn_stats) reports_.push_back({i + 1, "fwd", "own:stats_in_conv", ChoiceSource::rule, 0.0});
     std::stable_sort(reports_.begin(), reports_.end(),
@@ -1290,7 +1296,9 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         const float* p = params_ + l.param_offset;
         switch (l.spec.kind) {
         case LayerKind::conv:
-            if (i == 0 && direct_first_)
+            if (i == 0 && training && fuse && first_conv_bn_)
+                forward_first_conv_bn(n);
+            else if (i == 0 && direct_first_)
                 launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
             else if (d.tc_fwd && training && d.bn_stats)
                 stats_splits =
@@ -1306,6 +1314,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             if (l.spec.bias) launch_add_bias(d.out, at_, p + conv_weights(l), n, l.out.c, hw_out, nchw_, stream_);
             break;
         case LayerKind::batchnorm: {
+            if (i == 1 && training && fuse && first_conv_bn_) break; // forward_first_conv_bn applied it
             const bool fused = fuse && d.relu_next, pooled = fused && d.pool_next;
             void* y = pooled ? dev_[i + 2].out : fused ? dev_[i + 1].out : d.out;
             const std::uint32_t pool_w = pooled ? l.in.w : 0;
@@ -1361,6 +1370,23 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         }
         mark(i, "fwd");
     }
+}
+
+// The first convolution and the batch norm after it (first_bn_into_wgrad) in
+// a training step: the norm's statistics from the input's moments, then the
+// convolution storing the norm's output (its ReLU's, where fused) at once.
+void CudaTrainer::forward_first_conv_bn(std::uint32_t n) {
+    const LayerPlan& b = layers()[1];
+    const LayerDev& d = dev_[1];
+    const float* gamma = params_ + b.param_offset;
+    float* run = states_ + b.state_offset;
+    const FirstBnForward f{
+        run, run + b.in.c, d.aux, d.aux + b.in.c, static_cast<float>(bn_momentum), static_cast<float>(bn_eps)};
+    launch_first_bn_forward(input_of(0), at_, direct_shape(n), params_ + layers()[0].param_offset, f, workspace_,
+                            stream_);
+    const BnApply apply{gamma, gamma + b.in.c, d.aux, d.aux + b.in.c, d.relu_next};
+    launch_direct_conv_forward(input_of(0), params_ + layers()[0].param_offset, d.relu_next ? dev_[2].out : d.out, at_,
+                               direct_shape(n), stream_, &apply);
 }
 
 // Where a layer's weight gradient runs: on the side branch, except while

@@ -172,6 +172,26 @@ template <class T> __device__ __forceinline__ float stored(float v) {
         return __bfloat162float(__float2bfloat16(v));
 }
 
+// The block's sums of its Warps warps' values v[V] (each lane its own), in a
+// fixed tree: the upper half of the warps store theirs, the lower half add
+// them, and so on down to warp 0, which ends with the sums in v (the same
+// order on every run). slots: Warps / 2 x V x 32 floats of shared memory,
+// lane-major (conflict-free). (Adding the warps one after another into one
+// buffer chained Warps x V shared-memory updates per block.)
+template <unsigned Warps, int V> __device__ void block_sum_warps(float (&v)[V], float* slots) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (unsigned half = Warps / 2; half >= 1; half /= 2) {
+        if (warp >= half && warp < 2 * half)
+#pragma unroll
+            for (int i = 0; i < V; ++i) slots[((warp - half) * V + i) * 32 + lane] = v[i];
+        __syncthreads();
+        if (warp < half)
+#pragma unroll
+            for (int i = 0; i < V; ++i) v[i] += slots[(warp * V + i) * 32 + lane];
+        __syncthreads();
+    }
+}
+
 // A float rounded to TF32 (to nearest, ties away), as mma's tf32 operands take it.
 __device__ __forceinline__ std::uint32_t to_tf32(float v) {
     std::uint32_t r;

@@ -284,6 +284,36 @@ __device__ __forceinline__ unsigned tile_pixel_base(const TcParams& p, unsigned 
     return y * p.cols_in + (q - y * p.s.ow);
 }
 
+// The batch norm of BnApply as y = v a + b (a = gamma * invstd, b = beta -
+// mean * a), then its ReLU, per channel; the coefficients in shared memory
+// (pair q: channels 2 q and 2 q + 1), written before the kernel's first
+// barrier, so that the epilogue holds no registers for them.
+struct EpilogueBn {
+    const float4* pairs;
+    bool on, relu;
+    __device__ EpilogueBn(const BnApply& bn, float4* shared, unsigned k)
+        : pairs(shared), on(bn.gamma != nullptr), relu(bn.relu) {
+        if (!on) return;
+        for (unsigned q = threadIdx.x; q < k / 2; q += blockDim.x) {
+            float ab[4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned c = 2 * q + h;
+                ab[2 * h] = bn.gamma[c] * bn.invstd[c];
+                ab[2 * h + 1] = bn.beta[c] - bn.mean[c] * ab[2 * h];
+            }
+            shared[q] = make_float4(ab[0], ab[1], ab[2], ab[3]);
+        }
+    }
+    // Channels 2 q and 2 q + 1.
+    __device__ float2 operator()(float v0, float v1, unsigned q) const {
+        if (!on) return make_float2(v0, v1);
+        const float4 c = pairs[q];
+        const float o0 = fmaf(v0, c.x, c.y), o1 = fmaf(v1, c.z, c.w);
+        return relu ? make_float2(fmaxf(o0, 0.0f), fmaxf(o1, 0.0f)) : make_float2(o0, o1);
+    }
+};
+
 // Block: tile_rows output rows of one image; warp w takes the 16-pixel row
 // tiles w, w + 4, ... Fragments (gid = lane / 4, t4 = lane % 4): A rows gid
 // and gid + 8 are two output pixels, its k slots 2 t4, 2 t4 + 1 of step s are
@@ -291,7 +321,8 @@ __device__ __forceinline__ unsigned tile_pixel_base(const TcParams& p, unsigned 
 // input pixel under that tap. B column gid of n-tile j is output channel
 // 8 j + gid, in registers for the whole block.
 template <int NT>
-__global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, const float* wt, bf16* y, TcParams p) {
+__global__ void __launch_bounds__(tc_threads)
+    tc_forward_kernel(const bf16* x, const float* wt, bf16* y, TcParams p, BnApply bn) {
     extern __shared__ uint2 px4[]; // rows_in x cols_in input pixels, their first 4 channels; then the staging rows
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
     const unsigned C = p.s.c;
@@ -307,6 +338,8 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
             b[s][j] = pack_bf16(w0, w1);
         }
     }
+    __shared__ float4 bn_pairs[tc_max_k / 2];
+    const EpilogueBn ep(bn, bn_pairs, p.s.k);
     const unsigned img = blockIdx.x / p.tiles_per_image;
     const unsigned oy0 = (blockIdx.x - img * p.tiles_per_image) * p.tile_rows;
     load_input_pixels(x, p, img, oy0, px4);
@@ -334,8 +367,9 @@ __global__ void __launch_bounds__(tc_threads) tc_forward_kernel(const bf16* x, c
         std::uint32_t* rows = stage + warp * 16 * 4 * NT; // 16 pixels x 8 NT bf16
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            rows[gid * 4 * NT + 4 * j + t4] = pack_bf16(d[j][0], d[j][1]);
-            rows[(gid + 8) * 4 * NT + 4 * j + t4] = pack_bf16(d[j][2], d[j][3]);
+            const float2 lo = ep(d[j][0], d[j][1], 4 * j + t4), hi = ep(d[j][2], d[j][3], 4 * j + t4);
+            rows[gid * 4 * NT + 4 * j + t4] = pack_bf16(lo.x, lo.y);
+            rows[(gid + 8) * 4 * NT + 4 * j + t4] = pack_bf16(hi.x, hi.y);
         }
         __syncwarp();
         const unsigned valid = min(16u, pixels - m * 16) * NT; // 16-byte chunks of this tile's pixels
@@ -385,7 +419,7 @@ __device__ __forceinline__ SplitTf32 split_tf32(float v) {
 // output channel 8 j + gid, channel t4, that tap.
 template <int NT>
 __global__ void __launch_bounds__(tc_threads)
-    tc_forward_tf32_kernel(const float* x, const float* wt, float* y, TcParams p) {
+    tc_forward_tf32_kernel(const float* x, const float* wt, float* y, TcParams p, BnApply bn) {
     extern __shared__ uint4 px16[]; // rows_in x cols_in input pixels (fp32); then the staging rows
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
     const unsigned C = p.s.c, row = tc_tf32_row_floats(p);
@@ -394,6 +428,8 @@ __global__ void __launch_bounds__(tc_threads)
     for (int tap = 0; tap < 9; ++tap)
 #pragma unroll
         for (int j = 0; j < NT; ++j) b[tap][j] = split_tf32(t4 < C ? wt[((8 * j + gid) * C + t4) * 9 + tap] : 0.0f);
+    __shared__ float4 bn_pairs[tc_max_k / 2];
+    const EpilogueBn ep(bn, bn_pairs, p.s.k);
     const unsigned img = blockIdx.x / p.tiles_per_image;
     const unsigned oy0 = (blockIdx.x - img * p.tiles_per_image) * p.tile_rows;
     load_input_pixels(x, p, img, oy0, px16);
@@ -422,8 +458,8 @@ __global__ void __launch_bounds__(tc_threads)
         float* rows = stage + warp * 16 * row;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            *reinterpret_cast<float2*>(rows + gid * row + 8 * j + 2 * t4) = make_float2(d[j][0], d[j][1]);
-            *reinterpret_cast<float2*>(rows + (gid + 8) * row + 8 * j + 2 * t4) = make_float2(d[j][2], d[j][3]);
+            *reinterpret_cast<float2*>(rows + gid * row + 8 * j + 2 * t4) = ep(d[j][0], d[j][1], 4 * j + t4);
+            *reinterpret_cast<float2*>(rows + (gid + 8) * row + 8 * j + 2 * t4) = ep(d[j][2], d[j][3], 4 * j + t4);
         }
         __syncwarp();
         constexpr unsigned chunks = 2 * NT; // 16-byte chunks per pixel
@@ -435,7 +471,7 @@ __global__ void __launch_bounds__(tc_threads)
     }
 }
 
-void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
+void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s, const BnApply& bn,
                        cudaStream_t stream) {
     const TcParams p = tc_params_of(s);
     const unsigned blocks = s.n * p.tiles_per_image;
@@ -445,10 +481,10 @@ void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const 
         constexpr int NT = decltype(nt)::value;
         if (bf)
             tc_forward_kernel<NT>
-                <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p);
+                <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p, bn);
         else
-            tc_forward_tf32_kernel<NT>
-                <<<blocks, tc_threads, shared, stream>>>(static_cast<const float*>(x), w, static_cast<float*>(y), p);
+            tc_forward_tf32_kernel<NT><<<blocks, tc_threads, shared, stream>>>(static_cast<const float*>(x), w,
+                                                                               static_cast<float*>(y), p, bn);
     };
     with_constant<8>(s.k / 8, go); // tc_forward_applies: k a multiple of 8 up to 64
     CUDA_CHECK(cudaGetLastError());
@@ -498,7 +534,7 @@ template <class T> struct DyRows {
 // The input tile's pixels: their first four channels, 8 bytes (bf16) or 16 (fp32).
 template <class T> using InPixel = std::conditional_t<std::is_same_v<T, bf16>, uint2, uint4>;
 
-// The tiles, or at the end sum_warps' slots, then the block's sums (tcw_reduce).
+// The tiles, or at the end block_sum_warps' slots, then the block's sums (tcw_reduce).
 template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p, bool moments) {
     const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * DyRows<T>(p.s.k).stride * 16 +
                                 std::uint64_t{p.rows_in} * p.cols_in * sizeof(InPixel<T>);
@@ -677,29 +713,10 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
 }
 
 // K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
-// The block's sums of its warps' values v[V] (each lane its own), in a fixed
-// tree: warps 4-7 store theirs, 0-3 add them, then 2-3 into 0-1, 1 into 0.
-// slots: 4 x V x 32 floats, lane-major (conflict-free). Warp 0 ends with the
-// sums in v. (Adding the warps one after another into one buffer chained 8 x V
-// shared-memory updates per block.)
-template <int V> __device__ void sum_warps(float (&v)[V], float* slots) {
-    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (unsigned half = tcw_warps / 2; half >= 1; half /= 2) {
-        if (warp >= half && warp < 2 * half)
-#pragma unroll
-            for (int i = 0; i < V; ++i) slots[((warp - half) * V + i) * 32 + lane] = v[i];
-        __syncthreads();
-        if (warp < half)
-#pragma unroll
-            for (int i = 0; i < V; ++i) v[i] += slots[(warp * V + i) * 32 + lane];
-        __syncthreads();
-    }
-}
-
 // Values per lane the weight gradient sums: acc, then with Moments the moments' blocks.
 template <int MT, bool Moments> constexpr int tcw_values = MT* tcw_ntiles * 4 + (Moments ? 9 * 4 : 0);
 
-// The block's sums of a step's products (sum_warps): acc's (MT m-tiles x 40
+// The block's sums of a step's products (block_sum_warps): acc's (MT m-tiles x 40
 // columns) into red, with Moments the moments' blocks into mred (40 x 40).
 template <int MT, bool Moments>
 __device__ void tcw_reduce(float (&acc)[MT][tcw_ntiles][4], MomentBlocks& mom, float* smem, float* red, float* mred) {
@@ -712,7 +729,7 @@ __device__ void tcw_reduce(float (&acc)[MT][tcw_ntiles][4], MomentBlocks& mom, f
     if constexpr (Moments)
 #pragma unroll
         for (int i = na; i < V; ++i) v[i] = mom.d[(i - na) / 4][(i - na) % 4];
-    sum_warps(v, smem);
+    block_sum_warps<tcw_warps>(v, smem);
     auto at = [&](int m, int j, int e) { return (16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1); };
     if (warp == 0) {
 #pragma unroll
@@ -790,7 +807,7 @@ __global__ void __launch_bounds__(tcw_threads, tcw_min_blocks<K, Moments>)
     }
     __syncthreads();
     constexpr unsigned cols = 8 * tcw_ntiles;
-    auto* red = reinterpret_cast<float*>(smem); // [k][40], then the moments' [40][40] (over sum_warps' slots)
+    auto* red = reinterpret_cast<float*>(smem); // [k][40], then the moments' [40][40] (over block_sum_warps' slots)
     tcw_reduce<MT, Moments>(acc, mom, red, red, red + K * cols);
     const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (Moments ? K + cols * cols : 0);
     for (unsigned e = threadIdx.x; e < stride; e += blockDim.x) {
@@ -894,11 +911,12 @@ std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
 }
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const BnApply* bn) {
     if (tc_forward_applies(t, s)) {
-        launch_tc_forward(x, w, y, t, s, stream);
+        launch_tc_forward(x, w, y, t, s, bn ? *bn : BnApply{}, stream);
         return;
     }
+    if (bn) throw std::logic_error("a batch norm given to a forward convolution that cannot take it");
     const Params p = params_of(s);
     dispatch(t, s, [&](auto tag, auto c, auto st) {
         using T = std::remove_pointer_t<decltype(tag)>;

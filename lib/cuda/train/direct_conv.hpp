@@ -43,8 +43,16 @@ struct FirstBnIn;
 
 bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s);
 
+// A batch norm (and its ReLU) applied to the forward's output before it is
+// stored: y = max(0, (v - mean) * gamma * invstd + beta), its statistics known
+// before the convolution (first_bn.hpp). Where direct_conv_wgrad_takes_bn.
+struct BnApply {
+    const float *gamma = nullptr, *beta = nullptr, *mean = nullptr, *invstd = nullptr;
+    bool relu = false;
+};
+
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const BnApply* bn = nullptr);
 // dw[k][c][r][s] (fp32) = sum over the batch and output pixels of dy * x.
 // With bn, dy is the gradient of the batch norm's output (of its ReLU's) and
 // dw, dgamma and dbeta are the ones first_bn.hpp derives from it.

@@ -1,6 +1,7 @@
 // The first batch norm's backward from the input's moments (first_bn.hpp).
 #include "first_bn.hpp"
 
+#include "elementwise.hpp"
 #include "launch_common.cuh"
 
 namespace dstk::train::cuda {
@@ -49,6 +50,169 @@ __global__ void first_bn_backward_kernel(const float* sums, unsigned c, unsigned
         static_cast<float>(b.gamma[k] * is * (a - sg / count * sx - is * is * sgy / count * z));
 }
 
+// ---- forward: the statistics from the input's moments ----
+// M = P^T P over the step's output pixels, P the patch rows (the K values,
+// j = c * 9 + tap, then a one, zeros to KP columns): M's first K x K is G, its
+// column K the sums s. mean_k = w_k . s / N, var_k = w_k^T G w_k / N - mean_k^2.
+constexpr unsigned fwd_warps = 8, fwd_threads = fwd_warps * 32;
+constexpr unsigned fwd_tile = fwd_threads; // output pixels per tile: one patch row per thread
+
+template <int C> constexpr int fwd_cols = taps* C + 1 <= 32 ? 32 : 48;
+unsigned fwd_cols_of(const DirectConvShape& s) {
+    return taps * s.c + 1 <= 32 ? 32 : 48;
+}
+
+unsigned fwd_blocks(const DirectConvShape& s) {
+    const std::uint64_t tiles = (std::uint64_t{s.n} * s.oh * s.ow + fwd_tile - 1) / fwd_tile;
+    return static_cast<unsigned>(std::min<std::uint64_t>(tiles, std::uint64_t{sm_count()} * 2));
+}
+
+// Patch rows of KP + 8 bf16 (16 bytes apart mod 128: an ldmatrix's eight rows
+// fall in distinct banks); fp32 inputs as a high and a low bf16 part (two
+// matrices). At the end the same memory holds block_sum_warps' slots.
+template <class T, int KP> constexpr unsigned fwd_stride = KP + 8;
+template <class T> constexpr unsigned fwd_matrices = std::is_same_v<T, bf16> ? 1 : 2;
+template <int KP> constexpr int fwd_values = KP / 16 * (KP / 8) * 4;
+template <class T, int KP> std::uint64_t fwd_shared() {
+    const std::uint64_t rows = std::uint64_t{fwd_matrices<T>} * fwd_tile * fwd_stride<T, KP> * sizeof(bf16);
+    return std::max<std::uint64_t>(rows, std::uint64_t{fwd_warps} / 2 * fwd_values<KP> * 32 * sizeof(float));
+}
+
+// Thread q's patch row of output pixel `pixel` (zeros past the last one): x
+// under its nine taps, channel-major as in the KCRS weights, then a one.
+template <class T, int C, int KP>
+__device__ void build_patch_row(const T* x, const DirectConvShape& s, Div32 dow, Div32 doh, unsigned pixel,
+                                unsigned pixels, bf16* hi, bf16* lo) {
+    float v[KP] = {};
+    if (pixel < pixels) {
+        const unsigned row = dow.div(pixel), ox = pixel - row * s.ow, img = doh.div(row), oy = row - img * s.oh;
+        const int iy0 = static_cast<int>(oy * s.stride) - static_cast<int>(s.pad);
+        const int ix0 = static_cast<int>(ox * s.stride) - static_cast<int>(s.pad);
+#pragma unroll
+        for (int t = 0; t < static_cast<int>(taps); ++t) {
+            const int iy = iy0 + t / 3, ix = ix0 + t % 3;
+            if (iy < 0 || ix < 0 || iy >= static_cast<int>(s.h) || ix >= static_cast<int>(s.w)) continue;
+            const std::uint64_t at = ((std::uint64_t{img} * s.h + iy) * s.w + ix) * s.cstride;
+            if constexpr (std::is_same_v<T, bf16>) { // tc_forward_applies: channels stored in fours
+                const uint2 q = *reinterpret_cast<const uint2*>(x + at);
+                const float2 c01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+                const float2 c23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+                const float c4[4] = {c01.x, c01.y, c23.x, c23.y};
+#pragma unroll
+                for (int c = 0; c < C; ++c) v[c * taps + t] = c4[c];
+            } else {
+#pragma unroll
+                for (int c = 0; c < C; ++c) v[c * taps + t] = ld(x, at + c);
+            }
+        }
+        v[taps * C] = 1.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < KP; j += 8) {
+        std::uint32_t h[4], l[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float h0 = __bfloat162float(__float2bfloat16(v[j + 2 * e]));
+            const float h1 = __bfloat162float(__float2bfloat16(v[j + 2 * e + 1]));
+            h[e] = pack_bf16(h0, h1);
+            l[e] = pack_bf16(v[j + 2 * e] - h0, v[j + 2 * e + 1] - h1);
+        }
+        *reinterpret_cast<uint4*>(hi + j) = make_uint4(h[0], h[1], h[2], h[3]);
+        if (lo) *reinterpret_cast<uint4*>(lo + j) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
+// Per block: M over its tiles' pixels on tensor cores, in bf16: exact
+// products of bf16 inputs; fp32 inputs as hi + lo (lo hi + hi lo + hi hi:
+// about 16 bits of each). One ldmatrix.x4.trans of 16 columns x 16 pixels is
+// at once the A fragment of those 16 rows of M and the B fragments of those
+// 16 columns. partials[block][KP x KP].
+template <class T, int C, int KP>
+__global__ void __launch_bounds__(fwd_threads)
+    first_bn_moments_kernel(const T* x, DirectConvShape s, Div32 dow, Div32 doh, float* partials) {
+    await_predecessor();
+    constexpr int MT = KP / 16, NT = KP / 8, RS = fwd_stride<T, KP>, V = fwd_values<KP>;
+    constexpr bool split = fwd_matrices<T> == 2;
+    extern __shared__ uint4 fwd_smem[];
+    auto* hi = reinterpret_cast<bf16*>(fwd_smem);
+    bf16* lo = split ? hi + fwd_tile * RS : nullptr;
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
+    const unsigned pixels = s.n * s.oh * s.ow; // tc_forward_applies: below 2^31
+    float acc[MT][NT][4] = {};
+    for (unsigned first = blockIdx.x * fwd_tile; first < pixels; first += gridDim.x * fwd_tile) {
+        __syncthreads(); // the previous tile's reads are done
+        build_patch_row<T, C, KP>(x, s, dow, doh, first + threadIdx.x, pixels, hi + threadIdx.x * RS,
+                                  split ? lo + threadIdx.x * RS : nullptr);
+        __syncthreads();
+        for (unsigned ks = warp; ks < fwd_tile / 16; ks += fwd_warps) {
+            const unsigned row = ks * 16 + (lane / 16) * 8 + lane % 8, col = ((lane / 8) % 2) * 8;
+            std::uint32_t h[MT][4], l[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                ldmatrix_x4_trans(h[m], hi + row * RS + 16 * m + col);
+                if constexpr (split) ldmatrix_x4_trans(l[m], lo + row * RS + 16 * m + col);
+            }
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int bm = n / 2, b0 = n % 2, b1 = 2 + n % 2; // n-tile n: matrices b0, b1 of block n / 2
+                    if constexpr (split) {
+                        mma_bf16_k16(acc[m][n], l[m], h[bm][b0], h[bm][b1]);
+                        mma_bf16_k16(acc[m][n], h[m], l[bm][b0], l[bm][b1]);
+                    }
+                    mma_bf16_k16(acc[m][n], h[m], h[bm][b0], h[bm][b1]);
+                }
+        }
+    }
+    __syncthreads();
+    float v[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = acc[i / (NT * 4)][i / 4 % NT][i % 4];
+    block_sum_warps<fwd_warps>(v, reinterpret_cast<float*>(fwd_smem));
+    if (warp != 0) return;
+    float* out = partials + std::uint64_t{blockIdx.x} * KP * KP;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const int m = i / (NT * 4), n = i / 4 % NT, e = i % 4;
+        out[(16 * m + gid + (e >= 2 ? 8 : 0)) * KP + 8 * n + 2 * t4 + (e & 1)] = v[i];
+    }
+}
+
+// One block per output channel k, thread j one patch value: the batch
+// statistics of y_k = w_k . x_p from M (as bn_finalize_forward_kernel
+// leaves them: saved mean and 1 / std, running statistics updated with the
+// unbiased variance).
+__global__ void first_bn_forward_kernel(const float* m, unsigned c, unsigned kp, double count, bool bf16_weights,
+                                        const float* weights, FirstBnForward f) {
+    await_predecessor();
+    constexpr unsigned max_k = 4 * taps;
+    __shared__ double w[max_k], ws[max_k], wgw[max_k];
+    const unsigned K = taps * c, k = blockIdx.x, j = threadIdx.x;
+    if (j < K) {
+        const float wf = weights[std::uint64_t{k} * K + j];
+        w[j] = bf16_weights ? __bfloat162float(__float2bfloat16(wf)) : wf;
+    }
+    __syncthreads();
+    if (j < K) {
+        double gw = 0.0; // (G w)_j
+        for (unsigned i = 0; i < K; ++i) gw += m[j * kp + i] * w[i];
+        ws[j] = w[j] * m[j * kp + K];
+        wgw[j] = w[j] * gw;
+    }
+    __syncthreads();
+    if (j != 0) return;
+    double sum = 0.0, sq = 0.0; // in index order
+    for (unsigned i = 0; i < K; ++i) sum += ws[i], sq += wgw[i];
+    const double mean = sum / count, var = fmax(0.0, sq / count - mean * mean);
+    const float is = static_cast<float>(1.0 / sqrt(var + f.eps));
+    f.save_mean[k] = static_cast<float>(mean);
+    f.save_invstd[k] = is;
+    const double unbiased = count > 1 ? var * count / (count - 1) : var;
+    f.run_mean[k] = (1.0f - f.momentum) * f.run_mean[k] + f.momentum * static_cast<float>(mean);
+    f.run_var[k] = (1.0f - f.momentum) * f.run_var[k] + f.momentum * static_cast<float>(unbiased);
+}
+
 } // namespace
 
 std::uint64_t first_bn_moments(const DirectConvShape&) {
@@ -59,6 +223,48 @@ void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShap
                               float* dw, cudaStream_t stream) {
     const double count = static_cast<double>(s.n) * s.oh * s.ow;
     launch_kernel(first_bn_backward_kernel, s.k, 64, 0, stream, sums, s.c, s.k, count, t == ActType::bf16, b, dw);
+}
+
+std::uint64_t first_bn_forward_workspace(const DirectConvShape& s) {
+    const std::uint64_t kp = fwd_cols_of(s);
+    return (std::uint64_t{fwd_blocks(s)} + 1) * kp * kp * sizeof(float);
+}
+
+void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s, const float* w,
+                             const FirstBnForward& f, void* workspace, cudaStream_t stream) {
+    const unsigned blocks = fwd_blocks(s), kp = fwd_cols_of(s);
+    auto* partials = static_cast<float*>(workspace);
+    float* m = partials + std::uint64_t{blocks} * kp * kp;
+    const Div32 dow(s.ow), doh(s.oh);
+    auto go = [&](auto tag, auto c) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        constexpr int C = decltype(c)::value, KP = fwd_cols<C>;
+        const std::uint64_t shared = fwd_shared<T, KP>();
+        if (shared > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(first_bn_moments_kernel<T, C, KP>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        launch_kernel(first_bn_moments_kernel<T, C, KP>, blocks, fwd_threads, shared, stream, static_cast<const T*>(x),
+                      s, dow, doh, partials);
+    };
+    dispatch(t, [&](auto tag) {
+        switch (s.c) {
+        case 1:
+            go(tag, std::integral_constant<int, 1>{});
+            break;
+        case 2:
+            go(tag, std::integral_constant<int, 2>{});
+            break;
+        case 3:
+            go(tag, std::integral_constant<int, 3>{});
+            break;
+        default:
+            go(tag, std::integral_constant<int, 4>{});
+            break;
+        }
+    });
+    launch_sum_partials(partials, blocks, std::uint64_t{kp} * kp, m, ActType::f32, stream);
+    const double count = static_cast<double>(s.n) * s.oh * s.ow;
+    launch_kernel(first_bn_forward_kernel, s.k, 64, 0, stream, m, s.c, kp, count, t == ActType::bf16, w, f);
 }
 
 } // namespace dstk::train::cuda

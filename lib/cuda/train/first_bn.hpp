@@ -28,6 +28,26 @@
 
 namespace dstk::train::cuda {
 
+// The forward: the batch statistics of the convolution's output from the
+// input's moments as well, mean_k = w_k . s / N and var_k = w_k^T G w_k / N -
+// mean_k^2 (the weights rounded as the forward takes them), before the
+// convolution, whose epilogue then applies the batch norm and its ReLU
+// (direct_conv.hpp, BnApply): neither the batch norm's reduction nor its
+// element-wise pass over the convolution's output runs, and that output is
+// never stored. The moments: M = P^T P on tensor cores over KP columns (the K
+// patch values, a one, zeros; KP 32 or 48), per-block partials summed in a
+// fixed order (sum_partials): the same result on every run.
+struct FirstBnForward {
+    float *run_mean = nullptr, *run_var = nullptr;      // updated with the unbiased variance
+    float *save_mean = nullptr, *save_invstd = nullptr; // the batch's, for the epilogue and the backward
+    float momentum = 0.1f, eps = 1e-5f;
+};
+// Workspace bytes launch_first_bn_forward needs.
+std::uint64_t first_bn_forward_workspace(const DirectConvShape& s);
+// x: the convolution's input as direct_conv reads it; w its fp32 KCRS weights.
+void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s, const float* w,
+                             const FirstBnForward& f, void* workspace, cudaStream_t stream);
+
 // Floats of the moments the weight gradient sums after A and S (40 x 40).
 std::uint64_t first_bn_moments(const DirectConvShape& s);
 
