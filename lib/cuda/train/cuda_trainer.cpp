@@ -313,6 +313,7 @@ class CudaTrainer final : public Trainer {
     bool conv_bn_stats_ = true;
     bool leave_first_bn_ = false;         // this backward pass: first_conv_bn_ and no input gradient wanted
     std::optional<FirstBnIn> pending_bn_; // set by a batch norm's backward left to the layer below
+    float* moments_ = nullptr;            // first_bn_moments of the step's input, where direct_first_
     TensorShape input_;                   // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
@@ -864,6 +865,7 @@ void CudaTrainer::layout(Arena& a) {
     for (const auto& l : layers())
         if (l.spec.kind == LayerKind::batchnorm) bn_channels = std::max(bn_channels, l.in.c);
     bn_partials_ = a.take<double>(bn_partials(std::max(bn_channels, 1u)));
+    if (direct_first_) moments_ = a.take<float>(first_bn_moments(direct_shape(cfg_.max_batch)));
     for (std::size_t k = 0; k < GradBuffers::count; ++k)
         gbuf_.set(k, a.take_bytes(b * cfg_.plan.max_activation() * ab));
     input_grad_ = a.take_bytes(b * input_.numel() * ab);
@@ -1381,7 +1383,8 @@ void CudaTrainer::forward_first_conv_bn(std::uint32_t n) {
     const float* gamma = params_ + b.param_offset;
     float* run = states_ + b.state_offset;
     const FirstBnForward f{
-        run, run + b.in.c, d.aux, d.aux + b.in.c, static_cast<float>(bn_momentum), static_cast<float>(bn_eps)};
+        run,     run + b.in.c, d.aux, d.aux + b.in.c, static_cast<float>(bn_momentum), static_cast<float>(bn_eps),
+        moments_};
     launch_first_bn_forward(input_of(0), at_, direct_shape(n), params_ + layers()[0].param_offset, f, workspace_,
                             stream_);
     const BnApply apply{gamma, gamma + b.in.c, d.aux, d.aux + b.in.c, d.relu_next};
@@ -1482,8 +1485,9 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
         if (i == 1 && leave_first_bn_) {        // first_bn_into_wgrad
-            pending_bn_ = FirstBnIn{fused ? dev_[i + 1].out : nullptr,
-                                    {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c}};
+            pending_bn_ =
+                FirstBnIn{fused ? dev_[i + 1].out : nullptr,
+                          {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c, moments_}};
             return dy;
         }
         launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,

@@ -534,14 +534,12 @@ template <class T> struct DyRows {
 // The input tile's pixels: their first four channels, 8 bytes (bf16) or 16 (fp32).
 template <class T> using InPixel = std::conditional_t<std::is_same_v<T, bf16>, uint2, uint4>;
 
-// The tiles, or at the end block_sum_warps' slots, then the block's sums (tcw_reduce).
-template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p, bool moments) {
+// The tiles, or at the end block_sum_warps' slots, then the block's sums.
+template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p) {
     const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * DyRows<T>(p.s.k).stride * 16 +
                                 std::uint64_t{p.rows_in} * p.cols_in * sizeof(InPixel<T>);
-    constexpr std::uint64_t cols = 8 * tcw_ntiles;
-    const std::uint64_t values = std::uint64_t{p.s.k} / 16 * tcw_ntiles * 4 + (moments ? 9 * 4 : 0);
-    const std::uint64_t sums = (std::uint64_t{p.s.k} + (moments ? cols : 0)) * cols;
-    return std::max(tiles, std::max(tcw_warps / 2 * values * 32, sums) * sizeof(float));
+    const std::uint64_t values = std::uint64_t{p.s.k} / 16 * tcw_ntiles * 4, cols = 8 * tcw_ntiles;
+    return std::max(tiles, std::max(tcw_warps / 2 * values * 32, p.s.k * cols) * sizeof(float));
 }
 
 // The 16-byte chunk q of dy's pixel row r in shared memory; bf16 swizzled so
@@ -616,27 +614,14 @@ __device__ unsigned tcw_load_tile(const T* x, const T* dy, const MaskIn<T>& bn, 
     return pixels;
 }
 
-// The moments' blocks (first_bn.hpp) a step adds with Moments: M = P^T P
-// over the 40 columns (tap * 4 + channel; column 36 the ones), whose B
-// fragments the step holds: for rows 16 mt.. the A fragment is made of the
-// B fragments of n-tiles 2 mt and 2 mt + 1. Only the blocks on and above the
-// diagonal (M is symmetric): m-tile mt with n-tiles from 2 mt.
-constexpr int mom_mtiles = 3;
-struct MomentBlocks {
-    float d[9][4];
-};
-__host__ __device__ constexpr int moment_block(int mt, int n) {
-    return mt == 0 ? n : mt == 1 ? 5 + n - 2 : 8;
-}
-
 // One k8 step of 8 pixels from ks * 8 (bf16: m16n8k8, A by ldmatrix.trans
 // and B two pixels to a register; fp32: m16n8k8 TF32, A rows gid, gid + 8 of
-// pixels t4 and t4 + 4, B those pixels under each tap). With Moments, the
-// tenth tap's first channel is 1 under every pixel: that column sums dy (rows
-// past the tile's pixels are zero).
-template <class T, int CH, int MT, bool Moments>
+// pixels t4 and t4 + 4, B those pixels under each tap). With Sums, the tenth
+// tap's first channel is 1 under every pixel: that column sums dy (rows past
+// the tile's pixels are zero).
+template <class T, int CH, int MT, bool Sums>
 __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs, const TcParams& p, unsigned ks,
-                                         unsigned pixels, float (&acc)[MT][tcw_ntiles][4], MomentBlocks& mom) {
+                                         unsigned pixels, float (&acc)[MT][tcw_ntiles][4]) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     // The pixel's top-left tap in the input tile (pixels past the tile clamped: their dy rows are zero).
     auto base_of = [&](unsigned q) {
@@ -660,23 +645,16 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
         }
         const unsigned ba = base_of(ks * 8 + 2 * t4), bb = base_of(ks * 8 + 2 * t4 + 1);
-        const std::uint32_t one = Moments && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
-        std::uint32_t b[tcw_ntiles + 1];
+        const std::uint32_t one = Sums && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
             unsigned tap, off;
             tap_of(j, tap, off);
-            b[j] = tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : one;
+            const std::uint32_t b =
+                tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : one;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b[j]);
+            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
         }
-        b[tcw_ntiles] = 0u;
-        if constexpr (Moments)
-#pragma unroll
-            for (int mt = 0; mt < mom_mtiles; ++mt)
-#pragma unroll
-                for (int n = 2 * mt; n < tcw_ntiles; ++n)
-                    mma_bf16(mom.d[moment_block(mt, n)], b[2 * mt], b[2 * mt + 1], b[n]);
     } else {
         const auto* dw = reinterpret_cast<const std::uint32_t*>(dys);
         const auto* xw = reinterpret_cast<const std::uint32_t*>(xs); // rounded to TF32 as loaded
@@ -690,138 +668,66 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[m][2] = dw[(r0 + 4) * row + k], a[m][3] = dw[(r0 + 4) * row + k + 8];
         }
         const unsigned ba = base_of(r0), bb = base_of(r0 + 4);
-        const std::uint32_t one = Moments && c == 0 ? 0x3f800000u : 0u; // 1.0f
-        std::uint32_t b0[tcw_ntiles + 1], b1[tcw_ntiles + 1];
+        const std::uint32_t one = Sums && c == 0 ? 0x3f800000u : 0u; // 1.0f
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
             unsigned tap, off;
             tap_of(j, tap, off);
-            b0[j] = tap < 9 ? xw[(ba + off) * 4 + c] : one;
-            b1[j] = tap < 9 ? xw[(bb + off) * 4 + c] : one;
+            const std::uint32_t b0 = tap < 9 ? xw[(ba + off) * 4 + c] : one;
+            const std::uint32_t b1 = tap < 9 ? xw[(bb + off) * 4 + c] : one;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0[j], b1[j]);
+            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0, b1);
         }
-        b0[tcw_ntiles] = b1[tcw_ntiles] = 0u;
-        if constexpr (Moments)
-#pragma unroll
-            for (int mt = 0; mt < mom_mtiles; ++mt) {
-                const std::uint32_t am[4] = {b0[2 * mt], b0[2 * mt + 1], b1[2 * mt], b1[2 * mt + 1]};
-#pragma unroll
-                for (int n = 2 * mt; n < tcw_ntiles; ++n) mma_tf32_k8(mom.d[moment_block(mt, n)], am, b0[n], b1[n]);
-            }
     }
 }
 
-// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
-// Values per lane the weight gradient sums: acc, then with Moments the moments' blocks.
-template <int MT, bool Moments> constexpr int tcw_values = MT* tcw_ntiles * 4 + (Moments ? 9 * 4 : 0);
-
-// The block's sums of a step's products (block_sum_warps): acc's (MT m-tiles x 40
-// columns) into red, with Moments the moments' blocks into mred (40 x 40).
-template <int MT, bool Moments>
-__device__ void tcw_reduce(float (&acc)[MT][tcw_ntiles][4], MomentBlocks& mom, float* smem, float* red, float* mred) {
-    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
-    constexpr unsigned cols = 8 * tcw_ntiles;
-    constexpr int na = MT * tcw_ntiles * 4, V = tcw_values<MT, Moments>;
-    float v[V];
-#pragma unroll
-    for (int i = 0; i < na; ++i) v[i] = acc[i / (tcw_ntiles * 4)][i / 4 % tcw_ntiles][i % 4];
-    if constexpr (Moments)
-#pragma unroll
-        for (int i = na; i < V; ++i) v[i] = mom.d[(i - na) / 4][(i - na) % 4];
-    block_sum_warps<tcw_warps>(v, smem);
-    auto at = [&](int m, int j, int e) { return (16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1); };
-    if (warp == 0) {
-#pragma unroll
-        for (int i = 0; i < na; ++i) red[at(i / (tcw_ntiles * 4), i / 4 % tcw_ntiles, i % 4)] = v[i];
-        if constexpr (Moments)
-#pragma unroll
-            for (int mt = 0; mt < mom_mtiles; ++mt)
-#pragma unroll
-                for (int n = 2 * mt; n < tcw_ntiles; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (16 * mt + gid + (e >= 2 ? 8 : 0) < cols)
-                            mred[at(mt, n, e)] = v[na + 4 * moment_block(mt, n) + e];
-    }
-    __syncthreads();
-}
-
-// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles.
-// The block's sums of a step's products, in warp order: acc's (MT m-tiles
-// x 40 columns) into red, with Moments the moments' blocks into mred (40 x 40).
-template <int MT, bool Moments>
-__device__ void tcw_reduce(const float (&acc)[MT][tcw_ntiles][4], const MomentBlocks& mom, float* red, float* mred) {
-    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
-    constexpr unsigned cols = 8 * tcw_ntiles;
-    for (unsigned e = threadIdx.x; e < 16 * MT * cols; e += blockDim.x) red[e] = 0.0f;
-    if constexpr (Moments)
-        for (unsigned e = threadIdx.x; e < cols * cols; e += blockDim.x) mred[e] = 0.0f;
-    auto at = [&](int m, int j, int e) { return (16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1); };
-    for (unsigned w = 0; w < tcw_warps; ++w) {
-        __syncthreads();
-        if (warp != w) continue;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < tcw_ntiles; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) red[at(m, j, e)] += acc[m][j][e];
-        if constexpr (Moments)
-#pragma unroll
-            for (int mt = 0; mt < mom_mtiles; ++mt)
-#pragma unroll
-                for (int n = 2 * mt; n < tcw_ntiles; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (16 * mt + gid + (e >= 2 ? 8 : 0) < cols)
-                            mred[at(mt, n, e)] += mom.d[moment_block(mt, n)][e];
-    }
-    __syncthreads();
-}
-
-// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles. With
-// Moments (a batch norm taken in, first_bn.hpp), each block's partials are dw's
-// (KCRS), the K sums of dy, then the moments' 40 x 40 blocks (first_bn_moments).
-// The moments' accumulators would leave the 32-channel kernel at one block
-// per SM, its grid being two per SM: registers capped for two.
-template <int K, bool Moments> constexpr int tcw_min_blocks = Moments&& K == 32 ? tcw_blocks_per_sm : 1;
-
-template <class T, int K, bool Moments>
-__global__ void __launch_bounds__(tcw_threads, tcw_min_blocks<K, Moments>)
+// K output channels: CH 16-byte chunks per dy row, MT = K / 16 m-tiles. Each
+// block's partials: dw's (KCRS), then with Sums (a batch norm taken in,
+// first_bn.hpp) the K sums of dy. The block's sums by block_sum_warps, warp 0
+// writing them to red ([k][40]) over the slots.
+template <class T, int K, bool Sums>
+__global__ void __launch_bounds__(tcw_threads)
     tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, MaskIn<T> bn) {
-    constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
+    constexpr int CH = K * sizeof(T) / 16, MT = K / 16, V = MT * tcw_ntiles * 4;
     extern __shared__ uint4 smem[];
     uint4* dys = smem;
     auto* xs = reinterpret_cast<InPixel<T>*>(smem + tc_tile_rows_padded(p) * DyRows<T>(K).stride);
-    const unsigned warp = threadIdx.x / 32;
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
     float acc[MT][tcw_ntiles][4] = {};
-    MomentBlocks mom{};
     const unsigned tiles = p.s.n * p.tiles_per_image;
     for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
         __syncthreads(); // the previous tile's reads are done
         const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, p, t, dys, xs);
         __syncthreads();
         for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps)
-            tcw_step<T, CH, MT, Moments>(dys, xs, p, ks, pixels, acc, mom);
+            tcw_step<T, CH, MT, Sums>(dys, xs, p, ks, pixels, acc);
     }
     __syncthreads();
+    float v[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = acc[i / (tcw_ntiles * 4)][i / 4 % tcw_ntiles][i % 4];
+    auto* red = reinterpret_cast<float*>(smem);
+    block_sum_warps<tcw_warps>(v, red);
     constexpr unsigned cols = 8 * tcw_ntiles;
-    auto* red = reinterpret_cast<float*>(smem); // [k][40], then the moments' [40][40] (over block_sum_warps' slots)
-    tcw_reduce<MT, Moments>(acc, mom, red, red, red + K * cols);
-    const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (Moments ? K + cols * cols : 0);
+    if (warp == 0)
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            const int m = i / (tcw_ntiles * 4), j = i / 4 % tcw_ntiles, e = i % 4;
+            red[(16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1)] = v[i];
+        }
+    __syncthreads();
+    const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (Sums ? K : 0);
     for (unsigned e = threadIdx.x; e < stride; e += blockDim.x) {
         const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
-        partials[std::uint64_t{blockIdx.x} * stride + e] = e < kw       ? red[k * cols + tap * 4 + c]
-                                                           : e < kw + K ? red[(e - kw) * cols + 36]
-                                                                        : red[K * cols + e - kw - K];
+        partials[std::uint64_t{blockIdx.x} * stride + e] =
+            e < kw ? red[k * cols + tap * 4 + c] : red[(e - kw) * cols + 36];
     }
 }
 
 template <class T>
 void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, unsigned blocks, float* partials,
                            const FirstBnIn* bn, cudaStream_t stream) {
-    const std::uint64_t shared = tc_wgrad_shared<T>(p, bn != nullptr);
+    const std::uint64_t shared = tc_wgrad_shared<T>(p);
     const MaskIn<T> b{bn ? static_cast<const T*>(bn->relu_out) : nullptr};
     auto go = [&](auto kernel) {
         if (shared > 48 * 1024)
@@ -852,7 +758,7 @@ void launch_tc_wgrad(const void* x, const void* dy, ActType t, const DirectConvS
         launch_sum_partials(partials, blocks, kw, dw, ActType::f32, stream);
         return;
     }
-    const std::uint64_t count = kw + s.k + first_bn_moments(s);
+    const std::uint64_t count = kw + s.k;
     float* sums = partials + blocks * count;
     launch_sum_partials(partials, blocks, count, sums, ActType::f32, stream);
     launch_first_bn_backward(sums, t, s, bn->b, dw, stream);
@@ -906,8 +812,7 @@ bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s) {
 std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
     const Params p = params_of(s);
     const std::uint64_t blocks = std::max(wgrad_blocks(p), tc_wgrad_blocks(tc_params_of(s)));
-    // + 1: the sums of a batch norm taken in; the dy sums and moments per block
-    return (blocks + 1) * ((9 * s.c + 1) * s.k + first_bn_moments(s)) * sizeof(float);
+    return (blocks + 1) * (9 * s.c + 1) * s.k * sizeof(float); // + 1: the sums of a batch norm taken in; + s.k: S
 }
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,

@@ -1,6 +1,6 @@
 #pragma once
-// The batch norm right after a network's first convolution, its backward
-// taken from moments of the convolution's input (first_bn.cu).
+// The batch norm right after a network's first convolution, its statistics
+// and its backward taken from moments of the convolution's input (first_bn.cu).
 //
 // The first convolution's output is y[p][k] = w_k . x_p, x_p the patch of
 // K = 9 c input values under output pixel p. The batch norm's backward needs,
@@ -15,10 +15,8 @@
 // dgamma_k = is_k T, dbeta_k = S (is_k the saved 1 / std, N the pixel count).
 // So the batch norm's own reduction over its input and output gradient never
 // runs: the step's tail after the second convolution's data gradient is one
-// weight-gradient pass, which also sums the moments from the input patches
-// it holds anyway (direct_conv.cu: M = P^T P over 40 columns, tap * 4 +
-// channel, the tenth tap's first channel a one, so that M's column 36 holds
-// s; only its 16-row blocks on and above the diagonal).
+// weight-gradient pass and this combination. s and G are the moments the
+// forward took (below).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,11 +34,13 @@ namespace dstk::train::cuda {
 // element-wise pass over the convolution's output runs, and that output is
 // never stored. The moments: M = P^T P on tensor cores over KP columns (the K
 // patch values, a one, zeros; KP 32 or 48), per-block partials summed in a
-// fixed order (sum_partials): the same result on every run.
+// fixed order (sum_partials): the same result on every run. They stay in
+// `moments` (first_bn_moments floats) for the backward.
 struct FirstBnForward {
     float *run_mean = nullptr, *run_var = nullptr;      // updated with the unbiased variance
     float *save_mean = nullptr, *save_invstd = nullptr; // the batch's, for the epilogue and the backward
     float momentum = 0.1f, eps = 1e-5f;
+    float* moments = nullptr;
 };
 // Workspace bytes launch_first_bn_forward needs.
 std::uint64_t first_bn_forward_workspace(const DirectConvShape& s);
@@ -48,7 +48,8 @@ std::uint64_t first_bn_forward_workspace(const DirectConvShape& s);
 void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s, const float* w,
                              const FirstBnForward& f, void* workspace, cudaStream_t stream);
 
-// Floats of the moments the weight gradient sums after A and S (40 x 40).
+// Floats of the moments (KP x KP: row j the products of patch value j with
+// each, then its sum, j = c * 9 + tap).
 std::uint64_t first_bn_moments(const DirectConvShape& s);
 
 // What the combination reads besides the weight gradient's sums.
@@ -59,6 +60,7 @@ struct FirstBnBackward {
     const float* invstd = nullptr; // and 1 / std
     float* dgamma = nullptr;
     float* dbeta = nullptr;
+    const float* moments = nullptr; // FirstBnForward's, of the same step
 };
 
 // The weight gradient's part (direct_conv.hpp): dy masked where relu_out (the
@@ -69,7 +71,7 @@ struct FirstBnIn {
     FirstBnBackward b;
 };
 
-// sums: A (k x K, KCRS), S (k), then the moments. Writes dw (KCRS, fp32), dgamma and dbeta.
+// sums: A (k x K, KCRS), then S (k). Writes dw (KCRS, fp32), dgamma and dbeta.
 void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShape& s, const FirstBnBackward& b,
                               float* dw, cudaStream_t stream);
 
