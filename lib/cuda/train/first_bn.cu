@@ -1,4 +1,4 @@
-// The first batch norm's backward from the input's moments (first_bn.hpp).
+// The first batch norm's statistics and backward from the input's moments (first_bn.hpp).
 #include "first_bn.hpp"
 
 #include "elementwise.hpp"
@@ -15,9 +15,8 @@ constexpr unsigned taps = 9;
 constexpr unsigned fwd_warps = 8, fwd_threads = fwd_warps * 32;
 constexpr unsigned fwd_tile = fwd_threads; // output pixels per tile: one patch row per thread
 
-template <int C> constexpr int fwd_cols = taps* C + 1 <= 32 ? 32 : 48;
-unsigned fwd_cols_of(const DirectConvShape& s) {
-    return taps * s.c + 1 <= 32 ? 32 : 48;
+constexpr unsigned fwd_cols(unsigned c) {
+    return taps * c + 1 <= 32 ? 32 : 48;
 }
 
 unsigned fwd_blocks(const DirectConvShape& s) {
@@ -28,11 +27,11 @@ unsigned fwd_blocks(const DirectConvShape& s) {
 // Patch rows of KP + 8 bf16 (16 bytes apart mod 128: an ldmatrix's eight rows
 // fall in distinct banks); fp32 inputs as a high and a low bf16 part (two
 // matrices). At the end the same memory holds block_sum_warps' slots.
-template <class T, int KP> constexpr unsigned fwd_stride = KP + 8;
+template <int KP> constexpr unsigned fwd_stride = KP + 8;
 template <class T> constexpr unsigned fwd_matrices = std::is_same_v<T, bf16> ? 1 : 2;
 template <int KP> constexpr int fwd_values = KP / 16 * (KP / 8) * 4;
 template <class T, int KP> std::uint64_t fwd_shared() {
-    const std::uint64_t rows = std::uint64_t{fwd_matrices<T>} * fwd_tile * fwd_stride<T, KP> * sizeof(bf16);
+    const std::uint64_t rows = std::uint64_t{fwd_matrices<T>} * fwd_tile * fwd_stride<KP> * sizeof(bf16);
     return std::max<std::uint64_t>(rows, std::uint64_t{fwd_warps} / 2 * fwd_values<KP> * 32 * sizeof(float));
 }
 
@@ -89,7 +88,7 @@ template <class T, int C, int KP>
 __global__ void __launch_bounds__(fwd_threads)
     first_bn_moments_kernel(const T* x, DirectConvShape s, Div32 dow, Div32 doh, float* partials) {
     await_predecessor();
-    constexpr int MT = KP / 16, NT = KP / 8, RS = fwd_stride<T, KP>, V = fwd_values<KP>;
+    constexpr int MT = KP / 16, NT = KP / 8, RS = fwd_stride<KP>, V = fwd_values<KP>;
     constexpr bool split = fwd_matrices<T> == 2;
     extern __shared__ uint4 fwd_smem[];
     auto* hi = reinterpret_cast<bf16*>(fwd_smem);
@@ -208,13 +207,13 @@ __global__ void first_bn_backward_kernel(const float* sums, const float* m, unsi
 } // namespace
 
 std::uint64_t first_bn_moments(const DirectConvShape& s) {
-    return std::uint64_t{fwd_cols_of(s)} * fwd_cols_of(s);
+    return std::uint64_t{fwd_cols(s.c)} * fwd_cols(s.c);
 }
 
 void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShape& s, const FirstBnBackward& b,
                               float* dw, cudaStream_t stream) {
     const double count = static_cast<double>(s.n) * s.oh * s.ow;
-    launch_kernel(first_bn_backward_kernel, s.k, 64, 0, stream, sums, b.moments, s.c, fwd_cols_of(s), s.k, count,
+    launch_kernel(first_bn_backward_kernel, s.k, 64, 0, stream, sums, b.moments, s.c, fwd_cols(s.c), s.k, count,
                   t == ActType::bf16, b, dw);
 }
 
@@ -224,13 +223,13 @@ std::uint64_t first_bn_forward_workspace(const DirectConvShape& s) {
 
 void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s, const float* w,
                              const FirstBnForward& f, void* workspace, cudaStream_t stream) {
-    const unsigned blocks = fwd_blocks(s), kp = fwd_cols_of(s);
+    const unsigned blocks = fwd_blocks(s), kp = fwd_cols(s.c);
     auto* partials = static_cast<float*>(workspace);
     float* m = f.moments;
     const Div32 dow(s.ow), doh(s.oh);
     auto go = [&](auto tag, auto c) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        constexpr int C = decltype(c)::value, KP = fwd_cols<C>;
+        constexpr int C = decltype(c)::value, KP = fwd_cols(C);
         const std::uint64_t shared = fwd_shared<T, KP>();
         if (shared > 48 * 1024)
             CUDA_CHECK(cudaFuncSetAttribute(first_bn_moments_kernel<T, C, KP>,
