@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include <cuda_profiler_api.h>
@@ -1550,6 +1551,9 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
 // From the last layer to the first: each head's layers start from its loss
 // gradient, the trunk from the sum of the heads' gradients of its output.
 void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early) {
+    // A fused forward (forward_first_conv_bn) stores no first convolution output for the batch norm's own backward.
+    if (fuse && want_input_grad && first_conv_bn_)
+        throw std::logic_error("an input gradient asked of a fused training step whose first batch norm used moments");
     leave_first_bn_ = fuse && !want_input_grad && first_conv_bn_;
     const auto& heads = cfg_.plan.heads;
     const std::int32_t trunk_end = heads[0].begin >= 0 ? cfg_.plan.trunk_end() : -2;
