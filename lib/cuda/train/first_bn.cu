@@ -136,6 +136,22 @@ __global__ void __launch_bounds__(fwd_threads)
     }
 }
 
+// Weight j of output channel k as the forward convolution takes it (bf16:
+// rounded to bf16; tf32's three products: about fp32).
+__device__ __forceinline__ double forward_weight(const float* weights, unsigned k, unsigned K, unsigned j,
+                                                 bool bf16_weights) {
+    const float wf = weights[std::uint64_t{k} * K + j];
+    return bf16_weights ? __bfloat162float(__float2bfloat16(wf)) : wf;
+}
+
+// (G w)_j = sum_p x_p[j] y_p, from row j of the moments.
+__device__ __forceinline__ double gram_times(const float* m, unsigned kp, unsigned j, const double* w, unsigned K) {
+    const float* row = m + std::uint64_t{j} * kp;
+    double gw = 0.0;
+    for (unsigned i = 0; i < K; ++i) gw += row[i] * w[i];
+    return gw;
+}
+
 // One block per output channel k, thread j one patch value: the batch
 // statistics of y_k = w_k . x_p from M (as bn_finalize_forward_kernel
 // leaves them: saved mean and 1 / std, running statistics updated with the
@@ -146,16 +162,11 @@ __global__ void first_bn_forward_kernel(const float* m, unsigned c, unsigned kp,
     constexpr unsigned max_k = 4 * taps;
     __shared__ double w[max_k], ws[max_k], wgw[max_k];
     const unsigned K = taps * c, k = blockIdx.x, j = threadIdx.x;
-    if (j < K) {
-        const float wf = weights[std::uint64_t{k} * K + j];
-        w[j] = bf16_weights ? __bfloat162float(__float2bfloat16(wf)) : wf;
-    }
+    if (j < K) w[j] = forward_weight(weights, k, K, j, bf16_weights);
     __syncthreads();
     if (j < K) {
-        double gw = 0.0; // (G w)_j
-        for (unsigned i = 0; i < K; ++i) gw += m[j * kp + i] * w[i];
-        ws[j] = w[j] * m[j * kp + K];
-        wgw[j] = w[j] * gw;
+        ws[j] = w[j] * m[std::uint64_t{j} * kp + K];
+        wgw[j] = w[j] * gram_times(m, kp, j, w, K);
     }
     __syncthreads();
     if (j != 0) return;
@@ -180,8 +191,7 @@ __global__ void first_bn_backward_kernel(const float* sums, const float* m, unsi
     __shared__ double w[max_k], wa[max_k];
     const unsigned K = taps * c, k = blockIdx.x, j = threadIdx.x;
     if (j < K) {
-        const float wf = b.w[std::uint64_t{k} * K + j];
-        w[j] = bf16_weights ? __bfloat162float(__float2bfloat16(wf)) : wf;
+        w[j] = forward_weight(b.w, k, K, j, bf16_weights);
         wa[j] = w[j] * sums[std::uint64_t{k} * K + j];
     }
     __syncthreads();
@@ -194,11 +204,8 @@ __global__ void first_bn_backward_kernel(const float* sums, const float* m, unsi
         b.dbeta[k] = static_cast<float>(sg);
     }
     if (j >= K) return;
-    const float* row = m + std::uint64_t{j} * kp;
-    double gw = 0.0; // sum_p x_p[j] y_p
-    for (unsigned e = 0; e < K; ++e) gw += row[e] * w[e];
-    const double sx = row[K];
-    const double z = gw - mean * sx; // sum_p x_p[j] (y_p - mean)
+    const double sx = m[std::uint64_t{j} * kp + K];
+    const double z = gram_times(m, kp, j, w, K) - mean * sx; // sum_p x_p[j] (y_p - mean)
     const double a = sums[std::uint64_t{k} * K + j];
     dw[std::uint64_t{k} * K + j] =
         static_cast<float>(b.gamma[k] * is * (a - sg / count * sx - is * is * sgy / count * z));
@@ -237,22 +244,7 @@ void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s,
         launch_kernel(first_bn_moments_kernel<T, C, KP>, blocks, fwd_threads, shared, stream, static_cast<const T*>(x),
                       s, dow, doh, partials);
     };
-    dispatch(t, [&](auto tag) {
-        switch (s.c) {
-        case 1:
-            go(tag, std::integral_constant<int, 1>{});
-            break;
-        case 2:
-            go(tag, std::integral_constant<int, 2>{});
-            break;
-        case 3:
-            go(tag, std::integral_constant<int, 3>{});
-            break;
-        default:
-            go(tag, std::integral_constant<int, 4>{});
-            break;
-        }
-    });
+    dispatch(t, [&](auto tag) { with_constant<4>(s.c, [&](auto c) { go(tag, c); }); }); // direct_conv: 1 to 4
     launch_sum_partials(partials, blocks, std::uint64_t{kp} * kp, m, ActType::f32, stream);
     const double count = static_cast<double>(s.n) * s.oh * s.ow;
     launch_kernel(first_bn_forward_kernel, s.k, 64, 0, stream, m, s.c, kp, count, t == ActType::bf16, w, f);
