@@ -280,6 +280,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
         },
         own.fwd ? &own.fwd : nullptr, "own:tc_conv", &u.fwd);
     a.fwd = f.algo;
+    a.fwd_math = f.mathType;
     CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, f.mathType));
     k.op = "bwd_data";
     const auto g = decide<cudnnConvolutionBwdDataAlgoPerf_t>(
@@ -292,6 +293,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
         },
         own.dgrad ? &own.dgrad : nullptr, "own:tc_conv", &u.dgrad);
     a.bwd_data = g.algo;
+    a.data_math = g.mathType;
     CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_data, g.mathType));
     k.op = "bwd_filter";
     const auto w = decide<cudnnConvolutionBwdFilterAlgoPerf_t>(
@@ -304,6 +306,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
         },
         own.wgrad ? &own.wgrad : nullptr, "own:tc_wgrad", &u.wgrad);
     a.bwd_filter = w.algo;
+    a.filter_math = w.mathType;
     CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_filter, w.mathType));
     if (used) *used = u;
     return a;
@@ -339,26 +342,32 @@ ConvAlgos fit_conv_algorithms(const ConvSearch& s, const ConvCall& c, ConvAlgos 
         return *r;
     };
     std::size_t need = 0;
-    // One direction: the algorithm stays if cuDNN sized its workspace within the bound, else the first usable one
-    // of cuDNN's ranked list with the descriptor's math type replaces it.
-    auto refit = [&](auto& algo, cudnnStatus_t sized, cudnnConvolutionDescriptor_t conv, auto list, int Ranked::*count,
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, a.fwd_math)); // as each is sized below
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_data, a.data_math));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_filter, a.filter_math));
+    // One direction: the algorithm stays if cuDNN sized its workspace within
+    // the bound, else the first usable one of cuDNN's ranked list replaces it,
+    // of the same math type where one is, else of any the precision allows.
+    auto refit = [&](auto& algo, cudnnMathType_t& math, cudnnStatus_t sized, auto list, int Ranked::*count,
                      const char* which, std::string& why) {
         if (sized == CUDNN_STATUS_SUCCESS && need <= s.workspace_bytes) return;
-        cudnnMathType_t math;
-        CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &math));
-        if (const auto* p = first_usable(ranked().*list, ranked().*count, s, &math))
-            algo = p->algo;
-        else
+        const auto* p = first_usable(ranked().*list, ranked().*count, s, &math);
+        if (!p) p = first_usable(ranked().*list, ranked().*count, s);
+        if (!p) {
             why = none(which);
+            return;
+        }
+        algo = p->algo;
+        math = p->mathType;
     };
-    refit(a.fwd, cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, c.x, c.w, c.fwd, c.y, a.fwd, &need), c.fwd,
+    refit(a.fwd, a.fwd_math, cudnnGetConvolutionForwardWorkspaceSize(s.cudnn, c.x, c.w, c.fwd, c.y, a.fwd, &need),
           &Ranked::fwd, &Ranked::fwd_count, "forward", unfit.fwd);
-    refit(a.bwd_data,
+    refit(a.bwd_data, a.data_math,
           cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn, c.w, c.y, c.bwd_data, c.x, a.bwd_data, &need),
-          c.bwd_data, &Ranked::data, &Ranked::data_count, "backward-data", unfit.bwd_data);
-    refit(a.bwd_filter,
+          &Ranked::data, &Ranked::data_count, "backward-data", unfit.bwd_data);
+    refit(a.bwd_filter, a.filter_math,
           cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn, c.x, c.y, c.bwd_filter, c.w, a.bwd_filter, &need),
-          c.bwd_filter, &Ranked::filter, &Ranked::filter_count, "weight-gradient", unfit.bwd_filter);
+          &Ranked::filter, &Ranked::filter_count, "weight-gradient", unfit.bwd_filter);
     return a;
 }
 

@@ -21,6 +21,10 @@ struct ConvAlgos {
     cudnnConvolutionFwdAlgo_t fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
     cudnnConvolutionBwdDataAlgo_t bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    // Each algorithm's math type, set on its descriptor before each call: a
+    // partial batch may need an algorithm of another math type than the full
+    // batch's (fit_conv_algorithms), and the descriptors are shared.
+    cudnnMathType_t fwd_math = CUDNN_DEFAULT_MATH, data_math = CUDNN_DEFAULT_MATH, filter_math = CUDNN_DEFAULT_MATH;
 };
 
 // Where and under which rules the algorithms are chosen.
