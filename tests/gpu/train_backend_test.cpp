@@ -281,12 +281,14 @@ TEST(TrainGpu, PartialBatchUsesEagerPathAndMatches) {
 namespace {
 
 // Four optimiser steps on both backends (the GPU's captured graph, with
-// batchnorm + ReLU fused), then parameters, statistics, loss and checkpoint
-// interchange.
+// batchnorm + ReLU fused; the steps take turns between the two input sets,
+// input_sets.hpp, and each batch differs), then parameters, statistics, loss
+// and checkpoint interchange. The MLP's flatten is the converted input itself
+// (its output names the current set's buffer).
 void compare_training(Precision p, double tol, double loss_tol) {
     for (const auto opt : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-        for (const char* model :
-             {"ref-cnn", "conv3x3:8,bn,relu,res(conv3x3:8,bn,relu),gap,flatten,dropout:0.2,fc:10"}) {
+        for (const char* model : {"ref-cnn", "conv3x3:8,bn,relu,res(conv3x3:8,bn,relu),gap,flatten,dropout:0.2,fc:10",
+                                  "flatten,fc:32,relu,fc:10"}) {
             SCOPED_TRACE(std::string(model) + " " + std::string(optimizer_name(opt)) + " " +
                          std::string(precision_name(p)));
             const TensorShape in{3, 32, 32};

@@ -41,6 +41,7 @@
 #include "train/epilogue_gemm.hpp"
 #include "train/first_bn.hpp"
 #include "train/input_layout.hpp"
+#include "train/input_sets.hpp"
 #include "train/loss.hpp"
 #include "train/optimizer_step.hpp"
 #include "train/pooling.hpp"
@@ -180,6 +181,7 @@ class CudaTrainer final : public Trainer {
     std::uint64_t steps() const override { return step_; }
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
     void* compute_stream() const override { return stream_; }
+    void* input_stream() const override { return in_->stream(); }
     std::vector<KernelReport> kernel_choices() const override { return reports_; }
     void set_reducer(dist::Reducer* reducer) override;
     void average_states() override;
@@ -232,7 +234,7 @@ class CudaTrainer final : public Trainer {
     BatchDescs& descs(std::uint32_t n);
     const void* input_of(std::size_t i) const {
         const std::int32_t src = layers()[i].source;
-        return src < 0 ? act0_ : dev_[static_cast<std::size_t>(src)].out;
+        return src < 0 ? act0_[in_->current()] : dev_[static_cast<std::size_t>(src)].out;
     }
     cudnnTensorDescriptor_t input_desc(const BatchDescs& bd, std::size_t i) const {
         const std::int32_t src = layers()[i].source;
@@ -288,7 +290,9 @@ class CudaTrainer final : public Trainer {
     }
     std::vector<float> download_act(const void* p, std::uint64_t count);
     void capture(cudaGraphExec_t& exec, const std::function<void()>& body);
-    void capture_train_graph();
+    void capture_train_graph(cudaGraphExec_t current);
+    void for_each_set(const std::function<void(unsigned)>& body);
+    void alias_input_set();
     void choose_weight_branch();
     std::string step_key() const;
     ChoiceCache choice_cache(const DeviceIdentity& id) const;
@@ -338,14 +342,19 @@ class CudaTrainer final : public Trainer {
     std::uint64_t conv_copies_ = 0;
     std::vector<std::uint64_t> copy_offset_; // per layer, elements into wcopy
     std::vector<std::uint64_t> copy_count_;  // per conv layer, its elements there
-    void *act0_ = nullptr, *input_grad_ = nullptr;
+    // The converted input and the targets, one set per InputSets slot (the
+    // graphs are captured once per set).
+    std::unique_ptr<InputSets> in_;
+    void* act0_[InputSets::count] = {};
+    std::vector<std::size_t> input_aliases_; // layers whose output is act0_ itself (alias_input_set)
+    void* input_grad_ = nullptr;
     GradBuffers gbuf_; // data gradients, three so that the side branch's reads overlap the layers below
     // Per head: the loss gradient of its outputs, its target (classes or
     // float values) and where its metric sums lie in a phase's block.
     struct HeadDev {
         void* dz = nullptr;
-        std::int32_t* labels = nullptr;
-        float* y = nullptr;
+        std::int32_t* labels[InputSets::count] = {};
+        float* y[InputSets::count] = {};
         std::uint64_t sums_offset = 0; // doubles into MetricsBlock::sums
     };
     std::vector<HeadDev> heads_;
@@ -373,7 +382,7 @@ class CudaTrainer final : public Trainer {
     std::vector<LayerDev> dev_;
     std::vector<KernelReport> reports_;
     std::map<std::uint32_t, BatchDescs> descs_;
-    cudaGraphExec_t train_graph_ = nullptr, eval_graph_ = nullptr;
+    cudaGraphExec_t train_graph_[InputSets::count] = {}, eval_graph_[InputSets::count] = {};
     dist::Reducer* reducer_ = nullptr; // data-parallel: averages grads_ over the ranks every step
     std::uint64_t step_ = 0, train_samples_ = 0, eval_samples_ = 0;
     std::uint32_t last_n_ = 0;
@@ -411,10 +420,12 @@ void CudaTrainer::upload_initial_state() {
     CUDA_CHECK(cudaMemset(step_dev_, 0, 8));
     for (std::size_t h = 0; h < heads_.size(); ++h) {
         const std::uint64_t b = cfg_.max_batch, w = cfg_.plan.heads[h].target.width;
-        if (heads_[h].labels) CUDA_CHECK(cudaMemset(heads_[h].labels, 0, 4 * b));
-        if (heads_[h].y) CUDA_CHECK(cudaMemset(heads_[h].y, 0, 4 * b * w));
+        for (unsigned k = 0; k < InputSets::count; ++k) {
+            if (heads_[h].labels[k]) CUDA_CHECK(cudaMemset(heads_[h].labels[k], 0, 4 * b));
+            if (heads_[h].y[k]) CUDA_CHECK(cudaMemset(heads_[h].y[k], 0, 4 * b * w));
+        }
     }
-    CUDA_CHECK(cudaMemset(act0_, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
+    for (void* a : act0_) CUDA_CHECK(cudaMemset(a, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
 }
 
 CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
@@ -454,6 +465,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
+    in_ = std::make_unique<InputSets>(stream_);
     gbuf_.create_events();
     dev_.resize(layers().size());
     for (std::size_t i = 0; i + 1 < layers().size(); ++i)
@@ -499,9 +511,11 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
 
     const std::uint32_t n = cfg_.max_batch;
     choose_weight_branch();
-    capture(eval_graph_, [&] {
-        forward(n, false, true);
-        losses(n, eval_phase, false);
+    for_each_set([&](unsigned k) {
+        capture(eval_graph_[k], [&] {
+            forward(n, false, true);
+            losses(n, eval_phase, false);
+        });
     });
     CUDA_CHECK(cudaDeviceSynchronize());
     std::size_t free_after = 0;
@@ -552,7 +566,7 @@ void CudaTrainer::profile_layers(int steps) {
         for (auto& m : marks) cudaEventDestroy(m.second);
     }
     const double step_ms = time_on_stream(
-        stream_, [&] { CUDA_CHECK(cudaGraphLaunch(train_graph_, stream_)); }, 50);
+        stream_, [&] { CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_)); }, 50);
     // The conversion runs outside the graph: timed apart, on a zero batch
     // (every field reads the same zero bytes).
     void* xin = nullptr;
@@ -565,7 +579,7 @@ void CudaTrainer::profile_layers(int steps) {
     zero_batch.targets.fill(xin);
     zero_batch.size = n;
     const double convert_ms = time_on_stream(
-        stream_, [&] { convert(zero_batch); }, 50);
+        in_->stream(), [&] { convert(zero_batch); }, 50);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaFree(xin);
     double sum = 0.0;
@@ -621,7 +635,7 @@ void CudaTrainer::choose_weight_branch() {
     if (const char* e = std::getenv("DSTK_WEIGHT_BRANCH"); e && *e) {
         one_stream_ = std::string(e) == "0";
         reports_.push_back({step_layer, "weight_gradients", names[one_stream_], ChoiceSource::rule, 0.0});
-        capture_train_graph();
+        capture_train_graph(nullptr);
         return;
     }
     cudaGraphExec_t graphs[2] = {};
@@ -647,9 +661,8 @@ void CudaTrainer::choose_weight_branch() {
     }
     reports_.insert(reports_.end(), chooser.reports().begin(), chooser.reports().end());
     one_stream_ = pick == 1;
-    if (train_graph_) CUDA_CHECK(cudaGraphExecDestroy(train_graph_));
-    train_graph_ = graphs[pick];
     CUDA_CHECK(cudaGraphExecDestroy(graphs[1 - pick]));
+    capture_train_graph(graphs[pick]);
 }
 
 // One word naming what the step's time depends on besides the device: the
@@ -675,10 +688,34 @@ void CudaTrainer::with_state_restored(const std::function<void()>& body) {
     CUDA_CHECK(cudaMemset(metrics_[train_phase].first_nonfinite, 0xff, 8));
 }
 
-void CudaTrainer::capture_train_graph() {
-    if (train_graph_) CUDA_CHECK(cudaGraphExecDestroy(train_graph_));
-    train_graph_ = nullptr;
-    capture(train_graph_, [&] { step_body(cfg_.max_batch); });
+// The training graph of each input set; `current`: one already captured for
+// the current set.
+void CudaTrainer::capture_train_graph(cudaGraphExec_t current) {
+    const unsigned now = in_->current();
+    for_each_set([&](unsigned k) {
+        if (train_graph_[k]) CUDA_CHECK(cudaGraphExecDestroy(train_graph_[k]));
+        train_graph_[k] = k == now ? current : nullptr;
+        if (!train_graph_[k]) capture(train_graph_[k], [&] { step_body(cfg_.max_batch); });
+    });
+}
+
+// body(k) with each input set current in turn (no conversion runs: only the
+// buffers that input_of() and losses() name change), the current set after.
+void CudaTrainer::for_each_set(const std::function<void(unsigned)>& body) {
+    const unsigned was = in_->current();
+    for (unsigned k = 0; k < InputSets::count; ++k) {
+        in_->select(k);
+        alias_input_set();
+        body(k);
+    }
+    in_->select(was);
+    alias_input_set();
+}
+
+// The layers whose output is the converted input itself (a flatten, a
+// residual's start or a head right on the input) name the current set's.
+void CudaTrainer::alias_input_set() {
+    for (const std::size_t i : input_aliases_) dev_[i].out = act0_[in_->current()];
 }
 
 // Rank 0's parameters everywhere, then the training graph captured again with
@@ -693,7 +730,7 @@ void CudaTrainer::set_reducer(dist::Reducer* reducer) {
         refresh_copies();
     }
     reducer_ = reducer;
-    capture_train_graph();
+    capture_train_graph(nullptr);
 }
 
 // BN running statistics are updated from each rank's own batches; their mean
@@ -707,8 +744,11 @@ void CudaTrainer::average_states() {
 CudaTrainer::~CudaTrainer() {
     if (stream_) cudaStreamSynchronize(stream_);
     side_.reset();
-    if (train_graph_) cudaGraphExecDestroy(train_graph_);
-    if (eval_graph_) cudaGraphExecDestroy(eval_graph_);
+    in_.reset();
+    for (auto g : train_graph_)
+        if (g) cudaGraphExecDestroy(g);
+    for (auto g : eval_graph_)
+        if (g) cudaGraphExecDestroy(g);
     for (auto& [n, d] : descs_) {
         cudnnDestroyTensorDescriptor(d.input);
         for (auto t : d.out) cudnnDestroyTensorDescriptor(t);
@@ -841,15 +881,17 @@ void CudaTrainer::layout(Arena& a) {
     inv_ = a.take<std::uint32_t>(np);
     plan_.parameters = a.used();
     const std::uint64_t start = a.used();
-    act0_ = a.take_bytes(b * input_.numel() * ab);
+    for (void*& x : act0_) x = a.take_bytes(b * input_.numel() * ab);
+    input_aliases_.clear();
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
         const std::uint64_t count = b * l.out.numel();
         if (l.spec.kind == LayerKind::residual_begin || l.spec.kind == LayerKind::head ||
-            (l.spec.kind == LayerKind::flatten && (nchw_ || l.in.h * l.in.w == 1 || d.nhwc_flat.c)))
+            (l.spec.kind == LayerKind::flatten && (nchw_ || l.in.h * l.in.w == 1 || d.nhwc_flat.c))) {
             d.out = const_cast<void*>(input_of(i));
-        else
+            if (d.out == act0_[in_->current()]) input_aliases_.push_back(i);
+        } else
             d.out = a.take_bytes(count * ab);
         if (l.spec.kind == LayerKind::batchnorm) d.aux = a.take<float>(2 * std::uint64_t{l.in.c});
         if (l.spec.kind == LayerKind::dropout) d.aux = a.take<float>(count);
@@ -873,8 +915,10 @@ void CudaTrainer::layout(Arena& a) {
     for (std::size_t h = 0; h < heads_.size(); ++h) {
         const Target& t = cfg_.plan.heads[h].target;
         heads_[h].dz = a.take_bytes(b * t.width * ab);
-        heads_[h].labels = t.loss == LossKind::ce ? a.take<std::int32_t>(b) : nullptr;
-        heads_[h].y = t.loss == LossKind::ce ? nullptr : a.take<float>(b * t.width);
+        for (unsigned k = 0; k < InputSets::count; ++k) {
+            heads_[h].labels[k] = t.loss == LossKind::ce ? a.take<std::int32_t>(b) : nullptr;
+            heads_[h].y[k] = t.loss == LossKind::ce ? nullptr : a.take<float>(b * t.width);
+        }
     }
     if (cfg_.plan.heads[0].begin >= 0) {
         const std::int32_t t = cfg_.plan.trunk_end();
@@ -1216,10 +1260,15 @@ std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count)
 
 // The input, then in one more launch every head's target and the side input
 // (normalised straight into its columns of the side layer's output).
+// The batch's fields into the other input set, on the input stream (a side
+// input is written into the network's activations: after every step before).
 void CudaTrainer::convert(const StepFields& b) {
+    in_->take(cfg_.plan.side != 0);
+    alias_input_set();
+    const unsigned k = in_->current();
     const TensorShape in = cfg_.plan.input;
     launch_convert_input(b.x, cfg_.input_dtype, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_,
-                         act0_, at_, nchw_, input_.c, nullptr, stream_);
+                         act0_[k], at_, nchw_, input_.c, nullptr, in_->stream());
     // The data path's one conversion step (dstk/data/convert.hpp): every
     // target and the side input in one launch.
     data::FieldConversion f[data::max_conversions];
@@ -1231,7 +1280,7 @@ void CudaTrainer::convert(const StepFields& b) {
         c.dtype = t.dtype;
         c.per_sample = t.loss == LossKind::ce ? 1 : t.width;
         c.kind = t.loss == LossKind::ce ? data::FieldKind::classes32 : data::FieldKind::values;
-        c.dst = t.loss == LossKind::ce ? static_cast<void*>(heads_[h].labels) : heads_[h].y;
+        c.dst = t.loss == LossKind::ce ? static_cast<void*>(heads_[h].labels[k]) : heads_[h].y[k];
     }
     if (cfg_.plan.side) {
         for (std::size_t i = 0; i < layers().size(); ++i)
@@ -1250,7 +1299,8 @@ void CudaTrainer::convert(const StepFields& b) {
                 c.hw = cfg_.plan.side / static_cast<std::uint32_t>(cfg_.side.mean.size());
             }
     }
-    data::convert_fields_async({f, count}, b.size, stream_);
+    data::convert_fields_async({f, count}, b.size, in_->stream());
+    in_->hand_over();
 }
 
 // Column-major C[m][n] = op(A) op(B) with float accumulation, the
@@ -1311,6 +1361,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
                 launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_);
             else {
                 require_fit(bd.unfit[i].fwd);
+                CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_fwd, bd.algos[i].fwd_math));
                 CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, d.wk, d.conv_fwd, bd.algos[i].fwd,
                                                     workspace_, workspace_bytes_, &zero, yd, d.out));
             }
@@ -1420,6 +1471,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i]);
     else {
         require_fit(bd.unfit[i].bwd_filter);
+        CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_filter, bd.algos[i].filter_math));
         CUDNN_CHECK(cudnnConvolutionBackwardFilter(w.cudnn, &one, xd, x, yd, dy, d.conv_bwd_filter,
                                                    bd.algos[i].bwd_filter, w.workspace, workspace_bytes_, &zero,
                                                    d.filter, d.gk));
@@ -1436,6 +1488,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_tc_conv(dy, d.wk, dx, conv_shape(i, n, true), workspace_, stream_);
     else if (need_dx) {
         require_fit(bd.unfit[i].bwd_data);
+        CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_data, bd.algos[i].data_math));
         CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
                                                  bd.algos[i].bwd_data, workspace_, workspace_bytes_, &zero, xd, dx));
     }
@@ -1650,7 +1703,7 @@ void CudaTrainer::train_step(const Batch& batch) {
     last_n_ = b.size;
     convert(b);
     if (b.size == cfg_.max_batch)
-        CUDA_CHECK(cudaGraphLaunch(train_graph_, stream_));
+        CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
     else
         step_body(b.size);
     ++step_;
@@ -1662,7 +1715,7 @@ void CudaTrainer::evaluate(const Batch& batch) {
     last_n_ = b.size;
     convert(b);
     if (b.size == cfg_.max_batch) {
-        CUDA_CHECK(cudaGraphLaunch(eval_graph_, stream_));
+        CUDA_CHECK(cudaGraphLaunch(eval_graph_[in_->current()], stream_));
     } else {
         forward(b.size, false, true);
         losses(b.size, eval_phase, false);
@@ -1692,8 +1745,8 @@ void CudaTrainer::losses(std::uint32_t n, Phase phase, bool want_grad) {
         a.loss = hp.target.loss;
         a.smoothing = cfg_.label_smoothing;
         a.weight = hp.weight;
-        a.labels = heads_[h].labels;
-        a.y = heads_[h].y;
+        a.labels = heads_[h].labels[in_->current()];
+        a.y = heads_[h].y[in_->current()];
         a.dz = want_grad ? heads_[h].dz : nullptr;
         a.m = m.heads + h;
         a.sums = m.sums + heads_[h].sums_offset;

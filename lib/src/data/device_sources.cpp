@@ -17,8 +17,9 @@ namespace dstk::data {
 namespace {
 
 // Gathers batches in order from a split the GPU can read (device or managed
-// memory) into one device batch slot, on the compute stream: stream order
-// alone keeps the slot from being overwritten while a step reads it. The
+// memory) into one device batch slot, on the stream the consumer reads
+// batches on (the trainer's input stream): stream order alone keeps the slot
+// from being overwritten while it is read. The
 // epoch's indices go up once per batch; each field is one gather launch.
 class DeviceGather {
   public:

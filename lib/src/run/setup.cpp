@@ -222,7 +222,7 @@ data::SourceRequest source_request(const Session& s, const DataOptions& d, Place
     r.oversubscribe = d.oversubscribe;
     r.bench = d.bench;
     r.reserved_device_bytes = s.trainer->memory_plan().total();
-    r.compute_stream = s.trainer->compute_stream();
+    r.compute_stream = s.trainer->input_stream();
     r.notice = [&out](const std::string& line) { note(out, "dstrain: " + line); };
     r.warn = [](const std::string& line) { warning(line); };
     r.names = flag_of;

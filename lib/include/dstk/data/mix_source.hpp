@@ -9,7 +9,7 @@
 // released at once (a source has one batch outstanding); the mix's batch is
 // then gathered from the staging rows at its positions, one gather per field
 // (a memcpy per row on the cpu backend; on cuda one gather kernel per field
-// over an uploaded table of rows, on the caller's compute stream, after the
+// over an uploaded table of rows, on the stream batches are read on, after the
 // copies). A batch's draws of a member span at most B of its positions and a
 // member batch adds at most B, so 2B rows always hold what a batch needs.
 //

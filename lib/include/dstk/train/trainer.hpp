@@ -16,8 +16,10 @@
 //   optimiser update. On the GPU it is asynchronous on compute_stream() (a
 //   cudaStream_t, as void*) and replays a captured CUDA graph (the heads and
 //   losses inside): no allocation and no host synchronisation per step. The
-//   caller may reuse the batch memory once work it enqueues after train_step
-//   on compute_stream() (an event) has completed.
+//   batch's fields are read on input_stream() (the conversion, which runs
+//   beside the step before): the caller orders the batch before work on it
+//   and may reuse the batch memory once work it enqueues there after
+//   train_step (an event) has completed.
 // - evaluate(batch) runs the network in eval mode (BN running statistics, no
 //   dropout) and accumulates every head's loss and metrics (metrics.hpp);
 //   they are read with take_train_metrics() / take_eval_metrics(), which
@@ -166,6 +168,8 @@ class Trainer {
     virtual std::uint64_t steps() const = 0; // optimiser steps taken
     virtual void synchronize() = 0;
     virtual void* compute_stream() const = 0; // cudaStream_t on cuda, nullptr on cpu
+    // Where batches are read (see above); the compute stream where no other.
+    virtual void* input_stream() const { return compute_stream(); }
     // The kernel each convolution operation runs and where the choice came
     // from (empty on the cpu backend).
     virtual std::vector<KernelReport> kernel_choices() const { return {}; }

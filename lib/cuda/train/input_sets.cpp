@@ -1,0 +1,38 @@
+#include "input_sets.hpp"
+
+#include "cuda_check.hpp"
+
+namespace dstk::train::cuda {
+
+InputSets::InputSets(cudaStream_t main) : main_(main) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&input_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    for (auto& e : read_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+InputSets::~InputSets() {
+    if (input_) cudaStreamSynchronize(input_);
+    for (auto e : read_)
+        if (e) cudaEventDestroy(e);
+    if (ready_) cudaEventDestroy(ready_);
+    if (input_) cudaStreamDestroy(input_);
+}
+
+// An event never recorded counts as complete: the first use of each set waits for nothing.
+void InputSets::take(bool serial) {
+    CUDA_CHECK(cudaEventRecord(read_[set_], main_)); // every reader of the current set is enqueued by now
+    const unsigned last = set_;
+    set_ = (set_ + 1) % count;
+    CUDA_CHECK(cudaStreamWaitEvent(input_, read_[serial ? last : set_], 0));
+}
+
+void InputSets::hand_over() {
+    CUDA_CHECK(cudaEventRecord(ready_, input_));
+    CUDA_CHECK(cudaStreamWaitEvent(main_, ready_, 0));
+}
+
+void InputSets::synchronize() const {
+    CUDA_CHECK(cudaStreamSynchronize(input_));
+}
+
+} // namespace dstk::train::cuda

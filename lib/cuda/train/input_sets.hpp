@@ -1,0 +1,44 @@
+#pragma once
+// The step's input buffers twice over, and a stream of their own for the
+// batch's conversion into them (dstk/train/trainer.hpp: convert + normalise).
+// While a step reads one set on the main stream, the next batch is gathered
+// by the data path and converted into the other set on the input stream, so
+// that neither waits at the start of the next step; the training and
+// evaluation graphs are captured once per set. The events below keep a set
+// from being written while a step that reads it may still run.
+#include <cuda_runtime.h>
+
+namespace dstk::train::cuda {
+
+class InputSets {
+  public:
+    explicit InputSets(cudaStream_t main);
+    ~InputSets();
+    InputSets(const InputSets&) = delete;
+    InputSets& operator=(const InputSets&) = delete;
+
+    static constexpr unsigned count = 2;
+    // Where batches are read (Trainer::input_stream): the data path orders
+    // its gathers and copies before work on it, the conversion runs on it.
+    cudaStream_t stream() const { return input_; }
+    // The set the steps enqueued from now on read.
+    unsigned current() const { return set_; }
+    // Before a batch is converted: the other set becomes current, and the
+    // input stream waits for every step that read it. serial: for every
+    // step on the main stream so far (a conversion that writes outside the
+    // sets, into the network's own activations).
+    void take(bool serial);
+    // Set k current, ordering nothing: while graphs are captured for each set.
+    void select(unsigned k) { set_ = k; }
+    // After the conversion: the main stream waits for it.
+    void hand_over();
+    void synchronize() const;
+
+  private:
+    cudaStream_t main_ = nullptr, input_ = nullptr;
+    cudaEvent_t ready_ = nullptr;
+    cudaEvent_t read_[count] = {}; // main stream: every step that read set k, recorded when k stopped being current
+    unsigned set_ = 0;
+};
+
+} // namespace dstk::train::cuda
