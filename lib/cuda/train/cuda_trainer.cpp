@@ -456,7 +456,12 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
     blas_compute_ = cfg_.precision == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The step's stream at the device's greatest priority, the input stream
+    // (InputSets) at its least: the next batch's gather and conversion then
+    // take the SMs the step leaves idle instead of delaying its kernels.
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
     CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -465,7 +470,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
-    in_ = std::make_unique<InputSets>(stream_);
+    in_ = std::make_unique<InputSets>(stream_, least);
     gbuf_.create_events();
     dev_.resize(layers().size());
     for (std::size_t i = 0; i + 1 < layers().size(); ++i)
@@ -979,6 +984,7 @@ void CudaTrainer::create_layer_descriptors() {
                 cudnnSetConvolution2dDescriptor(*cd, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
             CUDNN_CHECK(cudnnSetConvolutionMathType(*cd, math));
         }
+        d.algos.fwd_math = d.algos.data_math = d.algos.filter_math = math; // until find_algorithms chooses
     }
     // Workspace: the largest any heuristically ranked, allowed algorithm under the bound needs.
     BatchDescs probe;
@@ -1620,6 +1626,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
         if (i == early) { // nothing below reads these parameters or writes their gradients
+            in_->mark_start(stream_);
             side_->fork();
             update({layers()[i].param_offset, cfg_.plan.params}, side_->stream());
         }
@@ -1706,6 +1713,7 @@ void CudaTrainer::train_step(const Batch& batch) {
         CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
     else
         step_body(b.size);
+    in_->after_step();
     ++step_;
     train_samples_ += b.size;
 }

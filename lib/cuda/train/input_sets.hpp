@@ -12,7 +12,9 @@ namespace dstk::train::cuda {
 
 class InputSets {
   public:
-    explicit InputSets(cudaStream_t main);
+    // priority: the input stream's (below the main stream's, so that the
+    // conversion fills gaps in a step rather than slowing it).
+    InputSets(cudaStream_t main, int priority);
     ~InputSets();
     InputSets(const InputSets&) = delete;
     InputSets& operator=(const InputSets&) = delete;
@@ -33,12 +35,17 @@ class InputSets {
     // After the conversion: the main stream waits for it.
     void hand_over();
     void synchronize() const;
+    // Where in a step the next batch's conversion may start: at the point
+    // marked (a node of the step's graph), else as soon as it is issued.
+    void mark_start(cudaStream_t main);
+    void after_step();
 
   private:
     cudaStream_t main_ = nullptr, input_ = nullptr;
     cudaEvent_t ready_ = nullptr;
     cudaEvent_t read_[count] = {}; // main stream: every step that read set k, recorded when k stopped being current
     unsigned set_ = 0;
+    cudaEvent_t start_ = nullptr; // DSTK_INPUT_AFTER=tail
 };
 
 } // namespace dstk::train::cuda

@@ -5,7 +5,9 @@
 namespace dstk::train::cuda {
 
 SideBranch::SideBranch(cudaStream_t main, cublasMath_t cublas_math) : main_(main) {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    int priority = 0; // the main stream's (an eager step's weight gradients are as urgent)
+    CUDA_CHECK(cudaStreamGetPriority(main, &priority));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, priority));
     CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
