@@ -278,7 +278,7 @@ class CudaTrainer final : public Trainer {
         void* workspace;
         void* blas_workspace;
     };
-    Lane weight_lane();
+    Lane weight_lane(bool data_gradient_follows);
     enum Phase : int { train_phase, eval_phase, scratch_phase };
     void losses(std::uint32_t n, Phase phase, bool want_grad);
     Metrics take(Phase phase, std::uint64_t& samples);
@@ -1451,10 +1451,12 @@ void CudaTrainer::forward_first_conv_bn(std::uint32_t n) {
 }
 
 // Where a layer's weight gradient runs: on the side branch, except while
-// profiling (each operation is then timed on the main stream alone) and
-// where DSTK_WEIGHT_BRANCH=0 says so.
-CudaTrainer::Lane CudaTrainer::weight_lane() {
-    if (marks_ || one_stream_) return {stream_, cudnn_, cublas_, workspace_, cublas_ws_};
+// profiling (each operation is then timed on the main stream alone), where
+// DSTK_WEIGHT_BRANCH=0 says so, and where no data gradient follows (the
+// first layer: the main stream has nothing else left to run, while the side
+// branch may still run the early update, early_update_layer).
+CudaTrainer::Lane CudaTrainer::weight_lane(bool data_gradient_follows) {
+    if (marks_ || one_stream_ || !data_gradient_follows) return {stream_, cudnn_, cublas_, workspace_, cublas_ws_};
     side_->fork();
     return {side_->stream(), side_->cudnn(), side_->cublas(), side_ws_, side_cublas_ws_};
 }
@@ -1468,7 +1470,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     const void* x = input_of(i);
     const auto xd = input_desc(bd, i), yd = bd.out[i];
     float* g = grads_ + l.param_offset;
-    const Lane w = weight_lane();
+    const Lane w = weight_lane(need_dx);
     if (i == 0 && direct_first_) { // fp32, straight into the gradient vector
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream,
                                  pending_bn_ ? &*pending_bn_ : nullptr);
@@ -1482,13 +1484,13 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
                                                    bd.algos[i].bwd_filter, w.workspace, workspace_bytes_, &zero,
                                                    d.filter, d.gk));
     }
+    if (l.spec.bias)
+        launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, w.stream);
+    if (w.stream != stream_) gbuf_.read_by_side(dy, *side_); // the last read of dy: the scatter below reads gk
     // Into the gradient vector at once, beside the data gradients (a direct
     // first convolution and tc_wgrad wrote it there themselves).
     if (!(i == 0 && direct_first_) && !d.tc_wgrad)
         launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
-    if (l.spec.bias)
-        launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, w.stream);
-    if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
     mark(i, "bwd filter");
     if (need_dx && d.tc_dgrad)
         launch_tc_conv(dy, d.wk, dx, conv_shape(i, n, true), workspace_, stream_);
@@ -1507,8 +1509,9 @@ void CudaTrainer::backward_linear(std::size_t i, std::uint32_t n, const void* dy
     float* g = grads_ + l.param_offset;
     const int in = static_cast<int>(l.in.c), out = static_cast<int>(l.out.c), nn = static_cast<int>(n);
     // dW (fp32) = x^T dy, straight into the gradient vector; where the copy's
-    // columns are permuted, into gk and through the copy's map back.
-    const Lane w = weight_lane();
+    // columns are in NHWC order, into gk and transposed back after the last
+    // read of dy.
+    const Lane w = weight_lane(need_dx);
     float* dw = d.gk ? static_cast<float*>(d.gk) : g;
     if (const EpilogueGemm* e = fc_gemms(n)[i].weight_grad.get()) {
         e->run(input_of(i), dy, dw, w.blas_workspace, w.stream);
@@ -1516,10 +1519,9 @@ void CudaTrainer::backward_linear(std::size_t i, std::uint32_t n, const void* dy
         gemm(w.cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, nn, input_of(i), blas_type_, in, dy, out, dw, CUDA_R_32F, in);
         if (l.spec.bias) launch_bias_grad(dy, at_, g + std::uint64_t{l.out.c} * l.in.c, n, l.out.c, 1, nchw_, w.stream);
     }
-    if (d.gk)
-        launch_scatter_grads(d.gk, ActType::f32, map_ + copy_offset_[i], grads_, std::uint64_t{l.out.c} * l.in.c,
-                             w.stream);
     if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
+    if (const TensorShape f = nhwc_order(i); d.gk) // the copy's columns in NHWC order, the parameters' in NCHW
+        launch_nhwc_to_nchw(d.gk, g, ActType::f32, l.out.c, f.c, std::uint64_t{f.h} * f.w, w.stream);
     if (need_dx) {
         const bool copy = d.wk != nullptr;
         gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, nn, out, copy ? d.wk : p, copy ? blas_type_ : CUDA_R_32F, in, dy,
@@ -1626,7 +1628,6 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
         if (i == early) { // nothing below reads these parameters or writes their gradients
-            in_->mark_start(stream_);
             side_->fork();
             update({layers()[i].param_offset, cfg_.plan.params}, side_->stream());
         }
@@ -1713,7 +1714,6 @@ void CudaTrainer::train_step(const Batch& batch) {
         CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
     else
         step_body(b.size);
-    in_->after_step();
     ++step_;
     train_samples_ += b.size;
 }

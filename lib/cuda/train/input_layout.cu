@@ -56,20 +56,38 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
 
 // A batched transpose, out[n][a][b] = in[n][b][a] with a < rows, b < cols:
 // NHWC to NCHW is rows = C, cols = HW; NCHW to NHWC is rows = HW, cols = C.
+// Through a shared tile of 32 x 32, so that both the reads (along a) and the
+// writes (along b) are coalesced; blockIdx.z walks the batch.
+constexpr unsigned tile = 32, tile_rows = 8;
 template <class T>
-__global__ void transpose_kernel(const T* in, T* out, std::uint64_t count, std::uint64_t rows, std::uint64_t cols) {
-    GRID_LOOP(i, count) {
-        const std::uint64_t b = i % cols, a = (i / cols) % rows, n = i / (cols * rows);
-        out[i] = in[(n * cols + b) * rows + a];
+__global__ void transpose_kernel(const T* in, T* out, std::uint64_t batch, std::uint32_t rows, std::uint32_t cols) {
+    __shared__ T t[tile][tile + 1];
+    const std::uint32_t a0 = blockIdx.y * tile, b0 = blockIdx.x * tile;
+    for (std::uint64_t n = blockIdx.z; n < batch; n += gridDim.z) {
+        const T* src = in + n * rows * cols;
+        T* dst = out + n * rows * cols;
+        for (std::uint32_t k = threadIdx.y; k < tile; k += tile_rows) {
+            const std::uint32_t a = a0 + threadIdx.x, b = b0 + k;
+            if (a < rows && b < cols) t[k][threadIdx.x] = src[std::uint64_t{b} * rows + a];
+        }
+        __syncthreads();
+        for (std::uint32_t k = threadIdx.y; k < tile; k += tile_rows) {
+            const std::uint32_t a = a0 + k, b = b0 + threadIdx.x;
+            if (a < rows && b < cols) dst[std::uint64_t{a} * cols + b] = t[threadIdx.x][k];
+        }
+        __syncthreads();
     }
 }
 
-void launch_transpose(const void* in, void* out, ActType t, std::uint64_t count, std::uint64_t rows, std::uint64_t cols,
+void launch_transpose(const void* in, void* out, ActType t, std::uint64_t batch, std::uint32_t rows, std::uint32_t cols,
                       cudaStream_t s) {
+    if (batch == 0 || rows == 0 || cols == 0) return;
+    const dim3 grid((cols + tile - 1) / tile, (rows + tile - 1) / tile,
+                    static_cast<unsigned>(std::min<std::uint64_t>(batch, 65535)));
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        transpose_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out),
-                                                                  count, rows, cols);
+        transpose_kernel<<<grid, dim3(tile, tile_rows), 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out), batch,
+                                                                rows, cols);
     });
     check_launch();
 }
@@ -123,12 +141,12 @@ void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels
 
 void launch_nhwc_to_nchw(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
                          cudaStream_t s) {
-    launch_transpose(in, out, t, n * c * hw, c, hw, s);
+    launch_transpose(in, out, t, n, c, static_cast<std::uint32_t>(hw), s);
 }
 
 void launch_nchw_to_nhwc(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
                          cudaStream_t s) {
-    launch_transpose(in, out, t, n * c * hw, hw, c, s);
+    launch_transpose(in, out, t, n, static_cast<std::uint32_t>(hw), c, s);
 }
 
 void launch_gather_weights(const float* params, const std::uint32_t* map, void* copy, ActType t, std::uint64_t count,

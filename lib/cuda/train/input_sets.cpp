@@ -1,8 +1,5 @@
 #include "input_sets.hpp"
 
-#include <cstdlib>
-#include <string>
-
 #include "cuda_check.hpp"
 
 namespace dstk::train::cuda {
@@ -11,16 +8,6 @@ InputSets::InputSets(cudaStream_t main, int priority) : main_(main) {
     CUDA_CHECK(cudaStreamCreateWithPriority(&input_, cudaStreamNonBlocking, priority));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     for (auto& e : read_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    if (const char* e = std::getenv("DSTK_INPUT_AFTER"); e && std::string(e) == "tail")
-        CUDA_CHECK(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming));
-}
-
-void InputSets::mark_start(cudaStream_t main) {
-    if (start_) CUDA_CHECK(cudaEventRecordWithFlags(start_, main, cudaEventRecordExternal));
-}
-
-void InputSets::after_step() {
-    if (start_) CUDA_CHECK(cudaStreamWaitEvent(input_, start_, 0));
 }
 
 InputSets::~InputSets() {
@@ -28,7 +15,6 @@ InputSets::~InputSets() {
     for (auto e : read_)
         if (e) cudaEventDestroy(e);
     if (ready_) cudaEventDestroy(ready_);
-    if (start_) cudaEventDestroy(start_);
     if (input_) cudaStreamDestroy(input_);
 }
 
@@ -43,10 +29,6 @@ void InputSets::take(bool serial) {
 void InputSets::hand_over() {
     CUDA_CHECK(cudaEventRecord(ready_, input_));
     CUDA_CHECK(cudaStreamWaitEvent(main_, ready_, 0));
-}
-
-void InputSets::synchronize() const {
-    CUDA_CHECK(cudaStreamSynchronize(input_));
 }
 
 } // namespace dstk::train::cuda

@@ -34,18 +34,12 @@ class InputSets {
     void select(unsigned k) { set_ = k; }
     // After the conversion: the main stream waits for it.
     void hand_over();
-    void synchronize() const;
-    // Where in a step the next batch's conversion may start: at the point
-    // marked (a node of the step's graph), else as soon as it is issued.
-    void mark_start(cudaStream_t main);
-    void after_step();
 
   private:
     cudaStream_t main_ = nullptr, input_ = nullptr;
     cudaEvent_t ready_ = nullptr;
     cudaEvent_t read_[count] = {}; // main stream: every step that read set k, recorded when k stopped being current
     unsigned set_ = 0;
-    cudaEvent_t start_ = nullptr; // DSTK_INPUT_AFTER=tail
 };
 
 } // namespace dstk::train::cuda
