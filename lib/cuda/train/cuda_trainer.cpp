@@ -1628,14 +1628,12 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
         if (i == early) { // nothing below reads these parameters or writes their gradients
-            in_->mark("early", stream_);
             side_->fork();
             update({layers()[i].param_offset, cfg_.plan.params}, side_->stream());
         }
     }
     if (trunk_end == -1 && want_input_grad) // the heads read the input itself
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
-    in_->mark("wgrad0", stream_);
     side_->join(); // the weight gradients are all there
     gbuf_.reset();
 }
@@ -1697,7 +1695,6 @@ void CudaTrainer::step_body(std::uint32_t n) {
     launch_step_scalars(cfg_.optimizer, cfg_.schedule, step_dev_, scalars_, beside ? side_->stream() : stream_);
     forward(n, true, true);
     losses(n, train_phase, true);
-    in_->mark("loss", stream_);
     mark(~std::size_t{0}, "loss");
     const std::size_t early = early_update_layer();
     backward(n, false, true, early);
@@ -1717,7 +1714,6 @@ void CudaTrainer::train_step(const Batch& batch) {
         CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
     else
         step_body(b.size);
-    in_->after_step();
     ++step_;
     train_samples_ += b.size;
 }

@@ -1,8 +1,5 @@
 #include "input_sets.hpp"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "cuda_check.hpp"
 
 namespace dstk::train::cuda {
@@ -11,17 +8,6 @@ InputSets::InputSets(cudaStream_t main, int priority) : main_(main) {
     CUDA_CHECK(cudaStreamCreateWithPriority(&input_, cudaStreamNonBlocking, priority));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     for (auto& e : read_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    point_name_ = std::getenv("DSTK_INPUT_AFTER");
-    if (point_name_ && *point_name_) CUDA_CHECK(cudaEventCreateWithFlags(&point_, cudaEventDisableTiming));
-}
-
-void InputSets::mark(const char* point, cudaStream_t main) {
-    if (point_ && std::strcmp(point, point_name_) == 0)
-        CUDA_CHECK(cudaEventRecordWithFlags(point_, main, cudaEventRecordExternal));
-}
-
-void InputSets::after_step() {
-    if (point_) CUDA_CHECK(cudaStreamWaitEvent(input_, point_, 0));
 }
 
 InputSets::~InputSets() {
@@ -29,7 +15,6 @@ InputSets::~InputSets() {
     for (auto e : read_)
         if (e) cudaEventDestroy(e);
     if (ready_) cudaEventDestroy(ready_);
-    if (point_) cudaEventDestroy(point_);
     if (input_) cudaStreamDestroy(input_);
 }
 

@@ -34,18 +34,12 @@ class InputSets {
     void select(unsigned k) { set_ = k; }
     // After the conversion: the main stream waits for it.
     void hand_over();
-    // EXPERIMENT (DSTK_INPUT_AFTER=point): the input stream's next work waits
-    // for the point of the step last marked.
-    void mark(const char* point, cudaStream_t main);
-    void after_step();
 
   private:
     cudaStream_t main_ = nullptr, input_ = nullptr;
     cudaEvent_t ready_ = nullptr;
     cudaEvent_t read_[count] = {}; // main stream: every step that read set k, recorded when k stopped being current
     unsigned set_ = 0;
-    cudaEvent_t point_ = nullptr;
-    const char* point_name_ = nullptr;
 };
 
 } // namespace dstk::train::cuda

@@ -25,12 +25,17 @@ using data::Clock;
 using data::seconds_since;
 
 // Training-mode compute time: wall time of train_step on the cpu; on cuda
-// events around each step on the compute stream, read back lazily.
+// CUDA events around one step in sample_every on the compute stream, read
+// back lazily and scaled to every step. Not every step: each event recorded
+// between two steps delays the next step's start (the GPU drains the stream
+// to time it), which bracketing every step made a visible share of a small
+// model's step.
 class ComputeTimer {
   public:
+    static constexpr std::uint64_t sample_every = 16;
     explicit ComputeTimer(void* stream) : stream_(stream) {
         if (!stream_) return;
-        pairs_.resize(64);
+        pairs_.resize(8);
         span_.emplace();
     }
     ComputeTimer(const ComputeTimer&) = delete;
@@ -43,29 +48,37 @@ class ComputeTimer {
             seconds_ += seconds_since(t0);
             return;
         }
+        if (!span_open_) span_->start.record(stream_);
+        span_open_ = true;
+        if (steps_++ % sample_every != 0) {
+            step();
+            return;
+        }
         Pair& p = pairs_[turn_++ % pairs_.size()];
         collect(p);
         p.start.record(stream_);
-        if (!span_open_) span_->start.record(stream_);
-        span_open_ = true;
         step();
         p.end.record(stream_);
-        span_->end.record(stream_);
         p.pending = true;
     }
-    // The steps' GPU time since the last take(); `between`, where given, gets
-    // the GPU time from the first step's start to the last one's end that no
-    // step covers (the batch gather, and the GPU idle waiting for the host).
+    // The steps' GPU time since the last take() (the timed steps' mean times
+    // the steps, on cuda); `between`, where given, gets the GPU time from the
+    // first step's start to the last one's end that no step covers (the GPU
+    // idle waiting for the host, or for a batch).
     double take(double* between = nullptr) {
         double span = 0.0;
         for (auto& p : pairs_) collect(p);
         if (span_open_) {
+            span_->end.record(stream_); // after the last step enqueued
             span_->end.synchronize();
             span = span_->end.elapsed_ms(span_->start) / 1000.0;
             span_open_ = false;
         }
-        if (between) *between = std::max(0.0, span - seconds_);
-        return std::exchange(seconds_, 0.0);
+        const double compute = stream_ && timed_ ? seconds_ / static_cast<double>(timed_) * steps_ : seconds_;
+        if (between) *between = std::max(0.0, span - compute);
+        seconds_ = 0.0;
+        steps_ = timed_ = 0;
+        return compute;
     }
 
   private:
@@ -81,6 +94,7 @@ class ComputeTimer {
         if (!p.pending) return;
         p.end.synchronize();
         seconds_ += p.end.elapsed_ms(p.start) / 1000.0;
+        ++timed_;
         p.pending = false;
     }
     void* stream_;
@@ -88,6 +102,7 @@ class ComputeTimer {
     std::optional<Pair> span_; // cuda: first step's start to the last one's end
     bool span_open_ = false;
     std::size_t turn_ = 0;
+    std::uint64_t steps_ = 0, timed_ = 0; // since the last take()
     double seconds_ = 0;
 };
 
