@@ -268,6 +268,7 @@ class CudaTrainer final : public Trainer {
     void step_body(std::uint32_t n);
     void refresh_copies();
     void upload_initial_state();
+    void create_streams();
     void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
               cudaDataType_t at, int lda, const void* b, int ldb, void* c, cudaDataType_t ct, int ldc);
     // The stream, handles and workspaces (cuDNN's, cuBLAS's) an operation runs with.
@@ -428,6 +429,25 @@ void CudaTrainer::upload_initial_state() {
     for (void* a : act0_) CUDA_CHECK(cudaMemset(a, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
 }
 
+// The step's stream at the device's greatest priority, the input stream
+// (InputSets) at its least: the next batch's gather and conversion then take
+// the SMs the step leaves idle instead of delaying its kernels. The cuDNN and
+// cuBLAS handles on the step's stream, the side branch beside it.
+void CudaTrainer::create_streams() {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    CUDNN_CHECK(cudnnCreate(&cudnn_));
+    CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    CUBLAS_CHECK(cublasLtCreate(&lt_));
+    const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
+    side_ = std::make_unique<SideBranch>(stream_, math);
+    in_ = std::make_unique<InputSets>(stream_, least);
+}
+
 CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -456,21 +476,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
     blas_compute_ = cfg_.precision == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    // The step's stream at the device's greatest priority, the input stream
-    // (InputSets) at its least: the next batch's gather and conversion then
-    // take the SMs the step leaves idle instead of delaying its kernels.
-    int least = 0, greatest = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-    CUDNN_CHECK(cudnnCreate(&cudnn_));
-    CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
-    CUBLAS_CHECK(cublasCreate(&cublas_));
-    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    CUBLAS_CHECK(cublasLtCreate(&lt_));
-    const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
-    CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
-    side_ = std::make_unique<SideBranch>(stream_, math);
-    in_ = std::make_unique<InputSets>(stream_, least);
+    create_streams();
     gbuf_.create_events();
     dev_.resize(layers().size());
     for (std::size_t i = 0; i + 1 < layers().size(); ++i)
