@@ -1270,10 +1270,10 @@ std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count)
     return out;
 }
 
-// The input, then in one more launch every head's target and the side input
-// (normalised straight into its columns of the side layer's output).
-// The batch's fields into the other input set, on the input stream (a side
-// input is written into the network's activations: after every step before).
+// The batch's fields into the other input set, on the input stream: the
+// input, then in one more launch every head's target and the side input
+// (normalised straight into its columns of the side layer's output, which is
+// not in a set: that conversion waits for every step before).
 void CudaTrainer::convert(const StepFields& b) {
     in_->take(cfg_.plan.side != 0);
     alias_input_set();

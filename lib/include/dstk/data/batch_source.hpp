@@ -81,7 +81,7 @@ struct SourceConfig {
     unsigned readers = 2;  // reader threads (stream)
     ManagedPolicy managed_policy = ManagedPolicy::prefetch;
     bool oversubscribe = false;     // managed: allow a split larger than free GPU memory
-    void* compute_stream = nullptr; // cuda: the stream batches are read on (Trainer::input_stream): ordered before work on it
+    void* compute_stream = nullptr; // cuda: where batches are read (Trainer::input_stream), ordered before it
     // stream: read the bulk fields with O_DIRECT (.npy chunks, zstd frames; a
     // field under a quarter of the lead field's bytes per sample, a label,
     // stays in the page cache: lib/src/data/source_fields.hpp says why); falls
