@@ -281,7 +281,6 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
         own.fwd ? &own.fwd : nullptr, "own:tc_conv", &u.fwd);
     a.fwd = f.algo;
     a.fwd_math = f.mathType;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, f.mathType));
     k.op = "bwd_data";
     const auto g = decide<cudnnConvolutionBwdDataAlgoPerf_t>(
         r.data, r.data_count, k.op, k, layer,
@@ -294,7 +293,6 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
         own.dgrad ? &own.dgrad : nullptr, "own:tc_conv", &u.dgrad);
     a.bwd_data = g.algo;
     a.data_math = g.mathType;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_data, g.mathType));
     k.op = "bwd_filter";
     const auto w = decide<cudnnConvolutionBwdFilterAlgoPerf_t>(
         r.filter, r.filter_count, k.op, k, layer,
@@ -307,7 +305,6 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
         own.wgrad ? &own.wgrad : nullptr, "own:tc_wgrad", &u.wgrad);
     a.bwd_filter = w.algo;
     a.filter_math = w.mathType;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(c.bwd_filter, w.mathType));
     if (used) *used = u;
     return a;
 }
