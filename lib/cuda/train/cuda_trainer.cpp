@@ -243,7 +243,7 @@ class CudaTrainer final : public Trainer {
     DirectConvShape direct_shape(std::uint32_t n) const;
     TcWgradShape wgrad_shape(std::size_t i, std::uint32_t n) const;
     TcConvShape conv_shape(std::size_t i, std::uint32_t n, bool data_gradient) const;
-    void convert(const StepFields& b);
+    void convert(const StepFields& b, bool training);
     void forward(std::uint32_t n, bool training, bool fuse);
     void forward_first_conv_bn(std::uint32_t n);
     static constexpr std::size_t npos = ~std::size_t{0};
@@ -319,8 +319,11 @@ class CudaTrainer final : public Trainer {
     bool conv_bn_stats_ = true;
     bool leave_first_bn_ = false;         // this backward pass: first_conv_bn_ and no input gradient wanted
     std::optional<FirstBnIn> pending_bn_; // set by a batch norm's backward left to the layer below
-    float* moments_ = nullptr;            // first_bn_moments of the step's input, where direct_first_
-    TensorShape input_;                   // as stored on the device: channels padded in bf16 before a first convolution
+    // first_bn_moments of each input set's batch, taken as it is converted
+    // (where first_conv_bn_), and the workspace of their partial sums.
+    float* moments_[InputSets::count] = {};
+    void* moments_ws_ = nullptr;
+    TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
     cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
@@ -427,6 +430,8 @@ void CudaTrainer::upload_initial_state() {
         }
     }
     for (void* a : act0_) CUDA_CHECK(cudaMemset(a, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
+    for (float* m : moments_) // the zero input's
+        if (m) CUDA_CHECK(cudaMemset(m, 0, first_bn_moments(direct_shape(cfg_.max_batch)) * 4));
 }
 
 // The step's stream at the device's greatest priority, the input stream
@@ -590,7 +595,7 @@ void CudaTrainer::profile_layers(int steps) {
     zero_batch.targets.fill(xin);
     zero_batch.size = n;
     const double convert_ms = time_on_stream(
-        in_->stream(), [&] { convert(zero_batch); }, 50);
+        in_->stream(), [&] { convert(zero_batch, true); }, 50);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaFree(xin);
     double sum = 0.0;
@@ -919,7 +924,10 @@ void CudaTrainer::layout(Arena& a) {
     for (const auto& l : layers())
         if (l.spec.kind == LayerKind::batchnorm) bn_channels = std::max(bn_channels, l.in.c);
     bn_partials_ = a.take<double>(bn_partials(std::max(bn_channels, 1u)));
-    if (direct_first_) moments_ = a.take<float>(first_bn_moments(direct_shape(cfg_.max_batch)));
+    if (direct_first_) {
+        for (float*& m : moments_) m = a.take<float>(first_bn_moments(direct_shape(cfg_.max_batch)));
+        moments_ws_ = a.take_bytes(first_bn_moments_workspace(direct_shape(cfg_.max_batch)));
+    }
     for (std::size_t k = 0; k < GradBuffers::count; ++k)
         gbuf_.set(k, a.take_bytes(b * cfg_.plan.max_activation() * ab));
     input_grad_ = a.take_bytes(b * input_.numel() * ab);
@@ -1008,9 +1016,7 @@ void CudaTrainer::create_layer_descriptors() {
     force_own_ = env && std::string(env) == "own";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
-    if (direct_first_)
-        ws = std::max({ws, direct_conv_workspace(direct_shape(cfg_.max_batch)),
-                       first_bn_forward_workspace(direct_shape(cfg_.max_batch))});
+    if (direct_first_) ws = std::max(ws, direct_conv_workspace(direct_shape(cfg_.max_batch)));
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
         const LayerSpec& sp = layers()[i].spec;
         dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
@@ -1271,16 +1277,19 @@ std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count)
 }
 
 // The batch's fields into the other input set, on the input stream: the
-// input, then in one more launch every head's target and the side input
+// input (and, for a training step, its moments for the first batch norm),
+// then in one more launch every head's target and the side input
 // (normalised straight into its columns of the side layer's output, which is
 // not in a set: that conversion waits for every step before).
-void CudaTrainer::convert(const StepFields& b) {
+void CudaTrainer::convert(const StepFields& b, bool training) {
     in_->take(cfg_.plan.side != 0);
     alias_input_set();
     const unsigned k = in_->current();
     const TensorShape in = cfg_.plan.input;
     launch_convert_input(b.x, cfg_.input_dtype, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_,
                          act0_[k], at_, nchw_, input_.c, nullptr, in_->stream());
+    if (training && first_conv_bn_)
+        launch_first_bn_moments(act0_[k], at_, direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
     // The data path's one conversion step (dstk/data/convert.hpp): every
     // target and the side input in one launch.
     data::FieldConversion f[data::max_conversions];
@@ -1446,11 +1455,14 @@ void CudaTrainer::forward_first_conv_bn(std::uint32_t n) {
     const LayerDev& d = dev_[1];
     const float* gamma = params_ + b.param_offset;
     float* run = states_ + b.state_offset;
-    const FirstBnForward f{
-        run,     run + b.in.c, d.aux, d.aux + b.in.c, static_cast<float>(bn_momentum), static_cast<float>(bn_eps),
-        moments_};
-    launch_first_bn_forward(input_of(0), at_, direct_shape(n), params_ + layers()[0].param_offset, f, workspace_,
-                            stream_);
+    const FirstBnForward f{run,
+                           run + b.in.c,
+                           d.aux,
+                           d.aux + b.in.c,
+                           static_cast<float>(bn_momentum),
+                           static_cast<float>(bn_eps),
+                           moments_[in_->current()]};
+    launch_first_bn_forward(at_, direct_shape(n), params_ + layers()[0].param_offset, f, stream_);
     const BnApply apply{gamma, gamma + b.in.c, d.aux, d.aux + b.in.c, d.relu_next};
     launch_direct_conv_forward(input_of(0), params_ + layers()[0].param_offset, d.relu_next ? dev_[2].out : d.out, at_,
                                direct_shape(n), stream_, &apply);
@@ -1553,9 +1565,9 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
         if (i == 1 && leave_first_bn_) {        // first_bn_into_wgrad
-            pending_bn_ =
-                FirstBnIn{fused ? dev_[i + 1].out : nullptr,
-                          {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c, moments_}};
+            pending_bn_ = FirstBnIn{fused ? dev_[i + 1].out : nullptr,
+                                    {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c,
+                                     moments_[in_->current()]}};
             return dy;
         }
         launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,
@@ -1715,7 +1727,7 @@ void CudaTrainer::step_body(std::uint32_t n) {
 void CudaTrainer::train_step(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    convert(b);
+    convert(b, true);
     if (b.size == cfg_.max_batch)
         CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
     else
@@ -1727,7 +1739,7 @@ void CudaTrainer::train_step(const Batch& batch) {
 void CudaTrainer::evaluate(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    convert(b);
+    convert(b, false);
     if (b.size == cfg_.max_batch) {
         CUDA_CHECK(cudaGraphLaunch(eval_graph_[in_->current()], stream_));
     } else {
@@ -1740,7 +1752,7 @@ void CudaTrainer::evaluate(const Batch& batch) {
 void CudaTrainer::compute_gradients(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    convert(b);
+    convert(b, false);
     forward(b.size, true, false);
     losses(b.size, scratch_phase, true);
     backward(b.size, true, false);

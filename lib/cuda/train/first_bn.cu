@@ -224,15 +224,14 @@ void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShap
                   t == ActType::bf16, b, dw);
 }
 
-std::uint64_t first_bn_forward_workspace(const DirectConvShape& s) {
+std::uint64_t first_bn_moments_workspace(const DirectConvShape& s) {
     return std::uint64_t{fwd_blocks(s)} * first_bn_moments(s) * sizeof(float);
 }
 
-void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s, const float* w,
-                             const FirstBnForward& f, void* workspace, cudaStream_t stream) {
+void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, float* moments, void* workspace,
+                             cudaStream_t stream) {
     const unsigned blocks = fwd_blocks(s), kp = fwd_cols(s.c);
     auto* partials = static_cast<float*>(workspace);
-    float* m = f.moments;
     const Div32 dow(s.ow), doh(s.oh);
     auto go = [&](auto tag, auto c) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -245,9 +244,14 @@ void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s,
                       s, dow, doh, partials);
     };
     dispatch(t, [&](auto tag) { with_constant<4>(s.c, [&](auto c) { go(tag, c); }); }); // direct_conv: 1 to 4
-    launch_sum_partials(partials, blocks, std::uint64_t{kp} * kp, m, ActType::f32, stream);
+    launch_sum_partials(partials, blocks, std::uint64_t{kp} * kp, moments, ActType::f32, stream);
+}
+
+void launch_first_bn_forward(ActType t, const DirectConvShape& s, const float* w, const FirstBnForward& f,
+                             cudaStream_t stream) {
     const double count = static_cast<double>(s.n) * s.oh * s.ow;
-    launch_kernel(first_bn_forward_kernel, s.k, 64, 0, stream, m, s.c, kp, count, t == ActType::bf16, w, f);
+    launch_kernel(first_bn_forward_kernel, s.k, 64, 0, stream, f.moments, s.c, fwd_cols(s.c), count, t == ActType::bf16,
+                  w, f);
 }
 
 } // namespace dstk::train::cuda

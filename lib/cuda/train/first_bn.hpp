@@ -34,23 +34,28 @@ namespace dstk::train::cuda {
 // element-wise pass over the convolution's output runs, and that output is
 // never stored. The moments: M = P^T P on tensor cores over KP columns (the K
 // patch values, a one, zeros; KP 32 or 48), per-block partials summed in a
-// fixed order (sum_partials): the same result on every run. They stay in
-// `moments` (first_bn_moments floats) for the backward.
+// fixed order (sum_partials): the same result on every run. They depend on
+// the batch alone, so they are taken apart, as the batch is converted and
+// while the step before runs (CudaTrainer::convert), and kept for the
+// backward of the step that reads the batch.
 struct FirstBnForward {
     float *run_mean = nullptr, *run_var = nullptr;      // updated with the unbiased variance
     float *save_mean = nullptr, *save_invstd = nullptr; // the batch's, for the epilogue and the backward
     float momentum = 0.1f, eps = 1e-5f;
-    float* moments = nullptr;
+    const float* moments = nullptr; // launch_first_bn_moments' of the same batch
 };
-// Workspace bytes launch_first_bn_forward needs.
-std::uint64_t first_bn_forward_workspace(const DirectConvShape& s);
-// x: the convolution's input as direct_conv reads it; w its fp32 KCRS weights.
-void launch_first_bn_forward(const void* x, ActType t, const DirectConvShape& s, const float* w,
-                             const FirstBnForward& f, void* workspace, cudaStream_t stream);
 
 // Floats of the moments (KP x KP: row j the products of patch value j with
 // each, then its sum, j = c * 9 + tap).
 std::uint64_t first_bn_moments(const DirectConvShape& s);
+// Workspace bytes launch_first_bn_moments needs.
+std::uint64_t first_bn_moments_workspace(const DirectConvShape& s);
+// x: the convolution's input as direct_conv reads it.
+void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, float* moments, void* workspace,
+                             cudaStream_t stream);
+// The statistics from f.moments; w: the convolution's fp32 KCRS weights.
+void launch_first_bn_forward(ActType t, const DirectConvShape& s, const float* w, const FirstBnForward& f,
+                             cudaStream_t stream);
 
 // What the combination reads besides the weight gradient's sums.
 struct FirstBnBackward {
