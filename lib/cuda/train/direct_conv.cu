@@ -614,6 +614,19 @@ __device__ unsigned tcw_load_tile(const T* x, const T* dy, const MaskIn<T>& bn, 
     return pixels;
 }
 
+// Tile t's dy rows (and the ReLU's output that masks them), on their way into
+// L2 while the tile before is multiplied: the next tile's loads then wait on
+// L2, not on memory (two blocks per SM leave little else to hide them).
+template <class T> __device__ void tcw_prefetch_tile(const T* dy, const MaskIn<T>& bn, const TcParams& p, unsigned t) {
+    const unsigned img = t / p.tiles_per_image, oy0 = (t - img * p.tiles_per_image) * p.tile_rows;
+    const std::uint64_t first = (std::uint64_t{img} * p.s.oh + oy0) * p.s.ow * p.s.k;
+    const std::uint64_t bytes = std::uint64_t{min(p.tile_rows, p.s.oh - oy0)} * p.s.ow * p.s.k * sizeof(T);
+    for (std::uint64_t off = std::uint64_t{threadIdx.x} * 128; off < bytes; off += std::uint64_t{blockDim.x} * 128) {
+        prefetch_l2(reinterpret_cast<const char*>(dy + first) + off);
+        if (bn.relu_out) prefetch_l2(reinterpret_cast<const char*>(bn.relu_out + first) + off);
+    }
+}
+
 // One k8 step of 8 pixels from ks * 8 (bf16: m16n8k8, A by ldmatrix.trans
 // and B two pixels to a register; fp32: m16n8k8 TF32, A rows gid, gid + 8 of
 // pixels t4 and t4 + 4, B those pixels under each tap). With Sums, the tenth
@@ -698,6 +711,7 @@ __global__ void __launch_bounds__(tcw_threads)
     for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
         __syncthreads(); // the previous tile's reads are done
         const unsigned pixels = tcw_load_tile<T, CH>(x, dy, bn, p, t, dys, xs);
+        if (t + gridDim.x < tiles) tcw_prefetch_tile(dy, bn, p, t + gridDim.x);
         __syncthreads();
         for (unsigned ks = warp; ks * 8 < pixels; ks += tcw_warps)
             tcw_step<T, CH, MT, Sums>(dys, xs, p, ks, pixels, acc);
