@@ -15,6 +15,7 @@
 #include <span>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "dstk/chunked_file.hpp"
@@ -34,11 +35,31 @@ struct SplitSize {
     std::uint64_t samples = 0; // a split of 0 samples is left out
 };
 
-// A fresh path under the test temp directory, unique to this process.
+// The paths temp_path handed out, removed as the process that asked for them
+// exits: ctest runs every test in a process of its own, each of which would
+// otherwise leave its pid-named directories behind. A forked child (a death
+// test) exiting removes nothing of its parent's.
+struct TempPaths {
+    pid_t owner = ::getpid();
+    std::vector<std::filesystem::path> paths;
+    ~TempPaths() {
+        if (::getpid() != owner) return;
+        std::error_code ec;
+        for (const auto& p : paths) std::filesystem::remove_all(p, ec);
+    }
+};
+inline TempPaths& temp_paths() {
+    static TempPaths t;
+    return t;
+}
+
+// A fresh path under the test temp directory, unique to this process and
+// removed when it exits.
 inline std::filesystem::path temp_path(const std::string& prefix, const std::string& name) {
     const auto p =
         std::filesystem::path(::testing::TempDir()) / (prefix + "_" + name + "_" + std::to_string(::getpid()));
     std::filesystem::remove_all(p);
+    temp_paths().paths.push_back(p);
     return p;
 }
 
