@@ -154,8 +154,9 @@ if [ -n "$step" ]; then
 fi
 
 # Rank 1 never starts dstrain: rank 0 ends with exit 1 within the timeout, naming it.
+# Its arrival mark stays (another rank's watchdog may read it): in $WORK, not /tmp.
 start=$(date +%s)
-expect_exit 1 "${MPIRUN[@]}" -np 2 sh -c \
+TMPDIR=$WORK expect_exit 1 "${MPIRUN[@]}" -np 2 sh -c \
     'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then sleep 60; fi; exec "$0" "$@"' "$DSTRAIN" "$WORK/ds" "${RUN[@]}" \
     --batch 24 --dist-timeout 3 -q
 elapsed=$(($(date +%s) - start))

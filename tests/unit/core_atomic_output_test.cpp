@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,8 +28,10 @@ using test_support::error_of;
 struct TempDir {
     fs::path path;
     TempDir() {
-        path = fs::temp_directory_path() / ("dstk-atomic-" + std::to_string(::getpid()) + "-" +
-                                            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        // A parameterised test's name ends in "/N": one directory, not a folder inside another.
+        std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+        std::replace(name.begin(), name.end(), '/', '-');
+        path = fs::temp_directory_path() / ("dstk-atomic-" + std::to_string(::getpid()) + "-" + name);
         fs::remove_all(path);
         fs::create_directories(path);
     }
