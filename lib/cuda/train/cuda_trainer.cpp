@@ -87,6 +87,7 @@ struct LayerDev {
     void* stash = nullptr;     // residual_end: gradient for the skip path
     void* wk = nullptr;        // conv: KRSC weights; linear in bf16 mode or NHWC order: copies of the weights
     void* gk = nullptr;        // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
+    void* wturned = nullptr;   // conv where tc_dgrad: wk turned for the data gradient (turn_filters_ahead)
     bool relu_next = false;    // batchnorm followed by relu: fused where allowed
     bool tc_wgrad = false;     // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
     bool tc_fwd = false;       // conv: forward by tc_conv.cu (bf16, tf32)
@@ -255,7 +256,8 @@ class CudaTrainer final : public Trainer {
     void plan_conv_bn_stats();
     void update(ParamRange r, cudaStream_t s, bool advance = false);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
-    void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
+    void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned);
+    void turn_filters_ahead(cudaStream_t s);
     void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
     void forward_linear(std::size_t i, std::uint32_t n, bool fuse);
     // A linear layer's cuBLASLt plans at one batch size (null: the plain GEMM and kernels).
@@ -915,6 +917,7 @@ void CudaTrainer::layout(Arena& a) {
         if (l.spec.kind == LayerKind::conv) {
             d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
             d.gk = static_cast<char*>(gcopy_) + copy_offset_[i] * ab;
+            if (d.tc_dgrad) d.wturned = a.take_bytes(tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
         } else if (l.spec.kind == LayerKind::linear && linear_copied(i)) {
             d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
             if (nhwc_order(i).c) d.gk = a.take<float>(std::uint64_t{l.out.c} * l.in.c);
@@ -1480,7 +1483,8 @@ CudaTrainer::Lane CudaTrainer::weight_lane(bool data_gradient_follows) {
 }
 
 // Layer i's weight gradient (and bias gradient) from dy, then dx where needed.
-void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx) {
+// turned: the step turned this layer's filters for the data gradient ahead (turn_filters_ahead).
+void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned) {
     const float one = 1.0f, zero = 0.0f;
     const BatchDescs& bd = descs(n);
     const LayerPlan& l = layers()[i];
@@ -1511,7 +1515,8 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
     mark(i, "bwd filter");
     if (need_dx && d.tc_dgrad)
-        launch_tc_conv(dy, d.wk, dx, conv_shape(i, n, true), workspace_, stream_);
+        launch_tc_conv(dy, turned ? d.wturned : d.wk, dx, conv_shape(i, n, true), turned ? nullptr : workspace_,
+                       stream_);
     else if (need_dx) {
         require_fit(bd.unfit[i].bwd_data);
         CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_data, bd.algos[i].data_math));
@@ -1560,7 +1565,7 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     const std::uint64_t count_in = std::uint64_t{n} * l.in.numel(), hw_in = std::uint64_t{l.in.h} * l.in.w;
     switch (l.spec.kind) {
     case LayerKind::conv:
-        backward_conv(i, n, dy, dx, need_dx);
+        backward_conv(i, n, dy, dx, need_dx, fuse);
         return dx;
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
@@ -1706,14 +1711,26 @@ void CudaTrainer::update(ParamRange r, cudaStream_t s, bool advance) {
                      advance ? step_dev_ : nullptr, s);
 }
 
+// The data gradients' filters of this step's weights, turned once ahead of
+// the backward pass (on the side stream, beside the forward, where one runs):
+// each data gradient then starts as soon as its dy is ready. Turned in line,
+// the turning kernel sat between dy and the data gradient, and the same
+// layer's weight gradient on the side stream, ready first, took the SMs.
+void CudaTrainer::turn_filters_ahead(cudaStream_t s) {
+    for (std::size_t i = 0; i < layers().size(); ++i)
+        if (dev_[i].tc_dgrad) launch_turn_filters(dev_[i].wk, dev_[i].wturned, conv_shape(i, cfg_.max_batch, true), s);
+}
+
 void CudaTrainer::step_body(std::uint32_t n) {
-    // The step's learning rate, on the side stream (beside the forward pass) where one runs.
+    // The step's learning rate and turned filters, on the side stream (beside the forward pass) where one runs.
     const bool beside = !marks_ && !one_stream_;
     if (beside) side_->fork();
     launch_step_scalars(cfg_.optimizer, cfg_.schedule, step_dev_, scalars_, beside ? side_->stream() : stream_);
+    turn_filters_ahead(beside ? side_->stream() : stream_);
     forward(n, true, true);
     losses(n, train_phase, true);
     mark(~std::size_t{0}, "loss");
+    if (beside) side_->join(); // the turned filters are there
     const std::size_t early = early_update_layer();
     backward(n, false, true, early);
     if (reducer_) { // grads_ holds every weight gradient: one collective

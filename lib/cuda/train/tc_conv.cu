@@ -621,10 +621,8 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
                       const TcConvStats& stats) {
     const TcConvShape& s = g.s;
     const T* filters = static_cast<const T*>(w);
-    if (s.data_gradient) {
-        const unsigned total = 9 * s.cin * s.cout;
-        launch_kernel(turn_filters_kernel<T>, (total + 255) / 256, 256, 0, stream, filters, static_cast<T*>(scratch),
-                      s.cin, s.cout);
+    if (s.data_gradient && scratch) {
+        launch_turn_filters(w, scratch, s, stream);
         filters = static_cast<const T*>(scratch);
     }
     const unsigned max_blocks = stats.partials ? stats.max_splits : ~0u;
@@ -645,6 +643,16 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
 }
 
 } // namespace
+
+void launch_turn_filters(const void* w, void* out, const TcConvShape& s, cudaStream_t stream) {
+    const unsigned total = 9 * s.cin * s.cout;
+    if (s.tf32)
+        launch_kernel(turn_filters_kernel<float>, (total + 255) / 256, 256, 0, stream, static_cast<const float*>(w),
+                      static_cast<float*>(out), s.cin, s.cout);
+    else
+        launch_kernel(turn_filters_kernel<bf16>, (total + 255) / 256, 256, 0, stream, static_cast<const bf16*>(w),
+                      static_cast<bf16*>(out), s.cin, s.cout);
+}
 
 std::uint64_t tc_conv_scratch(const TcConvShape& s) {
     return s.data_gradient ? std::uint64_t{9} * s.cin * s.cout * (s.tf32 ? sizeof(float) : sizeof(bf16)) : 0;

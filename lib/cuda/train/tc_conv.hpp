@@ -17,7 +17,8 @@
 // tiles through ldmatrix, the next step's fragments loaded during this
 // step's products, and writes whole output pixels through staging rows. The data gradient is
 // the same product on dy with the filters turned 180 degrees and their input
-// and output channels swapped (a small kernel writes them so into scratch).
+// and output channels swapped (a small kernel, launch_turn_filters, writes
+// them so: into scratch at each call, or once ahead of the backward pass).
 // Each output is summed by one thread in a fixed order: the same result on
 // every run. The trainer times it against cuDNN's engines (a candidate of
 // --kernels) and keeps the faster.
@@ -41,6 +42,10 @@ bool tc_conv_supported(const TcConvShape& s);
 // Bytes of device memory launch_tc_conv needs as scratch (the data
 // gradient's turned filters; 0 for the forward).
 std::uint64_t tc_conv_scratch(const TcConvShape& s);
+// The data gradient's filters (s.data_gradient) from the forward's w
+// ([cin][3][3][cout]) into out (tc_conv_scratch(s) bytes), turned as the
+// data gradient reads them.
+void launch_turn_filters(const void* w, void* out, const TcConvShape& s, cudaStream_t stream);
 // Where a forward call also writes batch-norm statistics of its output
 // (training, a batch norm right after): per block, each channel's sums of
 // (v - pivot[c]) and (v - pivot[c])^2 over its pixels, v as stored,
@@ -53,8 +58,10 @@ struct TcConvStats {
 };
 // y ([n][h][w][cout]) = conv(x ([n][h][w][cin]), w), all bf16 or (tf32) all float. Forward: w
 // is [cout][3][3][cin] (cuDNN's NHWC filter, KRSC); data gradient: w is the
-// forward filter [cin][3][3][cout] and the call computes dx from dy. Returns
-// the blocks per 32 output channels (the statistics' splits).
+// forward filter [cin][3][3][cout], turned into scratch first, or, where
+// scratch is null, w is what launch_turn_filters made of it; the call
+// computes dx from dy. Returns the blocks per 32 output channels (the
+// statistics' splits).
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
                         const TcConvStats& stats = {});
 
