@@ -88,7 +88,7 @@ constexpr int timing_rounds = 7, launches_per_round = 3;
 constexpr double warm_up_ms = 200.0;
 // Bumped when dstk's own convolution kernels change, so that cached choices
 // between them and cuDNN's are made again.
-constexpr const char* own_kernel_set = "8";
+constexpr const char* own_kernel_set = "9";
 
 std::string math_name(cudnnMathType_t m) {
     switch (m) {
@@ -149,9 +149,35 @@ void ConvChooser::warm_up(const std::function<void()>& op) {
     last_busy = std::chrono::steady_clock::now();
 }
 
+// A round's launches of one candidate captured as a graph, as a training
+// step runs them: a candidate that adds a node before its kernel (cuDNN's
+// memset of a workspace counter) pays the gap a graph leaves around it,
+// which launches one after another on a stream hide. Null where the
+// launches cannot be captured (they are then timed as launched).
+cudaGraphExec_t ConvChooser::capture_round(const std::function<bool(std::size_t)>& launch, std::size_t j) {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamBeginCapture(s_.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    bool ok = true;
+    try {
+        for (int l = 0; l < launches_per_round && ok; ++l) ok = launch(j);
+    } catch (const std::exception&) { // a launch that cannot be captured: the stream leaves capture below
+        ok = false;
+    }
+    ok = cudaStreamEndCapture(s_.stream, &graph) == cudaSuccess && ok;
+    cudaGraphExec_t exec = nullptr;
+    if (ok && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError(); // a failed capture's error is this function's answer, not the next call's
+    return exec;
+}
+
 // A trial run of each candidate (one that fails is left out), a warm-up,
-// then rounds in which every candidate runs in turn, so that a drift of the
-// clocks touches all of them alike.
+// then rounds in which every candidate runs in turn (its round's launches as
+// one graph, capture_round), so that a drift of the clocks touches all of
+// them alike.
 std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::string>& names,
                                                          const std::function<bool(std::size_t)>& launch) {
     std::vector<CandidateTimes> times(names.size());
@@ -164,6 +190,9 @@ std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::
     }
     CUDA_CHECK(cudaStreamSynchronize(s_.stream));
     if (!first_alive) return times;
+    std::vector<cudaGraphExec_t> rounds(names.size(), nullptr);
+    for (std::size_t j = 0; j < names.size(); ++j)
+        if (alive[j]) rounds[j] = capture_round(launch, j);
     warm_up([&] { launch(*first_alive); });
     std::vector<cudaEvent_t> ev(2 * timing_rounds * names.size(), nullptr);
     for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
@@ -172,7 +201,10 @@ std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::
             if (!alive[j]) continue;
             const std::size_t at = 2 * (r * names.size() + j);
             CUDA_CHECK(cudaEventRecord(ev[at], s_.stream));
-            for (int l = 0; l < launches_per_round; ++l) launch(j);
+            if (rounds[j])
+                CUDA_CHECK(cudaGraphLaunch(rounds[j], s_.stream));
+            else
+                for (int l = 0; l < launches_per_round; ++l) launch(j);
             CUDA_CHECK(cudaEventRecord(ev[at + 1], s_.stream));
         }
     CUDA_CHECK(cudaStreamSynchronize(s_.stream));
@@ -185,6 +217,8 @@ std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::
             times[j].ms.push_back(static_cast<double>(ms) / launches_per_round);
         }
     for (auto e : ev) cudaEventDestroy(e);
+    for (auto r : rounds)
+        if (r) cudaGraphExecDestroy(r);
     const std::lock_guard<std::mutex> lock(busy_mutex);
     last_busy = std::chrono::steady_clock::now();
     return times;

@@ -99,6 +99,7 @@ class ConvChooser {
                            const std::vector<std::string>& names, std::size_t heuristic,
                            const std::function<bool(std::size_t)>& launch);
     void warm_up(const std::function<void()>& op);
+    cudaGraphExec_t capture_round(const std::function<bool(std::size_t)>& launch, std::size_t j);
     std::vector<CandidateTimes> time_candidates(const std::vector<std::string>& names,
                                                 const std::function<bool(std::size_t)>& launch);
     ConvSearch s_;
