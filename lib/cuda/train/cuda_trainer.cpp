@@ -1098,6 +1098,10 @@ void CudaTrainer::find_algorithms() {
                 own.fwd = [&, i] {
                     launch_tc_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false), nullptr, stream_);
                 };
+            // Timed with its filters turned in line, though a training step turns them
+            // ahead (turn_filters_ahead): timed on filters turned ahead, more layers went to
+            // this kernel and the step measured slower (the timing is of one kernel alone,
+            // the step runs it beside the side stream's weight gradients).
             if (d.tc_dgrad)
                 own.dgrad = [&, i] {
                     launch_tc_conv(gbuf_[0], d.wk, gbuf_[1], conv_shape(i, cfg_.max_batch, true), workspace_, stream_);
