@@ -433,7 +433,7 @@ void CudaTrainer::upload_initial_state() {
     }
     for (void* a : act0_) CUDA_CHECK(cudaMemset(a, 0, act_bytes(at_) * cfg_.max_batch * input_.numel()));
     for (float* m : moments_) // the zero input's
-        if (m) CUDA_CHECK(cudaMemset(m, 0, first_bn_moments(direct_shape(cfg_.max_batch)) * 4));
+        if (m) CUDA_CHECK(cudaMemset(m, 0, first_bn_moments(direct_shape(cfg_.max_batch)) * sizeof(float)));
 }
 
 // The step's stream at the device's greatest priority, the input stream
@@ -1568,7 +1568,7 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     float* g = grads_ + l.param_offset;
     const std::uint64_t count_in = std::uint64_t{n} * l.in.numel(), hw_in = std::uint64_t{l.in.h} * l.in.w;
     switch (l.spec.kind) {
-    case LayerKind::conv:
+    case LayerKind::conv: // a fused backward is step_body's, which turned the filters ahead
         backward_conv(i, n, dy, dx, need_dx, fuse);
         return dx;
     case LayerKind::batchnorm: {
