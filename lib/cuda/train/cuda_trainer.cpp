@@ -254,6 +254,7 @@ class CudaTrainer final : public Trainer {
     std::size_t early_update_layer() const;
     bool first_bn_into_wgrad() const;
     void plan_conv_bn_stats();
+    void plan_first_wgrad_in_dgrad();
     void update(ParamRange r, cudaStream_t s, bool advance = false);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
     void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned);
@@ -319,6 +320,12 @@ class CudaTrainer final : public Trainer {
     // that convolution's epilogue (plan_conv_bn_stats; DSTK_CONV_BN_STATS=0:
     // never).
     bool conv_bn_stats_ = true;
+    // The layer whose tc_conv data gradient also sums the first convolution's
+    // weight gradient (TcConvFirstWgrad; plan_first_wgrad_in_dgrad;
+    // DSTK_FIRST_WGRAD_FUSED=0: none), or 0: none; and the partials rows it
+    // wrote in this backward pass (0: the first convolution's own kernel runs).
+    std::size_t first_wgrad_at_ = 0;
+    unsigned first_wgrad_rows_ = 0;
     bool leave_first_bn_ = false;         // this backward pass: first_conv_bn_ and no input gradient wanted
     std::optional<FirstBnIn> pending_bn_; // set by a batch norm's backward left to the layer below
     // first_bn_moments of each input set's batch, taken as it is converted
@@ -525,6 +532,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     descs(cfg_.max_batch);
     first_conv_bn_ = first_bn_into_wgrad();
     plan_conv_bn_stats();
+    plan_first_wgrad_in_dgrad();
     report_rule_choices(); // plans them for max_batch, before any capture
 
     const std::uint32_t n = cfg_.max_batch;
@@ -1019,7 +1027,9 @@ void CudaTrainer::create_layer_descriptors() {
     force_own_ = env && std::string(env) == "own";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
-    if (direct_first_) ws = std::max(ws, direct_conv_workspace(direct_shape(cfg_.max_batch)));
+    if (direct_first_)
+        ws = std::max({ws, direct_conv_workspace(direct_shape(cfg_.max_batch)),
+                       tc_conv_first_wgrad_workspace(direct_shape(cfg_.max_batch))});
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
         const LayerSpec& sp = layers()[i].spec;
         dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
@@ -1256,6 +1266,10 @@ void CudaTrainer::report_rule_choices() {
         reports_.push_back({1, "fwd", "own:input_moments", ChoiceSource::rule, 0.0});
         reports_.push_back({1, "bwd", "own:input_moments", ChoiceSource::rule, 0.0});
     }
+    if (first_wgrad_at_ > 0)
+        for (KernelReport& r : reports_)
+            if (r.layer == 0 && r.op == "bwd_filter")
+                r.kernel = "own:in_data_gradient_of_L" + std::to_string(first_wgrad_at_);
     for (std::size_t i = 0; i < layers().size(); ++i)
         if (dev_[i].bn_stats) reports_.push_back({i + 1, "fwd", "own:stats_in_conv", ChoiceSource::rule, 0.0});
     std::stable_sort(reports_.begin(), reports_.end(),
@@ -1497,7 +1511,12 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     const auto xd = input_desc(bd, i), yd = bd.out[i];
     float* g = grads_ + l.param_offset;
     const Lane w = weight_lane(need_dx);
-    if (i == 0 && direct_first_) { // fp32, straight into the gradient vector
+    if (i == 0 && direct_first_ && first_wgrad_rows_ > 0) { // summed by the data gradient above (stream_, workspace_)
+        launch_first_wgrad_sums(static_cast<float*>(workspace_), first_wgrad_rows_, at_, direct_shape(n), g,
+                                *pending_bn_, stream_);
+        first_wgrad_rows_ = 0;
+        pending_bn_.reset();
+    } else if (i == 0 && direct_first_) { // fp32, straight into the gradient vector
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream,
                                  pending_bn_ ? &*pending_bn_ : nullptr);
         pending_bn_.reset();
@@ -1518,7 +1537,12 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     if (!(i == 0 && direct_first_) && !d.tc_wgrad)
         launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
     mark(i, "bwd filter");
-    if (need_dx && d.tc_dgrad)
+    if (need_dx && d.tc_dgrad && i == first_wgrad_at_ && leave_first_bn_ && turned) {
+        // Into partials in workspace_, which nothing on stream_ uses before the first layer's backward reads them.
+        const TcConvFirstWgrad f{input_of(0), dev_[1].relu_next ? dev_[2].out : nullptr,
+                                 static_cast<float*>(workspace_), direct_shape(n)};
+        first_wgrad_rows_ = launch_tc_conv(dy, d.wturned, dx, conv_shape(i, n, true), nullptr, stream_, {}, &f);
+    } else if (need_dx && d.tc_dgrad)
         launch_tc_conv(dy, turned ? d.wturned : d.wk, dx, conv_shape(i, n, true), turned ? nullptr : workspace_,
                        stream_);
     else if (need_dx) {
@@ -1680,6 +1704,27 @@ bool CudaTrainer::first_bn_into_wgrad() const {
            !(dev_[1].relu_next && dev_[1].pool_next) && direct_conv_wgrad_takes_bn(at_, direct_shape(cfg_.max_batch));
 }
 
+// The first convolution's weight gradient summed in the data gradient of the
+// convolution above it (TcConvFirstWgrad): where the batch norm after the
+// first convolution is left to that weight gradient (first_conv_bn_), bf16,
+// layers conv, bn[, relu], conv one after another, and the upper
+// convolution's data gradient is tc_conv's and takes it. A rule, not timed:
+// it saves a whole kernel's pass over dy and the ReLU's output, and the data
+// gradient's store of dy.
+void CudaTrainer::plan_first_wgrad_in_dgrad() {
+    first_wgrad_at_ = 0;
+    if (const char* e = std::getenv("DSTK_FIRST_WGRAD_FUSED"); e && std::string(e) == "0") return;
+    const auto& ls = layers();
+    if (!first_conv_bn_ || at_ != ActType::bf16 || ls[0].spec.bias) return;
+    const std::size_t up = ls.size() > 2 && ls[2].spec.kind == LayerKind::relu ? 3 : 2;
+    if (ls.size() <= up || ls[up].spec.kind != LayerKind::conv || !dev_[up].tc_dgrad) return;
+    if (up == 3 && !dev_[1].relu_next) return; // the ReLU's mask comes with the batch norm's fused backward
+    for (std::size_t i = 1; i <= up; ++i)
+        if (ls[i].source != static_cast<std::int32_t>(i) - 1) return;
+    if (tc_conv_takes_first_wgrad(conv_shape(up, cfg_.max_batch, true), direct_shape(cfg_.max_batch)))
+        first_wgrad_at_ = up;
+}
+
 // Which convolutions run by tc_conv also sum the statistics of the batch
 // norm right after them in their epilogue (the norm's reduction pass over
 // the output is then not run): no bias (added after the epilogue), the norm
@@ -1697,9 +1742,11 @@ void CudaTrainer::plan_conv_bn_stats() {
 // The layer whose weight gradient is the last but one of a backward pass:
 // once it is issued, every parameter from it up can be updated on the side
 // stream while the layers below finish (the last weight gradient, usually
-// the first layer's, then ends the step with a small update). None where
-// the gradients are averaged across ranks first, where the weight gradients
-// run on the main stream, or while profiling.
+// the first layer's, then ends the step with a small update; where the data
+// gradient above takes the first layer's, plan_first_wgrad_in_dgrad, both end
+// the pass together, and starting the update a layer higher measured slower).
+// None where the gradients are averaged across ranks first, where the weight
+// gradients run on the main stream, or while profiling.
 std::size_t CudaTrainer::early_update_layer() const {
     if (reducer_ || one_stream_ || marks_) return npos;
     std::size_t found = 0;

@@ -157,6 +157,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
     const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
 }
+// 8 bytes (through L1: cp.async's cg form takes 16 only); zero where !valid.
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+    const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;");
 }

@@ -9,6 +9,7 @@
 #include "device_common.cuh"
 #include "elementwise.hpp"
 #include "first_bn.hpp"
+#include "first_conv_tiles.cuh"
 
 namespace dstk::train::cuda {
 namespace {
@@ -213,21 +214,8 @@ constexpr int tc_ksteps = 5;
 constexpr unsigned tc_max_k = 64;
 constexpr std::uint64_t tc_max_shared = 48 * 1024;
 
-struct TcParams {
-    DirectConvShape s;
-    unsigned tile_rows, tiles_per_image, rows_in, cols_in;
-    Div32 dow;
-};
-
 TcParams tc_params_of(const DirectConvShape& s) {
-    TcParams p{};
-    p.s = s;
-    p.tile_rows = std::max(1u, std::min(s.oh, tc_tile_pixels / std::max(1u, s.ow)));
-    p.tiles_per_image = (s.oh + p.tile_rows - 1) / p.tile_rows;
-    p.rows_in = p.tile_rows + 2;
-    p.cols_in = s.ow + 2;
-    p.dow = Div32(s.ow);
-    return p;
+    return tc_params_with_rows(s, tc_tile_pixels / std::max(1u, s.ow));
 }
 
 // The input tile's 8-byte pixels, rounded up to keep the staging rows after it 16-byte aligned.
@@ -260,28 +248,6 @@ bool tc_forward_applies(ActType t, const DirectConvShape& s) {
     const TcParams p = tc_params_of(s);
     const std::uint64_t shared = bf ? tc_forward_shared(p) : tc_forward_tf32_shared(p);
     return shared <= tc_max_shared && std::uint64_t{s.n} * s.oh * s.ow * s.k < narrow_limit;
-}
-
-// The input pixels (their first four channels) under the output rows from
-// oy0 of image img, zero outside the image: rows_in x cols_in, 8 bytes each.
-__device__ void load_input_pixels(const bf16* x, const TcParams& p, unsigned img, unsigned oy0, uint2* xs) {
-    const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
-    for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
-        const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
-        const int iy = iy0 + static_cast<int>(ry), ix = static_cast<int>(rx) - static_cast<int>(p.s.pad);
-        uint2 v = make_uint2(0u, 0u);
-        if (iy >= 0 && iy < static_cast<int>(p.s.h) && ix >= 0 && ix < static_cast<int>(p.s.w))
-            v = *reinterpret_cast<const uint2*>(x + ((std::uint64_t{img} * p.s.h + iy) * p.s.w + ix) * p.s.cstride);
-        xs[e] = v;
-    }
-}
-
-// Tile pixel q's top-left tap in the input tile; pixels past the tile's last
-// read that one instead (their rows of the MMA are computed, not stored).
-__device__ __forceinline__ unsigned tile_pixel_base(const TcParams& p, unsigned q, unsigned pixels) {
-    q = min(q, pixels - 1);
-    const unsigned y = p.dow.div(q);
-    return y * p.cols_in + (q - y * p.s.ow);
 }
 
 // The batch norm of BnApply as y = v a + b (a = gamma * invstd, b = beta -
@@ -505,7 +471,6 @@ void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const 
 // their warps in a fixed order into per-block partials, added up by
 // sum_partials as for the CUDA-core kernel: the same result on every run.
 constexpr unsigned tcw_warps = 8, tcw_threads = tcw_warps * 32, tcw_blocks_per_sm = 2;
-constexpr int tcw_ntiles = 5;
 
 bool tc_wgrad_applies(ActType t, const DirectConvShape& s) {
     return (t == ActType::bf16 || t == ActType::f32) && tc_forward_applies(t, s) && (s.k == 32 || s.k == 64);
@@ -538,8 +503,7 @@ template <class T> using InPixel = std::conditional_t<std::is_same_v<T, bf16>, u
 template <class T> std::uint64_t tc_wgrad_shared(const TcParams& p) {
     const std::uint64_t tiles = std::uint64_t{tc_tile_rows_padded(p)} * DyRows<T>(p.s.k).stride * 16 +
                                 std::uint64_t{p.rows_in} * p.cols_in * sizeof(InPixel<T>);
-    const std::uint64_t values = std::uint64_t{p.s.k} / 16 * tcw_ntiles * 4, cols = 8 * tcw_ntiles;
-    return std::max(tiles, std::max(tcw_warps / 2 * values * 32, p.s.k * cols) * sizeof(float));
+    return std::max<std::uint64_t>(tiles, tcw_partials_shared(tcw_warps, p.s.k / 16));
 }
 
 // The 16-byte chunk q of dy's pixel row r in shared memory; bf16 swizzled so
@@ -636,19 +600,7 @@ template <class T, int CH, int MT, bool Sums>
 __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs, const TcParams& p, unsigned ks,
                                          unsigned pixels, float (&acc)[MT][tcw_ntiles][4]) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
-    // The pixel's top-left tap in the input tile (pixels past the tile clamped: their dy rows are zero).
-    auto base_of = [&](unsigned q) {
-        q = min(q, pixels - 1);
-        const unsigned y = p.dow.div(q);
-        return y * p.cols_in + (q - y * p.s.ow);
-    };
-    auto tap_of = [&](int j, unsigned& tap, unsigned& off) {
-        tap = 2 * j + gid / 4;
-        off = (tap / 3) * p.cols_in + tap % 3;
-    };
-    const unsigned c = gid % 4;
     if constexpr (std::is_same_v<T, bf16>) {
-        const auto* xh = reinterpret_cast<const unsigned short*>(xs);
         const unsigned r = ks * 8 + lane % 8;
         std::uint32_t a[MT][2];
 #pragma unroll
@@ -657,17 +609,7 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             ldmatrix_x4_trans(v, dys + dy_chunk<T, CH>(r, 4 * h + lane / 8));
             a[2 * h][0] = v[0], a[2 * h][1] = v[1], a[2 * h + 1][0] = v[2], a[2 * h + 1][1] = v[3];
         }
-        const unsigned ba = base_of(ks * 8 + 2 * t4), bb = base_of(ks * 8 + 2 * t4 + 1);
-        const std::uint32_t one = Sums && c == 0 ? 0x3f803f80u : 0u; // two bf16 ones
-#pragma unroll
-        for (int j = 0; j < tcw_ntiles; ++j) {
-            unsigned tap, off;
-            tap_of(j, tap, off);
-            const std::uint32_t b =
-                tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : one;
-#pragma unroll
-            for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
-        }
+        tcw_products_bf16<MT, Sums>(a, xs, p, ks * 8 + 2 * t4, ks * 8 + 2 * t4 + 1, pixels, acc);
     } else {
         const auto* dw = reinterpret_cast<const std::uint32_t*>(dys);
         const auto* xw = reinterpret_cast<const std::uint32_t*>(xs); // rounded to TF32 as loaded
@@ -680,12 +622,12 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[m][0] = dw[r0 * row + k], a[m][1] = dw[r0 * row + k + 8];
             a[m][2] = dw[(r0 + 4) * row + k], a[m][3] = dw[(r0 + 4) * row + k + 8];
         }
-        const unsigned ba = base_of(r0), bb = base_of(r0 + 4);
+        const unsigned ba = tile_pixel_base(p, r0, pixels), bb = tile_pixel_base(p, r0 + 4, pixels), c = gid % 4;
         const std::uint32_t one = Sums && c == 0 ? 0x3f800000u : 0u; // 1.0f
 #pragma unroll
         for (int j = 0; j < tcw_ntiles; ++j) {
             unsigned tap, off;
-            tap_of(j, tap, off);
+            tcw_tap_of(j, gid, p.cols_in, tap, off);
             const std::uint32_t b0 = tap < 9 ? xw[(ba + off) * 4 + c] : one;
             const std::uint32_t b1 = tap < 9 ? xw[(bb + off) * 4 + c] : one;
 #pragma unroll
@@ -701,11 +643,11 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
 template <class T, int K, bool Sums>
 __global__ void __launch_bounds__(tcw_threads)
     tc_wgrad_kernel(const T* x, const T* dy, TcParams p, float* partials, MaskIn<T> bn) {
-    constexpr int CH = K * sizeof(T) / 16, MT = K / 16, V = MT * tcw_ntiles * 4;
+    constexpr int CH = K * sizeof(T) / 16, MT = K / 16;
     extern __shared__ uint4 smem[];
     uint4* dys = smem;
     auto* xs = reinterpret_cast<InPixel<T>*>(smem + tc_tile_rows_padded(p) * DyRows<T>(K).stride);
-    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
+    const unsigned warp = threadIdx.x / 32;
     float acc[MT][tcw_ntiles][4] = {};
     const unsigned tiles = p.s.n * p.tiles_per_image;
     for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -717,25 +659,9 @@ __global__ void __launch_bounds__(tcw_threads)
             tcw_step<T, CH, MT, Sums>(dys, xs, p, ks, pixels, acc);
     }
     __syncthreads();
-    float v[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = acc[i / (tcw_ntiles * 4)][i / 4 % tcw_ntiles][i % 4];
-    auto* red = reinterpret_cast<float*>(smem);
-    block_sum_warps<tcw_warps>(v, red);
-    constexpr unsigned cols = 8 * tcw_ntiles;
-    if (warp == 0)
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-            const int m = i / (tcw_ntiles * 4), j = i / 4 % tcw_ntiles, e = i % 4;
-            red[(16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1)] = v[i];
-        }
-    __syncthreads();
-    const unsigned C = p.s.c, kw = 9 * C * K, stride = kw + (Sums ? K : 0);
-    for (unsigned e = threadIdx.x; e < stride; e += blockDim.x) {
-        const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
-        partials[std::uint64_t{blockIdx.x} * stride + e] =
-            e < kw ? red[k * cols + tap * 4 + c] : red[(e - kw) * cols + 36];
-    }
+    const unsigned stride = 9 * p.s.c * K + (Sums ? K : 0);
+    write_tcw_partials<tcw_warps, MT, Sums>(acc, reinterpret_cast<float*>(smem), p.s.c,
+                                            partials + std::uint64_t{blockIdx.x} * stride);
 }
 
 template <class T>
@@ -767,15 +693,11 @@ void launch_tc_wgrad(const void* x, const void* dy, ActType t, const DirectConvS
         launch_tc_wgrad_typed<bf16>(x, dy, p, blocks, partials, bn, stream);
     else
         launch_tc_wgrad_typed<float>(x, dy, p, blocks, partials, bn, stream);
-    const std::uint64_t kw = std::uint64_t{9} * s.c * s.k;
-    if (!bn) {
-        launch_sum_partials(partials, blocks, kw, dw, ActType::f32, stream);
+    if (bn) {
+        launch_first_wgrad_sums(partials, blocks, t, s, dw, *bn, stream);
         return;
     }
-    const std::uint64_t count = kw + s.k;
-    float* sums = partials + blocks * count;
-    launch_sum_partials(partials, blocks, count, sums, ActType::f32, stream);
-    launch_first_bn_backward(sums, t, s, bn->b, dw, stream);
+    launch_sum_partials(partials, blocks, std::uint64_t{9} * s.c * s.k, dw, ActType::f32, stream);
 }
 
 // Calls f with a null T*, an integral constant C and an integral constant stride.
@@ -809,6 +731,14 @@ template <class F> void dispatch(ActType t, const DirectConvShape& s, F&& f) {
 }
 
 } // namespace
+
+void launch_first_wgrad_sums(float* partials, unsigned blocks, ActType t, const DirectConvShape& s, float* dw,
+                             const FirstBnIn& bn, cudaStream_t stream) {
+    const std::uint64_t count = std::uint64_t{9} * s.c * s.k + s.k;
+    float* sums = partials + blocks * count;
+    launch_sum_partials(partials, blocks, count, sums, ActType::f32, stream);
+    launch_first_bn_backward(sums, t, s, bn.b, dw, stream);
+}
 
 bool direct_conv_supported(const DirectConvShape& s) {
     if (s.kernel != 3 || s.c < 1 || s.c > 4 || s.k < 1 || s.k > block_target || s.pad > 2) return false;

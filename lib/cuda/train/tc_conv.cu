@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "first_conv_tiles.cuh"
 #include "launch_common.cuh"
 #include "tma.cuh"
 
@@ -19,7 +20,8 @@ constexpr unsigned max_width = 128;
 // Input channels: up to 128 in bf16; in float the filter rows of 32 outputs
 // at more than 64 channels leave no room for a tile in shared memory.
 constexpr unsigned max_cin_bf16 = 128, max_cin_float = 64;
-constexpr unsigned row_pad = 16; // bytes after each shared row of channels
+constexpr unsigned max_cin_first_wgrad = 64; // the kernels compiled with TcConvFirstWgrad
+constexpr unsigned row_pad = 16;             // bytes after each shared row of channels
 
 // 16-pixel row tiles per warp: four (sixteen products per six ldmatrix)
 // where the block's tile fits in shared memory, else two.
@@ -82,6 +84,8 @@ struct Geometry {
     unsigned pitch;       // bytes per filter row (and, without TMA, per pixel) in shared memory
     unsigned plane_bytes; // TMA: bytes between planes (a tile's pixels x plane_row, aligned)
     unsigned box_bytes;   // TMA: bytes a tile's copy brings
+    unsigned first_bytes; // TcConvFirstWgrad: the ReLU's output under the tile, then the first convolution's input tile
+    unsigned mask_bytes;  // the former's part
     Div32 dw, dcols, dseg_rows, dseg_pixels;
     std::uint64_t x_bytes, w_bytes, shared;
 };
@@ -254,6 +258,29 @@ __device__ TileSpan load_tile(const T* x, const CUtensorMap& map, const Geometry
         cp_async16(xs + pix * shared_pitch<T, CIN> + ch * 16, in ? x + src : x, in);
     });
     return span;
+}
+
+// TcConvFirstWgrad as the kernel takes it: the first convolution's tiles
+// (TcParams) are this call's, whole rows of one image.
+struct FirstWgradArgs {
+    const bf16* x0 = nullptr;
+    const bf16* relu_out = nullptr;
+    float* partials = nullptr;
+    TcParams p{};
+};
+
+// TcConvFirstWgrad: the ReLU's output under tile t (its 32 channels per
+// pixel, where there is a ReLU) into fm and the first convolution's input
+// rows under it into fx, asynchronously (cp.async, in the tile's group).
+__device__ void copy_first_tiles(const FirstWgradArgs& fw, const Geometry& g, unsigned t, std::uint32_t* fm,
+                                 uint2* fx) {
+    const TileOrigin o = tile_origin(g, t); // whole rows of one image
+    if (fw.relu_out) {
+        const bf16* src = fw.relu_out + (std::uint64_t{o.img0} * g.s.h + o.oy0) * g.s.w * 32;
+        const unsigned chunks = min(g.tile_rows, g.s.h - o.oy0) * g.s.w * 4; // 16-byte chunks
+        for (unsigned e = threadIdx.x; e < chunks; e += conv_threads) cp_async16(fm + e * 4, src + e * 8, true);
+    }
+    copy_input_pixels(fw.x0, fw.p, o.img0, o.oy0, fx);
 }
 
 // The input rows under tile t (the halo's included, where they exist) into
@@ -485,6 +512,59 @@ __device__ void store_tiles(const Geometry& g, const float (&acc)[MW][4][4], cha
     }
 }
 
+// The most partials rows a TcConvFirstWgrad call writes (its blocks). Its
+// tiles are narrow (two row tiles per warp): the weight gradient's sums then
+// stay in registers at four blocks per SM, where wide tiles measured slower
+// at the three that their registers leave.
+unsigned first_wgrad_rows() {
+    return sm_count() * blocks_per_sm;
+}
+
+// The first convolution's weight gradient from a warp's products (acc, 32
+// channels of dy per pixel): each 16-pixel row tile masked by the ReLU's
+// output, rounded to bf16 and staged as direct_conv's weight gradient stages
+// dy (rows of four 16-byte chunks, swizzled for ldmatrix.trans), then its two
+// k8 steps against the input tile fx, into sums.
+template <unsigned MW>
+__device__ void add_first_wgrad(const float (&acc)[MW][4][4], std::uint32_t* stage, const std::uint32_t* fm,
+                                const uint2* fx, const FirstWgradArgs& fw, unsigned pixels, unsigned m0,
+                                float (&sums)[2][tcw_ntiles][4]) {
+    const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
+    const auto chunk = [](unsigned r, unsigned q) { return r * 4 + (q ^ ((r >> 1) & 3u)); };
+    bool live[MW];
+    live_tiles(live, pixels, m0);
+#pragma unroll
+    for (unsigned m = 0; m < MW; ++m) {
+        if (!live[m]) continue;
+        const unsigned mt = m0 + m * conv_warps;
+#pragma unroll
+        for (unsigned half = 0; half < 2; ++half) {
+            const unsigned r = gid + 8 * half, q = mt * 16 + r;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                std::uint32_t v = q < pixels ? pack_bf16(acc[m][j][2 * half], acc[m][j][2 * half + 1]) : 0u;
+                if (fw.relu_out) { // the mask tile: 16 words of bf16 pairs per pixel
+                    const float2 mf = __bfloat1622float2(
+                        *reinterpret_cast<const __nv_bfloat162*>(fm + min(q, pixels - 1) * 16 + 4 * j + t4));
+                    v &= (mf.x > 0.0f ? 0xffffu : 0u) | (mf.y > 0.0f ? 0xffff0000u : 0u);
+                }
+                stage[chunk(r, j) * 4 + t4] = v;
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (unsigned ks = 0; ks < 2; ++ks) {
+            const unsigned r = ks * 8 + lane % 8;
+            std::uint32_t v[4];
+            ldmatrix_x4_trans(v, stage + chunk(r, lane / 8) * 4);
+            const std::uint32_t a[2][2] = {{v[0], v[1]}, {v[2], v[3]}};
+            const unsigned q = mt * 16 + ks * 8 + 2 * t4;
+            tcw_products_bf16<2, true>(a, fx, fw.p, q, q + 1, pixels, sums);
+        }
+        __syncwarp();
+    }
+}
+
 // Whether the next tile's copy starts before the products are stored (and
 // runs while they are, once every warp has multiplied): measured faster in
 // float (twice the bytes per tile); in bf16 each warp storing as soon as it
@@ -499,9 +579,9 @@ template <class T> constexpr bool early_copy = std::is_same_v<T, float>;
 // their way into L2 (prefetch_tile). With TMA (tma_tiles) thread 0 starts
 // each copy and the block waits on the barrier in shared memory, one phase
 // per tile.
-template <class T, unsigned CIN, unsigned MW, bool Stats>
+template <class T, unsigned CIN, unsigned MW, bool Stats, bool First>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
-    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats,
+    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats, FirstWgradArgs fw,
                    const __grid_constant__ CUtensorMap map) {
     await_predecessor();
     extern __shared__ uint4 smem[];
@@ -511,6 +591,9 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     auto* const stages = reinterpret_cast<std::uint32_t*>(ws + g.w_bytes);
     auto* stage = stages + (threadIdx.x / 32) * Elem<T>::stage_words;
     const unsigned bar = smem_address(stages + conv_warps * Elem<T>::stage_words); // TMA's barrier
+    auto* const fm = stages + conv_warps * Elem<T>::stage_words + 4;               // after the barrier, 16-byte aligned
+    auto* const fx = reinterpret_cast<uint2*>(fm + g.mask_bytes / 4);
+    float sums[2][tcw_ntiles][4] = {}; // First: the first convolution's weight gradient
     if (tma_tiles && threadIdx.x == 0) mbarrier_init(bar);
     const unsigned n0 = blockIdx.y * block_n;
     load_filters<T, CIN>(w, n0, ws);
@@ -520,6 +603,7 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     const unsigned m0 = threadIdx.x / 32;
     if constexpr (tma_tiles) __syncthreads(); // the barrier is set up before anyone waits on it
     TileSpan span = load_tile<T, CIN>(x, map, g, blockIdx.x, xs, bar); // the grid has at most one block per tile
+    if constexpr (First) copy_first_tiles(fw, g, blockIdx.x, fm, fx);
     cp_async_commit();
     for (unsigned t = blockIdx.x, phase = 0; t < g.tiles; t += gridDim.x, phase ^= 1) {
         if (t + gridDim.x < g.tiles) prefetch_tile<T, CIN>(x, map, g, t + gridDim.x);
@@ -531,16 +615,27 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
         multiply_tiles<T, CIN, MW>(g, xs, ws, span.pixels, m0, acc);
         const TileSpan done = span;
         auto store = [&] {
-            store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage, pivot);
+            if constexpr (First)
+                add_first_wgrad<MW>(acc, stage, fm, fx, fw, done.pixels, m0, sums);
+            else
+                store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage,
+                                               pivot);
         };
         if constexpr (!early_copy<T>) store(); // each warp as soon as it has multiplied
         // Every warp is done with the buffer before the next tile's copy starts.
         __syncthreads();
         if (t + gridDim.x < g.tiles) {
             span = load_tile<T, CIN>(x, map, g, t + gridDim.x, xs, bar);
+            if constexpr (First) copy_first_tiles(fw, g, t + gridDim.x, fm, fx);
             cp_async_commit();
         }
         if constexpr (early_copy<T>) store();
+    }
+    if constexpr (First) {
+        __syncthreads(); // every warp is done with the tiles (the sums' shared memory)
+        const unsigned stride = 9 * fw.p.s.c * 32 + 32;
+        write_tcw_partials<conv_warps, 2, true>(sums, reinterpret_cast<float*>(xs), fw.p.s.c,
+                                                fw.partials + std::uint64_t{blockIdx.x} * stride);
     }
     if constexpr (Stats) {
         __syncthreads(); // every warp's sums are in
@@ -595,10 +690,10 @@ CUtensorMap tile_map(const void* x, const Geometry& g) {
     return map;
 }
 
-template <class T, unsigned CIN, unsigned MW, bool Stats>
+template <class T, unsigned CIN, unsigned MW, bool Stats, bool First = false>
 unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const TcConvStats& stats,
-                    unsigned max_blocks, cudaStream_t s) {
-    auto* kernel = tc_conv_kernel<T, CIN, MW, Stats>;
+                    unsigned max_blocks, cudaStream_t s, const FirstWgradArgs& fw = {}) {
+    auto* kernel = tc_conv_kernel<T, CIN, MW, Stats, First>;
     static std::once_flag once;
     std::call_once(once, [&] {
         CUDA_CHECK(
@@ -610,7 +705,7 @@ unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const
     const std::uint64_t slots = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
     const auto bx =
         static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, std::min<std::uint64_t>(g.tiles, max_blocks)));
-    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, x, filters, y, g, stats, tile_map(x, g));
+    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, x, filters, y, g, stats, fw, tile_map(x, g));
     return bx;
 }
 
@@ -618,7 +713,7 @@ unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const
 // products), cin a multiple of 16 up to MaxCin (tc_conv_supported).
 template <class T, unsigned MaxCin>
 unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, void* scratch, cudaStream_t stream,
-                      const TcConvStats& stats) {
+                      const TcConvStats& stats, const FirstWgradArgs* fw) {
     const TcConvShape& s = g.s;
     const T* filters = static_cast<const T*>(w);
     if (s.data_gradient && scratch) {
@@ -632,6 +727,13 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
     with_constant<MaxCin / 16>(s.cin / 16, [&](auto c) {
         constexpr unsigned cin = 16 * decltype(c)::value;
         const bool wide = g.mw == wide_mtiles;
+        if constexpr (std::is_same_v<T, bf16> && cin <= max_cin_first_wgrad) {
+            if (fw) {
+                blocks = launch_for<T, cin, narrow_mtiles, false, true>(in, filters, outp, g, stats, first_wgrad_rows(),
+                                                                        stream, *fw);
+                return;
+            }
+        }
         if (stats.partials)
             blocks = wide ? launch_for<T, cin, wide_mtiles, true>(in, filters, outp, g, stats, max_blocks, stream)
                           : launch_for<T, cin, narrow_mtiles, true>(in, filters, outp, g, stats, max_blocks, stream);
@@ -670,14 +772,61 @@ bool tc_conv_supported(const TcConvShape& s) {
     return geometry_of(s, false).shared <= max_shared();
 }
 
+namespace {
+
+// TMA where the kernels' code here is compute_90's (tma_tiles).
+bool tma_compiled(bool tf32) {
+    return tf32 ? compiled_for_sm90(tc_conv_kernel<float, 16, narrow_mtiles, false, false>)
+                : compiled_for_sm90(tc_conv_kernel<bf16, 16, narrow_mtiles, false, false>);
+}
+
+// The geometry with TcConvFirstWgrad's tiles after the barrier (16 bytes
+// kept for it, unused without TMA): the ReLU's output under a tile, then the
+// first convolution's input rows.
+Geometry with_first_tile(Geometry g, const TcParams& p) {
+    g.mask_bytes = g.tile_rows * g.s.w * 32 * sizeof(bf16);
+    g.first_bytes = g.mask_bytes + p.rows_in * p.cols_in * sizeof(uint2);
+    g.shared += (g.tma ? 8 : 16) + g.first_bytes;
+    return g;
+}
+
+} // namespace
+
+bool tc_conv_takes_first_wgrad(const TcConvShape& s, const DirectConvShape& first) {
+    if (s.tf32 || !s.data_gradient || s.cout != block_n || s.cin > max_cin_first_wgrad || !tc_conv_supported(s))
+        return false;
+    if (first.k != block_n || first.oh != s.h || first.ow != s.w || first.n < s.n ||
+        !direct_conv_wgrad_takes_bn(ActType::bf16, first))
+        return false;
+    for (const bool tma : {false, true}) {
+        const Geometry g = geometry_for(s, narrow_mtiles, tma);
+        const Geometry f = with_first_tile(g, tc_params_with_rows(first, g.tile_rows));
+        // Whole rows of one image per tile; the block's sums fit where its tiles were.
+        if (g.images != 1 || f.shared > max_shared() || g.x_bytes + g.w_bytes < tcw_partials_shared(conv_warps, 2))
+            return false;
+    }
+    return true;
+}
+
+std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first) {
+    const std::uint64_t rows = std::uint64_t{first_wgrad_rows()} + 1; // + 1: their sums
+    return rows * (9 * first.c + 1) * first.k * sizeof(float);
+}
+
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
-                        const TcConvStats& stats) {
-    // TMA where the kernels' code here is compute_90's (tma_tiles).
-    const bool tma = s.tf32 ? compiled_for_sm90(tc_conv_kernel<float, 16, narrow_mtiles, false>)
-                            : compiled_for_sm90(tc_conv_kernel<bf16, 16, narrow_mtiles, false>);
-    const Geometry g = geometry_of(s, tma);
-    return s.tf32 ? launch_typed<float, max_cin_float>(x, w, y, g, scratch, stream, stats)
-                  : launch_typed<bf16, max_cin_bf16>(x, w, y, g, scratch, stream, stats);
+                        const TcConvStats& stats, const TcConvFirstWgrad* first) {
+    Geometry g = geometry_of(s, tma_compiled(s.tf32));
+    if (s.tf32) return launch_typed<float, max_cin_float>(x, w, y, g, scratch, stream, stats, nullptr);
+    if (!first) return launch_typed<bf16, max_cin_bf16>(x, w, y, g, scratch, stream, stats, nullptr);
+    g = geometry_for(s, narrow_mtiles, g.tma); // see first_wgrad_rows
+    FirstWgradArgs fw;
+    fw.x0 = static_cast<const bf16*>(first->x0);
+    fw.relu_out = static_cast<const bf16*>(first->relu_out);
+    fw.partials = first->partials;
+    fw.p = tc_params_with_rows(first->first, g.tile_rows);
+    fw.p.s.n = s.n;
+    g = with_first_tile(g, fw.p);
+    return launch_typed<bf16, max_cin_bf16>(x, w, y, g, scratch, stream, stats, &fw);
 }
 
 } // namespace dstk::train::cuda

@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "direct_conv.hpp"
+
 namespace dstk::train::cuda {
 
 struct TcConvShape {
@@ -56,13 +58,36 @@ struct TcConvStats {
     const float* pivot = nullptr;
     unsigned max_splits = 0;
 };
+// The first convolution's weight gradient with its batch norm taken in
+// (first_bn.hpp), summed in the epilogue of the data gradient of the
+// convolution above it (bf16): that data gradient is dy of the batch norm's
+// output (of its ReLU's), masked where relu_out is not positive and rounded
+// to bf16 as a stored gradient is, and is multiplied with the first
+// convolution's input under each tap as direct_conv's weight gradient does,
+// into per-block partials rows (launch_first_wgrad_sums sums them; the call
+// returns the row count). The data gradient itself is not stored: nothing
+// else reads it. Saves that weight gradient's pass over dy and the ReLU's
+// output, and the data gradient's store.
+struct TcConvFirstWgrad {
+    const void* x0 = nullptr;       // the first convolution's input
+    const void* relu_out = nullptr; // the ReLU's output (the mask), or null: no ReLU
+    float* partials = nullptr;      // tc_conv_first_wgrad_workspace(first) bytes
+    DirectConvShape first;
+};
+// Whether a data gradient of shape s can take that weight gradient: bf16,
+// 32 output channels (the first convolution's, 3x3 stride 1 at s's size, on
+// tensor cores: direct_conv_wgrad_takes_bn), tiles of whole rows of one image.
+bool tc_conv_takes_first_wgrad(const TcConvShape& s, const DirectConvShape& first);
+std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first);
 // y ([n][h][w][cout]) = conv(x ([n][h][w][cin]), w), all bf16 or (tf32) all float. Forward: w
 // is [cout][3][3][cin] (cuDNN's NHWC filter, KRSC); data gradient: w is the
 // forward filter [cin][3][3][cout], turned into scratch first, or, where
 // scratch is null, w is what launch_turn_filters made of it; the call
 // computes dx from dy. Returns the blocks per 32 output channels (the
-// statistics' splits).
+// statistics' splits). With first (a data gradient where
+// tc_conv_takes_first_wgrad, filters turned ahead), y is not written and the
+// return is the partials rows written.
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
-                        const TcConvStats& stats = {});
+                        const TcConvStats& stats = {}, const TcConvFirstWgrad* first = nullptr);
 
 } // namespace dstk::train::cuda
