@@ -37,7 +37,8 @@ ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 echo "== python tests"
 py_dirs=(python/tests tests/python)
 rc=0
-DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q "${py_dirs[@]}" || rc=$?
+# Its temporary directories under build/ (cleared by the next run), not in /tmp.
+DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q --basetemp="$PWD/build/pytest-tmp" "${py_dirs[@]}" || rc=$?
 # pytest exits 5 when it collected nothing: a broken test tree, never a pass.
 [ "$rc" -eq 5 ] && echo "pytest collected no tests in ${py_dirs[*]} (import errors? files renamed?)" >&2
 [ "$rc" -eq 0 ] || exit 1
