@@ -1706,8 +1706,8 @@ bool CudaTrainer::first_bn_into_wgrad() const {
 
 // The first convolution's weight gradient summed in the data gradient of the
 // convolution above it (TcConvFirstWgrad): where the batch norm after the
-// first convolution is left to that weight gradient (first_conv_bn_), bf16,
-// layers conv, bn[, relu], conv one after another, and the upper
+// first convolution is left to that weight gradient (first_conv_bn_: bf16 or
+// tf32), layers conv, bn[, relu], conv one after another, and the upper
 // convolution's data gradient is tc_conv's and takes it. A rule, not timed:
 // it saves a whole kernel's pass over dy and the ReLU's output, and the data
 // gradient's store of dy.
@@ -1715,7 +1715,7 @@ void CudaTrainer::plan_first_wgrad_in_dgrad() {
     first_wgrad_at_ = 0;
     if (const char* e = std::getenv("DSTK_FIRST_WGRAD_FUSED"); e && std::string(e) == "0") return;
     const auto& ls = layers();
-    if (!first_conv_bn_ || at_ != ActType::bf16 || ls[0].spec.bias) return;
+    if (!first_conv_bn_ || ls[0].spec.bias) return;
     const std::size_t up = ls.size() > 2 && ls[2].spec.kind == LayerKind::relu ? 3 : 2;
     if (ls.size() <= up || ls[up].spec.kind != LayerKind::conv || !dev_[up].tc_dgrad) return;
     if (up == 3 && !dev_[1].relu_next) return; // the ReLU's mask comes with the batch norm's fused backward

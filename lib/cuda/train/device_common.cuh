@@ -162,6 +162,11 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid
     const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
 }
+// 4 bytes (a float; through L1); zero where !valid.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;");
 }
@@ -207,6 +212,17 @@ __device__ __forceinline__ std::uint32_t to_tf32(float v) {
 __device__ __forceinline__ uint4 to_tf32(uint4 v) {
     return make_uint4(to_tf32(__uint_as_float(v.x)), to_tf32(__uint_as_float(v.y)), to_tf32(__uint_as_float(v.z)),
                       to_tf32(__uint_as_float(v.w)));
+}
+
+// A ReLU's backward on one 32-bit word of stored gradient g: each value kept
+// where the ReLU's output m (the same word of its output) is positive, zero
+// elsewhere; a bf16 pair half by half, or one float.
+__device__ __forceinline__ std::uint32_t relu_masked_bf16x2(std::uint32_t g, std::uint32_t m) {
+    const float2 mf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&m));
+    return g & ((mf.x > 0.0f ? 0xffffu : 0u) | (mf.y > 0.0f ? 0xffff0000u : 0u));
+}
+__device__ __forceinline__ std::uint32_t relu_masked_f32(std::uint32_t g, std::uint32_t m) {
+    return __uint_as_float(m) > 0.0f ? g : 0u;
 }
 
 // Two floats as a bf16 pair (lo in the low half).

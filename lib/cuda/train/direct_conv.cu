@@ -523,14 +523,8 @@ template <class T> __device__ __forceinline__ uint4 masked(uint4 g, uint4 m) {
     std::uint32_t* gw = &g.x;
     const std::uint32_t* mw = &m.x;
 #pragma unroll
-    for (int h = 0; h < 4; ++h) {
-        if constexpr (std::is_same_v<T, bf16>) {
-            const float2 mf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mw + h));
-            gw[h] &= (mf.x > 0.0f ? 0xffffu : 0u) | (mf.y > 0.0f ? 0xffff0000u : 0u);
-        } else if (!(__uint_as_float(mw[h]) > 0.0f)) {
-            gw[h] = 0u;
-        }
-    }
+    for (int h = 0; h < 4; ++h)
+        gw[h] = std::is_same_v<T, bf16> ? relu_masked_bf16x2(gw[h], mw[h]) : relu_masked_f32(gw[h], mw[h]);
     return g;
 }
 
@@ -612,8 +606,7 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
         tcw_products_bf16<MT, Sums>(a, xs, p, ks * 8 + 2 * t4, ks * 8 + 2 * t4 + 1, pixels, acc);
     } else {
         const auto* dw = reinterpret_cast<const std::uint32_t*>(dys);
-        const auto* xw = reinterpret_cast<const std::uint32_t*>(xs); // rounded to TF32 as loaded
-        constexpr unsigned row = (CH + 2) * 4;                       // words per dy row
+        constexpr unsigned row = (CH + 2) * 4; // words per dy row
         const unsigned r0 = ks * 8 + t4;
         std::uint32_t a[MT][4];
 #pragma unroll
@@ -622,17 +615,7 @@ __device__ __forceinline__ void tcw_step(const uint4* dys, const InPixel<T>* xs,
             a[m][0] = dw[r0 * row + k], a[m][1] = dw[r0 * row + k + 8];
             a[m][2] = dw[(r0 + 4) * row + k], a[m][3] = dw[(r0 + 4) * row + k + 8];
         }
-        const unsigned ba = tile_pixel_base(p, r0, pixels), bb = tile_pixel_base(p, r0 + 4, pixels), c = gid % 4;
-        const std::uint32_t one = Sums && c == 0 ? 0x3f800000u : 0u; // 1.0f
-#pragma unroll
-        for (int j = 0; j < tcw_ntiles; ++j) {
-            unsigned tap, off;
-            tcw_tap_of(j, gid, p.cols_in, tap, off);
-            const std::uint32_t b0 = tap < 9 ? xw[(ba + off) * 4 + c] : one;
-            const std::uint32_t b1 = tap < 9 ? xw[(bb + off) * 4 + c] : one;
-#pragma unroll
-            for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0, b1);
-        }
+        tcw_products_tf32<MT, Sums, false>(a, xs, p, r0, r0 + 4, pixels, acc); // rounded as loaded
     }
 }
 

@@ -31,11 +31,11 @@ inline TcParams tc_params_with_rows(const DirectConvShape& s, unsigned tile_rows
     return p;
 }
 
-// f(e, src) for each of the input pixels (their first four channels, 8
-// bytes) under the output rows from oy0 of image img: rows_in x cols_in, the
-// block's threads in turn; src null outside the image.
-template <class F>
-__device__ __forceinline__ void for_input_pixels(const bf16* x, const TcParams& p, unsigned img, unsigned oy0, F&& f) {
+// f(e, src) for each of the input pixels (their first four channels: 8
+// bytes in bf16, 16 in float) under the output rows from oy0 of image img:
+// rows_in x cols_in, the block's threads in turn; src null outside the image.
+template <class T, class F>
+__device__ __forceinline__ void for_input_pixels(const T* x, const TcParams& p, unsigned img, unsigned oy0, F&& f) {
     const int iy0 = static_cast<int>(oy0) - static_cast<int>(p.s.pad);
     for (unsigned e = threadIdx.x; e < p.rows_in * p.cols_in; e += blockDim.x) {
         const unsigned ry = e / p.cols_in, rx = e - ry * p.cols_in;
@@ -53,11 +53,20 @@ __device__ __forceinline__ void load_input_pixels(const bf16* x, const TcParams&
     });
 }
 
-// The same, copied asynchronously (cp.async): the caller waits for its group.
+// The same, copied asynchronously (cp.async): the caller waits for its
+// group. Floats come as they are stored (c of them, zero after), not rounded
+// to TF32: tcw_products_tf32 rounds them as it reads them.
 __device__ __forceinline__ void copy_input_pixels(const bf16* x, const TcParams& p, unsigned img, unsigned oy0,
                                                   uint2* xs) {
     for_input_pixels(x, p, img, oy0,
                      [&](unsigned e, const bf16* src) { cp_async8(xs + e, src ? src : x, src != nullptr); });
+}
+__device__ __forceinline__ void copy_input_pixels(const float* x, const TcParams& p, unsigned img, unsigned oy0,
+                                                  uint4* xs) {
+    for_input_pixels(x, p, img, oy0, [&](unsigned e, const float* src) {
+        auto* dst = reinterpret_cast<float*>(xs + e);
+        for (unsigned c = 0; c < 4; ++c) cp_async4(dst + c, src && c < p.s.c ? src + c : x, src && c < p.s.c);
+    });
 }
 
 // Tile pixel q's top-left tap in the input tile; pixels past the tile's last
@@ -96,6 +105,30 @@ __device__ __forceinline__ void tcw_products_bf16(const std::uint32_t (&a)[MT][2
         const std::uint32_t b = tap < 9 ? xh[(ba + off) * 4 + c] | (std::uint32_t{xh[(bb + off) * 4 + c]} << 16) : one;
 #pragma unroll
         for (int m = 0; m < MT; ++m) mma_bf16(acc[m][j], a[m][0], a[m][1], b);
+    }
+}
+
+// One tf32 k8 step: A (dy^T: MT m-tiles of output channels x 8 pixels, rows
+// gid and gid + 8 of pixels qa = t4 and qb = t4 + 4 of the step) as loaded by
+// the caller, B those two pixels under each tap from the input tile xs (four
+// floats a pixel), rounded to TF32 here where Round (else as xs holds them).
+template <int MT, bool Sums, bool Round>
+__device__ __forceinline__ void tcw_products_tf32(const std::uint32_t (&a)[MT][4], const uint4* xs, const TcParams& p,
+                                                  unsigned qa, unsigned qb, unsigned pixels,
+                                                  float (&acc)[MT][tcw_ntiles][4]) {
+    const unsigned gid = threadIdx.x % 32 / 4, c = gid % 4;
+    const auto* xw = reinterpret_cast<const std::uint32_t*>(xs);
+    const unsigned ba = tile_pixel_base(p, qa, pixels), bb = tile_pixel_base(p, qb, pixels);
+    const std::uint32_t one = Sums && c == 0 ? 0x3f800000u : 0u; // 1.0f
+    const auto word = [&](unsigned at) { return Round ? to_tf32(__uint_as_float(xw[at])) : xw[at]; };
+#pragma unroll
+    for (int j = 0; j < tcw_ntiles; ++j) {
+        unsigned tap, off;
+        tcw_tap_of(j, gid, p.cols_in, tap, off);
+        const std::uint32_t b0 = tap < 9 ? word((ba + off) * 4 + c) : one;
+        const std::uint32_t b1 = tap < 9 ? word((bb + off) * 4 + c) : one;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) mma_tf32_k8(acc[m][j], a[m], b0, b1);
     }
 }
 

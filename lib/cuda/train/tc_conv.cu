@@ -262,23 +262,39 @@ __device__ TileSpan load_tile(const T* x, const CUtensorMap& map, const Geometry
 
 // TcConvFirstWgrad as the kernel takes it: the first convolution's tiles
 // (TcParams) are this call's, whole rows of one image.
-struct FirstWgradArgs {
-    const bf16* x0 = nullptr;
-    const bf16* relu_out = nullptr;
+template <class T> struct FirstWgradArgs {
+    const T* x0 = nullptr;
+    const T* relu_out = nullptr;
     float* partials = nullptr;
     TcParams p{};
 };
+// The first convolution's input pixels in shared memory: four channels.
+template <class T> using FirstPixel = std::conditional_t<std::is_same_v<T, bf16>, uint2, uint4>;
+
+// The 16-byte chunk q of tile pixel `pixel`'s 32 channels of the ReLU's
+// output in shared memory: four chunks a pixel in bf16; eight in float,
+// XORed with the pixel's low bits, so that the eight pixels (rows) of a
+// fragment's loads fall in different banks.
+template <class T> __device__ __forceinline__ unsigned mask_chunk(unsigned pixel, unsigned q) {
+    if constexpr (std::is_same_v<T, bf16>)
+        return pixel * 4 + q;
+    else
+        return pixel * 8 + (q ^ (pixel & 7u));
+}
 
 // TcConvFirstWgrad: the ReLU's output under tile t (its 32 channels per
 // pixel, where there is a ReLU) into fm and the first convolution's input
 // rows under it into fx, asynchronously (cp.async, in the tile's group).
-__device__ void copy_first_tiles(const FirstWgradArgs& fw, const Geometry& g, unsigned t, std::uint32_t* fm,
-                                 uint2* fx) {
+template <class T>
+__device__ void copy_first_tiles(const FirstWgradArgs<T>& fw, const Geometry& g, unsigned t, std::uint32_t* fm,
+                                 FirstPixel<T>* fx) {
     const TileOrigin o = tile_origin(g, t); // whole rows of one image
     if (fw.relu_out) {
-        const bf16* src = fw.relu_out + (std::uint64_t{o.img0} * g.s.h + o.oy0) * g.s.w * 32;
-        const unsigned chunks = min(g.tile_rows, g.s.h - o.oy0) * g.s.w * 4; // 16-byte chunks
-        for (unsigned e = threadIdx.x; e < chunks; e += conv_threads) cp_async16(fm + e * 4, src + e * 8, true);
+        constexpr unsigned per_pixel = 32 / Elem<T>::per_chunk;
+        const T* src = fw.relu_out + (std::uint64_t{o.img0} * g.s.h + o.oy0) * g.s.w * 32;
+        const unsigned chunks = min(g.tile_rows, g.s.h - o.oy0) * g.s.w * per_pixel;
+        for (unsigned e = threadIdx.x; e < chunks; e += conv_threads)
+            cp_async16(fm + mask_chunk<T>(e / per_pixel, e % per_pixel) * 4, src + e * Elem<T>::per_chunk, true);
     }
     copy_input_pixels(fw.x0, fw.p, o.img0, o.oy0, fx);
 }
@@ -515,52 +531,89 @@ __device__ void store_tiles(const Geometry& g, const float (&acc)[MW][4][4], cha
 // The most partials rows a TcConvFirstWgrad call writes (its blocks). Its
 // tiles are narrow (two row tiles per warp): the weight gradient's sums then
 // stay in registers at four blocks per SM, where wide tiles measured slower
-// at the three that their registers leave.
+// in bf16 at the three that their registers leave (float tiles' shared
+// memory leaves two blocks per SM either way).
 unsigned first_wgrad_rows() {
     return sm_count() * blocks_per_sm;
 }
 
 // The first convolution's weight gradient from a warp's products (acc, 32
-// channels of dy per pixel): each 16-pixel row tile masked by the ReLU's
-// output, rounded to bf16 and staged as direct_conv's weight gradient stages
-// dy (rows of four 16-byte chunks, swizzled for ldmatrix.trans), then its two
-// k8 steps against the input tile fx, into sums.
-template <unsigned MW>
-__device__ void add_first_wgrad(const float (&acc)[MW][4][4], std::uint32_t* stage, const std::uint32_t* fm,
-                                const uint2* fx, const FirstWgradArgs& fw, unsigned pixels, unsigned m0,
-                                float (&sums)[2][tcw_ntiles][4]) {
+// channels of dy per pixel), one 16-pixel row tile from tile pixel p0 at a
+// time. Staged as direct_conv's weight gradient stages dy: masked by the
+// ReLU's output (where mask), rounded as that kernel's dy is (bf16 as stored;
+// float as stored, then to TF32), zero past the tile's pixels; bf16 in rows
+// of four 16-byte chunks swizzled for ldmatrix.trans, float in rows of 40
+// words (Elem<float>::stage_pitch: a fragment's eight channels and four
+// pixels in different banks).
+__device__ __forceinline__ unsigned first_dy_chunk(unsigned r, unsigned q) {
+    return r * 4 + (q ^ ((r >> 1) & 3u));
+}
+template <class T>
+__device__ __forceinline__ void stage_first_dy(const float (&acc)[4][4], std::uint32_t* stage, const std::uint32_t* fm,
+                                               bool mask, unsigned pixels, unsigned p0) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
-    const auto chunk = [](unsigned r, unsigned q) { return r * 4 + (q ^ ((r >> 1) & 3u)); };
+#pragma unroll
+    for (unsigned half = 0; half < 2; ++half) {
+        const unsigned r = gid + 8 * half, q = p0 + r, mq = min(q, pixels - 1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float v0 = q < pixels ? acc[j][2 * half] : 0.0f, v1 = q < pixels ? acc[j][2 * half + 1] : 0.0f;
+            if constexpr (std::is_same_v<T, bf16>) { // the mask tile: 16 words of bf16 pairs per pixel
+                const std::uint32_t v = pack_bf16(v0, v1);
+                stage[first_dy_chunk(r, j) * 4 + t4] = mask ? relu_masked_bf16x2(v, fm[mq * 16 + 4 * j + t4]) : v;
+            } else { // channels 8 j + 2 t4, + 1: chunk 2 j + t4 / 2
+                std::uint32_t w0 = to_tf32(v0), w1 = to_tf32(v1);
+                if (mask) {
+                    const uint2 m =
+                        *reinterpret_cast<const uint2*>(fm + mask_chunk<T>(mq, 2 * j + t4 / 2) * 4 + t4 % 2 * 2);
+                    w0 = relu_masked_f32(w0, m.x), w1 = relu_masked_f32(w1, m.y);
+                }
+                *reinterpret_cast<uint2*>(stage + r * Elem<T>::stage_pitch + 8 * j + 2 * t4) = make_uint2(w0, w1);
+            }
+        }
+    }
+}
+// Then the row tile's two k8 steps against the input tile fx, into sums.
+template <class T>
+__device__ __forceinline__ void first_wgrad_steps(const std::uint32_t* stage, const FirstPixel<T>* fx,
+                                                  const TcParams& p, unsigned pixels, unsigned p0,
+                                                  float (&sums)[2][tcw_ntiles][4]) {
+    const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (unsigned ks = 0; ks < 2; ++ks) {
+        if constexpr (std::is_same_v<T, bf16>) {
+            std::uint32_t v[4];
+            ldmatrix_x4_trans(v, stage + first_dy_chunk(ks * 8 + lane % 8, lane / 8) * 4);
+            const std::uint32_t a[2][2] = {{v[0], v[1]}, {v[2], v[3]}};
+            const unsigned q = p0 + ks * 8 + 2 * t4;
+            tcw_products_bf16<2, true>(a, fx, p, q, q + 1, pixels, sums);
+        } else { // A: rows gid, gid + 8 (channels) of pixels t4, t4 + 4
+            constexpr unsigned row = Elem<T>::stage_pitch;
+            const unsigned r0 = ks * 8 + t4;
+            std::uint32_t a[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const unsigned k = 16 * m + gid;
+                a[m][0] = stage[r0 * row + k], a[m][1] = stage[r0 * row + k + 8];
+                a[m][2] = stage[(r0 + 4) * row + k], a[m][3] = stage[(r0 + 4) * row + k + 8];
+            }
+            tcw_products_tf32<2, true, true>(a, fx, p, p0 + r0, p0 + r0 + 4, pixels, sums); // fx as copied
+        }
+    }
+}
+template <class T, unsigned MW>
+__device__ void add_first_wgrad(const float (&acc)[MW][4][4], std::uint32_t* stage, const std::uint32_t* fm,
+                                const FirstPixel<T>* fx, const FirstWgradArgs<T>& fw, unsigned pixels, unsigned m0,
+                                float (&sums)[2][tcw_ntiles][4]) {
     bool live[MW];
     live_tiles(live, pixels, m0);
 #pragma unroll
     for (unsigned m = 0; m < MW; ++m) {
         if (!live[m]) continue;
-        const unsigned mt = m0 + m * conv_warps;
-#pragma unroll
-        for (unsigned half = 0; half < 2; ++half) {
-            const unsigned r = gid + 8 * half, q = mt * 16 + r;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                std::uint32_t v = q < pixels ? pack_bf16(acc[m][j][2 * half], acc[m][j][2 * half + 1]) : 0u;
-                if (fw.relu_out) { // the mask tile: 16 words of bf16 pairs per pixel
-                    const float2 mf = __bfloat1622float2(
-                        *reinterpret_cast<const __nv_bfloat162*>(fm + min(q, pixels - 1) * 16 + 4 * j + t4));
-                    v &= (mf.x > 0.0f ? 0xffffu : 0u) | (mf.y > 0.0f ? 0xffff0000u : 0u);
-                }
-                stage[chunk(r, j) * 4 + t4] = v;
-            }
-        }
+        const unsigned p0 = (m0 + m * conv_warps) * 16;
+        stage_first_dy<T>(acc[m], stage, fm, fw.relu_out != nullptr, pixels, p0);
         __syncwarp();
-#pragma unroll
-        for (unsigned ks = 0; ks < 2; ++ks) {
-            const unsigned r = ks * 8 + lane % 8;
-            std::uint32_t v[4];
-            ldmatrix_x4_trans(v, stage + chunk(r, lane / 8) * 4);
-            const std::uint32_t a[2][2] = {{v[0], v[1]}, {v[2], v[3]}};
-            const unsigned q = mt * 16 + ks * 8 + 2 * t4;
-            tcw_products_bf16<2, true>(a, fx, fw.p, q, q + 1, pixels, sums);
-        }
+        first_wgrad_steps<T>(stage, fx, fw.p, pixels, p0, sums);
         __syncwarp();
     }
 }
@@ -568,8 +621,9 @@ __device__ void add_first_wgrad(const float (&acc)[MW][4][4], std::uint32_t* sta
 // Whether the next tile's copy starts before the products are stored (and
 // runs while they are, once every warp has multiplied): measured faster in
 // float (twice the bytes per tile); in bf16 each warp storing as soon as it
-// has multiplied measured faster.
-template <class T> constexpr bool early_copy = std::is_same_v<T, float>;
+// has multiplied measured faster. Never with TcConvFirstWgrad: its epilogue
+// reads the tile's mask and input tiles, which the next copy overwrites.
+template <class T, bool First> constexpr bool early_copy = std::is_same_v<T, float> && !First;
 
 // Blocks stride over the pixel tiles with their 32 filters loaded once;
 // blockIdx.y picks the output channels. One buffer per block: while a block
@@ -581,7 +635,7 @@ template <class T> constexpr bool early_copy = std::is_same_v<T, float>;
 // per tile.
 template <class T, unsigned CIN, unsigned MW, bool Stats, bool First>
 __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
-    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats, FirstWgradArgs fw,
+    tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats, FirstWgradArgs<T> fw,
                    const __grid_constant__ CUtensorMap map) {
     await_predecessor();
     extern __shared__ uint4 smem[];
@@ -592,7 +646,7 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
     auto* stage = stages + (threadIdx.x / 32) * Elem<T>::stage_words;
     const unsigned bar = smem_address(stages + conv_warps * Elem<T>::stage_words); // TMA's barrier
     auto* const fm = stages + conv_warps * Elem<T>::stage_words + 4;               // after the barrier, 16-byte aligned
-    auto* const fx = reinterpret_cast<uint2*>(fm + g.mask_bytes / 4);
+    auto* const fx = reinterpret_cast<FirstPixel<T>*>(fm + g.mask_bytes / 4);
     float sums[2][tcw_ntiles][4] = {}; // First: the first convolution's weight gradient
     if (tma_tiles && threadIdx.x == 0) mbarrier_init(bar);
     const unsigned n0 = blockIdx.y * block_n;
@@ -616,12 +670,12 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
         const TileSpan done = span;
         auto store = [&] {
             if constexpr (First)
-                add_first_wgrad<MW>(acc, stage, fm, fx, fw, done.pixels, m0, sums);
+                add_first_wgrad<T, MW>(acc, stage, fm, fx, fw, done.pixels, m0, sums);
             else
                 store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage,
                                                pivot);
         };
-        if constexpr (!early_copy<T>) store(); // each warp as soon as it has multiplied
+        if constexpr (!early_copy<T, First>) store(); // each warp as soon as it has multiplied
         // Every warp is done with the buffer before the next tile's copy starts.
         __syncthreads();
         if (t + gridDim.x < g.tiles) {
@@ -629,7 +683,7 @@ __global__ void __launch_bounds__(conv_threads, blocks_per_sm)
             if constexpr (First) copy_first_tiles(fw, g, t + gridDim.x, fm, fx);
             cp_async_commit();
         }
-        if constexpr (early_copy<T>) store();
+        if constexpr (early_copy<T, First>) store();
     }
     if constexpr (First) {
         __syncthreads(); // every warp is done with the tiles (the sums' shared memory)
@@ -692,7 +746,7 @@ CUtensorMap tile_map(const void* x, const Geometry& g) {
 
 template <class T, unsigned CIN, unsigned MW, bool Stats, bool First = false>
 unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const TcConvStats& stats,
-                    unsigned max_blocks, cudaStream_t s, const FirstWgradArgs& fw = {}) {
+                    unsigned max_blocks, cudaStream_t s, const FirstWgradArgs<T>& fw = {}) {
     auto* kernel = tc_conv_kernel<T, CIN, MW, Stats, First>;
     static std::once_flag once;
     std::call_once(once, [&] {
@@ -713,7 +767,7 @@ unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const
 // products), cin a multiple of 16 up to MaxCin (tc_conv_supported).
 template <class T, unsigned MaxCin>
 unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, void* scratch, cudaStream_t stream,
-                      const TcConvStats& stats, const FirstWgradArgs* fw) {
+                      const TcConvStats& stats, const FirstWgradArgs<T>* fw) {
     const TcConvShape& s = g.s;
     const T* filters = static_cast<const T*>(w);
     if (s.data_gradient && scratch) {
@@ -727,7 +781,7 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
     with_constant<MaxCin / 16>(s.cin / 16, [&](auto c) {
         constexpr unsigned cin = 16 * decltype(c)::value;
         const bool wide = g.mw == wide_mtiles;
-        if constexpr (std::is_same_v<T, bf16> && cin <= max_cin_first_wgrad) {
+        if constexpr (cin <= max_cin_first_wgrad) {
             if (fw) {
                 blocks = launch_for<T, cin, narrow_mtiles, false, true>(in, filters, outp, g, stats, first_wgrad_rows(),
                                                                         stream, *fw);
@@ -784,8 +838,8 @@ bool tma_compiled(bool tf32) {
 // kept for it, unused without TMA): the ReLU's output under a tile, then the
 // first convolution's input rows.
 Geometry with_first_tile(Geometry g, const TcParams& p) {
-    g.mask_bytes = g.tile_rows * g.s.w * 32 * sizeof(bf16);
-    g.first_bytes = g.mask_bytes + p.rows_in * p.cols_in * sizeof(uint2);
+    g.mask_bytes = g.tile_rows * g.s.w * 32 * (g.s.tf32 ? sizeof(float) : sizeof(bf16));
+    g.first_bytes = g.mask_bytes + p.rows_in * p.cols_in * (g.s.tf32 ? sizeof(uint4) : sizeof(uint2));
     g.shared += (g.tma ? 8 : 16) + g.first_bytes;
     return g;
 }
@@ -793,10 +847,9 @@ Geometry with_first_tile(Geometry g, const TcParams& p) {
 } // namespace
 
 bool tc_conv_takes_first_wgrad(const TcConvShape& s, const DirectConvShape& first) {
-    if (s.tf32 || !s.data_gradient || s.cout != block_n || s.cin > max_cin_first_wgrad || !tc_conv_supported(s))
-        return false;
-    if (first.k != block_n || first.oh != s.h || first.ow != s.w || first.n < s.n ||
-        !direct_conv_wgrad_takes_bn(ActType::bf16, first))
+    if (!s.data_gradient || s.cout != block_n || s.cin > max_cin_first_wgrad || !tc_conv_supported(s)) return false;
+    if (first.k != block_n || first.oh != s.h || first.ow != s.w || first.n < s.n || first.tf32 != s.tf32 ||
+        !direct_conv_wgrad_takes_bn(s.tf32 ? ActType::f32 : ActType::bf16, first))
         return false;
     for (const bool tma : {false, true}) {
         const Geometry g = geometry_for(s, narrow_mtiles, tma);
@@ -815,18 +868,21 @@ std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first) {
 
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
                         const TcConvStats& stats, const TcConvFirstWgrad* first) {
-    Geometry g = geometry_of(s, tma_compiled(s.tf32));
-    if (s.tf32) return launch_typed<float, max_cin_float>(x, w, y, g, scratch, stream, stats, nullptr);
-    if (!first) return launch_typed<bf16, max_cin_bf16>(x, w, y, g, scratch, stream, stats, nullptr);
-    g = geometry_for(s, narrow_mtiles, g.tma); // see first_wgrad_rows
-    FirstWgradArgs fw;
-    fw.x0 = static_cast<const bf16*>(first->x0);
-    fw.relu_out = static_cast<const bf16*>(first->relu_out);
-    fw.partials = first->partials;
-    fw.p = tc_params_with_rows(first->first, g.tile_rows);
-    fw.p.s.n = s.n;
-    g = with_first_tile(g, fw.p);
-    return launch_typed<bf16, max_cin_bf16>(x, w, y, g, scratch, stream, stats, &fw);
+    const Geometry g = geometry_of(s, tma_compiled(s.tf32));
+    const auto typed = [&](auto tag) {
+        using T = decltype(tag);
+        constexpr unsigned max_cin = std::is_same_v<T, float> ? max_cin_float : max_cin_bf16;
+        if (!first) return launch_typed<T, max_cin>(x, w, y, g, scratch, stream, stats, nullptr);
+        FirstWgradArgs<T> fw;
+        fw.x0 = static_cast<const T*>(first->x0);
+        fw.relu_out = static_cast<const T*>(first->relu_out);
+        fw.partials = first->partials;
+        const Geometry narrow = geometry_for(s, narrow_mtiles, g.tma); // see first_wgrad_rows
+        fw.p = tc_params_with_rows(first->first, narrow.tile_rows);
+        fw.p.s.n = s.n;
+        return launch_typed<T, max_cin>(x, w, y, with_first_tile(narrow, fw.p), scratch, stream, stats, &fw);
+    };
+    return s.tf32 ? typed(float{}) : typed(bf16{});
 }
 
 } // namespace dstk::train::cuda

@@ -60,9 +60,10 @@ struct TcConvStats {
 };
 // The first convolution's weight gradient with its batch norm taken in
 // (first_bn.hpp), summed in the epilogue of the data gradient of the
-// convolution above it (bf16): that data gradient is dy of the batch norm's
-// output (of its ReLU's), masked where relu_out is not positive and rounded
-// to bf16 as a stored gradient is, and is multiplied with the first
+// convolution above it (bf16 or tf32): that data gradient is dy of the batch
+// norm's output (of its ReLU's), masked where relu_out is not positive and
+// rounded as direct_conv's weight gradient rounds the stored gradient (bf16;
+// in tf32 the stored float to TF32), and is multiplied with the first
 // convolution's input under each tap as direct_conv's weight gradient does,
 // into per-block partials rows (launch_first_wgrad_sums sums them; the call
 // returns the row count). The data gradient itself is not stored: nothing
@@ -74,8 +75,8 @@ struct TcConvFirstWgrad {
     float* partials = nullptr;      // tc_conv_first_wgrad_workspace(first) bytes
     DirectConvShape first;
 };
-// Whether a data gradient of shape s can take that weight gradient: bf16,
-// 32 output channels (the first convolution's, 3x3 stride 1 at s's size, on
+// Whether a data gradient of shape s can take that weight gradient: bf16 or
+// tf32 (as the first convolution's), 32 output channels (the first convolution's, 3x3 stride 1 at s's size, on
 // tensor cores: direct_conv_wgrad_takes_bn), tiles of whole rows of one image.
 bool tc_conv_takes_first_wgrad(const TcConvShape& s, const DirectConvShape& first);
 std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first);
