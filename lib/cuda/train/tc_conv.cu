@@ -28,7 +28,12 @@ constexpr unsigned row_pad = 16;             // bytes after each shared row of c
 constexpr unsigned wide_mtiles = 4, narrow_mtiles = 2;
 // Registers for four blocks per SM (as many as a 32-channel bf16 tile's
 // shared memory allows); the two sets of fragments would take more unbounded.
+// Float tiles of 32 channels and more take over 76 KB of shared memory, two
+// blocks per SM at most: registers for two, so that the wide tiles'
+// fragments stay in registers instead of spilling.
 constexpr unsigned blocks_per_sm = 4;
+template <class T, unsigned CIN>
+constexpr unsigned min_blocks_per_sm = std::is_same_v<T, float>&& CIN >= 32 ? 2 : blocks_per_sm;
 
 // What differs between the stored types. Shared memory is addressed in bytes
 // and a reduction step takes 32 bytes of a pixel's channels: 16 bf16 for
@@ -634,7 +639,7 @@ template <class T, bool First> constexpr bool early_copy = std::is_same_v<T, flo
 // each copy and the block waits on the barrier in shared memory, one phase
 // per tile.
 template <class T, unsigned CIN, unsigned MW, bool Stats, bool First>
-__global__ void __launch_bounds__(conv_threads, blocks_per_sm)
+__global__ void __launch_bounds__(conv_threads, min_blocks_per_sm<T, CIN>)
     tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats, FirstWgradArgs<T> fw,
                    const __grid_constant__ CUtensorMap map) {
     await_predecessor();
