@@ -252,6 +252,7 @@ class CudaTrainer final : public Trainer {
     // layers above are updated beside the rest of the pass (npos: none).
     void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos);
     std::size_t early_update_layer() const;
+    const void* first_relu_out(bool fuse) const;
     bool first_bn_into_wgrad() const;
     void plan_conv_bn_stats();
     void plan_first_wgrad_in_dgrad();
@@ -1539,8 +1540,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     mark(i, "bwd filter");
     if (need_dx && d.tc_dgrad && i == first_wgrad_at_ && leave_first_bn_ && turned) {
         // Into partials in workspace_, which nothing on stream_ uses before the first layer's backward reads them.
-        const TcConvFirstWgrad f{input_of(0), dev_[1].relu_next ? dev_[2].out : nullptr,
-                                 static_cast<float*>(workspace_), direct_shape(n)};
+        const TcConvFirstWgrad f{input_of(0), first_relu_out(true), static_cast<float*>(workspace_), direct_shape(n)};
         first_wgrad_rows_ = launch_tc_conv(dy, d.wturned, dx, conv_shape(i, n, true), nullptr, stream_, {}, &f);
     } else if (need_dx && d.tc_dgrad)
         launch_tc_conv(dy, turned ? d.wturned : d.wk, dx, conv_shape(i, n, true), turned ? nullptr : workspace_,
@@ -1598,7 +1598,7 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
         if (i == 1 && leave_first_bn_) {        // first_bn_into_wgrad
-            pending_bn_ = FirstBnIn{fused ? dev_[i + 1].out : nullptr,
+            pending_bn_ = FirstBnIn{first_relu_out(fuse),
                                     {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c,
                                      moments_[in_->current()]}};
             return dy;
@@ -1687,6 +1687,13 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
     side_->join(); // the weight gradients are all there
     gbuf_.reset();
+}
+
+// The output of the ReLU after the first batch norm where a fused backward
+// takes that ReLU into the norm's (the mask of the first convolution's output
+// gradient, first_bn.hpp), else null.
+const void* CudaTrainer::first_relu_out(bool fuse) const {
+    return fuse && dev_[1].relu_next ? dev_[2].out : nullptr;
 }
 
 // Whether a batch norm right after a direct first convolution (its input the

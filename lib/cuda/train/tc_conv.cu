@@ -89,8 +89,7 @@ struct Geometry {
     unsigned pitch;       // bytes per filter row (and, without TMA, per pixel) in shared memory
     unsigned plane_bytes; // TMA: bytes between planes (a tile's pixels x plane_row, aligned)
     unsigned box_bytes;   // TMA: bytes a tile's copy brings
-    unsigned first_bytes; // TcConvFirstWgrad: the ReLU's output under the tile, then the first convolution's input tile
-    unsigned mask_bytes;  // the former's part
+    unsigned mask_bytes;  // TcConvFirstWgrad: the ReLU's output under a tile (the first input tile after it)
     Div32 dw, dcols, dseg_rows, dseg_pixels;
     std::uint64_t x_bytes, w_bytes, shared;
 };
@@ -844,8 +843,8 @@ bool tma_compiled(bool tf32) {
 // first convolution's input rows.
 Geometry with_first_tile(Geometry g, const TcParams& p) {
     g.mask_bytes = g.tile_rows * g.s.w * 32 * (g.s.tf32 ? sizeof(float) : sizeof(bf16));
-    g.first_bytes = g.mask_bytes + p.rows_in * p.cols_in * (g.s.tf32 ? sizeof(uint4) : sizeof(uint2));
-    g.shared += (g.tma ? 8 : 16) + g.first_bytes;
+    const unsigned input_bytes = p.rows_in * p.cols_in * (g.s.tf32 ? sizeof(uint4) : sizeof(uint2));
+    g.shared += (g.tma ? 8 : 16) + g.mask_bytes + input_bytes;
     return g;
 }
 
