@@ -561,12 +561,11 @@ __device__ __forceinline__ void stage_first_dy(const float (&acc)[4][4], std::ui
         const unsigned r = gid + 8 * half, q = p0 + r, mq = min(q, pixels - 1);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
+            const float v0 = q < pixels ? acc[j][2 * half] : 0.0f, v1 = q < pixels ? acc[j][2 * half + 1] : 0.0f;
             if constexpr (std::is_same_v<T, bf16>) { // the mask tile: 16 words of bf16 pairs per pixel
-                std::uint32_t v = q < pixels ? pack_bf16(acc[j][2 * half], acc[j][2 * half + 1]) : 0u;
-                if (mask) v = relu_masked_bf16x2(v, fm[mq * 16 + 4 * j + t4]);
-                stage[first_dy_chunk(r, j) * 4 + t4] = v;
+                const std::uint32_t v = pack_bf16(v0, v1);
+                stage[first_dy_chunk(r, j) * 4 + t4] = mask ? relu_masked_bf16x2(v, fm[mq * 16 + 4 * j + t4]) : v;
             } else { // channels 8 j + 2 t4, + 1: chunk 2 j + t4 / 2
-                const float v0 = q < pixels ? acc[j][2 * half] : 0.0f, v1 = q < pixels ? acc[j][2 * half + 1] : 0.0f;
                 std::uint32_t w0 = to_tf32(v0), w1 = to_tf32(v1);
                 if (mask) {
                     const uint2 m =

@@ -118,7 +118,7 @@ __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
 // the tiles blockIdx.x, blockIdx.x + gridDim.x, ... into
 // partials[blockIdx.x][k][tap][c]. Per tap a GEMM over pixels: A = dy^T (k x
 // pixels), B = the shifted input (pixels x c), mma.sync m16n8k4 in TF32 (float
-// activations) or m16n8k8 in bf16.
+// activations) or m16n8k16 in bf16 (m16n8k8 on images 8 wide).
 //
 // Each warp owns one filter row r and its three taps, and walks pixel rows
 // of width W = 2^LogW. The MMA's four k slots are pixels, any order serving
@@ -198,6 +198,52 @@ __device__ __forceinline__ void multiply_row_bf16(const std::uint32_t* arow, con
     }
 }
 
+// The same for bf16 in m16n8k16, where run is a multiple of 4 (images 16
+// wide and more): k slots 2 t4 (+1) are the lane quarter's columns j, j + 1,
+// slots 2 t4 + 8 (+1) columns j + 2, j + 3, so that each product is the two
+// m16n8k8 ones of consecutive steps: half the instructions and dependent
+// accumulations, measured faster. (In TF32, m16n8k8 the same way over
+// m16n8k4 measured slower.)
+template <unsigned LogW>
+__device__ __forceinline__ void multiply_row_bf16_k16(const std::uint32_t* arow, const std::uint32_t* brow,
+                                                      unsigned gid, unsigned t4, float (&acc)[3][2][4][4]) {
+    constexpr unsigned run = (1u << LogW) / 4;
+    static_assert(run % 4 == 0, "four columns per product");
+    const unsigned col = t4 * run;
+    // Window: input columns col + j + 0..5.
+    uint2 u[6];
+    u[0] = unit_at(brow, col, gid, t4);
+    u[1] = unit_at(brow, col + 1, gid, t4 + (1 >= run));
+#pragma unroll
+    for (unsigned j = 0; j < run; j += 4) {
+#pragma unroll
+        for (unsigned d = 2; d < 6; ++d) u[(j + d) % 6] = unit_at(brow, col + j + d, gid, t4 + (j + d >= run));
+        uint2 v[4];
+#pragma unroll
+        for (unsigned q = 0; q < 4; ++q) v[q] = unit_at(arow, col + j + q, gid, t4);
+        std::uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    a[mi][2 * h + i] = pair(mi ? v[2 * h].y : v[2 * h].x, mi ? v[2 * h + 1].y : v[2 * h + 1].x, i != 0);
+#pragma unroll
+        for (unsigned s = 0; s < 3; ++s) {
+            const uint2 p0 = u[(j + s) % 6], p1 = u[(j + s + 1) % 6], p2 = u[(j + s + 2) % 6], p3 = u[(j + s + 3) % 6];
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const bool hi = (ni & 1) != 0;
+                const std::uint32_t b0 = pair(ni < 2 ? p0.x : p0.y, ni < 2 ? p1.x : p1.y, hi);
+                const std::uint32_t b1 = pair(ni < 2 ? p2.x : p2.y, ni < 2 ? p3.x : p3.y, hi);
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) mma_bf16_k16(acc[s][mi][ni], a[mi], b0, b1);
+            }
+        }
+    }
+}
+
 template <class T, unsigned LogW>
 __global__ void __launch_bounds__(threads, blocks_per_sm)
     tc_wgrad_kernel(const T* x, const T* dy, Geometry g, float* partials) {
@@ -230,10 +276,13 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
         for (unsigned ty = rg; ty < rows; ty += row_groups) {
             const std::uint32_t* arow = dys + ty * W * pixel_words;
             const std::uint32_t* brow = xt + (ty + r) * g.xcols * pixel_words;
-            if constexpr (std::is_same_v<T, float>)
+            if constexpr (std::is_same_v<T, float>) {
                 multiply_row_tf32<LogW>(arow, brow, gid, t4, acc);
-            else
+            } else if constexpr (LogW >= 4) {
+                multiply_row_bf16_k16<LogW>(arow, brow, gid, t4, acc);
+            } else {
                 multiply_row_bf16<LogW>(arow, brow, gid, t4, acc);
+            }
         }
         __syncthreads(); // done with this buffer before it is refilled
     }

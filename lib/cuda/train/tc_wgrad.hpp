@@ -11,10 +11,10 @@
 // tile arrives while this one is multiplied), and each warp accumulates its
 // filter row's three 32 x 32 blocks with mma.sync (m16n8k4 TF32, by
 // truncation: the tensor cores read the top 19 bits of each fp32 value; or
-// m16n8k8 bf16), reusing each input pixel it loads for all three taps; a
-// fixed grid strides over the tiles, and the blocks' partial sums are added
-// in a fixed order by a second kernel: no atomics, the same result on every
-// run.
+// m16n8k16 bf16, m16n8k8 on images 8 wide), reusing each input pixel it
+// loads for all three taps; a fixed grid strides over the tiles, and the
+// blocks' partial sums are added in a fixed order by a second kernel: no
+// atomics, the same result on every run.
 #include <cuda_runtime.h>
 
 #include <cstdint>
