@@ -457,7 +457,9 @@ TEST(TrainGpu, DeterministicRunsAreBitwiseEqualAndResumeExactly) {
 // while read: with deterministic kernels every step, graph (full batch) and
 // eager (partial), equals one stream's bit for bit. With the branch, the
 // parameters above the last weight gradient are updated on the side stream
-// while it runs (early_update_layer), with AdamW's two slots and with SGD.
+// while it runs (early_update_layer), in bf16 those from the third
+// convolution or linear layer up on a stream of their own beside the last
+// layers' backward (upper_update_layer), with AdamW's two slots and with SGD.
 // (Its convolutions differ in shape from SecondRunReusesCachedKernelChoicesBitEqual's, whose first
 // trainer must time its choices: the process remembers timed choices.)
 TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {

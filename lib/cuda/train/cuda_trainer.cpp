@@ -252,6 +252,7 @@ class CudaTrainer final : public Trainer {
     // layers above are updated beside the rest of the pass (npos: none).
     void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos);
     std::size_t early_update_layer() const;
+    std::size_t upper_update_layer(std::size_t early) const;
     const void* first_relu_out(bool fuse) const;
     bool first_bn_into_wgrad() const;
     void plan_conv_bn_stats();
@@ -380,6 +381,10 @@ class CudaTrainer final : public Trainer {
     // Weight gradients beside the data gradients (side_branch.hpp), with
     // their own cuDNN and cuBLAS workspaces.
     std::unique_ptr<SideBranch> side_;
+    // The update of the upper layers' parameters, beside the last layers'
+    // backward (upper_update_layer; DSTK_UPPER_UPDATE=0: none).
+    std::unique_ptr<SideBranch> upper_;
+    bool upper_update_ = true;
     bool one_stream_ = false; // the weight gradients on the main stream too (choose_weight_branch)
     void *side_ws_ = nullptr, *side_cublas_ws_ = nullptr;
     // Per phase (training, evaluation, inspection): the heads' counters, their
@@ -460,6 +465,7 @@ void CudaTrainer::create_streams() {
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
+    upper_ = std::make_unique<SideBranch>(stream_, math, false);
     in_ = std::make_unique<InputSets>(stream_, least);
 }
 
@@ -487,6 +493,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
     if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
+    if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
     input_ = cfg_.plan.input;
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
@@ -771,6 +778,7 @@ void CudaTrainer::average_states() {
 CudaTrainer::~CudaTrainer() {
     if (stream_) cudaStreamSynchronize(stream_);
     side_.reset();
+    upper_.reset();
     in_.reset();
     for (auto g : train_graph_)
         if (g) cudaGraphExecDestroy(g);
@@ -1670,6 +1678,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
     const auto& heads = cfg_.plan.heads;
     const std::int32_t trunk_end = heads[0].begin >= 0 ? cfg_.plan.trunk_end() : -2;
     const void* dy = nullptr;
+    const std::size_t upper = upper_update_layer(early);
     for (std::size_t i = layers().size(); i-- > 0;) {
         for (std::size_t h = 0; h < heads.size(); ++h)
             if (heads[h].output == i) dy = heads_[h].dz;
@@ -1678,14 +1687,21 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
         void* dx = first ? input_grad_ : gbuf_.next(dy, stream_);
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
+        if (i == upper) { // after every gradient from here up, on the main stream and the side branch
+            upper_->fork();
+            upper_->wait_for(*side_);
+            update({layers()[i].param_offset, cfg_.plan.params}, upper_->stream());
+        }
         if (i == early) { // nothing below reads these parameters or writes their gradients
             side_->fork();
-            update({layers()[i].param_offset, cfg_.plan.params}, side_->stream());
+            update({layers()[i].param_offset, upper == npos ? cfg_.plan.params : layers()[upper].param_offset},
+                   side_->stream());
         }
     }
     if (trunk_end == -1 && want_input_grad) // the heads read the input itself
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
     side_->join(); // the weight gradients are all there
+    upper_->join();
     gbuf_.reset();
 }
 
@@ -1751,7 +1767,8 @@ void CudaTrainer::plan_conv_bn_stats() {
 // stream while the layers below finish (the last weight gradient, usually
 // the first layer's, then ends the step with a small update; where the data
 // gradient above takes the first layer's, plan_first_wgrad_in_dgrad, both end
-// the pass together, and starting the update a layer higher measured slower).
+// the pass together, and starting the update a layer higher on the side
+// stream measured slower; upper_update_layer's branch takes the layers above).
 // None where the gradients are averaged across ranks first, where the weight
 // gradients run on the main stream, or while profiling.
 std::size_t CudaTrainer::early_update_layer() const {
@@ -1760,6 +1777,23 @@ std::size_t CudaTrainer::early_update_layer() const {
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerKind k = layers()[i].spec.kind;
         if ((k == LayerKind::conv || k == LayerKind::linear) && ++found == 2) return i;
+    }
+    return npos;
+}
+
+// The layer above early_update_layer's from which the parameters are updated
+// on a branch of their own (upper_): once their gradients are issued, on the
+// main stream and the side branch, that update runs beside the last layers'
+// backward instead of after their weight gradients on the side branch, where
+// it ended the step (the early update then covers the layers between). In
+// bf16; in tf32 it measured slower (the update there slowed the data gradient
+// below it more than it saved at the end). None where there is no early
+// update, or no third convolution or linear layer.
+std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
+    if (early == npos || !upper_update_ || at_ != ActType::bf16) return npos;
+    for (std::size_t i = early + 1; i < layers().size(); ++i) {
+        const LayerKind k = layers()[i].spec.kind;
+        if (k == LayerKind::conv || k == LayerKind::linear) return i;
     }
     return npos;
 }

@@ -4,12 +4,14 @@
 
 namespace dstk::train::cuda {
 
-SideBranch::SideBranch(cudaStream_t main, cublasMath_t cublas_math) : main_(main) {
+SideBranch::SideBranch(cudaStream_t main, cublasMath_t cublas_math, bool handles) : main_(main) {
     int priority = 0; // the main stream's (an eager step's weight gradients are as urgent)
     CUDA_CHECK(cudaStreamGetPriority(main, &priority));
     CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, priority));
     CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&waited_, cudaEventDisableTiming));
+    if (!handles) return;
     CUDNN_CHECK(cudnnCreate(&cudnn_));
     CUDNN_CHECK(cudnnSetStream(cudnn_, side_));
     CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -23,6 +25,7 @@ SideBranch::~SideBranch() {
     if (cudnn_) cudnnDestroy(cudnn_);
     if (forked_) cudaEventDestroy(forked_);
     if (joined_) cudaEventDestroy(joined_);
+    if (waited_) cudaEventDestroy(waited_);
     if (side_) cudaStreamDestroy(side_);
 }
 
@@ -44,6 +47,12 @@ void SideBranch::join() {
 
 void SideBranch::record(cudaEvent_t e) const {
     CUDA_CHECK(cudaEventRecord(e, side_));
+}
+
+void SideBranch::wait_for(const SideBranch& other) {
+    if (!other.open_) return;
+    CUDA_CHECK(cudaEventRecord(waited_, other.side_));
+    CUDA_CHECK(cudaStreamWaitEvent(side_, waited_, 0));
 }
 
 GradBuffers::~GradBuffers() {

@@ -5,8 +5,9 @@
 // gradients below it then run at the same time; captured into a graph, the
 // fork and join below become its edges (CUDA's stream-capture fork/join).
 //
-// SideBranch owns the second stream, its cuDNN and cuBLAS handles and the
-// events that order the two. GradBuffers hands out the buffers the main
+// SideBranch owns the second stream, its cuDNN and cuBLAS handles (where it
+// has them) and the events that order the two. The trainer has a second one
+// for the update of the upper layers' parameters (upper_update_layer). GradBuffers hands out the buffers the main
 // stream writes data gradients into, so that none is overwritten while the
 // side stream still reads it: a weight gradient reads its layer's output
 // gradient (dy) after the main stream has moved on to the layers below.
@@ -22,8 +23,9 @@ namespace dstk::train::cuda {
 
 class SideBranch {
   public:
-    // cublas_math: the main cuBLAS handle's math mode.
-    SideBranch(cudaStream_t main, cublasMath_t cublas_math);
+    // cublas_math: the main cuBLAS handle's math mode; handles: whether the
+    // branch gets cuDNN and cuBLAS handles (a branch of plain kernels needs none).
+    SideBranch(cudaStream_t main, cublasMath_t cublas_math, bool handles = true);
     ~SideBranch();
     SideBranch(const SideBranch&) = delete;
     SideBranch& operator=(const SideBranch&) = delete;
@@ -41,12 +43,15 @@ class SideBranch {
     void join();
     // `e` marks what the side stream has issued so far.
     void record(cudaEvent_t e) const;
+    // The side stream also waits for what `other`'s side stream has issued
+    // since its fork (nothing where it was not forked): call after fork().
+    void wait_for(const SideBranch& other);
 
   private:
     cudaStream_t main_ = nullptr, side_ = nullptr;
     cudnnHandle_t cudnn_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
-    cudaEvent_t forked_ = nullptr, joined_ = nullptr;
+    cudaEvent_t forked_ = nullptr, joined_ = nullptr, waited_ = nullptr;
     bool open_ = false; // forked since the last join
 };
 
