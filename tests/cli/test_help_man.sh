@@ -2,7 +2,8 @@
 # Each tool's --help and its man page document the same options: every option
 # in --help (dsbench: and in its subcommands' --help) has an entry in
 # man/TOOL.1, and every option a man page names is one the tool has (or, in a
-# cross-reference, one a sibling tool has).
+# cross-reference, one a sibling tool has); no text line of a page starts
+# with a dot (troff would drop it).
 source "$(dirname "$0")/lib.sh"
 MAN_DIR="${DSTK_SOURCE_DIR:?}/man"
 [ -d "$MAN_DIR" ] || skip "no $MAN_DIR"
@@ -45,5 +46,11 @@ for t in "${TOOLS[@]}"; do
     expect_true "options named in man/$t.1 that no tool has: $unknown" test -z "$unknown"
     foreign=$(comm -23 "$WORK/entries-$t.txt" "$WORK/help-$t.txt" | tr '\n' ' ')
     expect_true "entries in man/$t.1 for options $t does not have: $foreign" test -z "$foreign"
+    # A text line that starts with a dot (".npy file ...") is read as a
+    # request and dropped from the page: escape it as \&.npy. The pages use
+    # only the man macros (upper case) and these requests.
+    stray=$(grep -nE '^\.[a-z]' "$man" | grep -vE '^[0-9]+:\.(br|fi|nf)$' | cut -d: -f1 | tr '\n' ' ')
+    expect_true "lines of man/$t.1 that start with a dot but are no request (escape them with \\&): $stray" \
+        test -z "$stray"
 done
 finish
