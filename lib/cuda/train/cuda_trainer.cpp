@@ -253,6 +253,7 @@ class CudaTrainer final : public Trainer {
     void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos);
     std::size_t early_update_layer() const;
     std::size_t upper_update_layer(std::size_t early) const;
+    std::size_t weighted_layer(std::size_t n) const;
     const void* first_relu_out(bool fuse) const;
     bool first_bn_into_wgrad() const;
     void plan_conv_bn_stats();
@@ -1773,10 +1774,15 @@ void CudaTrainer::plan_conv_bn_stats() {
 // gradients run on the main stream, or while profiling.
 std::size_t CudaTrainer::early_update_layer() const {
     if (reducer_ || one_stream_ || marks_) return npos;
+    return weighted_layer(2);
+}
+
+// The n-th (from 1) convolution or linear layer, npos where there are fewer.
+std::size_t CudaTrainer::weighted_layer(std::size_t n) const {
     std::size_t found = 0;
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerKind k = layers()[i].spec.kind;
-        if ((k == LayerKind::conv || k == LayerKind::linear) && ++found == 2) return i;
+        if ((k == LayerKind::conv || k == LayerKind::linear) && ++found == n) return i;
     }
     return npos;
 }
@@ -1791,11 +1797,7 @@ std::size_t CudaTrainer::early_update_layer() const {
 // update, or no third convolution or linear layer.
 std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
     if (early == npos || !upper_update_ || at_ != ActType::bf16) return npos;
-    for (std::size_t i = early + 1; i < layers().size(); ++i) {
-        const LayerKind k = layers()[i].spec.kind;
-        if (k == LayerKind::conv || k == LayerKind::linear) return i;
-    }
-    return npos;
+    return weighted_layer(3);
 }
 
 void CudaTrainer::update(ParamRange r, cudaStream_t s, bool advance) {
