@@ -730,6 +730,17 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
     });
 }
 
+unsigned launch_bn_statistics(const void* x, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c, bool nchw,
+                              double* partials, cudaStream_t s) {
+    unsigned splits = 0;
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        splits = bn_reduce(static_cast<const T*>(x), static_cast<const T*>(nullptr), BnRefs{}, n, hw, c, nchw, partials,
+                           s);
+    });
+    return splits;
+}
+
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s, std::uint32_t pool_w) {

@@ -39,6 +39,12 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
                              float eps, cudaStream_t s, std::uint32_t pool_w = 0, unsigned given_splits = 0);
+// The forward's reduction pass alone (what given_splits spares a training
+// forward): sums of x per channel into partials, no running statistics
+// touched. Returns the splits. For timing what a convolution whose epilogue
+// sums the statistics saves (the kernel choice).
+unsigned launch_bn_statistics(const void* x, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c, bool nchw,
+                              double* partials, cudaStream_t s);
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
                             const float* run_var, float eps, double* partials, cudaStream_t s,

@@ -304,13 +304,17 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
     own_force_ = own.force;
     ConvKey k = key;
     ConvAlgos a;
-    k.op = "fwd";
+    const bool saves = own.fwd && own.fwd_pass_saved;
+    k.op = saves ? "fwd_bn_stats" : "fwd";
     const auto f = decide<cudnnConvolutionFwdAlgoPerf_t>(
-        r.fwd, r.fwd_count, k.op, k, layer,
+        r.fwd, r.fwd_count, "fwd", k, layer,
         [&](const cudnnConvolutionFwdAlgoPerf_t& p) {
             CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, p.mathType));
-            return cudnnConvolutionForward(s_.cudnn, &one, c.x, c.x_data, c.w, c.w_data, c.fwd, p.algo, s_.workspace,
-                                           s_.workspace_bytes, &zero, c.y, c.y_data) == CUDNN_STATUS_SUCCESS;
+            const bool ok = cudnnConvolutionForward(s_.cudnn, &one, c.x, c.x_data, c.w, c.w_data, c.fwd, p.algo,
+                                                    s_.workspace, s_.workspace_bytes, &zero, c.y,
+                                                    c.y_data) == CUDNN_STATUS_SUCCESS;
+            if (ok && saves) own.fwd_pass_saved();
+            return ok;
         },
         own.fwd ? &own.fwd : nullptr, "own:tc_conv", &u.fwd);
     a.fwd = f.algo;

@@ -62,6 +62,11 @@ std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::u
 // runs once at the planned batch on the search's stream when timed.
 struct OwnKernels {
     std::function<void()> fwd;   // tc_conv.cu
+    // Where fwd also does what a pass after cuDNN's forward would (the next
+    // batch norm's statistics, summed in tc_conv's epilogue): that pass, run
+    // after each cuDNN candidate when timed, so that both sides do the same
+    // work; such a choice is kept under its own key (op fwd_bn_stats).
+    std::function<void()> fwd_pass_saved;
     std::function<void()> dgrad; // tc_conv.cu
     std::function<void()> wgrad; // tc_wgrad.cu
     bool force = false;          // DSTK_CONV_KERNELS=own: used wherever it applies, untimed

@@ -257,6 +257,8 @@ class CudaTrainer final : public Trainer {
     const void* first_relu_out(bool fuse) const;
     bool first_bn_into_wgrad() const;
     void plan_conv_bn_stats();
+    bool stats_in_conv_fit(std::size_t i) const;
+    TcConvStats conv_stats(std::size_t i) const;
     void plan_first_wgrad_in_dgrad();
     void update(ParamRange r, cudaStream_t s, bool advance = false);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
@@ -1114,10 +1116,22 @@ void CudaTrainer::find_algorithms() {
         } else {
             OwnKernels own;
             own.force = force_own_;
-            if (d.tc_fwd)
-                own.fwd = [&, i] {
-                    launch_tc_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false), nullptr, stream_);
+            // Where its epilogue may sum the next batch norm's statistics, timed
+            // doing so against cuDNN's forward and that norm's reduction pass
+            // (plan_conv_bn_stats then takes the pass out where tc_conv won).
+            if (d.tc_fwd) {
+                const bool stats = stats_in_conv_fit(i);
+                own.fwd = [&, i, stats] {
+                    launch_tc_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false), nullptr, stream_,
+                                   stats ? conv_stats(i) : TcConvStats{});
                 };
+                if (stats)
+                    own.fwd_pass_saved = [&, i] {
+                        const TensorShape& o = layers()[i].out;
+                        launch_bn_statistics(d.out, at_, cfg_.max_batch, std::uint64_t{o.h} * o.w, o.c, nchw_,
+                                             bn_partials_, stream_);
+                    };
+            }
             // Timed with its filters turned in line, though a training step turns them
             // ahead (turn_filters_ahead): timed on filters turned ahead, more layers went to
             // this kernel and the step measured slower (the timing is of one kernel alone,
@@ -1406,9 +1420,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             else if (i == 0 && direct_first_)
                 launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
             else if (d.tc_fwd && training && d.bn_stats)
-                stats_splits =
-                    launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_,
-                                   {bn_partials_, states_ + layers()[i + 1].state_offset, bn_max_splits_of_partials()});
+                stats_splits = launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_, conv_stats(i));
             else if (d.tc_fwd)
                 launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_);
             else {
@@ -1751,16 +1763,25 @@ void CudaTrainer::plan_first_wgrad_in_dgrad() {
 
 // Which convolutions run by tc_conv also sum the statistics of the batch
 // norm right after them in their epilogue (the norm's reduction pass over
-// the output is then not run): no bias (added after the epilogue), the norm
-// reading this output. The timing that gave the layer to tc_conv did not
-// count the pass it saves, so where cuDNN's convolution was faster alone the
-// pass stays.
+// the output is then not run). The kernel choice timed tc_conv so against
+// cuDNN's forward followed by that pass (find_algorithms).
 void CudaTrainer::plan_conv_bn_stats() {
-    for (std::size_t i = 0; i + 1 < layers().size(); ++i) {
-        const LayerPlan &c = layers()[i], &b = layers()[i + 1];
-        dev_[i].bn_stats = conv_bn_stats_ && dev_[i].tc_fwd && c.spec.kind == LayerKind::conv && !c.spec.bias &&
-                           b.spec.kind == LayerKind::batchnorm && b.source == static_cast<std::int32_t>(i);
-    }
+    for (std::size_t i = 0; i < layers().size(); ++i) dev_[i].bn_stats = dev_[i].tc_fwd && stats_in_conv_fit(i);
+}
+
+// Whether convolution i's forward may sum the next batch norm's statistics:
+// no bias (added after the epilogue), the norm reading this output.
+bool CudaTrainer::stats_in_conv_fit(std::size_t i) const {
+    if (!conv_bn_stats_ || i + 1 >= layers().size()) return false;
+    const LayerPlan &c = layers()[i], &b = layers()[i + 1];
+    return c.spec.kind == LayerKind::conv && !c.spec.bias && b.spec.kind == LayerKind::batchnorm &&
+           b.source == static_cast<std::int32_t>(i);
+}
+
+// Where convolution i's epilogue sums them: the norm's partials, its running
+// mean as the pivot.
+TcConvStats CudaTrainer::conv_stats(std::size_t i) const {
+    return {bn_partials_, states_ + layers()[i + 1].state_offset, bn_max_splits_of_partials()};
 }
 
 // The layer whose weight gradient is the last but one of a backward pass:
