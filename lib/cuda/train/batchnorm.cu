@@ -735,8 +735,8 @@ unsigned launch_bn_statistics(const void* x, ActType t, std::uint32_t n, std::ui
     unsigned splits = 0;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        splits = bn_reduce(static_cast<const T*>(x), static_cast<const T*>(nullptr), BnRefs{}, n, hw, c, nchw, partials,
-                           s);
+        splits =
+            bn_reduce(static_cast<const T*>(x), static_cast<const T*>(nullptr), BnRefs{}, n, hw, c, nchw, partials, s);
     });
     return splits;
 }

@@ -310,9 +310,9 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
         r.fwd, r.fwd_count, "fwd", k, layer,
         [&](const cudnnConvolutionFwdAlgoPerf_t& p) {
             CUDNN_CHECK(cudnnSetConvolutionMathType(c.fwd, p.mathType));
-            const bool ok = cudnnConvolutionForward(s_.cudnn, &one, c.x, c.x_data, c.w, c.w_data, c.fwd, p.algo,
-                                                    s_.workspace, s_.workspace_bytes, &zero, c.y,
-                                                    c.y_data) == CUDNN_STATUS_SUCCESS;
+            const bool ok =
+                cudnnConvolutionForward(s_.cudnn, &one, c.x, c.x_data, c.w, c.w_data, c.fwd, p.algo, s_.workspace,
+                                        s_.workspace_bytes, &zero, c.y, c.y_data) == CUDNN_STATUS_SUCCESS;
             if (ok && saves) own.fwd_pass_saved();
             return ok;
         },

@@ -61,7 +61,7 @@ std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::u
 // dstrain's own kernels for a layer, where they apply (empty where not): each
 // runs once at the planned batch on the search's stream when timed.
 struct OwnKernels {
-    std::function<void()> fwd;   // tc_conv.cu
+    std::function<void()> fwd; // tc_conv.cu
     // Where fwd also does what a pass after cuDNN's forward would (the next
     // batch norm's statistics, summed in tc_conv's epilogue): that pass, run
     // after each cuDNN candidate when timed, so that both sides do the same

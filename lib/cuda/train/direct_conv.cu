@@ -642,9 +642,8 @@ __global__ void __launch_bounds__(tcw_threads)
             tcw_step<T, CH, MT, Sums>(dys, xs, p, ks, pixels, acc);
     }
     __syncthreads();
-    const unsigned stride = 9 * p.s.c * K + (Sums ? K : 0);
     write_tcw_partials<tcw_warps, MT, Sums>(acc, reinterpret_cast<float*>(smem), p.s.c,
-                                            partials + std::uint64_t{blockIdx.x} * stride);
+                                            partials + std::uint64_t{blockIdx.x} * tcw_partials_row(p.s.c, K, Sums));
 }
 
 template <class T>
@@ -717,7 +716,7 @@ template <class F> void dispatch(ActType t, const DirectConvShape& s, F&& f) {
 
 void launch_first_wgrad_sums(float* partials, unsigned blocks, ActType t, const DirectConvShape& s, float* dw,
                              const FirstBnIn& bn, cudaStream_t stream) {
-    const std::uint64_t count = std::uint64_t{9} * s.c * s.k + s.k;
+    const std::uint64_t count = tcw_partials_row(s.c, s.k, true);
     float* sums = partials + blocks * count;
     launch_sum_partials(partials, blocks, count, sums, ActType::f32, stream);
     launch_first_bn_backward(sums, t, s, bn.b, dw, stream);
@@ -739,7 +738,7 @@ bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s) {
 std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
     const Params p = params_of(s);
     const std::uint64_t blocks = std::max(wgrad_blocks(p), tc_wgrad_blocks(tc_params_of(s)));
-    return (blocks + 1) * (9 * s.c + 1) * s.k * sizeof(float); // + 1: the sums of a batch norm taken in; + s.k: S
+    return (blocks + 1) * std::uint64_t{tcw_partials_row(s.c, s.k, true)} * sizeof(float); // + 1: their sums
 }
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,

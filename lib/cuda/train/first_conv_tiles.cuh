@@ -132,6 +132,13 @@ __device__ __forceinline__ void tcw_products_tf32(const std::uint32_t (&a)[MT][4
     }
 }
 
+// Floats in one block's row of the first convolution's weight-gradient
+// partials (write_tcw_partials; c input, k output channels): the k x c x 9
+// products, then, with a batch norm taken in (sums), each channel's sum of dy.
+constexpr unsigned tcw_partials_row(unsigned c, unsigned k, bool sums) {
+    return 9 * c * k + (sums ? k : 0);
+}
+
 // The block's sums of every warp's acc (Warps warps, in a fixed order), as
 // its row of partials: dw's KCRS (C input channels, K = 16 MT outputs), then
 // with Sums the K sums of dy. red: shared memory for block_sum_warps's slots
@@ -152,7 +159,7 @@ __device__ void write_tcw_partials(const float (&acc)[MT][tcw_ntiles][4], float*
             red[(16 * m + gid + (e >= 2 ? 8 : 0)) * cols + 8 * j + 2 * t4 + (e & 1)] = v[i];
         }
     __syncthreads();
-    const unsigned kw = 9 * C * K, stride = kw + (Sums ? K : 0);
+    const unsigned kw = 9 * C * K, stride = tcw_partials_row(C, K, Sums);
     for (unsigned e = threadIdx.x; e < stride; e += blockDim.x) {
         const unsigned k = e / (9 * C), c = (e / 9) % C, tap = e % 9;
         row[e] = e < kw ? red[k * cols + tap * 4 + c] : red[(e - kw) * cols + 36];

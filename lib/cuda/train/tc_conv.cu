@@ -691,9 +691,8 @@ __global__ void __launch_bounds__(conv_threads, min_blocks_per_sm<T, CIN>)
     }
     if constexpr (First) {
         __syncthreads(); // every warp is done with the tiles (the sums' shared memory)
-        const unsigned stride = 9 * fw.p.s.c * 32 + 32;
-        write_tcw_partials<conv_warps, 2, true>(sums, reinterpret_cast<float*>(xs), fw.p.s.c,
-                                                fw.partials + std::uint64_t{blockIdx.x} * stride);
+        float* row = fw.partials + std::uint64_t{blockIdx.x} * tcw_partials_row(fw.p.s.c, 32, true);
+        write_tcw_partials<conv_warps, 2, true>(sums, reinterpret_cast<float*>(xs), fw.p.s.c, row);
     }
     if constexpr (Stats) {
         __syncthreads(); // every warp's sums are in
@@ -867,7 +866,7 @@ bool tc_conv_takes_first_wgrad(const TcConvShape& s, const DirectConvShape& firs
 
 std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first) {
     const std::uint64_t rows = std::uint64_t{first_wgrad_rows()} + 1; // + 1: their sums
-    return rows * (9 * first.c + 1) * first.k * sizeof(float);
+    return rows * tcw_partials_row(first.c, first.k, true) * sizeof(float);
 }
 
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,

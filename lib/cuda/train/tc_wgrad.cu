@@ -110,6 +110,21 @@ __device__ __forceinline__ uint2 unit_at(const std::uint32_t* row, unsigned col,
 __device__ __forceinline__ std::uint32_t pair(std::uint32_t a, std::uint32_t b, bool hi) {
     return __byte_perm(a, b, hi ? 0x7632 : 0x5410);
 }
+// Input column col + j of a lane's window in bf16 (col = t4 * run: past its
+// own run, the columns are the next lane quarter's).
+__device__ __forceinline__ uint2 window_unit(const std::uint32_t* brow, unsigned col, unsigned j, unsigned run,
+                                             unsigned gid, unsigned t4) {
+    return unit_at(brow, col + j, gid, t4 + (j >= run));
+}
+// The bf16 A fragment word i (k slots 2 t4 + i...) of m-tile mi from two
+// consecutive dy columns, and the B fragment word of n-tile ni from two
+// consecutive input columns.
+__device__ __forceinline__ std::uint32_t a_word(uint2 va, uint2 vb, int mi, int i) {
+    return pair(mi ? va.y : va.x, mi ? vb.y : vb.x, i != 0);
+}
+__device__ __forceinline__ std::uint32_t b_word(uint2 pa, uint2 pb, int ni) {
+    return pair(ni < 2 ? pa.x : pa.y, ni < 2 ? pb.x : pb.y, (ni & 1) != 0);
+}
 __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -173,24 +188,24 @@ __device__ __forceinline__ void multiply_row_bf16(const std::uint32_t* arow, con
     const unsigned col = t4 * run;
     // Window: input columns col + 2j + 0..3.
     uint2 u[4];
-    u[0] = unit_at(brow, col, gid, t4);
-    u[1] = unit_at(brow, col + 1, gid, t4 + (1 >= run));
+    u[0] = window_unit(brow, col, 0, run, gid, t4);
+    u[1] = window_unit(brow, col, 1, run, gid, t4);
 #pragma unroll
     for (unsigned j = 0; j < run; j += 2) {
-        u[(j + 2) % 4] = unit_at(brow, col + j + 2, gid, t4 + (j + 2 >= run));
-        u[(j + 3) % 4] = unit_at(brow, col + j + 3, gid, t4 + (j + 3 >= run));
+        u[(j + 2) % 4] = window_unit(brow, col, j + 2, run, gid, t4);
+        u[(j + 3) % 4] = window_unit(brow, col, j + 3, run, gid, t4);
         const uint2 va = unit_at(arow, col + j, gid, t4), vb = unit_at(arow, col + j + 1, gid, t4);
         std::uint32_t a[2][2];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-            for (int i = 0; i < 2; ++i) a[mi][i] = pair(mi ? va.y : va.x, mi ? vb.y : vb.x, i != 0);
+            for (int i = 0; i < 2; ++i) a[mi][i] = a_word(va, vb, mi, i);
 #pragma unroll
         for (unsigned s = 0; s < 3; ++s) {
             const uint2 pa = u[(j + s) % 4], pb = u[(j + s + 1) % 4];
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) {
-                const std::uint32_t b = pair(ni < 2 ? pa.x : pa.y, ni < 2 ? pb.x : pb.y, (ni & 1) != 0);
+                const std::uint32_t b = b_word(pa, pb, ni);
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[s][mi][ni], a[mi][0], a[mi][1], b);
             }
@@ -212,12 +227,12 @@ __device__ __forceinline__ void multiply_row_bf16_k16(const std::uint32_t* arow,
     const unsigned col = t4 * run;
     // Window: input columns col + j + 0..5.
     uint2 u[6];
-    u[0] = unit_at(brow, col, gid, t4);
-    u[1] = unit_at(brow, col + 1, gid, t4 + (1 >= run));
+    u[0] = window_unit(brow, col, 0, run, gid, t4);
+    u[1] = window_unit(brow, col, 1, run, gid, t4);
 #pragma unroll
     for (unsigned j = 0; j < run; j += 4) {
 #pragma unroll
-        for (unsigned d = 2; d < 6; ++d) u[(j + d) % 6] = unit_at(brow, col + j + d, gid, t4 + (j + d >= run));
+        for (unsigned d = 2; d < 6; ++d) u[(j + d) % 6] = window_unit(brow, col, j + d, run, gid, t4);
         uint2 v[4];
 #pragma unroll
         for (unsigned q = 0; q < 4; ++q) v[q] = unit_at(arow, col + j + q, gid, t4);
@@ -227,16 +242,13 @@ __device__ __forceinline__ void multiply_row_bf16_k16(const std::uint32_t* arow,
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int i = 0; i < 2; ++i)
-                    a[mi][2 * h + i] = pair(mi ? v[2 * h].y : v[2 * h].x, mi ? v[2 * h + 1].y : v[2 * h + 1].x, i != 0);
+                for (int i = 0; i < 2; ++i) a[mi][2 * h + i] = a_word(v[2 * h], v[2 * h + 1], mi, i);
 #pragma unroll
         for (unsigned s = 0; s < 3; ++s) {
             const uint2 p0 = u[(j + s) % 6], p1 = u[(j + s + 1) % 6], p2 = u[(j + s + 2) % 6], p3 = u[(j + s + 3) % 6];
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) {
-                const bool hi = (ni & 1) != 0;
-                const std::uint32_t b0 = pair(ni < 2 ? p0.x : p0.y, ni < 2 ? p1.x : p1.y, hi);
-                const std::uint32_t b1 = pair(ni < 2 ? p2.x : p2.y, ni < 2 ? p3.x : p3.y, hi);
+                const std::uint32_t b0 = b_word(p0, p1, ni), b1 = b_word(p2, p3, ni);
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) mma_bf16_k16(acc[s][mi][ni], a[mi], b0, b1);
             }
