@@ -457,8 +457,8 @@ TEST(TrainGpu, DeterministicRunsAreBitwiseEqualAndResumeExactly) {
 
 // The weight gradients run on a second stream beside the data gradients
 // (side_branch.hpp), their buffers handed out so that none is overwritten
-// while read: with deterministic kernels every step, full and partial batch,
-// equals one stream's bit for bit. With the branch, the
+// while read: with deterministic kernels every step, graph (full batch) and
+// eager (partial), equals one stream's bit for bit. With the branch, the
 // parameters above the last weight gradient are updated on the side stream
 // while it runs (early_update_layer), in bf16 those from the third
 // convolution or linear layer up on a stream of their own beside the last
@@ -496,47 +496,6 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
         }
 }
 
-// A batch smaller than the planned one (an epoch's last, the test split's)
-// runs as a graph captured for its size on first use and kept for the next
-// batch of that size (sized_graph); DSTK_SIZED_GRAPHS=0 runs it as separate
-// launches. With deterministic kernels both train and evaluate bit for bit
-// alike: partial batches of 20 in both input sets (the graph of each set
-// reads its own buffers), again after a full one (the kept graph), then of 12
-// (a new size), evaluations of 20 and 12 samples, and full batches between.
-TEST(TrainGpu, SmallerBatchGraphsEqualSeparateLaunches) {
-    REQUIRE_GPU();
-    for (const Precision p : {Precision::tf32, Precision::bf16}) {
-        SCOPED_TRACE(std::string(precision_name(p)));
-        const TensorShape in{3, 16, 16};
-        const std::uint32_t batch = 32;
-        const Data d = make_random_data(in, 10, batch * 8, 43);
-        const DeviceData dd(d);
-        const TrainerConfig c = deterministic_config(p);
-        setenv("DSTK_SIZED_GRAPHS", "0", 1); // read when the trainer is made
-        auto eager = make_trainer(c);
-        unsetenv("DSTK_SIZED_GRAPHS");
-        auto graphed = make_trainer(c);
-        const auto at = [&](std::uint32_t sample, std::uint32_t n) {
-            return step_batch(c, dd.xs() + std::uint64_t{sample} * in.numel(), dd.ys() + sample, n);
-        };
-        for (Trainer* t : {eager.get(), graphed.get()}) {
-            run_steps(*t, dd, in, batch, 0, 2);
-            for (const std::uint32_t from : {64u, 84u, 104u}) t->train_step(at(from, 20));
-            t->train_step(at(128, batch));
-            t->train_step(at(160, 20));
-            t->train_step(at(180, 12));
-            t->train_step(at(192, 12));
-            t->evaluate(at(200, 20));
-            t->evaluate(at(220, 12));
-            t->evaluate(at(0, batch));
-        }
-        EXPECT_EQ(graphed->read_parameters(), eager->read_parameters());
-        EXPECT_EQ(graphed->read_states(), eager->read_states());
-        EXPECT_EQ(graphed->take_train_metrics().pack(), eager->take_train_metrics().pack());
-        EXPECT_EQ(graphed->take_eval_metrics().pack(), eager->take_eval_metrics().pack());
-    }
-}
-
 // Layer l's part of a parameter or gradient vector.
 std::vector<float> layer_part(const std::vector<float>& v, const LayerPlan& l) {
     return std::vector<float>(v.begin() + l.param_offset, v.begin() + l.param_offset + l.param_count);
@@ -558,7 +517,7 @@ void first_step(Trainer& a, Trainer& b, Trainer& cpu, const Data& d, const Devic
 // differ (exact products of the input's moments against the pass's rounded
 // gradient): the first step's gradients of the two layers agree with the own
 // pass's and with the CPU reference's within the tolerances of the CPU
-// comparisons, so do parameters and statistics after graph steps and a
+// comparisons, so do parameters and statistics after graph steps and an eager
 // partial one, and two deterministic runs are bit for bit equal. At 32 and 64
 // channels, with and without the ReLU, on images whose tiles end in a partial
 // k8 step. (Shapes unlike the other tests': the process remembers timed
@@ -631,7 +590,7 @@ TEST(TrainGpu, FirstBatchNormFromInputMomentsTrainsLikeItsOwnPass) {
 // backward) and are no further from the CPU reference's than the own
 // kernel's are (with a 10% margin, or within the CPU comparisons' 0.1 in
 // bf16, 2e-2 in tf32: the error the batch norm's backward amplifies on large
-// images); parameters and statistics after graph steps and a partial
+// images); parameters and statistics after graph steps and an eager partial
 // one (which takes the own kernel) agree within the tolerance of the CPU
 // comparisons, and two deterministic runs are bit for bit equal. With and
 // without the ReLU's mask; 18x14 images (a tile ends in a partial row tile
@@ -707,7 +666,7 @@ TEST(TrainGpu, FirstWeightGradientInDataGradientTrainsLikeItsOwnKernel) {
 // or the convolution given to cuDNN (DSTK_CONV_KERNELS=cudnn), falls back to
 // the pass. The sums differ in order and pivot (the running mean, not the
 // first value), so the parameters and running statistics after graph steps
-// and a partial one agree within each precision's tolerance of the
+// and an eager partial one agree within each precision's tolerance of the
 // CPU comparisons. Shapes: a 32-channel layer (four row tiles per warp), 64 and
 // 128 channels (two and four blocks of 32 output channels), 8x8 images
 // (several per tile), a batch of 20 (a partial tile), a conv with bias (no
@@ -765,7 +724,7 @@ TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
 // linear layer after a flatten reads NHWC features through a weight copy with
 // permuted columns, and bias, ReLU and bias gradient go into cuBLASLt's
 // epilogues. The GEMMs sum in another order: parameters after graph steps and
-// a partial one agree within the tolerances of the CPU comparisons,
+// an eager partial one agree within the tolerances of the CPU comparisons,
 // not bit for bit.
 TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
     REQUIRE_GPU();
@@ -815,7 +774,7 @@ TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
 // Programmatic dependent launch (launch_common.cuh) changes when kernels are
 // scheduled, never what they compute: with deterministic kernels, training
 // with it (DSTK_PDL unset) equals training without it (DSTK_PDL=0) bit for
-// bit, graph steps and a partial step, on one stream and with the
+// bit, graph steps and an eager partial step, on one stream and with the
 // weight gradients beside the data gradients (whose bias gradients are
 // programmatic launches on the second stream). The model has every kind of
 // batch norm pass (fused ReLU, fused ReLU and pool, plain) and every
@@ -839,7 +798,7 @@ TEST(TrainGpu, ProgrammaticLaunchEqualsPlainLaunch) {
             c.plan = plan_network(resolve_model(spec, 10), in, 10);
             setenv("DSTK_WEIGHT_BRANCH", branch, 1);
             // Each trainer runs with its setting in force: its graphs are
-            // captured when it is made, the partial batch's when it first runs.
+            // captured when it is made, its eager step launches at once.
             auto train = [&](const char* pdl) {
                 if (pdl)
                     setenv("DSTK_PDL", pdl, 1);
@@ -1081,7 +1040,7 @@ void compare_metrics(const Metrics& gpu, const Metrics& cpu, double tol, const s
 
 // Forward, backward (every layer, the input gradient, every parameter
 // gradient), evaluation metrics, then four training steps through the
-// captured graph and a partial batch (its own graph): the GPU against the CPU.
+// captured graph and a partial batch eagerly: the GPU against the CPU.
 void compare_heads(const HeadCase& hc, Precision p, double fwd, double grad) {
     SCOPED_TRACE(hc.spec + " " + std::string(precision_name(p)));
     const std::uint32_t batch = 8;
@@ -1104,7 +1063,7 @@ void compare_heads(const HeadCase& hc, Precision p, double fwd, double grad) {
         cpu->train_step(d.batch(cpu->config(), false, s * batch, batch));
         gpu->train_step(d.batch(gpu->config(), true, s * batch, batch));
     }
-    cpu->train_step(d.batch(cpu->config(), false, 4 * batch, 5)); // partial: a graph of its own size
+    cpu->train_step(d.batch(cpu->config(), false, 4 * batch, 5)); // partial: outside the graph
     gpu->train_step(d.batch(gpu->config(), true, 4 * batch, 5));
     check("parameters after 5 steps", gpu->read_parameters(), cpu->read_parameters(), grad);
     compare_metrics(gpu->take_train_metrics(), cpu->take_train_metrics(), grad, "training");

@@ -300,8 +300,6 @@ class CudaTrainer final : public Trainer {
     std::vector<float> download_act(const void* p, std::uint64_t count);
     void capture(cudaGraphExec_t& exec, const std::function<void()>& body);
     void capture_train_graph(cudaGraphExec_t current);
-    cudaGraphExec_t sized_graph(std::uint32_t n, bool training);
-    void drop_sized_graphs();
     void for_each_set(const std::function<void(unsigned)>& body);
     void alias_input_set();
     void choose_weight_branch();
@@ -407,19 +405,6 @@ class CudaTrainer final : public Trainer {
     std::vector<KernelReport> reports_;
     std::map<std::uint32_t, BatchDescs> descs_;
     cudaGraphExec_t train_graph_[InputSets::count] = {}, eval_graph_[InputSets::count] = {};
-    // Training steps [0] and evaluations [1] of one smaller batch size each
-    // (an epoch's last batch), captured on first use per input set (sized_graph;
-    // DSTK_SIZED_GRAPHS=0: run eagerly).
-    bool sized_graphs_ = true;
-    struct SizedGraphs {
-        std::uint32_t n = 0;
-        cudaGraphExec_t sets[InputSets::count] = {};
-        void clear() {
-            for (auto& g : sets)
-                if (g) cudaGraphExecDestroy(std::exchange(g, nullptr));
-            n = 0;
-        }
-    } sized_[2];
     dist::Reducer* reducer_ = nullptr; // data-parallel: averages grads_ over the ranks every step
     std::uint64_t step_ = 0, train_samples_ = 0, eval_samples_ = 0;
     std::uint32_t last_n_ = 0;
@@ -483,7 +468,7 @@ void CudaTrainer::create_streams() {
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
-    if (at_ == ActType::bf16 && upper_update_) upper_ = std::make_unique<SideBranch>(stream_, math, false);
+    upper_ = std::make_unique<SideBranch>(stream_, math, false);
     in_ = std::make_unique<InputSets>(stream_, least);
 }
 
@@ -512,7 +497,6 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
     if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
-    if (const char* e = std::getenv("DSTK_SIZED_GRAPHS"); e && std::string(e) == "0") sized_graphs_ = false;
     input_ = cfg_.plan.input;
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
@@ -744,45 +728,12 @@ void CudaTrainer::with_state_restored(const std::function<void()>& body) {
 // The training graph of each input set; `current`: one already captured for
 // the current set.
 void CudaTrainer::capture_train_graph(cudaGraphExec_t current) {
-    drop_sized_graphs();
     const unsigned now = in_->current();
     for_each_set([&](unsigned k) {
         if (train_graph_[k]) CUDA_CHECK(cudaGraphExecDestroy(train_graph_[k]));
         train_graph_[k] = k == now ? current : nullptr;
         if (!train_graph_[k]) capture(train_graph_[k], [&] { step_body(cfg_.max_batch); });
     });
-}
-
-// The training step (or evaluation) of a batch of n samples, n below
-// max_batch, as a graph for the current input set: captured on its first use,
-// kept for the next batch of that size (an epoch's last batch is the same
-// size every epoch), so that such a batch's step is not dozens of launches
-// from the host with the GPU waiting between them. None while profiling
-// (marks_: its events are timed one by one).
-cudaGraphExec_t CudaTrainer::sized_graph(std::uint32_t n, bool training) {
-    if (marks_ || !sized_graphs_) return nullptr;
-    SizedGraphs& sg = sized_[training ? 0 : 1];
-    if (sg.n != n) {
-        sg.clear();
-        sg.n = n;
-    }
-    cudaGraphExec_t& g = sg.sets[in_->current()];
-    if (!g) {
-        descs(n); // its descriptors and algorithms are set up outside the capture
-        capture(g, [&] {
-            if (training) {
-                step_body(n);
-            } else {
-                forward(n, false, true);
-                losses(n, eval_phase, false);
-            }
-        });
-    }
-    return g;
-}
-
-void CudaTrainer::drop_sized_graphs() {
-    for (SizedGraphs& sg : sized_) sg.clear();
 }
 
 // body(k) with each input set current in turn (no conversion runs: only the
@@ -836,7 +787,6 @@ CudaTrainer::~CudaTrainer() {
         if (g) cudaGraphExecDestroy(g);
     for (auto g : eval_graph_)
         if (g) cudaGraphExecDestroy(g);
-    drop_sized_graphs();
     for (auto& [n, d] : descs_) {
         cudnnDestroyTensorDescriptor(d.input);
         for (auto t : d.out) cudnnDestroyTensorDescriptor(t);
@@ -1764,7 +1714,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
     if (trunk_end == -1 && want_input_grad) // the heads read the input itself
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
     side_->join(); // the weight gradients are all there
-    if (upper_) upper_->join();
+    upper_->join();
     gbuf_.reset();
 }
 
@@ -1867,7 +1817,7 @@ std::size_t CudaTrainer::weighted_layer(std::size_t n) const {
 // below it more than it saved at the end). None where there is no early
 // update, or no third convolution or linear layer.
 std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
-    if (early == npos || !upper_) return npos; // bf16 with DSTK_UPPER_UPDATE on: create_streams
+    if (early == npos || !upper_update_ || at_ != ActType::bf16) return npos;
     return weighted_layer(3);
 }
 
@@ -1912,8 +1862,6 @@ void CudaTrainer::train_step(const Batch& batch) {
     convert(b, true);
     if (b.size == cfg_.max_batch)
         CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
-    else if (cudaGraphExec_t g = sized_graph(b.size, true))
-        CUDA_CHECK(cudaGraphLaunch(g, stream_));
     else
         step_body(b.size);
     ++step_;
@@ -1926,8 +1874,6 @@ void CudaTrainer::evaluate(const Batch& batch) {
     convert(b, false);
     if (b.size == cfg_.max_batch) {
         CUDA_CHECK(cudaGraphLaunch(eval_graph_[in_->current()], stream_));
-    } else if (cudaGraphExec_t g = sized_graph(b.size, false)) {
-        CUDA_CHECK(cudaGraphLaunch(g, stream_));
     } else {
         forward(b.size, false, true);
         losses(b.size, eval_phase, false);
