@@ -468,7 +468,7 @@ void CudaTrainer::create_streams() {
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
-    upper_ = std::make_unique<SideBranch>(stream_, math, false);
+    if (at_ == ActType::bf16 && upper_update_) upper_ = std::make_unique<SideBranch>(stream_, math, false);
     in_ = std::make_unique<InputSets>(stream_, least);
 }
 
@@ -1714,7 +1714,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
     if (trunk_end == -1 && want_input_grad) // the heads read the input itself
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
     side_->join(); // the weight gradients are all there
-    upper_->join();
+    if (upper_) upper_->join();
     gbuf_.reset();
 }
 
@@ -1817,7 +1817,7 @@ std::size_t CudaTrainer::weighted_layer(std::size_t n) const {
 // below it more than it saved at the end). None where there is no early
 // update, or no third convolution or linear layer.
 std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
-    if (early == npos || !upper_update_ || at_ != ActType::bf16) return npos;
+    if (early == npos || !upper_) return npos; // bf16 with DSTK_UPPER_UPDATE on: create_streams
     return weighted_layer(3);
 }
 
