@@ -250,7 +250,9 @@ class CudaTrainer final : public Trainer {
     static constexpr std::size_t npos = ~std::size_t{0};
     // early: a layer after whose backward pass the parameters of it and the
     // layers above are updated beside the rest of the pass (npos: none).
-    void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos);
+    void backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early = npos,
+                  const std::function<void()>& before_join = {});
+    bool low_update_before_join(std::size_t early) const;
     std::size_t early_update_layer() const;
     std::size_t upper_update_layer(std::size_t early) const;
     std::size_t weighted_layer(std::size_t n) const;
@@ -388,7 +390,8 @@ class CudaTrainer final : public Trainer {
     // backward (upper_update_layer; DSTK_UPPER_UPDATE=0: none).
     std::unique_ptr<SideBranch> upper_;
     bool upper_update_ = true;
-    bool one_stream_ = false; // the weight gradients on the main stream too (choose_weight_branch)
+    bool low_update_first_ = true; // low_update_before_join
+    bool one_stream_ = false;      // the weight gradients on the main stream too (choose_weight_branch)
     void *side_ws_ = nullptr, *side_cublas_ws_ = nullptr;
     // Per phase (training, evaluation, inspection): the heads' counters, their
     // metric sums and the first step whose loss was not finite, in one block.
@@ -497,6 +500,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
     if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
+    if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
     input_ = cfg_.plan.input;
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
@@ -1683,7 +1687,10 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
 
 // From the last layer to the first: each head's layers start from its loss
 // gradient, the trunk from the sum of the heads' gradients of its output.
-void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early) {
+// before_join: issued on the main stream once every layer's backward is,
+// before the side branches join it.
+void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std::size_t early,
+                           const std::function<void()>& before_join) {
     // A fused forward (forward_first_conv_bn) stores no first convolution output for the batch norm's own backward.
     if (fuse && want_input_grad && first_conv_bn_)
         throw std::logic_error("an input gradient asked of a fused training step whose first batch norm used moments");
@@ -1713,6 +1720,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
     }
     if (trunk_end == -1 && want_input_grad) // the heads read the input itself
         launch_copy(trunk_grad_, input_grad_, at_, std::uint64_t{n} * input_.numel(), stream_);
+    if (before_join) before_join();
     side_->join(); // the weight gradients are all there
     if (upper_) upper_->join();
     gbuf_.reset();
@@ -1798,6 +1806,19 @@ std::size_t CudaTrainer::early_update_layer() const {
     return weighted_layer(2);
 }
 
+// Whether the update of the layers below early_update_layer's may run on the
+// main stream before the side branches join it: every gradient it reads is
+// the main stream's (the batch norms' are; the one convolution or linear
+// layer there reads the input, so no data gradient follows its weight
+// gradient and that runs on the main stream, weight_lane), so the step ends
+// with whichever branch ends last instead of with this update after both
+// (DSTK_LOW_UPDATE_FIRST=0, experiment: after the join).
+bool CudaTrainer::low_update_before_join(std::size_t early) const {
+    if (early == npos || !low_update_first_) return false;
+    const std::size_t first = weighted_layer(1);
+    return first != npos && first < early && layers()[first].source < 0;
+}
+
 // The n-th (from 1) convolution or linear layer, npos where there are fewer.
 std::size_t CudaTrainer::weighted_layer(std::size_t n) const {
     std::size_t found = 0;
@@ -1847,13 +1868,17 @@ void CudaTrainer::step_body(std::uint32_t n) {
     mark(~std::size_t{0}, "loss");
     if (beside) side_->join(); // the turned filters are there
     const std::size_t early = early_update_layer();
-    backward(n, false, true, early);
+    const auto low_update = [&] {
+        update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_, true);
+        mark(~std::size_t{0}, "optimizer");
+    };
+    const bool before_join = low_update_before_join(early);
+    backward(n, false, true, early, before_join ? std::function<void()>(low_update) : nullptr);
     if (reducer_) { // grads_ holds every weight gradient: one collective
         reducer_->average_device(grads_, cfg_.plan.params, stream_);
         mark(~std::size_t{0}, "gradient all-reduce");
     }
-    update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_, true);
-    mark(~std::size_t{0}, "optimizer");
+    if (!before_join) low_update();
 }
 
 void CudaTrainer::train_step(const Batch& batch) {
