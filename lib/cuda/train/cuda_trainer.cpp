@@ -1795,7 +1795,7 @@ TcConvStats CudaTrainer::conv_stats(std::size_t i) const {
 // The layer whose weight gradient is the last but one of a backward pass:
 // once it is issued, every parameter from it up can be updated on the side
 // stream while the layers below finish (the last weight gradient, usually
-// the first layer's, then ends the step with a small update; where the data
+// the first layer's, is followed by a small update, low_update_before_join; where the data
 // gradient above takes the first layer's, plan_first_wgrad_in_dgrad, both end
 // the pass together, and starting the update a layer higher on the side
 // stream measured slower; upper_update_layer's branch takes the layers above).
@@ -1812,7 +1812,7 @@ std::size_t CudaTrainer::early_update_layer() const {
 // layer there reads the input, so no data gradient follows its weight
 // gradient and that runs on the main stream, weight_lane), so the step ends
 // with whichever branch ends last instead of with this update after both
-// (DSTK_LOW_UPDATE_FIRST=0, experiment: after the join).
+// (DSTK_LOW_UPDATE_FIRST=0: after the join).
 bool CudaTrainer::low_update_before_join(std::size_t early) const {
     if (early == npos || !low_update_first_) return false;
     const std::size_t first = weighted_layer(1);
