@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 
 #include "cuda_check.hpp"
@@ -74,11 +76,39 @@ template <class K> bool programmatic_launch(K* kernel) {
     return compiled_for_sm90(kernel);
 }
 
+// The shared-memory carveout each of these kernels asks for, as a percentage
+// of the SM's unified L1 and shared memory: by default the most shared memory
+// (cudaSharedmemCarveoutMaxShared). Left to the driver, a kernel with little
+// shared memory runs with the SM split for a large L1, and an SM changes its
+// split only once every block on it has ended: the convolutions before and
+// after (tc_conv's, cuDNN's), which need the large shared memory, then wait
+// for the SM to drain instead of taking the space the element-wise kernel's
+// last blocks leave, and a programmatic launch's blocks cannot start beside
+// their predecessor's. These kernels stream through memory once and gain
+// nothing from a large L1. DSTK_SMEM_CARVEOUT=N (0 to 100) asks for N
+// instead, -1 leaves it to the driver; read once, at the process's first
+// launch.
+inline int shared_carveout() {
+    static const int c = [] {
+        const char* e = std::getenv("DSTK_SMEM_CARVEOUT");
+        return e && *e ? std::clamp(std::atoi(e), -1, 100) : static_cast<int>(cudaSharedmemCarveoutMaxShared);
+    }();
+    return c;
+}
+template <class K> void set_shared_carveout(K* kernel) {
+    static std::mutex m;
+    static std::unordered_set<const void*> done;
+    const std::lock_guard<std::mutex> lock(m);
+    if (shared_carveout() < 0 || !done.insert(reinterpret_cast<const void*>(kernel)).second) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, shared_carveout()));
+}
+
 // kernel<<<grid, block, shared, s>>>(args...) with the PDL attribute where
 // programmatic_launch() allows it; the kernel calls await_predecessor() first.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t s,
                    Args&&... args) {
+    set_shared_carveout(kernel);
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
