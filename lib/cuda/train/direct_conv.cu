@@ -10,6 +10,7 @@
 #include "elementwise.hpp"
 #include "first_bn.hpp"
 #include "first_conv_tiles.cuh"
+#include "launch_common.cuh"
 
 namespace dstk::train::cuda {
 namespace {
@@ -446,14 +447,13 @@ void launch_tc_forward(const void* x, const float* w, void* y, ActType t, const 
     auto go = [&](auto nt) {
         constexpr int NT = decltype(nt)::value;
         if (bf)
-            tc_forward_kernel<NT>
-                <<<blocks, tc_threads, shared, stream>>>(static_cast<const bf16*>(x), w, static_cast<bf16*>(y), p, bn);
+            plain_launch(tc_forward_kernel<NT>, blocks, tc_threads, shared, stream, static_cast<const bf16*>(x), w,
+                         static_cast<bf16*>(y), p, bn);
         else
-            tc_forward_tf32_kernel<NT><<<blocks, tc_threads, shared, stream>>>(static_cast<const float*>(x), w,
-                                                                               static_cast<float*>(y), p, bn);
+            plain_launch(tc_forward_tf32_kernel<NT>, blocks, tc_threads, shared, stream, static_cast<const float*>(x),
+                         w, static_cast<float*>(y), p, bn);
     };
     with_constant<8>(s.k / 8, go); // tc_forward_applies: k a multiple of 8 up to 64
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- weight gradient on tensor cores (NHWC, stride 1, 32 or 64 output channels) ----
@@ -655,14 +655,13 @@ void launch_tc_wgrad_typed(const void* x, const void* dy, const TcParams& p, uns
         if (shared > 48 * 1024)
             CUDA_CHECK(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-        kernel<<<blocks, tcw_threads, shared, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), p,
-                                                        partials, b);
+        plain_launch(kernel, blocks, tcw_threads, shared, stream, static_cast<const T*>(x), static_cast<const T*>(dy),
+                     p, partials, b);
     };
     if (p.s.k == 32)
         bn ? go(tc_wgrad_kernel<T, 32, true>) : go(tc_wgrad_kernel<T, 32, false>);
     else
         bn ? go(tc_wgrad_kernel<T, 64, true>) : go(tc_wgrad_kernel<T, 64, false>);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // With bn, the sums (A, then S) go to the workspace after the partials and
@@ -751,11 +750,10 @@ void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType 
     const Params p = params_of(s);
     dispatch(t, s, [&](auto tag, auto c, auto st) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        direct_conv_forward_kernel<T, decltype(c)::value, decltype(st)::value>
-            <<<s.n * p.tiles_per_image, p.threads, p.rows_in * p.cols_in * sizeof(float4), stream>>>(
-                static_cast<const T*>(x), w, static_cast<T*>(y), p);
+        plain_launch(direct_conv_forward_kernel<T, decltype(c)::value, decltype(st)::value>, s.n * p.tiles_per_image,
+                     p.threads, p.rows_in * p.cols_in * sizeof(float4), stream, static_cast<const T*>(x), w,
+                     static_cast<T*>(y), p);
     });
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
@@ -772,10 +770,9 @@ void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const Di
                                                          std::uint64_t{p.threads} * 9 * s.c * sizeof(float));
     dispatch(t, s, [&](auto tag, auto c, auto st) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        direct_conv_wgrad_kernel<T, decltype(c)::value, decltype(st)::value>
-            <<<blocks, p.threads, shared, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), p, partials);
+        plain_launch(direct_conv_wgrad_kernel<T, decltype(c)::value, decltype(st)::value>, blocks, p.threads, shared,
+                     stream, static_cast<const T*>(x), static_cast<const T*>(dy), p, partials);
     });
-    CUDA_CHECK(cudaGetLastError());
     const unsigned kw = 9 * s.c * s.k;
     launch_sum_partials(partials, blocks, kw, dw, ActType::f32, stream);
 }

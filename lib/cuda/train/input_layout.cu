@@ -86,10 +86,9 @@ void launch_transpose(const void* in, void* out, ActType t, std::uint64_t batch,
                     static_cast<unsigned>(std::min<std::uint64_t>(batch, 65535)));
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        transpose_kernel<<<grid, dim3(tile, tile_rows), 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out), batch,
-                                                                rows, cols);
+        plain_launch(transpose_kernel<T>, grid, dim3(tile, tile_rows), 0, s, static_cast<const T*>(in),
+                     static_cast<T*>(out), batch, rows, cols);
     });
-    check_launch();
 }
 
 template <class T>
@@ -115,28 +114,27 @@ void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels
         T* o = static_cast<T*>(out);
         switch (dtype) {
         case DType::u8:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::uint8_t*>(x), labels, n, channels, ch, mean,
-                                                 inv_std, o, labels_out, out_channels);
+            plain_launch(convert_kernel<std::uint8_t, T>, b, threads, 0, s, static_cast<const std::uint8_t*>(x), labels,
+                         n, channels, ch, mean, inv_std, o, labels_out, out_channels);
             break;
         case DType::i8:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const std::int8_t*>(x), labels, n, channels, ch, mean,
-                                                 inv_std, o, labels_out, out_channels);
+            plain_launch(convert_kernel<std::int8_t, T>, b, threads, 0, s, static_cast<const std::int8_t*>(x), labels,
+                         n, channels, ch, mean, inv_std, o, labels_out, out_channels);
             break;
         case DType::bf16:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const bf16*>(x), labels, n, channels, ch, mean, inv_std, o,
-                                                 labels_out, out_channels);
+            plain_launch(convert_kernel<bf16, T>, b, threads, 0, s, static_cast<const bf16*>(x), labels, n, channels,
+                         ch, mean, inv_std, o, labels_out, out_channels);
             break;
         case DType::f16:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const __half*>(x), labels, n, channels, ch, mean, inv_std,
-                                                 o, labels_out, out_channels);
+            plain_launch(convert_kernel<__half, T>, b, threads, 0, s, static_cast<const __half*>(x), labels, n,
+                         channels, ch, mean, inv_std, o, labels_out, out_channels);
             break;
         default:
-            convert_kernel<<<b, threads, 0, s>>>(static_cast<const float*>(x), labels, n, channels, ch, mean, inv_std,
-                                                 o, labels_out, out_channels);
+            plain_launch(convert_kernel<float, T>, b, threads, 0, s, static_cast<const float*>(x), labels, n, channels,
+                         ch, mean, inv_std, o, labels_out, out_channels);
             break;
         }
     });
-    check_launch();
 }
 
 void launch_nhwc_to_nchw(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,
@@ -154,9 +152,8 @@ void launch_gather_weights(const float* params, const std::uint32_t* map, void* 
     if (count == 0) return;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        gather_kernel<<<blocks_for(count, 4), threads, 0, s>>>(params, map, static_cast<T*>(copy), count);
+        plain_launch(gather_kernel<T>, blocks_for(count, 4), threads, 0, s, params, map, static_cast<T*>(copy), count);
     });
-    check_launch();
 }
 
 void launch_scatter_grads(const void* gcopy, ActType t, const std::uint32_t* map, float* grads, std::uint64_t count,
@@ -164,9 +161,9 @@ void launch_scatter_grads(const void* gcopy, ActType t, const std::uint32_t* map
     if (count == 0) return;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        scatter_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(gcopy), map, grads, count);
+        plain_launch(scatter_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(gcopy), map, grads,
+                     count);
     });
-    check_launch();
 }
 
 } // namespace dstk::train::cuda

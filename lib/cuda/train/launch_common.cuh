@@ -28,10 +28,6 @@ inline unsigned blocks_for(std::uint64_t count, std::uint64_t per_thread = 1) {
     return static_cast<unsigned>(b < 1 ? 1 : (b > 65535u * 16 ? 65535u * 16 : b));
 }
 
-inline void check_launch() {
-    CUDA_CHECK(cudaGetLastError());
-}
-
 // ---- programmatic dependent launch (PDL) ----
 // A step is a chain of short kernels, each reading what the one before it
 // wrote. launch_kernel() lets a kernel be scheduled while the kernel before it
@@ -76,8 +72,9 @@ template <class K> bool programmatic_launch(K* kernel) {
     return compiled_for_sm90(kernel);
 }
 
-// The shared-memory carveout each of these kernels asks for, as a percentage
-// of the SM's unified L1 and shared memory: by default the most shared memory
+// The shared-memory carveout each of dstrain's own kernels asks for
+// (launch_kernel, plain_launch), as a percentage of the SM's unified L1 and
+// shared memory: by default the most shared memory
 // (cudaSharedmemCarveoutMaxShared). Left to the driver, a kernel with little
 // shared memory runs with the SM split for a large L1, and an SM changes its
 // split only once every block on it has ended: the convolutions before and
@@ -120,6 +117,18 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t
     config.attrs = &attr;
     config.numAttrs = programmatic_launch(kernel) ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// kernel<<<grid, block, shared, s>>>(args...) with the same shared-memory
+// carveout, for the kernels launched without the PDL attribute (their
+// files' kernels do not wait: scheduled early, an optimiser update's many
+// blocks sat on the SMs waiting and held back the other streams).
+template <class... Params, class... Args>
+void plain_launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t s,
+                  Args&&... args) {
+    set_shared_carveout(kernel);
+    kernel<<<grid, block, shared, s>>>(std::forward<Args>(args)...);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // Calls f with a null T* for the activation type, T = float or bf16.

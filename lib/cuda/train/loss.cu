@@ -172,8 +172,8 @@ template <LossKind K, class T> void launch_elements(const HeadLossArgs& a, cudaS
     const dim3 grid((a.k + tile_outputs - 1) / tile_outputs,
                     (a.n + tile_rows * samples_per_thread - 1) / (tile_rows * samples_per_thread));
     const float scale = a.weight / (static_cast<float>(a.n) * static_cast<float>(a.k));
-    element_loss_kernel<K, T><<<grid, block, 0, s>>>(static_cast<const T*>(a.z), a.y, a.n, a.k, scale,
-                                                     static_cast<T*>(a.dz), a.m, a.sums, a.first_nonfinite, a.step);
+    plain_launch(element_loss_kernel<K, T>, grid, block, 0, s, static_cast<const T*>(a.z), a.y, a.n, a.k, scale,
+                 static_cast<T*>(a.dz), a.m, a.sums, a.first_nonfinite, a.step);
 }
 
 } // namespace
@@ -183,9 +183,9 @@ void launch_head_loss(const HeadLossArgs& a, ActType t, cudaStream_t s) {
         using T = DSTK_T;
         switch (a.loss) {
         case LossKind::ce:
-            softmax_xent_kernel<<<(a.n + warps_per_block - 1) / warps_per_block, threads, 0, s>>>(
-                static_cast<const T*>(a.z), a.labels, a.n, a.k, a.smoothing, a.weight, static_cast<T*>(a.dz), a.m,
-                a.first_nonfinite, a.step);
+            plain_launch(softmax_xent_kernel<T>, (a.n + warps_per_block - 1) / warps_per_block, threads, 0, s,
+                         static_cast<const T*>(a.z), a.labels, a.n, a.k, a.smoothing, a.weight, static_cast<T*>(a.dz),
+                         a.m, a.first_nonfinite, a.step);
             break;
         case LossKind::mse:
             launch_elements<LossKind::mse, T>(a, s);
@@ -201,7 +201,6 @@ void launch_head_loss(const HeadLossArgs& a, ActType t, cudaStream_t s) {
             break;
         }
     });
-    check_launch();
 }
 
 } // namespace dstk::train::cuda

@@ -79,16 +79,14 @@ __global__ void advance_step_kernel(unsigned long long* step) {
 }
 
 void launch_advance_step(unsigned long long* step, cudaStream_t s) {
-    advance_step_kernel<<<1, 1, 0, s>>>(step);
-    check_launch();
+    plain_launch(advance_step_kernel, 1, 1, 0, s, step);
 }
 
 } // namespace
 
 void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, const unsigned long long* step,
                          StepScalars* out, cudaStream_t s) {
-    step_scalars_kernel<<<1, 1, 0, s>>>(o, sched, step, out);
-    check_launch();
+    plain_launch(step_scalars_kernel, 1, 1, 0, s, o, sched, step, out);
 }
 
 void launch_optimizer(const OptimizerConfig& o, float* params, const float* grads, float* slots, std::uint64_t count,
@@ -105,12 +103,12 @@ void launch_optimizer(const OptimizerConfig& o, float* params, const float* grad
         using T = DSTK_T;
         T* c = static_cast<T*>(copy);
         if (o.kind == OptimizerKind::sgd)
-            sgd_kernel<<<b, threads, 0, s>>>(o, params + b0, grads + b0, slots + b0, len, sc, iv, c, advance);
+            plain_launch(sgd_kernel<T>, b, threads, 0, s, o, params + b0, grads + b0, slots + b0, len, sc, iv, c,
+                         advance);
         else
-            adamw_kernel<<<b, threads, 0, s>>>(o, params + b0, grads + b0, slots + b0, slots + count + b0, len, sc, iv,
-                                               c, advance);
+            plain_launch(adamw_kernel<T>, b, threads, 0, s, o, params + b0, grads + b0, slots + b0, slots + count + b0,
+                         len, sc, iv, c, advance);
     });
-    check_launch();
 }
 
 } // namespace dstk::train::cuda

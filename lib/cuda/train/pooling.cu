@@ -189,14 +189,13 @@ void launch_pool_forward(const void* x, void* y, ActType t, const PoolShape& p, 
         const void* ptrs[] = {x, y};
         if (tiled_pool<T>(p, ptrs, 2, [&](const TiledPool& tp, bool vec, unsigned b) {
                 if (vec)
-                    tiled_pool_forward_kernel<T, vec_of<T>><<<b, threads, 0, s>>>(xt, yt, tp, max);
+                    plain_launch(tiled_pool_forward_kernel<T, vec_of<T>>, b, threads, 0, s, xt, yt, tp, max);
                 else
-                    tiled_pool_forward_kernel<T, 1><<<b, threads, 0, s>>>(xt, yt, tp, max);
+                    plain_launch(tiled_pool_forward_kernel<T, 1>, b, threads, 0, s, xt, yt, tp, max);
             }))
             return;
-        pool_forward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(xt, yt, p, max, count);
+        plain_launch(pool_forward_kernel<T>, blocks_for(count, 2), threads, 0, s, xt, yt, p, max, count);
     });
-    check_launch();
 }
 
 void launch_pool_backward(const void* x, const void* dy, void* dx, ActType t, const PoolShape& p, bool max,
@@ -209,14 +208,13 @@ void launch_pool_backward(const void* x, const void* dy, void* dx, ActType t, co
         const void* ptrs[] = {x, dy, dx};
         if (tiled_pool<T>(p, ptrs, 3, [&](const TiledPool& tp, bool vec, unsigned b) {
                 if (vec)
-                    tiled_pool_backward_kernel<T, vec_of<T>><<<b, threads, 0, s>>>(xt, dyt, dxt, tp, max);
+                    plain_launch(tiled_pool_backward_kernel<T, vec_of<T>>, b, threads, 0, s, xt, dyt, dxt, tp, max);
                 else
-                    tiled_pool_backward_kernel<T, 1><<<b, threads, 0, s>>>(xt, dyt, dxt, tp, max);
+                    plain_launch(tiled_pool_backward_kernel<T, 1>, b, threads, 0, s, xt, dyt, dxt, tp, max);
             }))
             return;
-        pool_backward_kernel<<<blocks_for(count, 2), threads, 0, s>>>(xt, dyt, dxt, p, max, count);
+        plain_launch(pool_backward_kernel<T>, blocks_for(count, 2), threads, 0, s, xt, dyt, dxt, p, max, count);
     });
-    check_launch();
 }
 
 void launch_gap_forward(const void* x, void* y, ActType t, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
@@ -224,10 +222,9 @@ void launch_gap_forward(const void* x, void* y, ActType t, std::uint32_t n, std:
     const std::uint64_t count = std::uint64_t{n} * c;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        gap_forward_kernel<<<blocks_for(count), threads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), c, hw,
-                                                                 nchw, count);
+        plain_launch(gap_forward_kernel<T>, blocks_for(count), threads, 0, s, static_cast<const T*>(x),
+                     static_cast<T*>(y), c, hw, nchw, count);
     });
-    check_launch();
 }
 
 void launch_gap_backward(const void* dy, void* dx, ActType t, std::uint32_t n, std::uint32_t c, std::uint64_t hw,
@@ -235,10 +232,9 @@ void launch_gap_backward(const void* dy, void* dx, ActType t, std::uint32_t n, s
     const std::uint64_t count = std::uint64_t{n} * c * hw;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        gap_backward_kernel<<<blocks_for(count, 4), threads, 0, s>>>(static_cast<const T*>(dy), static_cast<T*>(dx), c,
-                                                                     hw, nchw, count);
+        plain_launch(gap_backward_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(dy),
+                     static_cast<T*>(dx), c, hw, nchw, count);
     });
-    check_launch();
 }
 
 } // namespace dstk::train::cuda

@@ -6,6 +6,7 @@
 #include "cuda_check.hpp"
 #include "device_common.cuh"
 #include "elementwise.hpp"
+#include "launch_common.cuh"
 
 namespace dstk::train::cuda {
 namespace {
@@ -16,7 +17,7 @@ constexpr unsigned taps = 9;
 constexpr unsigned row_groups = 2; // warps per filter row, each on every other pixel row
 constexpr unsigned warps =
     3 * row_groups; // warp w: filter row w % 3 (its three taps), pixel rows w / 3, w / 3 + 2, ...
-constexpr unsigned threads = warps * 32;
+constexpr unsigned block_threads = warps * 32;
 constexpr unsigned tile_pixels = 128;
 constexpr unsigned blocks_per_sm = 2;
 constexpr unsigned max_shared = 112 * 1024;  // two tile buffers
@@ -68,11 +69,11 @@ __device__ __forceinline__ unsigned swizzle(unsigned quarter) {
 // zero-filled, the halo columns were zeroed once) into buf. Both are
 // contiguous runs of pixels in global memory; a pixel's 32 channels are
 // `chunks` 16-byte chunks (8 in float, 4 in bf16) and thread i copies chunk
-// i % chunks of every (threads / chunks)-th pixel from i / chunks.
+// i % chunks of every (block_threads / chunks)-th pixel from i / chunks.
 template <class T>
 __device__ __forceinline__ void stage_tile(const T* x, const T* dy, const Geometry& g, unsigned t, unsigned k0,
                                            unsigned c0, std::uint32_t* buf) {
-    constexpr unsigned chunks = chan * sizeof(T) / 16, per_chunk = 16 / sizeof(T), step = threads / chunks;
+    constexpr unsigned chunks = chan * sizeof(T) / 16, per_chunk = 16 / sizeof(T), step = block_threads / chunks;
     const unsigned H = g.s.h, W = g.s.w, q = threadIdx.x % chunks, first = threadIdx.x / chunks;
     const unsigned img = t / g.tiles_per_image, y0 = (t - img * g.tiles_per_image) * g.tile_rows;
     const unsigned npix = g.tile_rows << g.log_w, dy_valid = min(g.tile_rows, H - y0) << g.log_w;
@@ -257,7 +258,7 @@ __device__ __forceinline__ void multiply_row_bf16_k16(const std::uint32_t* arow,
 }
 
 template <class T, unsigned LogW>
-__global__ void __launch_bounds__(threads, blocks_per_sm)
+__global__ void __launch_bounds__(block_threads, blocks_per_sm)
     tc_wgrad_kernel(const T* x, const T* dy, Geometry g, float* partials) {
     constexpr unsigned W = 1u << LogW;
     extern __shared__ std::uint32_t sm[];
@@ -268,7 +269,7 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
     const unsigned r = warp % 3, rg = warp / 3;
     float acc[3][2][4][4] = {};
     // The halo columns (padded columns 0 and w + 1) of both buffers: zero for every tile.
-    for (unsigned e = threadIdx.x; e < 2 * g.xrows * 2 * 8; e += threads) {
+    for (unsigned e = threadIdx.x; e < 2 * g.xrows * 2 * 8; e += block_threads) {
         const unsigned q = e % 8, side = e / 8 % 2, ry = e / 16 % g.xrows, b = e / (16 * g.xrows);
         const unsigned col = side ? W + 1 : 0;
         *reinterpret_cast<uint4*>(sm + b * buf_words + (tile_pixels + ry * g.xcols + col) * pixel_words +
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(threads, blocks_per_sm)
         }
     __syncthreads();
     float* out = partials + std::uint64_t{blockIdx.x} * K * taps * C;
-    for (unsigned e = threadIdx.x; e < chan * taps * chan; e += threads) {
+    for (unsigned e = threadIdx.x; e < chan * taps * chan; e += block_threads) {
         const unsigned row = e / chan, c = e % chan, k = row / taps, tap = row % taps;
         out[(std::uint64_t{k0 + k} * taps + tap) * C + c0 + c] = result[row * result_stride + c];
     }
@@ -347,9 +348,8 @@ void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShap
         if (g.shared > 48 * 1024)
             CUDA_CHECK(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.shared)));
-        kernel<<<dim3(g.grid_x, g.sub_c * (s.k / chan)), threads, g.shared, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(dy), g, static_cast<float*>(workspace));
-        CUDA_CHECK(cudaGetLastError());
+        plain_launch(kernel, dim3(g.grid_x, g.sub_c * (s.k / chan)), block_threads, g.shared, stream,
+                     static_cast<const T*>(x), static_cast<const T*>(dy), g, static_cast<float*>(workspace));
     };
     auto by_width = [&](auto tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
