@@ -1,8 +1,8 @@
 #pragma once
-// Launch helpers shared by the .cu files of dstrain's own kernels
-// (elementwise, pooling, batchnorm, loss, optimizer_step, input_layout):
-// grid sizes, the launch itself (programmatic dependent launch), the
-// activation-type dispatch and the channel of an element.
+// Launch helpers shared by the .cu files of dstrain's own kernels: grid
+// sizes, the launch itself (launch_kernel, with programmatic dependent
+// launch; plain_launch, without), the shared-memory carveout every launch
+// asks for, the activation-type dispatch and the channel of an element.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
