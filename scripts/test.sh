@@ -9,12 +9,17 @@
 #                      scripts/configure.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's wall time, printed at the end: CI's budget is the sum.
+steps=() last=$SECONDS
+took() { steps+=("$1 $((SECONDS - last)) s"); last=$SECONDS; }
 scripts/setup.sh --test
+took setup
 
 jobs=$(nproc)
 echo "== build (build/)"
 source scripts/configure.sh
 cmake --build build -j"$jobs"
+took build
 
 # ---- Python: the package installed into build/venv, linking the library
 # built above (DSTK_BUILD_DIR: nothing is compiled twice), reinstalled only
@@ -29,9 +34,11 @@ if [ ! -f "$stamp" ] || [ -n "$(find python/src python/dstk python/CMakeLists.tx
 else
     echo "(the package in build/venv is up to date)"
 fi
+took python-package
 
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
+took ctest
 
 # One pytest over the package's tests and the tools' Python-side tests (tests/python).
 echo "== python tests"
@@ -42,6 +49,7 @@ DSTK_BIN=$PWD/build/bin build/venv/bin/python -m pytest -q --basetemp="$PWD/buil
 # pytest exits 5 when it collected nothing: a broken test tree, never a pass.
 [ "$rc" -eq 5 ] && echo "pytest collected no tests in ${py_dirs[*]} (import errors? files renamed?)" >&2
 [ "$rc" -eq 0 ] || exit 1
+took pytest
 
 seconds=${DSTK_FUZZ_SECONDS:-10}
 if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
@@ -79,5 +87,6 @@ if [ "$seconds" -gt 0 ] && command -v clang++ >/dev/null 2>&1; then
         fi
     done
     [ "$failed" -eq 0 ] || exit 1
+    took fuzzers
 fi
-echo "== all tests passed"
+echo "== all tests passed ($(IFS=,; echo "${steps[*]}" | sed 's/,/, /g'); ${SECONDS} s in all)"
