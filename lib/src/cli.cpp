@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
 #include "dstk/json.hpp"

@@ -1,4 +1,6 @@
 // dsconvert: dtype, compression, layout and format conversion, out of core.
+#include <CLI/CLI.hpp>
+
 #include "dstk/cli.hpp"
 #include "dstk/convert/convert.hpp"
 #include "dstk/error.hpp"

@@ -1,6 +1,8 @@
 // dsgen: synthetic datasets, learnable, deterministic, larger than RAM.
 #include <cstdio>
 
+#include <CLI/CLI.hpp>
+
 #include "dstk/cli.hpp"
 #include "dstk/gen/generate.hpp"
 #include "dstk/units.hpp"

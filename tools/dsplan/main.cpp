@@ -1,4 +1,6 @@
 // dsplan: size a dataset against a machine and say where it should live.
+#include <CLI/CLI.hpp>
+
 #include "dstk/cli.hpp"
 #include "dstk/plan/plan.hpp"
 

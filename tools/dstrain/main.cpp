@@ -1,6 +1,8 @@
 // dstrain: train a CNN or MLP on a dataset directory, on the GPU (cuDNN) or the CPU.
 #include <cstdio>
 
+#include <CLI/CLI.hpp>
+
 #include "dstk/checkpoint.hpp"
 #include "dstk/cli.hpp"
 #include "dstk/dist/world.hpp"

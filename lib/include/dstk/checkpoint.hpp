@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
+#include "dstk/cli_fwd.hpp"
 
 namespace dstk {
 

@@ -5,8 +5,7 @@
 #include <limits>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
+#include "dstk/cli_fwd.hpp"
 #include "dstk/output.hpp"
 
 namespace dstk {

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include <CLI/CLI.hpp>
+
 #include "dstk/cli.hpp"
 #include "dstk/units.hpp"
 

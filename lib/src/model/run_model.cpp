@@ -2,6 +2,8 @@
 
 #include <memory>
 
+#include <CLI/CLI.hpp>
+
 #include "dstk/atomic_output.hpp"
 #include "dstk/error.hpp"
 #include "train/backends.hpp"

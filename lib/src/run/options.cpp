@@ -1,5 +1,7 @@
 #include "dstk/run/options.hpp"
 
+#include <CLI/CLI.hpp>
+
 namespace dstk::run {
 
 void add_data_options(CLI::App& app, DataOptions& d) {

@@ -5,8 +5,7 @@
 #include <filesystem>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
+#include "dstk/cli_fwd.hpp"
 #include "dstk/model/infer.hpp"
 #include "dstk/output.hpp"
 

@@ -6,8 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
+#include "dstk/cli_fwd.hpp"
 #include "dstk/atomic_output.hpp"
 #include "dstk/model/saved_model.hpp"
 #include "dstk/output.hpp"

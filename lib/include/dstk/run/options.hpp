@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
+#include "dstk/cli_fwd.hpp"
 #include "dstk/model/run_model.hpp"
 #include "dstk/train/trainer.hpp"
 
