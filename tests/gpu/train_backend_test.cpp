@@ -4,6 +4,7 @@
 // memory plan against what the device reports.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -577,6 +578,74 @@ TEST(TrainGpu, FirstBatchNormFromInputMomentsTrainsLikeItsOwnPass) {
             EXPECT_EQ(a->read_parameters(), b->read_parameters()) << "two deterministic runs differ";
             EXPECT_EQ(a->read_states(), b->read_states());
         }
+}
+
+// Where the first batch norm takes its statistics from the input's moments,
+// the moments kernel of a training batch also converts it (u8 or f32 samples
+// of a stride-1 3x3 convolution; own:in_input_moments in the kernel report),
+// and the conversion's own pass does not run; DSTK_INPUT_IN_MOMENTS=0 runs
+// it. The same values, rounded the same way: parameters and statistics after
+// graph steps and an eager partial one are bit for bit equal to the
+// conversion pass's, deterministic runs each way. 1 to 4 channels (bf16
+// stores four of its eight), widths that end a tile mid-row, a batch whose
+// last tile is partial. Samples of another type take the conversion pass.
+TEST(TrainGpu, MomentsKernelConvertsTheInputBitEqual) {
+    REQUIRE_GPU();
+    const std::pair<const char*, TensorShape> cases[] = {
+        {"conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,flatten,fc:10", {3, 20, 12}},
+        {"conv3x3:32,bn,relu,flatten,fc:10", {1, 9, 7}},
+        {"conv3x3:64,bn,conv3x3:8,bn,relu,flatten,fc:10", {2, 7, 13}},
+        {"conv3x3:32,bn,relu,flatten,fc:10", {4, 8, 8}},
+    };
+    const std::uint32_t batch = 28;
+    auto reported = [](const Trainer& t) {
+        for (const KernelReport& r : t.kernel_choices())
+            if (r.layer == 0 && r.kernel == "own:in_input_moments") return true;
+        return false;
+    };
+    for (const auto& [spec, in] : cases)
+        for (const Precision prec : {Precision::bf16, Precision::tf32})
+            for (const DType dtype : {DType::u8, DType::f32}) {
+                SCOPED_TRACE(std::string(spec) + " " + std::string(precision_name(prec)) + " " +
+                             std::string(dtype_name(dtype)));
+                const Data d = make_random_data(in, 10, batch * 4, 41);
+                std::vector<std::uint8_t> bytes(d.x.size());
+                for (std::size_t i = 0; i < bytes.size(); ++i)
+                    bytes[i] =
+                        static_cast<std::uint8_t>(std::lround(std::clamp(d.x[i] * 40.0f + 100.0f, 0.0f, 255.0f)));
+                const DeviceData dd(d);
+                auto bx = make_backend_buffer({Backend::cuda, 0}, bytes.size());
+                bx->upload(0, bytes.data(), bytes.size());
+                TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, prec, OptimizerKind::adamw);
+                c.deterministic = true;
+                c.input_dtype = dtype;
+                if (dtype == DType::u8) c.mean.assign(in.c, 110.0f), c.std.assign(in.c, 60.0f);
+                auto make = [&](bool own_pass) {
+                    if (own_pass) setenv("DSTK_INPUT_IN_MOMENTS", "0", 1);
+                    auto t = make_trainer(c);
+                    unsetenv("DSTK_INPUT_IN_MOMENTS");
+                    return t;
+                };
+                auto fused = make(false), own = make(true);
+                EXPECT_TRUE(reported(*fused));
+                EXPECT_FALSE(reported(*own));
+                for (Trainer* t : {fused.get(), own.get()})
+                    for (std::uint32_t s = 0; s < 4; ++s) {
+                        const std::uint32_t n = s == 3 ? 19 : batch; // the last: eager, a partial tile
+                        const std::uint64_t at = std::uint64_t{s} * batch * in.numel();
+                        const void* x =
+                            dtype == DType::u8
+                                ? static_cast<const void*>(static_cast<const std::uint8_t*>(bx->data()) + at)
+                                : static_cast<const void*>(dd.xs() + at);
+                        t->train_step(step_batch(t->config(), x, dd.ys() + s * batch, n));
+                    }
+                EXPECT_EQ(fused->read_parameters(), own->read_parameters());
+                EXPECT_EQ(fused->read_states(), own->read_states());
+            }
+    TrainerConfig c = config("conv3x3:32,bn,relu,flatten,fc:10", {3, 8, 8}, 10, batch, Backend::cuda, Precision::bf16,
+                             OptimizerKind::adamw);
+    c.input_dtype = DType::i8;
+    EXPECT_FALSE(reported(*make_trainer(c)));
 }
 
 // In bf16 and tf32 the first convolution's weight gradient (its batch norm

@@ -339,6 +339,10 @@ class CudaTrainer final : public Trainer {
     // (where first_conv_bn_), and the workspace of their partial sums.
     float* moments_[InputSets::count] = {};
     void* moments_ws_ = nullptr;
+    // A training batch converted by the moments kernel as it reads it
+    // (launch_first_bn_moments_converting; DSTK_INPUT_IN_MOMENTS=0: the
+    // conversion's own pass, then the moments).
+    bool input_in_moments_ = false;
     TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
@@ -546,6 +550,8 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     find_algorithms();
     descs(cfg_.max_batch);
     first_conv_bn_ = first_bn_into_wgrad();
+    input_in_moments_ = first_conv_bn_ && first_bn_converts(at_, cfg_.input_dtype, direct_shape(cfg_.max_batch));
+    if (const char* e = std::getenv("DSTK_INPUT_IN_MOMENTS"); e && std::string(e) == "0") input_in_moments_ = false;
     plan_conv_bn_stats();
     plan_first_wgrad_in_dgrad();
     report_rule_choices(); // plans them for max_batch, before any capture
@@ -1294,6 +1300,7 @@ void CudaTrainer::report_rule_choices() {
         reports_.push_back({1, "fwd", "own:input_moments", ChoiceSource::rule, 0.0});
         reports_.push_back({1, "bwd", "own:input_moments", ChoiceSource::rule, 0.0});
     }
+    if (input_in_moments_) reports_.push_back({0, "convert", "own:in_input_moments", ChoiceSource::rule, 0.0});
     if (first_wgrad_at_ > 0)
         for (KernelReport& r : reports_)
             if (r.layer == 0 && r.op == "bwd_filter")
@@ -1335,10 +1342,15 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
     alias_input_set();
     const unsigned k = in_->current();
     const TensorShape in = cfg_.plan.input;
-    launch_convert_input(b.x, cfg_.input_dtype, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_,
-                         act0_[k], at_, nchw_, input_.c, nullptr, in_->stream());
-    if (training && first_conv_bn_)
-        launch_first_bn_moments(act0_[k], at_, direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
+    if (training && input_in_moments_) {
+        launch_first_bn_moments_converting({b.x, cfg_.input_dtype, mean_, inv_std_}, act0_[k], at_,
+                                           direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
+    } else {
+        launch_convert_input(b.x, cfg_.input_dtype, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_,
+                             act0_[k], at_, nchw_, input_.c, nullptr, in_->stream());
+        if (training && first_conv_bn_)
+            launch_first_bn_moments(act0_[k], at_, direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
+    }
     // The data path's one conversion step (dstk/data/convert.hpp): every
     // target and the side input in one launch.
     data::FieldConversion f[data::max_conversions];

@@ -30,15 +30,89 @@ unsigned fwd_blocks(const DirectConvShape& s) {
 template <int KP> constexpr unsigned fwd_stride = KP + 8;
 template <class T> constexpr unsigned fwd_matrices = std::is_same_v<T, bf16> ? 1 : 2;
 template <int KP> constexpr int fwd_values = KP / 16 * (KP / 8) * 4;
-template <class T, int KP> std::uint64_t fwd_shared() {
-    const std::uint64_t rows = std::uint64_t{fwd_matrices<T>} * fwd_tile * fwd_stride<KP> * sizeof(bf16);
-    return std::max<std::uint64_t>(rows, std::uint64_t{fwd_warps} / 2 * fwd_values<KP> * 32 * sizeof(float));
+template <class T, int KP> __host__ __device__ constexpr unsigned fwd_shared() {
+    const unsigned rows = fwd_matrices<T> * fwd_tile * fwd_stride<KP> * sizeof(bf16);
+    const unsigned sums = fwd_warps / 2 * fwd_values<KP> * 32 * sizeof(float);
+    return rows > sums ? rows : sums;
 }
+
+// The moments' source of input pixels, read as build_patch_row's load(q, v):
+// pixel q = (image * h + y) * w + x, its channels below C into v.
+//
+// The conversion's output: NHWC, cstride apart; bf16 channels stored in fours
+// (tc_forward_applies).
+template <class T, int C> struct ConvertedPixels {
+    static constexpr bool staged = false;
+    const T* x = nullptr;
+    unsigned cstride = 0;
+    __device__ __forceinline__ void load(std::uint64_t q, float (&v)[4]) const {
+        if constexpr (std::is_same_v<T, bf16>) {
+            const uint2 w = *reinterpret_cast<const uint2*>(x + q * cstride);
+            const float2 c01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
+            const float2 c23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
+            v[0] = c01.x, v[1] = c01.y, v[2] = c23.x, v[3] = c23.y;
+        } else {
+#pragma unroll
+            for (int c = 0; c < C; ++c) v[c] = ld(x, q * cstride + c);
+        }
+    }
+};
+
+// The stored batch (CHW samples of In), converted as a tile is staged: its
+// pixels and the rows of halo above and below them, normalised as
+// launch_convert_input does (and rounded to T as it stores them), into shared
+// memory, where load reads them; each tile's own pixels also go out to the
+// converted input (NHWC, cstride apart), so that no conversion pass runs.
+// Output pixels are input pixels here (first_bn_converts: stride 1, padding
+// 1), so the tiles write every pixel once.
+template <class T, class In, int C> struct StoredPixels {
+    static constexpr bool staged = true;
+    const In* x = nullptr;
+    const float *mean = nullptr, *inv_std = nullptr;
+    T* out = nullptr;
+    unsigned cstride = 0, halo = 0; // halo: w + 1 pixels before and after a tile
+    Div32 dhw;
+    float4* stage = nullptr; // shared: tile + 2 * halo pixels from pixel `base`
+    std::int64_t base = 0;
+
+    __device__ void fill(unsigned first, unsigned pixels) {
+        base = std::int64_t{first} - halo;
+        for (unsigned i = threadIdx.x; i < fwd_tile + 2 * halo; i += blockDim.x) {
+            const std::int64_t q = base + i;
+            float v[4] = {};
+            if (q >= 0 && q < pixels) {
+                const unsigned p = static_cast<unsigned>(q), img = dhw.div(p), j = p - img * dhw.d;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const float f = (ld(x, (std::uint64_t{img} * C + c) * dhw.d + j) - mean[c]) * inv_std[c];
+                    v[c] = std::is_same_v<T, bf16> ? __bfloat162float(__float2bfloat16(f)) : f;
+                }
+                if (p >= first && p - first < fwd_tile) store(p, v);
+            }
+            stage[i] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    }
+    // Channels from min(cstride, 4) on are pads the caller keeps at zero.
+    __device__ __forceinline__ void store(unsigned p, const float (&v)[4]) const {
+        T* o = out + std::uint64_t{p} * cstride;
+        if constexpr (std::is_same_v<T, bf16>) {
+            *reinterpret_cast<uint2*>(o) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+        } else {
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                if (c < static_cast<int>(cstride)) o[c] = v[c];
+        }
+    }
+    __device__ __forceinline__ void load(std::uint64_t q, float (&v)[4]) const {
+        const float4 s = stage[static_cast<std::int64_t>(q) - base];
+        v[0] = s.x, v[1] = s.y, v[2] = s.z, v[3] = s.w;
+    }
+};
 
 // Thread q's patch row of output pixel `pixel` (zeros past the last one): x
 // under its nine taps, channel-major as in the KCRS weights, then a one.
-template <class T, int C, int KP>
-__device__ void build_patch_row(const T* x, const DirectConvShape& s, Div32 dow, Div32 doh, unsigned pixel,
+template <int C, int KP, class Src>
+__device__ void build_patch_row(const Src& src, const DirectConvShape& s, Div32 dow, Div32 doh, unsigned pixel,
                                 unsigned pixels, bf16* hi, bf16* lo) {
     float v[KP] = {};
     if (pixel < pixels) {
@@ -49,18 +123,10 @@ __device__ void build_patch_row(const T* x, const DirectConvShape& s, Div32 dow,
         for (int t = 0; t < static_cast<int>(taps); ++t) {
             const int iy = iy0 + t / 3, ix = ix0 + t % 3;
             if (iy < 0 || ix < 0 || iy >= static_cast<int>(s.h) || ix >= static_cast<int>(s.w)) continue;
-            const std::uint64_t at = ((std::uint64_t{img} * s.h + iy) * s.w + ix) * s.cstride;
-            if constexpr (std::is_same_v<T, bf16>) { // tc_forward_applies: channels stored in fours
-                const uint2 q = *reinterpret_cast<const uint2*>(x + at);
-                const float2 c01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
-                const float2 c23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
-                const float c4[4] = {c01.x, c01.y, c23.x, c23.y};
+            float c4[4];
+            src.load((std::uint64_t{img} * s.h + iy) * s.w + ix, c4);
 #pragma unroll
-                for (int c = 0; c < C; ++c) v[c * taps + t] = c4[c];
-            } else {
-#pragma unroll
-                for (int c = 0; c < C; ++c) v[c * taps + t] = ld(x, at + c);
-            }
+            for (int c = 0; c < C; ++c) v[c * taps + t] = c4[c];
         }
         v[taps * C] = 1.0f;
     }
@@ -84,22 +150,27 @@ __device__ void build_patch_row(const T* x, const DirectConvShape& s, Div32 dow,
 // about 16 bits of each). One ldmatrix.x4.trans of 16 columns x 16 pixels is
 // at once the A fragment of those 16 rows of M and the B fragments of those
 // 16 columns. partials[block][KP x KP].
-template <class T, int C, int KP>
+template <class T, int C, int KP, class Src>
 __global__ void __launch_bounds__(fwd_threads)
-    first_bn_moments_kernel(const T* x, DirectConvShape s, Div32 dow, Div32 doh, float* partials) {
+    first_bn_moments_kernel(Src src, DirectConvShape s, Div32 dow, Div32 doh, float* partials) {
     await_predecessor();
     constexpr int MT = KP / 16, NT = KP / 8, RS = fwd_stride<KP>, V = fwd_values<KP>;
     constexpr bool split = fwd_matrices<T> == 2;
     extern __shared__ uint4 fwd_smem[];
     auto* hi = reinterpret_cast<bf16*>(fwd_smem);
     bf16* lo = split ? hi + fwd_tile * RS : nullptr;
+    if constexpr (Src::staged) src.stage = reinterpret_cast<float4*>(fwd_smem) + fwd_shared<T, KP>() / 16;
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, t4 = lane % 4;
     const unsigned pixels = s.n * s.oh * s.ow; // tc_forward_applies: below 2^31
     float acc[MT][NT][4] = {};
     for (unsigned first = blockIdx.x * fwd_tile; first < pixels; first += gridDim.x * fwd_tile) {
         __syncthreads(); // the previous tile's reads are done
-        build_patch_row<T, C, KP>(x, s, dow, doh, first + threadIdx.x, pixels, hi + threadIdx.x * RS,
-                                  split ? lo + threadIdx.x * RS : nullptr);
+        if constexpr (Src::staged) {
+            src.fill(first, pixels);
+            __syncthreads();
+        }
+        build_patch_row<C, KP>(src, s, dow, doh, first + threadIdx.x, pixels, hi + threadIdx.x * RS,
+                               split ? lo + threadIdx.x * RS : nullptr);
         __syncthreads();
         for (unsigned ks = warp; ks < fwd_tile / 16; ks += fwd_warps) {
             const unsigned row = ks * 16 + (lane / 16) * 8 + lane % 8, col = ((lane / 8) % 2) * 8;
@@ -228,23 +299,74 @@ std::uint64_t first_bn_moments_workspace(const DirectConvShape& s) {
     return std::uint64_t{fwd_blocks(s)} * first_bn_moments(s) * sizeof(float);
 }
 
+namespace {
+
+// The moments kernel from src (C channels, as the trainer's activations T),
+// its partials summed by a second kernel; staged: the pixels of halo a
+// StoredPixels source keeps beside each tile.
+template <class T, int C, class Src>
+void launch_moments(const Src& src, unsigned halo, const DirectConvShape& s, float* moments, void* workspace,
+                    cudaStream_t stream) {
+    constexpr int KP = fwd_cols(C);
+    const unsigned blocks = fwd_blocks(s);
+    const std::uint64_t shared = fwd_shared<T, KP>() + (Src::staged ? (fwd_tile + 2 * halo) * sizeof(float4) : 0);
+    auto* partials = static_cast<float*>(workspace);
+    if (shared > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(first_bn_moments_kernel<T, C, KP, Src>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    launch_kernel(first_bn_moments_kernel<T, C, KP, Src>, blocks, fwd_threads, shared, stream, src, s, Div32(s.ow),
+                  Div32(s.oh), partials);
+    launch_sum_partials(partials, blocks, std::uint64_t{KP} * KP, moments, ActType::f32, stream);
+}
+
+// The widest image whose tile and halo rows StoredPixels stages.
+constexpr std::uint32_t max_staged_width = 1024;
+
+} // namespace
+
 void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, float* moments, void* workspace,
                              cudaStream_t stream) {
-    const unsigned blocks = fwd_blocks(s), kp = fwd_cols(s.c);
-    auto* partials = static_cast<float*>(workspace);
-    const Div32 dow(s.ow), doh(s.oh);
-    auto go = [&](auto tag, auto c) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        constexpr int C = decltype(c)::value, KP = fwd_cols(C);
-        const std::uint64_t shared = fwd_shared<T, KP>();
-        if (shared > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(first_bn_moments_kernel<T, C, KP>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-        launch_kernel(first_bn_moments_kernel<T, C, KP>, blocks, fwd_threads, shared, stream, static_cast<const T*>(x),
-                      s, dow, doh, partials);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        with_constant<4>(s.c, [&](auto c) { // direct_conv: 1 to 4
+            constexpr int C = decltype(c)::value;
+            launch_moments<T, C>(ConvertedPixels<T, C>{static_cast<const T*>(x), s.cstride}, 0, s, moments, workspace,
+                                 stream);
+        });
+    });
+}
+
+bool first_bn_converts(ActType t, DType dtype, const DirectConvShape& s) {
+    const bool layout = t == ActType::bf16 ? s.cstride % 4 == 0 : s.cstride == s.c;
+    return (dtype == DType::u8 || dtype == DType::f32) && !s.nchw && layout && s.kernel == 3 && s.stride == 1 &&
+           s.pad == 1 && s.oh == s.h && s.ow == s.w && s.w <= max_staged_width && s.c >= 1 && s.c <= 4;
+}
+
+void launch_first_bn_moments_converting(const StoredBatch& b, void* out, ActType t, const DirectConvShape& s,
+                                        float* moments, void* workspace, cudaStream_t stream) {
+    const unsigned halo = s.w + 1;
+    auto go = [&](auto tag, auto in, auto c) {
+        using T = DSTK_T;
+        using In = std::remove_pointer_t<decltype(in)>;
+        constexpr int C = decltype(c)::value;
+        StoredPixels<T, In, C> src;
+        src.x = static_cast<const In*>(b.x);
+        src.mean = b.mean;
+        src.inv_std = b.inv_std;
+        src.out = static_cast<T*>(out);
+        src.cstride = s.cstride;
+        src.halo = halo;
+        src.dhw = Div32(std::uint64_t{s.h} * s.w);
+        launch_moments<T, C>(src, halo, s, moments, workspace, stream);
     };
-    dispatch(t, [&](auto tag) { with_constant<4>(s.c, [&](auto c) { go(tag, c); }); }); // direct_conv: 1 to 4
-    launch_sum_partials(partials, blocks, std::uint64_t{kp} * kp, moments, ActType::f32, stream);
+    dispatch(t, [&](auto tag) {
+        with_constant<4>(s.c, [&](auto c) {
+            if (b.dtype == DType::u8)
+                go(tag, static_cast<std::uint8_t*>(nullptr), c);
+            else
+                go(tag, static_cast<float*>(nullptr), c);
+        });
+    });
 }
 
 void launch_first_bn_forward(ActType t, const DirectConvShape& s, const float* w, const FirstBnForward& f,

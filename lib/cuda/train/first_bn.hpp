@@ -23,6 +23,7 @@
 
 #include "act_type.hpp"
 #include "direct_conv.hpp"
+#include "dstk/dtype.hpp"
 
 namespace dstk::train::cuda {
 
@@ -53,6 +54,25 @@ std::uint64_t first_bn_moments_workspace(const DirectConvShape& s);
 // x: the convolution's input as direct_conv reads it.
 void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s, float* moments, void* workspace,
                              cudaStream_t stream);
+
+// The batch as stored, before launch_convert_input (input_layout.hpp): CHW
+// samples of dtype, normalised with mean and inv_std per channel.
+struct StoredBatch {
+    const void* x = nullptr;
+    DType dtype = DType::u8;
+    const float *mean = nullptr, *inv_std = nullptr;
+};
+// Whether launch_first_bn_moments_converting takes this shape: u8 or f32
+// samples, NHWC, a 3x3 convolution of stride 1 and padding 1 (its output
+// pixels are its input's), images at most 1,024 wide, bf16 pixels in whole
+// fours of channels.
+bool first_bn_converts(ActType t, DType dtype, const DirectConvShape& s);
+// launch_first_bn_moments of the stored batch, converting it on the way: out
+// receives what launch_convert_input writes (NHWC, s.cstride apart), except
+// channels from the fourth on, pads the caller keeps at zero. The conversion
+// pass and its second read of the converted input do not run.
+void launch_first_bn_moments_converting(const StoredBatch& b, void* out, ActType t, const DirectConvShape& s,
+                                        float* moments, void* workspace, cudaStream_t stream);
 // The statistics from f.moments; w: the convolution's fp32 KCRS weights.
 void launch_first_bn_forward(ActType t, const DirectConvShape& s, const float* w, const FirstBnForward& f,
                              cudaStream_t stream);
