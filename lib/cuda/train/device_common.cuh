@@ -32,6 +32,14 @@ __device__ __forceinline__ float ld(const std::int8_t* p, std::uint64_t i) {
 __device__ __forceinline__ float ld(const __half* p, std::uint64_t i) {
     return __half2float(p[i]);
 }
+// Stored input value i of channel c normalised for the network, in this one
+// order of operations, so that every kernel converting the input
+// (input_layout.cu's pass, first_bn.cu's moments) gives the same bits.
+template <class In>
+__device__ __forceinline__ float normalised(const In* x, std::uint64_t i, std::uint32_t c, const float* mean,
+                                            const float* inv_std) {
+    return (ld(x, i) - mean[c]) * inv_std[c];
+}
 __device__ __forceinline__ void st(float* p, std::uint64_t i, float v) {
     p[i] = v;
 }

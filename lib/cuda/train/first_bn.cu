@@ -84,7 +84,7 @@ template <class T, class In, int C> struct StoredPixels {
                 const unsigned p = static_cast<unsigned>(q), img = dhw.div(p), j = p - img * dhw.d;
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
-                    const float f = (ld(x, (std::uint64_t{img} * C + c) * dhw.d + j) - mean[c]) * inv_std[c];
+                    const float f = normalised(x, (std::uint64_t{img} * C + c) * dhw.d + j, c, mean, inv_std);
                     v[c] = std::is_same_v<T, bf16> ? __bfloat162float(__float2bfloat16(f)) : f;
                 }
                 if (p >= first && p - first < fwd_tile) store(p, v);

@@ -26,7 +26,7 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
         GRID_LOOP(i, std::uint64_t{n} * channels * hw) {
             if (labels_out && i < n) labels_out[i] = labels[i];
             const std::uint32_t c = ch(i, 0);
-            st(out, i, (ld(x, i) - mean[c]) * inv_std[c]);
+            st(out, i, normalised(x, i, c, mean, inv_std));
         }
         return;
     }
@@ -39,7 +39,7 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
         if (labels_out && pix < n) labels_out[pix] = labels[pix];
         const std::uint64_t s = ch.narrow ? ch.dhw.div(static_cast<std::uint32_t>(pix)) : pix / hw, j = pix - s * hw;
         auto value = [&](std::uint32_t c) {
-            return c < channels ? (ld(x, (s * channels + c) * hw + j) - mean[c]) * inv_std[c] : 0.0f;
+            return c < channels ? normalised(x, (s * channels + c) * hw + j, c, mean, inv_std) : 0.0f;
         };
         if (out_channels % 4 == 0) {
             for (std::uint32_t c = 0; c < out_channels; c += 4) {
