@@ -43,6 +43,7 @@ template <class T, int KP> __host__ __device__ constexpr unsigned fwd_shared() {
 // (tc_forward_applies).
 template <class T, int C> struct ConvertedPixels {
     static constexpr bool staged = false;
+    std::uint64_t stage_bytes() const { return 0; }
     const T* x = nullptr;
     unsigned cstride = 0;
     __device__ __forceinline__ void load(std::uint64_t q, float (&v)[4]) const {
@@ -74,6 +75,8 @@ template <class T, class In, int C> struct StoredPixels {
     Div32 dhw;
     float4* stage = nullptr; // shared: tile + 2 * halo pixels from pixel `base`
     std::int64_t base = 0;
+
+    std::uint64_t stage_bytes() const { return (fwd_tile + 2 * std::uint64_t{halo}) * sizeof(float4); }
 
     __device__ void fill(unsigned first, unsigned pixels) {
         base = std::int64_t{first} - halo;
@@ -302,14 +305,13 @@ std::uint64_t first_bn_moments_workspace(const DirectConvShape& s) {
 namespace {
 
 // The moments kernel from src (C channels, as the trainer's activations T),
-// its partials summed by a second kernel; staged: the pixels of halo a
-// StoredPixels source keeps beside each tile.
+// with the shared memory its source stages, its partials summed by a second
+// kernel.
 template <class T, int C, class Src>
-void launch_moments(const Src& src, unsigned halo, const DirectConvShape& s, float* moments, void* workspace,
-                    cudaStream_t stream) {
+void launch_moments(const Src& src, const DirectConvShape& s, float* moments, void* workspace, cudaStream_t stream) {
     constexpr int KP = fwd_cols(C);
     const unsigned blocks = fwd_blocks(s);
-    const std::uint64_t shared = fwd_shared<T, KP>() + (Src::staged ? (fwd_tile + 2 * halo) * sizeof(float4) : 0);
+    const std::uint64_t shared = fwd_shared<T, KP>() + src.stage_bytes();
     auto* partials = static_cast<float*>(workspace);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(first_bn_moments_kernel<T, C, KP, Src>,
@@ -333,7 +335,7 @@ void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s,
         using T = DSTK_T;
         with_constant<4>(s.c, [&](auto c) { // direct_conv: 1 to 4
             constexpr int C = decltype(c)::value;
-            launch_moments<T, C>(ConvertedPixels<T, C>{static_cast<const T*>(x), s.cstride}, 0, s, moments, workspace,
+            launch_moments<T, C>(ConvertedPixels<T, C>{static_cast<const T*>(x), s.cstride}, s, moments, workspace,
                                  stream);
         });
     });
@@ -347,7 +349,6 @@ bool first_bn_converts(ActType t, DType dtype, const DirectConvShape& s) {
 
 void launch_first_bn_moments_converting(const StoredBatch& b, void* out, ActType t, const DirectConvShape& s,
                                         float* moments, void* workspace, cudaStream_t stream) {
-    const unsigned halo = s.w + 1;
     auto go = [&](auto tag, auto in, auto c) {
         using T = DSTK_T;
         using In = std::remove_pointer_t<decltype(in)>;
@@ -358,9 +359,9 @@ void launch_first_bn_moments_converting(const StoredBatch& b, void* out, ActType
         src.inv_std = b.inv_std;
         src.out = static_cast<T*>(out);
         src.cstride = s.cstride;
-        src.halo = halo;
+        src.halo = s.w + 1;
         src.dhw = Div32(std::uint64_t{s.h} * s.w);
-        launch_moments<T, C>(src, halo, s, moments, workspace, stream);
+        launch_moments<T, C>(src, s, moments, workspace, stream);
     };
     dispatch(t, [&](auto tag) {
         with_constant<4>(s.c, [&](auto c) {
