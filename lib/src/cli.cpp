@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <vector>
 
@@ -44,13 +45,28 @@ void collect_option_names(const CLI::App& app, const std::string& owner,
 }
 
 // "unknown option '--trian' (did you mean '--train'?)" for each argument
-// CLI11 did not expect that looks like an option; CLI11's own message otherwise.
+// CLI11 did not expect that looks like an option, "unexpected argument 'd'"
+// for one that does not (unless it follows such an option: its value);
+// CLI11's own message where there is neither.
 std::string unexpected_arguments_message(const CLI::App& app, const CLI::ParseError& e) {
     std::vector<std::pair<std::string, std::string>> names;
     collect_option_names(app, app.get_name(), names);
     std::string message;
+    bool option_value = false; // the argument before was an unexpected option without "="
     for (const std::string& arg : app.remaining(true)) {
-        if (arg.size() < 2 || arg[0] != '-') continue;
+        const bool value = option_value;
+        option_value = arg.size() > 1 && arg[0] == '-' && arg.find('=') == std::string::npos;
+        if (arg.empty() || arg[0] != '-') {
+            if (value) continue;
+            if (!message.empty()) message += "; ";
+            message += "unexpected argument '" + arg + "'";
+            // A tool that names its dataset by option (dsplan): the dataset typed as the other tools take it.
+            std::error_code ec;
+            if (app.get_option_no_throw("--dataset") && std::filesystem::is_directory(arg, ec))
+                message += " (name a dataset with --dataset " + arg + ")";
+            continue;
+        }
+        if (arg.size() < 2) continue;
         const std::string typed = arg.substr(0, arg.find('='));
         std::string best, owner;
         std::size_t best_distance = std::numeric_limits<std::size_t>::max();

@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
     app.add_option("--batch", o.batch, "Training batch size")->capture_default_str();
     app.add_option("--prefetch", o.prefetch, "Ring slots (batches in flight to the GPU)")->capture_default_str();
     app.add_option("--model", o.model,
-                   "dstrain model (ref-cnn, small-cnn, resnet9, mlp or a spec), checked against "
-                   "the shape; its GPU footprint is not included yet");
+                   "dstrain model (ref-cnn, small-cnn, resnet9, mlp or a spec), checked against the shape; "
+                   "its training footprint (dstrain's memory plan at --batch) is added to every GPU figure");
     app.add_option("--classes", o.classes, "Classes for --model, at least 2 (default: the manifest's, else 10)");
     app.add_option("--compute-rate", o.compute_rate, "Training samples/s of the GPU (from a dstrain run), e.g. 70K");
     app.add_option("--order", o.order, "Sample order: sequential, chunk or full (full reads at random)")
