@@ -44,6 +44,21 @@ void collect_option_names(const CLI::App& app, const std::string& owner,
         collect_option_names(*sub, owner + " " + sub->get_name(), names);
 }
 
+// What an unexpected argument that is no option may have meant: a dataset,
+// where the tool names its dataset by option (dsplan); a subcommand's
+// argument, where the tool takes none of its own before one (dsbench).
+std::string positional_hint(const CLI::App& app, const std::string& arg) {
+    std::error_code ec;
+    if (app.get_option_no_throw("--dataset") && std::filesystem::is_directory(arg, ec))
+        return " (name a dataset with --dataset " + arg + ")";
+    const auto subs = app.get_subcommands([](const CLI::App*) { return true; });
+    const auto positionals = app.get_options([](const CLI::Option* o) { return o->get_positional(); });
+    if (subs.empty() || !positionals.empty() || app.get_parent() != nullptr) return "";
+    std::string names;
+    for (const CLI::App* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
+    return " (" + app.get_name() + " takes a subcommand first: " + names + ")";
+}
+
 // "unknown option '--trian' (did you mean '--train'?)" for each argument
 // CLI11 did not expect that looks like an option, "unexpected argument 'd'"
 // for one that does not (unless it follows such an option: its value);
@@ -60,10 +75,7 @@ std::string unexpected_arguments_message(const CLI::App& app, const CLI::ParseEr
             if (value) continue;
             if (!message.empty()) message += "; ";
             message += "unexpected argument '" + arg + "'";
-            // A tool that names its dataset by option (dsplan): the dataset typed as the other tools take it.
-            std::error_code ec;
-            if (app.get_option_no_throw("--dataset") && std::filesystem::is_directory(arg, ec))
-                message += " (name a dataset with --dataset " + arg + ")";
+            message += positional_hint(app, arg);
             continue;
         }
         if (arg.size() < 2) continue;

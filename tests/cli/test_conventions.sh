@@ -50,11 +50,14 @@ expect_exit 2 "$T" "$WORK/a" --zzzzzzzz 1
 expect_stderr "unknown option '--zzzzzzzz'"
 expect_true "no suggestion for a name far from every option" bash -c "! grep -q 'did you mean' '$ERR'"
 # An argument that is no option is named; dsplan, which takes its dataset by
-# option, says how to name one typed as the other tools take it.
+# option, says how to name one typed as the other tools take it, and dsbench
+# that a subcommand comes first.
 expect_exit 2 "$BIN/dsplan" "$WORK/a"
 expect_stderr "unexpected argument '$WORK/a' \(name a dataset with --dataset $WORK/a\)"
 expect_exit 2 "$G" "$WORK/x" "$WORK/y" --train 10
 expect_stderr "^dsgen: error: unexpected argument '$WORK/y'$"
+expect_exit 2 "$BIN/dsbench" "$WORK/a"
+expect_stderr "unexpected argument '$WORK/a' \(dsbench takes a subcommand first: all, compare\)"
 
 # Numeric ranges, checked before anything runs (exit 2, naming the option).
 for bad in "--momentum 5" "--momentum -0.1" "--weight-decay nan" "--gamma nan" "--gamma 0" "--lr 0" "--lr inf" "--lr -1" \
