@@ -53,7 +53,7 @@ std::string positional_hint(const CLI::App& app, const std::string& arg) {
         return " (name a dataset with --dataset " + arg + ")";
     const auto subs = app.get_subcommands([](const CLI::App*) { return true; });
     const auto positionals = app.get_options([](const CLI::Option* o) { return o->get_positional(); });
-    if (subs.empty() || !positionals.empty() || app.get_parent() != nullptr) return "";
+    if (subs.empty() || !positionals.empty()) return "";
     std::string names;
     for (const CLI::App* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
     return " (" + app.get_name() + " takes a subcommand first: " + names + ")";
