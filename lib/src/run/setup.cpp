@@ -379,22 +379,27 @@ void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const
 Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {
     // On the GPU: what the CUDA runtime itself holds (context, library
     // handles, loaded kernels), measured once everything is built and warmed
-    // up, plus the planned buffers.
+    // up, plus the planned buffers. On the host (either backend): the process
+    // measured after the same warm-up, so that what a step adds beside the
+    // planned buffers (the CPU trainer's per-thread scratch, the allocator's
+    // per-thread arenas, growing with -T) is in the ceiling.
     Ceiling c;
     c.data_device = s.train_src->device_bytes() + (s.test_src ? s.test_src->device_bytes() : 0);
     c.planned = r.planned.total() + c.data_device;
     c.managed = s.train_src->placement() == Placement::managed;
     // A resident split's load time belongs to the first epoch's read time; the warm-up's does not.
     c.load_seconds = s.train_src->take_times().read;
+    warm_up(*s.trainer, *s.train_src, s.test_src.get(), epoch);
     if (s.on_gpu()) {
-        warm_up(*s.trainer, *s.train_src, s.test_src.get(), epoch);
         const std::uint64_t held = s.meter->sample();
         c.overhead = held > c.planned ? held - c.planned : 0;
         r.memory_method = s.meter->method();
     }
     c.bytes = c.overhead + c.planned;
     // Host: what the process held before the sources, what the warm-up added
-    // beside them (cuda libraries load kernels lazily), and the sources' plan.
+    // beside them (cuda libraries load kernels lazily; the CPU trainer's
+    // buffers, allocated and zeroed when it was made, and its threads'
+    // scratch), and the sources' plan.
     const std::uint64_t data_resident = s.train_src->host_resident() + (s.test_src ? s.test_src->host_resident() : 0);
     const std::uint64_t rss = current_rss_bytes();
     c.host_data = s.train_src->host_bytes() + (s.test_src ? s.test_src->host_bytes() : 0);
@@ -405,8 +410,6 @@ Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {
     const std::uint64_t peak = peak_rss_bytes();
     c.host_process = std::max({s.rss_before_sources, rss > data_resident ? rss - data_resident : 0,
                                peak > data_resident ? peak - data_resident : 0});
-    // The CPU trainer's buffers are host memory, allocated at its first step.
-    if (!s.on_gpu()) c.host_process += r.planned.total();
     c.host_bytes = c.host_process + c.host_data;
     r.memory_ceiling = c.bytes;
     r.runtime_overhead = c.overhead;

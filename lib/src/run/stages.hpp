@@ -86,7 +86,8 @@ void join_world(Session& s, TrainOptions& e, const DataOptions& d, const OutputO
 // Meter, device, dataset, trainer, sources, in that order (the meter reads
 // the device before this process has a CUDA context).
 void open_session(Session& s, const TrainOptions& e, const DataOptions& d, const OutputOptions& out);
-// Warms up every kernel (cuda) and measures the ceiling from the start position's epoch.
+// Warms up (every kernel on the GPU, the trainer's threads on the CPU) and
+// measures the ceiling from the start position's epoch.
 Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r);
 
 // --- mix_run.cpp ---
