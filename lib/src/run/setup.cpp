@@ -265,16 +265,19 @@ void open_sources(Session& s, const DataOptions& d, Placement asked, const Outpu
 // upload) is on the device before the ceiling is measured: an evaluation and
 // a training step on the first training batch, whose effect is undone (the
 // trainer state saved before, loaded after), and an evaluation of the last
-// test batch (a partial one runs outside the captured graph).
-void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource* test_src, std::uint64_t epoch) {
+// test batch (a partial one runs outside the captured graph). Without
+// evaluations (the CPU's): the training step alone, whose threads' scratch
+// the evaluations reuse.
+void warm_up(train::Trainer& t, data::BatchSource& train_src, data::BatchSource* test_src, std::uint64_t epoch,
+             bool evaluations) {
     const std::vector<std::uint8_t> state = t.save_state();
     train_src.start_epoch(epoch, 0);
     if (const Batch* b = train_src.next()) {
-        t.evaluate(*b);
+        if (evaluations) t.evaluate(*b);
         t.train_step(*b);
         train_src.release();
     }
-    if (test_src) {
+    if (test_src && evaluations) {
         test_src->start_epoch(0, test_src->batches_per_epoch() - 1);
         if (const Batch* b = test_src->next()) {
             t.evaluate(*b);
@@ -380,16 +383,17 @@ Ceiling measure_ceiling(Session& s, std::uint64_t epoch, RunReport& r) {
     // On the GPU: what the CUDA runtime itself holds (context, library
     // handles, loaded kernels), measured once everything is built and warmed
     // up, plus the planned buffers. On the host (either backend): the process
-    // measured after the same warm-up, so that what a step adds beside the
-    // planned buffers (the CPU trainer's per-thread scratch, the allocator's
-    // per-thread arenas, growing with -T) is in the ceiling.
+    // measured after the warm-up (on the CPU its training step), so that what
+    // a step adds beside the planned buffers (the CPU trainer's per-thread
+    // scratch, the allocator's per-thread arenas, growing with -T) is in the
+    // ceiling.
     Ceiling c;
     c.data_device = s.train_src->device_bytes() + (s.test_src ? s.test_src->device_bytes() : 0);
     c.planned = r.planned.total() + c.data_device;
     c.managed = s.train_src->placement() == Placement::managed;
     // A resident split's load time belongs to the first epoch's read time; the warm-up's does not.
     c.load_seconds = s.train_src->take_times().read;
-    warm_up(*s.trainer, *s.train_src, s.test_src.get(), epoch);
+    warm_up(*s.trainer, *s.train_src, s.test_src.get(), epoch, s.on_gpu());
     if (s.on_gpu()) {
         const std::uint64_t held = s.meter->sample();
         c.overhead = held > c.planned ? held - c.planned : 0;
