@@ -172,6 +172,13 @@ const char* const layer_specs[] = {
     "conv3x3:4,flatten,dropout:0.5,fc:5",
 };
 
+// Whether the trainer's kernel report names `kernel` on layer `layer`.
+bool reports_kernel(const Trainer& t, std::size_t layer, const std::string& kernel) {
+    for (const KernelReport& r : t.kernel_choices())
+        if (r.layer == layer && r.kernel == kernel) return true;
+    return false;
+}
+
 } // namespace
 
 TEST(TrainGpu, EveryLayerMatchesCpuFp32) {
@@ -531,11 +538,7 @@ TEST(TrainGpu, FirstBatchNormFromInputMomentsTrainsLikeItsOwnPass) {
         {"conv3x3:64,bn,relu,flatten,fc:10", {3, 8, 8}},
     };
     const std::uint32_t batch = 32;
-    auto reported = [](const Trainer& t) {
-        for (const KernelReport& r : t.kernel_choices())
-            if (r.layer == 1 && r.kernel == "own:input_moments") return true;
-        return false;
-    };
+    auto reported = [](const Trainer& t) { return reports_kernel(t, 1, "own:input_moments"); };
     for (const auto& [spec, in] : cases)
         for (const Precision prec : {Precision::bf16, Precision::tf32}) {
             SCOPED_TRACE(std::string(spec) + " " + std::string(precision_name(prec)));
@@ -598,11 +601,7 @@ TEST(TrainGpu, MomentsKernelConvertsTheInputBitEqual) {
         {"conv3x3:32,bn,relu,flatten,fc:10", {4, 8, 8}},
     };
     const std::uint32_t batch = 28;
-    auto reported = [](const Trainer& t) {
-        for (const KernelReport& r : t.kernel_choices())
-            if (r.layer == 0 && r.kernel == "own:in_input_moments") return true;
-        return false;
-    };
+    auto reported = [](const Trainer& t) { return reports_kernel(t, 0, "own:in_input_moments"); };
     for (const auto& [spec, in] : cases)
         for (const Precision prec : {Precision::bf16, Precision::tf32})
             for (const DType dtype : {DType::u8, DType::f32}) {
