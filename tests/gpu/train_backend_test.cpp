@@ -270,6 +270,62 @@ TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
     unsetenv("DSTK_CONV_KERNELS");
 }
 
+// tc_conv's float blocks of two or three groups sharing the filters (on
+// compute 9.0, where TMA copies the tiles): each output is still summed by
+// one warp in the same order, so the forward and data gradient are bit for
+// bit those of one group per block (DSTK_TC_GROUPS=1): parameters after
+// three graph steps and an eager partial one, deterministic, tf32, dstrain's
+// kernels forced. 32-channel tiles (three groups), 64-channel ones (two), 48
+// channels, tiles of whole 8x8 images, partial tiles (12x10 images, 13
+// samples). With batch norms the statistics' per-block sums cover other
+// tiles: equal within rounding.
+TEST(TrainGpu, GroupedConvolutionsMatchOneGroup) {
+    REQUIRE_GPU();
+    struct Case {
+        const char* spec;
+        TensorShape in;
+        double tol; // 0: bit-equal
+    };
+    const Case cases[] = {
+        {"conv3x3:32,conv3x3:32,conv3x3:64,conv3x3:64,flatten,fc:10", {3, 16, 16}, 0},
+        {"conv3x3:32,conv3x3:48,conv3x3:32,flatten,fc:10", {3, 12, 10}, 0},
+        {"conv3x3:32,conv3x3:64,conv3x3:64,flatten,fc:10", {3, 8, 8}, 0},
+        {"conv3x3:32,conv3x3:32,flatten,fc:10", {3, 32, 32}, 0},
+        {"conv3x3:32,bn,relu,conv3x3:32,bn,relu,conv3x3:64,bn,relu,flatten,fc:10", {3, 16, 16}, 1e-5},
+    };
+    const std::uint32_t batch = 20;
+    setenv("DSTK_CONV_KERNELS", "own", 1);
+    for (const auto& [spec, in, tol] : cases) {
+        SCOPED_TRACE(spec);
+        const Data d = make_random_data(in, 10, batch * 4, 43);
+        const DeviceData dd(d);
+        TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, Precision::tf32, OptimizerKind::sgd);
+        c.deterministic = true;
+        auto train = [&](const char* groups) {
+            if (groups) setenv("DSTK_TC_GROUPS", groups, 1);
+            auto t = make_trainer(c);
+            for (std::uint32_t s = 0; s < 4; ++s) // the last: eager, partial tiles
+                t->train_step(step_batch(t->config(), dd.xs() + std::uint64_t{s} * batch * in.numel(),
+                                         dd.ys() + s * batch, s == 3 ? 13 : batch));
+            unsetenv("DSTK_TC_GROUPS");
+            return std::pair(t->read_parameters(), t->read_states());
+        };
+        const auto one = train("1");
+        for (const char* groups : {"2", static_cast<const char*>(nullptr)}) {
+            const auto grouped = train(groups);
+            if (tol == 0) {
+                EXPECT_EQ(grouped.first, one.first) << (groups ? groups : "3") << " groups";
+                EXPECT_EQ(grouped.second, one.second);
+            } else {
+                Checker check;
+                check("parameters", grouped.first, one.first, tol);
+                check("BN running statistics", grouped.second, one.second, tol);
+            }
+        }
+    }
+    unsetenv("DSTK_CONV_KERNELS");
+}
+
 TEST(TrainGpu, EveryLayerMatchesCpuTf32) {
     REQUIRE_GPU();
     for (const char* spec : layer_specs) compare_layers(spec, {3, 8, 8}, 5, 6, Precision::tf32, 2e-2, 2e-2);

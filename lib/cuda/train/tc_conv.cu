@@ -92,13 +92,15 @@ struct Geometry {
     unsigned mask_bytes;  // TcConvFirstWgrad: the ReLU's output under a tile (the first input tile after it)
     Div32 dw, dcols, dseg_rows, dseg_pixels;
     std::uint64_t x_bytes, w_bytes, shared;
+    unsigned groups; // of conv_threads threads per block, each with its tile buffer (tc_conv_kernel's G)
 };
 
-Geometry geometry_for(const TcConvShape& s, unsigned mw, bool tma) {
+Geometry geometry_for(const TcConvShape& s, unsigned mw, bool tma, unsigned groups = 1) {
     Geometry g{};
     g.s = s;
     g.mw = mw;
     g.tma = tma;
+    g.groups = groups;
     const unsigned tile = conv_warps * 16 * mw, image = std::max(1u, s.h * s.w);
     g.images = image * 2 <= tile ? tile / image : 1;
     g.tile_rows = g.images > 1 ? s.h : std::max(1u, std::min(s.h, tile / std::max(1u, s.w)));
@@ -126,6 +128,10 @@ Geometry geometry_for(const TcConvShape& s, unsigned mw, bool tma) {
     const unsigned stage_words = s.tf32 ? Elem<float>::stage_words : Elem<bf16>::stage_words;
     // TMA: room to align the tiles, and the barrier (8 bytes) after the staging rows.
     g.shared = (tma ? tma_align + 8 : 0) + g.x_bytes + g.w_bytes + std::uint64_t{conv_warps} * stage_words * 4;
+    if (groups > 1) { // per group a tile, staging rows and a barrier; past two groups, the sums (stat_slot)
+        g.shared = (tma ? tma_align : 0) + groups * (g.x_bytes + std::uint64_t{conv_warps} * stage_words * 4 + 8) +
+                   g.w_bytes + (groups > 2 ? std::uint64_t{groups} * conv_warps * block_n * 2 * sizeof(double) : 0);
+    }
     return g;
 }
 
@@ -141,27 +147,79 @@ Geometry geometry_of(const TcConvShape& s, bool tma) {
     return wide.shared <= max_shared() ? wide : geometry_for(s, narrow_mtiles, tma);
 }
 
+// A block's float filters may serve up to three groups: a 32-channel float
+// tile and its filters take over 76 KB, two blocks (eight warps) per SM at
+// most with a group each, where one block of three groups fits (twelve
+// warps); a 64-channel tile's one block per SM (four warps) becomes two
+// groups. The own convolutions are latency-bound: more warps per SM, more
+// products in flight. One block per SM where it has groups: their registers
+// are bounded for that alone, and three groups leave a wide tile's fragments
+// as many as they need. Not in bf16: its 64-channel tiles in three groups
+// measured slower than in two blocks of one. DSTK_TC_GROUPS=N caps the groups (read at each launch: a
+// graph keeps what held at its capture; 1 keeps a group per block).
+constexpr unsigned max_groups = 3;
+unsigned groups_cap() {
+    const char* e = std::getenv("DSTK_TC_GROUPS");
+    const long v = e && *e ? std::strtol(e, nullptr, 10) : long{max_groups};
+    return static_cast<unsigned>(std::clamp(v, 1L, long{max_groups}));
+}
+std::uint64_t sm_shared() {
+    int dev = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    return static_cast<std::uint64_t>(std::max(0, bytes));
+}
+// The geometry with the most warps per SM (by shared memory, each block
+// reserving 1 KB of the SM's; one block where it has groups), wide tiles
+// before narrow and fewer groups before more where they tie; geometry_of's
+// in bf16, and where the threads copy the tiles (compiled before compute
+// 9.0: groups measured only with TMA's copies, on an H100).
+Geometry grouped_geometry(const TcConvShape& s, bool tma) {
+    Geometry best = geometry_of(s, tma);
+    if (!s.tf32 || !tma) return best;
+    const auto warps = [per_sm = sm_shared()](const Geometry& g) {
+        const std::uint64_t blocks = per_sm / (g.shared + 1024);
+        return g.groups * conv_warps * (g.groups > 1 ? std::min<std::uint64_t>(blocks, 1) : blocks);
+    };
+    for (unsigned groups = 2; groups <= groups_cap(); ++groups)
+        for (const unsigned mw : {wide_mtiles, narrow_mtiles}) {
+            const Geometry g = geometry_for(s, mw, tma, groups);
+            if (g.shared <= block_shared_limit() && warps(g) > warps(best)) best = g;
+        }
+    return best;
+}
+
 template <class T, unsigned CIN> constexpr unsigned shared_pitch = CIN * sizeof(T) + row_pad;
 
-// The 16-byte chunks that this thread copies into shared memory (and, in
-// float, rounds): f(row, chunk) for the block's filter rows and for the
-// pixels of a tile (a row each; threads past a whole number of rows per step
-// stay out, so that no two copy the same chunk).
-template <class T, unsigned CIN, class F> __device__ __forceinline__ void for_filter_chunks(F&& f) {
-    constexpr unsigned chunks = CIN / Elem<T>::per_chunk;
-    for (unsigned e = threadIdx.x; e < block_n * 9 * chunks; e += conv_threads) f(e / chunks, e % chunks);
+// A block has one group of conv_threads threads per tile buffer (groups,
+// below): each group copies, multiplies and stores its own tiles, the block's
+// filters shared. This thread's place in its group.
+template <unsigned G> __device__ __forceinline__ unsigned group_thread() {
+    return G == 1 ? threadIdx.x : threadIdx.x % conv_threads;
 }
-template <class T, unsigned CIN, class F> __device__ __forceinline__ void for_tile_chunks(unsigned rows, F&& f) {
+
+// The 16-byte chunks that this thread copies into shared memory (and, in
+// float, rounds): f(row, chunk) for the block's filter rows (all its
+// threads) and for the pixels of a tile (its group's; a row each, threads
+// past a whole number of rows per step staying out, so that no two copy the
+// same chunk).
+template <class T, unsigned CIN, unsigned G, class F> __device__ __forceinline__ void for_filter_chunks(F&& f) {
+    constexpr unsigned chunks = CIN / Elem<T>::per_chunk;
+    for (unsigned e = threadIdx.x; e < block_n * 9 * chunks; e += G * conv_threads) f(e / chunks, e % chunks);
+}
+template <class T, unsigned CIN, unsigned G, class F>
+__device__ __forceinline__ void for_tile_chunks(unsigned rows, F&& f) {
     constexpr unsigned chunks = CIN / Elem<T>::per_chunk, step = conv_threads / chunks;
-    if (threadIdx.x >= step * chunks) return;
-    for (unsigned pix = threadIdx.x / chunks; pix < rows; pix += step) f(pix, threadIdx.x % chunks);
+    const unsigned i = group_thread<G>();
+    if (i >= step * chunks) return;
+    for (unsigned pix = i / chunks; pix < rows; pix += step) f(pix, i % chunks);
 }
 
 // The block's 32 filters as B[n][tap][c] (c the reduction's input channel):
 // rows of the [cout][3][3][cin] filter (the forward's own, or the data
 // gradient's, turned by turn_filters), copied asynchronously.
-template <class T, unsigned CIN> __device__ void load_filters(const T* w, unsigned n0, char* ws) {
-    for_filter_chunks<T, CIN>([&](unsigned row, unsigned ch) { // row = n * 9 + tap
+template <class T, unsigned CIN, unsigned G> __device__ void load_filters(const T* w, unsigned n0, char* ws) {
+    for_filter_chunks<T, CIN, G>([&](unsigned row, unsigned ch) { // row = n * 9 + tap
         cp_async16(ws + row * shared_pitch<T, CIN> + ch * 16,
                    w + (std::uint64_t{n0} * 9 + row) * CIN + ch * Elem<T>::per_chunk, true);
     });
@@ -176,14 +234,15 @@ __device__ __forceinline__ void round_chunk_to_tf32(char* p) {
     uint4& v = *reinterpret_cast<uint4*>(p);
     v = to_tf32(v);
 }
-template <class T, unsigned CIN> __device__ void round_copies(char* xs, char* ws, unsigned copied, bool filters) {
+template <class T, unsigned CIN, unsigned G>
+__device__ void round_copies(char* xs, char* ws, unsigned copied, bool filters) {
     if constexpr (std::is_same_v<T, float>) {
         const auto at = [](char* base) {
             return
                 [base](unsigned row, unsigned ch) { round_chunk_to_tf32(base + row * shared_pitch<T, CIN> + ch * 16); };
         };
-        if constexpr (!tma_tiles) for_tile_chunks<T, CIN>(copied, at(xs)); // (TMA converts: tile_map)
-        if (filters) for_filter_chunks<T, CIN>(at(ws));
+        if constexpr (!tma_tiles) for_tile_chunks<T, CIN, G>(copied, at(xs)); // (TMA converts: tile_map)
+        if (filters) for_filter_chunks<T, CIN, G>(at(ws));
     }
 }
 
@@ -231,7 +290,7 @@ template <class T, unsigned CIN> __device__ __forceinline__ BoxAt box_at(const T
 // by TMA, one thread announcing the box's bytes on the barrier at bar (the
 // block's reads of the buffer ordered before it by the barrier before the
 // call), or each thread keeping to one 16-byte chunk of the pixels' channels.
-template <class T, unsigned CIN>
+template <class T, unsigned CIN, unsigned G>
 __device__ TileSpan load_tile(const T* x, const CUtensorMap& map, const Geometry& g, unsigned t, char* xs,
                               unsigned bar) {
     const TileOrigin o = tile_origin(g, t);
@@ -240,7 +299,7 @@ __device__ TileSpan load_tile(const T* x, const CUtensorMap& map, const Geometry
     span.first = (std::uint64_t{img0} * g.s.h + oy0) * g.s.w;
     span.pixels = g.images > 1 ? nimg * g.seg_pixels : min(g.tile_rows, g.s.h - oy0) * g.s.w;
     if constexpr (tma_tiles) { // (copied: none by the threads)
-        if (threadIdx.x == 0) {
+        if (group_thread<G>() == 0) {
             fence_proxy_async();
             mbarrier_expect(bar, g.box_bytes);
             for (unsigned p = 0; p < tile_planes<T, CIN>; ++p) {
@@ -252,7 +311,7 @@ __device__ TileSpan load_tile(const T* x, const CUtensorMap& map, const Geometry
     }
     const unsigned total = nimg * g.seg_rows * g.cols_in;
     span.copied = total;
-    for_tile_chunks<T, CIN>(total, [&](unsigned pix, unsigned ch) {
+    for_tile_chunks<T, CIN, G>(total, [&](unsigned pix, unsigned ch) {
         const unsigned r = g.dcols.div(pix), rx = pix - r * g.cols_in;
         const unsigned seg = g.dseg_rows.div(r), ry = r - seg * g.seg_rows;
         const int iy = static_cast<int>(oy0 + ry) - 1, ix = static_cast<int>(rx) - 1;
@@ -307,11 +366,11 @@ __device__ void copy_first_tiles(const FirstWgradArgs<T>& fw, const Geometry& g,
 // L2, while the tile before it is multiplied: its copy into shared memory
 // then waits on L2, not on memory. One contiguous range: whole images, or
 // consecutive rows of one image.
-template <class T, unsigned CIN>
+template <class T, unsigned CIN, unsigned G>
 __device__ void prefetch_tile(const T* x, const CUtensorMap& map, const Geometry& g, unsigned t) {
     const TileOrigin o = tile_origin(g, t);
     if constexpr (tma_tiles) { // the boxes themselves
-        if (threadIdx.x == 0) {
+        if (group_thread<G>() == 0) {
             for (unsigned p = 0; p < tile_planes<T, CIN>; ++p) {
                 const BoxAt b = box_at<T, CIN>(o, p);
                 tma_prefetch_4d(map, b.c, b.x, b.y, b.n);
@@ -327,7 +386,7 @@ __device__ void prefetch_tile(const T* x, const CUtensorMap& map, const Geometry
     const std::uint64_t pixels = (std::uint64_t{nimg - 1} * g.s.h + (y1 - y0)) * g.s.w;
     const char* base = reinterpret_cast<const char*>(x + first * CIN);
     const std::uint64_t bytes = pixels * CIN * sizeof(T);
-    for (std::uint64_t off = std::uint64_t{threadIdx.x} * 128; off < bytes; off += conv_threads * 128)
+    for (std::uint64_t off = std::uint64_t{group_thread<G>()} * 128; off < bytes; off += conv_threads * 128)
         prefetch_l2(base + off);
 }
 
@@ -358,7 +417,10 @@ __device__ __forceinline__ void mma_step(float (&d)[4], const std::uint32_t (&a)
 // each row's channels, which no ldmatrix reads): two doubles per row, the
 // block's four warps x 32 channels x 2 sums in the first 128 rows, so that
 // the statistics take no shared memory from the tiles (and no block per SM).
-template <class T, unsigned CIN> __device__ __forceinline__ double& stat_slot(char* ws, unsigned i) {
+// Blocks of more than two groups keep them in a region of their own (extra).
+template <class T, unsigned CIN, unsigned G>
+__device__ __forceinline__ double& stat_slot(char* ws, double* extra, unsigned i) {
+    if constexpr (G > 2) return extra[i];
     return reinterpret_cast<double*>(reinterpret_cast<T*>(ws) + (i / 2) * (CIN + Elem<T>::per_chunk) + CIN)[i % 2];
 }
 
@@ -376,9 +438,9 @@ template <int W> __device__ __forceinline__ void halve(float (&v)[16], bool uppe
 // 2 t4 + e), then the eight lanes that share t4 halve their sixteen sums three
 // times (a reduce-scatter: 14 shuffles instead of 48), so that each lane ends
 // with both sums of one channel and adds them to its warp's doubles.
-template <class T, unsigned CIN, unsigned MW>
+template <class T, unsigned CIN, unsigned MW, unsigned G>
 __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[MW], unsigned m0, unsigned pixels,
-                               const float* pivot, char* ws) {
+                               const float* pivot, char* ws, double* extra) {
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     float v[16] = {}; // [j * 4 + e * 2 + k]: k 0 the sum, 1 the sum of squares
 #pragma unroll
@@ -403,8 +465,8 @@ __device__ void add_statistics(const float (&acc)[MW][4][4], const bool (&live)[
     // v[0], v[1]: channel (j, e) with j = 2 g2 + g1, e = g0 (gid's bits g2 g1 g0).
     const unsigned c = ((gid >> 2) * 2 + ((gid >> 1) & 1)) * 8 + 2 * t4 + (gid & 1);
     const unsigned first = (threadIdx.x / 32) * block_n * 2 + c * 2;
-    stat_slot<T, CIN>(ws, first) += v[0];
-    stat_slot<T, CIN>(ws, first + 1) += v[1];
+    stat_slot<T, CIN, G>(ws, extra, first) += v[0];
+    stat_slot<T, CIN, G>(ws, extra, first + 1) += v[1];
 }
 
 // A 16-pixel row tile's four 8-channel column tiles into a warp's staging
@@ -504,14 +566,14 @@ __device__ void multiply_tiles(const Geometry& g, const char* xs, const char* ws
 // The products of multiply_tiles through the warp's staging rows to 16-byte
 // stores of the output pixels' 32 channels (and, with Stats, into the
 // statistics' sums).
-template <class T, unsigned CIN, unsigned MW, bool Stats>
-__device__ void store_tiles(const Geometry& g, const float (&acc)[MW][4][4], char* ws, unsigned pixels, unsigned m0,
-                            T* y, std::uint32_t* stage, const float* pivot) {
+template <class T, unsigned CIN, unsigned MW, bool Stats, unsigned G>
+__device__ void store_tiles(const Geometry& g, const float (&acc)[MW][4][4], char* ws, double* extra, unsigned pixels,
+                            unsigned m0, T* y, std::uint32_t* stage, const float* pivot) {
     constexpr unsigned mw = MW;
     const unsigned lane = threadIdx.x % 32, gid = lane / 4, t4 = lane % 4;
     bool live[mw];
     live_tiles(live, pixels, m0);
-    if constexpr (Stats) add_statistics<T, CIN, mw>(acc, live, m0, pixels, pivot, ws);
+    if constexpr (Stats) add_statistics<T, CIN, mw, G>(acc, live, m0, pixels, pivot, ws, extra);
     constexpr unsigned chunks = block_n * sizeof(T) / 16; // 16-byte chunks per output pixel
 #pragma unroll
     for (unsigned m = 0; m < mw; ++m) {
@@ -629,46 +691,73 @@ __device__ void add_first_wgrad(const float (&acc)[MW][4][4], std::uint32_t* sta
 // reads the tile's mask and input tiles, which the next copy overwrites.
 template <class T, bool First> constexpr bool early_copy = std::is_same_v<T, float> && !First;
 
+// The barrier among a group's threads (group_thread): the block's where it
+// has one group, else a named barrier per group (0 is __syncthreads').
+template <unsigned G> __device__ __forceinline__ void group_sync() {
+    if constexpr (G == 1)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / conv_threads), "n"(conv_threads) : "memory");
+}
+
 // Blocks stride over the pixel tiles with their 32 filters loaded once;
-// blockIdx.y picks the output channels. One buffer per block: while a block
-// waits for its tile's rows, the others on the SM multiply (a second buffer
-// per block, fewer blocks per SM, measured slower); the next tile's copy
-// starts once every warp has multiplied (early_copy), its rows already on
-// their way into L2 (prefetch_tile). With TMA (tma_tiles) thread 0 starts
-// each copy and the block waits on the barrier in shared memory, one phase
-// per tile.
-template <class T, unsigned CIN, unsigned MW, bool Stats, bool First>
-__global__ void __launch_bounds__(conv_threads, min_blocks_per_sm<T, CIN>)
+// blockIdx.y picks the output channels. One buffer per group of four warps
+// (G groups per block, the filters shared): while a group waits for its
+// tile's rows, the others on the SM multiply (a second buffer per block,
+// fewer blocks per SM, measured slower); the next tile's copy starts once
+// every warp of the group has multiplied (early_copy), its rows already on
+// their way into L2 (prefetch_tile). With TMA (tma_tiles) the group's thread
+// 0 starts each copy and the group waits on its barrier in shared memory,
+// one phase per tile. Shared memory: the groups' tiles, the filters, the
+// groups' staging rows, their barriers (and TcConvFirstWgrad's tiles, or the
+// statistics' sums of more than two groups).
+template <class T, unsigned CIN, unsigned MW, bool Stats, bool First, unsigned G = 1>
+__global__ void __launch_bounds__(conv_threads* G, G == 1 ? min_blocks_per_sm<T, CIN> : 1)
     tc_conv_kernel(const T* x, const T* w, T* y, Geometry g, TcConvStats stats, FirstWgradArgs<T> fw,
                    const __grid_constant__ CUtensorMap map) {
     await_predecessor();
+    static_assert(G == 1 || !First, "TcConvFirstWgrad's tiles are one group's");
     extern __shared__ uint4 smem[];
-    char* const xs =
+    char* const x0 =
         reinterpret_cast<char*>(smem) + (tma_tiles ? (tma_align - smem_address(smem) % tma_align) % tma_align : 0);
-    char* const ws = xs + g.x_bytes;
+    const unsigned group = G == 1 ? 0 : threadIdx.x / conv_threads;
+    char* const xs = x0 + group * g.x_bytes;
+    char* const ws = x0 + G * g.x_bytes;
     auto* const stages = reinterpret_cast<std::uint32_t*>(ws + g.w_bytes);
     auto* stage = stages + (threadIdx.x / 32) * Elem<T>::stage_words;
-    const unsigned bar = smem_address(stages + conv_warps * Elem<T>::stage_words); // TMA's barrier
-    auto* const fm = stages + conv_warps * Elem<T>::stage_words + 4;               // after the barrier, 16-byte aligned
+    auto* const bars = stages + G * conv_warps * Elem<T>::stage_words;
+    const unsigned bar = smem_address(bars + 2 * group); // TMA's barrier
+    auto* const fm = bars + 4;                           // after the barrier, 16-byte aligned
     auto* const fx = reinterpret_cast<FirstPixel<T>*>(fm + g.mask_bytes / 4);
+    double* const extra = G > 2 ? reinterpret_cast<double*>(bars + 2 * G) : nullptr; // (stat_slot)
     float sums[2][tcw_ntiles][4] = {}; // First: the first convolution's weight gradient
-    if (tma_tiles && threadIdx.x == 0) mbarrier_init(bar);
+    if (tma_tiles && group_thread<G>() == 0) mbarrier_init(bar);
     const unsigned n0 = blockIdx.y * block_n;
-    load_filters<T, CIN>(w, n0, ws);
+    load_filters<T, CIN, G>(w, n0, ws);
     const float* const pivot = Stats ? stats.pivot + n0 : nullptr; // the block's channels' running means
     if constexpr (Stats)
-        for (unsigned e = threadIdx.x; e < conv_warps * block_n * 2; e += conv_threads) stat_slot<T, CIN>(ws, e) = 0.0;
-    const unsigned m0 = threadIdx.x / 32;
+        for (unsigned e = threadIdx.x; e < G * conv_warps * block_n * 2; e += G * conv_threads)
+            stat_slot<T, CIN, G>(ws, extra, e) = 0.0;
+    const unsigned m0 = group_thread<G>() / 32;
     if constexpr (tma_tiles) __syncthreads(); // the barrier is set up before anyone waits on it
-    TileSpan span = load_tile<T, CIN>(x, map, g, blockIdx.x, xs, bar); // the grid has at most one block per tile
+    // (The block's index and the grid's size read where they are used, not
+    // held in registers through the products.)
+    TileSpan span{};
+    if (G == 1 || blockIdx.x * G + group < g.tiles)
+        span = load_tile<T, CIN, G>(x, map, g, blockIdx.x * G + group, xs, bar);
     if constexpr (First) copy_first_tiles(fw, g, blockIdx.x, fm, fx);
     cp_async_commit();
-    for (unsigned t = blockIdx.x, phase = 0; t < g.tiles; t += gridDim.x, phase ^= 1) {
-        if (t + gridDim.x < g.tiles) prefetch_tile<T, CIN>(x, map, g, t + gridDim.x);
+    if constexpr (G > 1) { // every group multiplies with every thread's filters
+        cp_async_wait<0>();
+        round_copies<T, CIN, G>(xs, ws, 0, true);
+        __syncthreads();
+    }
+    for (unsigned t = blockIdx.x * G + group, phase = 0; t < g.tiles; t += gridDim.x * G, phase ^= 1) {
+        if (t + gridDim.x * G < g.tiles) prefetch_tile<T, CIN, G>(x, map, g, t + gridDim.x * G);
         cp_async_wait<0>(); // this tile's rows (and, the first time, the filters)
         if constexpr (tma_tiles) mbarrier_wait(bar, phase);
-        round_copies<T, CIN>(xs, ws, span.copied, t == blockIdx.x);
-        __syncthreads();
+        round_copies<T, CIN, G>(xs, ws, span.copied, G == 1 && t == blockIdx.x);
+        group_sync<G>();
         float acc[MW][4][4];
         multiply_tiles<T, CIN, MW>(g, xs, ws, span.pixels, m0, acc);
         const TileSpan done = span;
@@ -676,15 +765,15 @@ __global__ void __launch_bounds__(conv_threads, min_blocks_per_sm<T, CIN>)
             if constexpr (First)
                 add_first_wgrad<T, MW>(acc, stage, fm, fx, fw, done.pixels, m0, sums);
             else
-                store_tiles<T, CIN, MW, Stats>(g, acc, ws, done.pixels, m0, y + done.first * g.s.cout + n0, stage,
-                                               pivot);
+                store_tiles<T, CIN, MW, Stats, G>(g, acc, ws, extra, done.pixels, m0, y + done.first * g.s.cout + n0,
+                                                  stage, pivot);
         };
         if constexpr (!early_copy<T, First>) store(); // each warp as soon as it has multiplied
         // Every warp is done with the buffer before the next tile's copy starts.
-        __syncthreads();
-        if (t + gridDim.x < g.tiles) {
-            span = load_tile<T, CIN>(x, map, g, t + gridDim.x, xs, bar);
-            if constexpr (First) copy_first_tiles(fw, g, t + gridDim.x, fm, fx);
+        group_sync<G>();
+        if (t + gridDim.x * G < g.tiles) {
+            span = load_tile<T, CIN, G>(x, map, g, t + gridDim.x * G, xs, bar);
+            if constexpr (First) copy_first_tiles(fw, g, t + gridDim.x * G, fm, fx);
             cp_async_commit();
         }
         if constexpr (early_copy<T, First>) store();
@@ -698,7 +787,8 @@ __global__ void __launch_bounds__(conv_threads, min_blocks_per_sm<T, CIN>)
         __syncthreads(); // every warp's sums are in
         if (threadIdx.x >= block_n * 2) return;
         double total = 0.0;
-        for (unsigned wp = 0; wp < conv_warps; ++wp) total += stat_slot<T, CIN>(ws, wp * block_n * 2 + threadIdx.x);
+        for (unsigned wp = 0; wp < G * conv_warps; ++wp)
+            total += stat_slot<T, CIN, G>(ws, extra, wp * block_n * 2 + threadIdx.x);
         const unsigned c = n0 + threadIdx.x / 2, k = threadIdx.x % 2;
         stats.partials[(std::uint64_t{c} * gridDim.x + blockIdx.x) * 2 + k] = total;
     }
@@ -747,23 +837,41 @@ CUtensorMap tile_map(const void* x, const Geometry& g) {
     return map;
 }
 
-template <class T, unsigned CIN, unsigned MW, bool Stats, bool First = false>
+template <class T, unsigned CIN, unsigned MW, bool Stats, bool First = false, unsigned G = 1>
 unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const TcConvStats& stats,
                     unsigned max_blocks, cudaStream_t s, const FirstWgradArgs<T>& fw = {}) {
-    auto* kernel = tc_conv_kernel<T, CIN, MW, Stats, First>;
+    auto* kernel = tc_conv_kernel<T, CIN, MW, Stats, First, G>;
     static std::once_flag once;
     std::call_once(once, [&] {
-        CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_shared())));
+        const std::uint64_t most = G == 1 ? max_shared() : block_shared_limit();
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
     });
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, conv_threads, g.shared));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, conv_threads * G, g.shared));
     const unsigned ny = g.s.cout / block_n;
     const std::uint64_t slots = std::uint64_t{sm_count()} * static_cast<unsigned>(std::max(1, per_sm));
-    const auto bx =
-        static_cast<unsigned>(std::clamp<std::uint64_t>(slots / ny, 1, std::min<std::uint64_t>(g.tiles, max_blocks)));
-    launch_kernel(kernel, dim3(bx, ny), conv_threads, g.shared, s, x, filters, y, g, stats, fw, tile_map(x, g));
+    const std::uint64_t block_tiles = (g.tiles + G - 1) / G; // the most blocks with a tile for every group
+    const auto bx = static_cast<unsigned>(
+        std::clamp<std::uint64_t>(slots / ny, 1, std::min<std::uint64_t>(block_tiles, max_blocks)));
+    launch_kernel(kernel, dim3(bx, ny), conv_threads * G, g.shared, s, x, filters, y, g, stats, fw, tile_map(x, g));
     return bx;
+}
+
+// A float forward or data gradient in blocks of g.groups groups (2 or 3).
+template <unsigned CIN>
+unsigned launch_grouped(const float* x, const float* filters, float* y, const Geometry& g, const TcConvStats& stats,
+                        unsigned max_blocks, cudaStream_t s) {
+    const auto with_groups = [&](auto groups) {
+        constexpr unsigned G = decltype(groups)::value;
+        const bool wide = g.mw == wide_mtiles;
+        if (stats.partials)
+            return wide ? launch_for<float, CIN, wide_mtiles, true, false, G>(x, filters, y, g, stats, max_blocks, s)
+                        : launch_for<float, CIN, narrow_mtiles, true, false, G>(x, filters, y, g, stats, max_blocks, s);
+        return wide ? launch_for<float, CIN, wide_mtiles, false, false, G>(x, filters, y, g, stats, max_blocks, s)
+                    : launch_for<float, CIN, narrow_mtiles, false, false, G>(x, filters, y, g, stats, max_blocks, s);
+    };
+    return g.groups == 2 ? with_groups(std::integral_constant<unsigned, 2>{})
+                         : with_groups(std::integral_constant<unsigned, max_groups>{});
 }
 
 // The forward or data gradient in stored type T (bf16, or float with tf32
@@ -788,6 +896,12 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
             if (fw) {
                 blocks = launch_for<T, cin, narrow_mtiles, false, true>(in, filters, outp, g, stats, first_wgrad_rows(),
                                                                         stream, *fw);
+                return;
+            }
+        }
+        if constexpr (std::is_same_v<T, float>) {
+            if (g.groups > 1) {
+                blocks = launch_grouped<cin>(in, filters, outp, g, stats, max_blocks, stream);
                 return;
             }
         }
@@ -871,7 +985,8 @@ std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first) {
 
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,
                         const TcConvStats& stats, const TcConvFirstWgrad* first) {
-    const Geometry g = geometry_of(s, tma_compiled(s.tf32));
+    const bool tma = tma_compiled(s.tf32);
+    const Geometry g = first ? geometry_of(s, tma) : grouped_geometry(s, tma);
     const auto typed = [&](auto tag) {
         using T = decltype(tag);
         constexpr unsigned max_cin = std::is_same_v<T, float> ? max_cin_float : max_cin_bf16;

@@ -11,8 +11,10 @@
 // cuDNN's engines reach a fraction of the tensor cores' rate. Here a block
 // copies the input rows under its tile of output pixels (all channels; whole
 // images per tile where they are small) and its 32 output channels' filters
-// into shared memory (cp.async; one buffer per block, the other blocks on the
-// SM multiply while it fills), each warp multiplies its four (or, where the
+// into shared memory (cp.async or TMA; one buffer per group of four warps,
+// the other groups on the SM multiply while it fills; in float a block of
+// up to three groups sharing one copy of the filters where that puts more
+// warps on an SM), each warp multiplies its four (or, where the
 // tile would not fit, two) 16-pixel row tiles by the four 8-channel column
 // tiles through ldmatrix, the next step's fragments loaded during this
 // step's products, and writes whole output pixels through staging rows. The data gradient is
