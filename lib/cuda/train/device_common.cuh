@@ -262,5 +262,13 @@ inline std::uint64_t block_shared_limit() {
     CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     return static_cast<std::uint64_t>(std::max(0, bytes));
 }
+// Shared memory one SM holds for all its blocks (228 KB on compute
+// capability 9.0, each block reserving 1 KB of it).
+inline std::uint64_t sm_shared_limit() {
+    int dev = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    return static_cast<std::uint64_t>(std::max(0, bytes));
+}
 
 } // namespace dstk::train::cuda

@@ -163,12 +163,6 @@ unsigned groups_cap() {
     const long v = e && *e ? std::strtol(e, nullptr, 10) : long{max_groups};
     return static_cast<unsigned>(std::clamp(v, 1L, long{max_groups}));
 }
-std::uint64_t sm_shared() {
-    int dev = 0, bytes = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    return static_cast<std::uint64_t>(std::max(0, bytes));
-}
 // The geometry with the most warps per SM (by shared memory, each block
 // reserving 1 KB of the SM's; one block where it has groups), wide tiles
 // before narrow and fewer groups before more where they tie; geometry_of's
@@ -177,7 +171,7 @@ std::uint64_t sm_shared() {
 Geometry grouped_geometry(const TcConvShape& s, bool tma) {
     Geometry best = geometry_of(s, tma);
     if (!s.tf32 || !tma) return best;
-    const auto warps = [per_sm = sm_shared()](const Geometry& g) {
+    const auto warps = [per_sm = sm_shared_limit()](const Geometry& g) {
         const std::uint64_t blocks = per_sm / (g.shared + 1024);
         return g.groups * conv_warps * (g.groups > 1 ? std::min<std::uint64_t>(blocks, 1) : blocks);
     };
