@@ -175,10 +175,12 @@ Geometry grouped_geometry(const TcConvShape& s, bool tma) {
         const std::uint64_t blocks = per_sm / (g.shared + 1024);
         return g.groups * conv_warps * (g.groups > 1 ? std::min<std::uint64_t>(blocks, 1) : blocks);
     };
-    for (unsigned groups = 2; groups <= groups_cap(); ++groups)
+    const unsigned cap = groups_cap();
+    const std::uint64_t limit = block_shared_limit();
+    for (unsigned groups = 2; groups <= cap; ++groups)
         for (const unsigned mw : {wide_mtiles, narrow_mtiles}) {
             const Geometry g = geometry_for(s, mw, tma, groups);
-            if (g.shared <= block_shared_limit() && warps(g) > warps(best)) best = g;
+            if (g.shared <= limit && warps(g) > warps(best)) best = g;
         }
     return best;
 }
@@ -851,21 +853,17 @@ unsigned launch_for(const T* x, const T* filters, T* y, const Geometry& g, const
     return bx;
 }
 
-// A float forward or data gradient in blocks of g.groups groups (2 or 3).
-template <unsigned CIN>
-unsigned launch_grouped(const float* x, const float* filters, float* y, const Geometry& g, const TcConvStats& stats,
-                        unsigned max_blocks, cudaStream_t s) {
-    const auto with_groups = [&](auto groups) {
-        constexpr unsigned G = decltype(groups)::value;
-        const bool wide = g.mw == wide_mtiles;
-        if (stats.partials)
-            return wide ? launch_for<float, CIN, wide_mtiles, true, false, G>(x, filters, y, g, stats, max_blocks, s)
-                        : launch_for<float, CIN, narrow_mtiles, true, false, G>(x, filters, y, g, stats, max_blocks, s);
-        return wide ? launch_for<float, CIN, wide_mtiles, false, false, G>(x, filters, y, g, stats, max_blocks, s)
-                    : launch_for<float, CIN, narrow_mtiles, false, false, G>(x, filters, y, g, stats, max_blocks, s);
-    };
-    return g.groups == 2 ? with_groups(std::integral_constant<unsigned, 2>{})
-                         : with_groups(std::integral_constant<unsigned, max_groups>{});
+// A forward or data gradient in blocks of G groups: the kernel for the
+// tiles' width (g.mw) and for whether it sums statistics.
+template <class T, unsigned CIN, unsigned G>
+unsigned launch_tiles(const T* x, const T* filters, T* y, const Geometry& g, const TcConvStats& stats,
+                      unsigned max_blocks, cudaStream_t s) {
+    const bool wide = g.mw == wide_mtiles;
+    if (stats.partials)
+        return wide ? launch_for<T, CIN, wide_mtiles, true, false, G>(x, filters, y, g, stats, max_blocks, s)
+                    : launch_for<T, CIN, narrow_mtiles, true, false, G>(x, filters, y, g, stats, max_blocks, s);
+    return wide ? launch_for<T, CIN, wide_mtiles, false, false, G>(x, filters, y, g, stats, max_blocks, s)
+                : launch_for<T, CIN, narrow_mtiles, false, false, G>(x, filters, y, g, stats, max_blocks, s);
 }
 
 // The forward or data gradient in stored type T (bf16, or float with tf32
@@ -885,7 +883,6 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
     unsigned blocks = 0;
     with_constant<MaxCin / 16>(s.cin / 16, [&](auto c) {
         constexpr unsigned cin = 16 * decltype(c)::value;
-        const bool wide = g.mw == wide_mtiles;
         if constexpr (cin <= max_cin_first_wgrad) {
             if (fw) {
                 blocks = launch_for<T, cin, narrow_mtiles, false, true>(in, filters, outp, g, stats, first_wgrad_rows(),
@@ -893,18 +890,15 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
                 return;
             }
         }
-        if constexpr (std::is_same_v<T, float>) {
+        if constexpr (std::is_same_v<T, float>) { // (groups: float only, grouped_geometry)
             if (g.groups > 1) {
-                blocks = launch_grouped<cin>(in, filters, outp, g, stats, max_blocks, stream);
+                blocks = g.groups == 2
+                             ? launch_tiles<T, cin, 2>(in, filters, outp, g, stats, max_blocks, stream)
+                             : launch_tiles<T, cin, max_groups>(in, filters, outp, g, stats, max_blocks, stream);
                 return;
             }
         }
-        if (stats.partials)
-            blocks = wide ? launch_for<T, cin, wide_mtiles, true>(in, filters, outp, g, stats, max_blocks, stream)
-                          : launch_for<T, cin, narrow_mtiles, true>(in, filters, outp, g, stats, max_blocks, stream);
-        else
-            blocks = wide ? launch_for<T, cin, wide_mtiles, false>(in, filters, outp, g, stats, max_blocks, stream)
-                          : launch_for<T, cin, narrow_mtiles, false>(in, filters, outp, g, stats, max_blocks, stream);
+        blocks = launch_tiles<T, cin, 1>(in, filters, outp, g, stats, max_blocks, stream);
     });
     return blocks;
 }
