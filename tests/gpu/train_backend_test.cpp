@@ -1032,6 +1032,75 @@ TEST(TrainGpu, SecondRunReusesCachedKernelChoicesBitEqual) {
     std::filesystem::remove_all(dir);
 }
 
+namespace {
+
+// Every forward and data-gradient choice in the choice cache files of dir
+// made `kernel` (the files' other lines as they were).
+void set_conv_choices(const std::string& dir, const std::string& kernel) {
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+        std::ifstream in(f.path());
+        std::string out, line;
+        while (std::getline(in, line)) {
+            const bool conv = line.rfind("conv.fwd", 0) == 0 || line.rfind("conv.bwd_data", 0) == 0;
+            const auto a = line.find(' '), b = line.find(' ', a + 1);
+            out += (conv ? line.substr(0, a + 1) + kernel + line.substr(b) : line) + "\n";
+        }
+        std::ofstream(f.path()) << out;
+    }
+}
+
+} // namespace
+
+// Float tc_conv has two candidates where its groups apply: own:tc_conv (the
+// groups) and own:tc_conv:1group. A cached 1group choice runs as
+// DSTK_TC_GROUPS=1 does, bit for bit (with batch norms summing their
+// statistics in the epilogue, where groups would differ by rounding).
+TEST(TrainGpu, OneGroupChoiceRunsAsOneGroupPerBlock) {
+    REQUIRE_GPU();
+    char tmpl[] = "/tmp/dstk-gpu-groups-XXXXXX";
+    const std::string dir = ::mkdtemp(tmpl);
+    const TensorShape in{3, 16, 16};
+    const std::string spec = "conv3x3:32,bn,relu,conv3x3:32,bn,relu,conv3x3:64,bn,relu,flatten,fc:10";
+    TrainerConfig c = config(spec, in, 10, 32, Backend::cuda, Precision::tf32);
+    c.deterministic = true;
+    c.choice_dir = dir;
+    const Data d = make_random_data(in, 10, 32, 9);
+    const DeviceData dd(d);
+    auto run = [&](KernelMode mode, std::vector<KernelReport>& reports) {
+        c.kernels = mode;
+        auto t = make_trainer(c);
+        reports = t->kernel_choices();
+        for (int s = 0; s < 4; ++s) t->train_step(dd.batch(t->config(), 32));
+        auto v = t->read_parameters();
+        const auto st = t->read_states();
+        v.insert(v.end(), st.begin(), st.end());
+        return v;
+    };
+    std::vector<KernelReport> timed, one, groups_off;
+    run(KernelMode::automatic, timed); // writes the cache
+    set_conv_choices(dir, "own:tc_conv:1group");
+    const auto p1 = run(KernelMode::cached, one);
+    const auto taken = std::count_if(one.begin(), one.end(), [](const KernelReport& r) {
+        return r.kernel == "own:tc_conv:1group" && r.source == ChoiceSource::cache;
+    });
+    set_conv_choices(dir, "own:tc_conv");
+    setenv("DSTK_TC_GROUPS", "1", 1);
+    const auto p2 = run(KernelMode::cached, groups_off);
+    unsetenv("DSTK_TC_GROUPS");
+    std::filesystem::remove_all(dir);
+    if (taken == 0) GTEST_SKIP() << "tc_conv runs no groups on this GPU (they need compute capability 9.0)";
+    // Every forward and data gradient took the cached choice (none fell back
+    // to the heuristic), so that both runs ran the same kernels.
+    for (const auto& r : one)
+        if ((r.op == "fwd" || r.op == "bwd_data") && r.kernel != "own:direct_conv")
+            EXPECT_EQ(r.kernel, "own:tc_conv:1group") << "layer " << r.layer << " " << r.op;
+    ASSERT_EQ(one.size(), groups_off.size());
+    for (std::size_t i = 0; i < one.size(); ++i)
+        if (one[i].kernel == "own:tc_conv:1group") EXPECT_EQ(groups_off[i].kernel, "own:tc_conv");
+    ASSERT_EQ(p1.size(), p2.size());
+    EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float))) << "weights differ";
+}
+
 // ---- Heads, losses, targets of every dtype and side inputs ----
 
 namespace {

@@ -88,7 +88,7 @@ constexpr int timing_rounds = 7, launches_per_round = 3;
 constexpr double warm_up_ms = 200.0;
 // Bumped when dstk's own convolution kernels change, so that cached choices
 // between them and cuDNN's are made again.
-constexpr const char* own_kernel_set = "10";
+constexpr const char* own_kernel_set = "11";
 
 std::string math_name(cudnnMathType_t m) {
     switch (m) {
@@ -226,8 +226,7 @@ std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::
 
 template <class Perf>
 Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
-                         const std::function<bool(const Perf&)>& run, const std::function<void()>* own,
-                         const std::string& own_name, bool* use_own) {
+                         const std::function<bool(const Perf&)>& run, const std::vector<OwnKernel>& own, int* use_own) {
     std::vector<Perf> cands;
     for (int j = 0; j < count; ++j)
         if (usable(list[j], s_.workspace_bytes, s_.precision, s_.deterministic) &&
@@ -237,18 +236,19 @@ Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, con
     if (cands.empty()) throw no_algorithm(s_, layer, op.c_str());
     std::vector<std::string> names;
     for (const auto& p : cands) names.push_back(candidate_name(p));
-    const std::size_t own_index = own ? names.size() : ~std::size_t{0};
-    if (own) names.push_back(own_name);
+    const std::size_t first_own = names.size(); // own kernels after cuDNN's: index - first_own in `own`
+    for (const auto& o : own) names.push_back(o.name);
     std::size_t idx = 0;
-    if (own && own_force_) {
-        idx = own_index;
+    if (!own.empty() && own_force_) {
+        idx = first_own;
         reports_.push_back({layer, op, names[idx], ChoiceSource::rule, 0.0});
     } else {
-        idx = pick_named(key.text(), layer, op, names, own ? own_index : 0,
-                         [&](std::size_t j) { return j == own_index ? ((*own)(), true) : run(cands[j]); });
+        idx = pick_named(key.text(), layer, op, names, own.empty() ? 0 : first_own, [&](std::size_t j) {
+            return j >= first_own ? (own[j - first_own].run(), true) : run(cands[j]);
+        });
     }
-    if (use_own) *use_own = idx == own_index;
-    return idx == own_index ? cands.front() : cands[idx];
+    if (use_own) *use_own = idx >= first_own ? static_cast<int>(idx - first_own) : -1;
+    return idx >= first_own ? cands.front() : cands[idx];
 }
 
 // The KernelMode's rules for one decision among named candidates: the
@@ -304,7 +304,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
     own_force_ = own.force;
     ConvKey k = key;
     ConvAlgos a;
-    const bool saves = own.fwd && own.fwd_pass_saved;
+    const bool saves = !own.fwd.empty() && own.fwd_pass_saved;
     k.op = saves ? "fwd_bn_stats" : "fwd";
     const auto f = decide<cudnnConvolutionFwdAlgoPerf_t>(
         r.fwd, r.fwd_count, "fwd", k, layer,
@@ -316,7 +316,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
             if (ok && saves) own.fwd_pass_saved();
             return ok;
         },
-        own.fwd ? &own.fwd : nullptr, "own:tc_conv", &u.fwd);
+        own.fwd, &u.fwd);
     a.fwd = f.algo;
     a.fwd_math = f.mathType;
     k.op = "bwd_data";
@@ -328,7 +328,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
                                                 s_.workspace, s_.workspace_bytes, &zero, c.x,
                                                 c.dx_data) == CUDNN_STATUS_SUCCESS;
         },
-        own.dgrad ? &own.dgrad : nullptr, "own:tc_conv", &u.dgrad);
+        own.dgrad, &u.dgrad);
     a.bwd_data = g.algo;
     a.data_math = g.mathType;
     k.op = "bwd_filter";
@@ -340,7 +340,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
                                                   s_.workspace, s_.workspace_bytes, &zero, c.w,
                                                   c.dw_data) == CUDNN_STATUS_SUCCESS;
         },
-        own.wgrad ? &own.wgrad : nullptr, "own:tc_wgrad", &u.wgrad);
+        own.wgrad, &u.wgrad);
     a.bwd_filter = w.algo;
     a.filter_math = w.mathType;
     if (used) *used = u;

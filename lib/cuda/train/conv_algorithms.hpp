@@ -56,24 +56,28 @@ struct ConvCall {
 // up to `limit`.
 std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::uint64_t limit);
 
-// What a layer may run besides cuDNN's algorithms: dstk's own weight-gradient
-// kernel (launches it on the search's stream with the call's buffers).
-// dstrain's own kernels for a layer, where they apply (empty where not): each
-// runs once at the planned batch on the search's stream when timed.
+// What a layer may run besides cuDNN's algorithms: dstrain's own kernels,
+// each a candidate under its name where it applies (none where not), run
+// once at the planned batch on the search's stream when timed (with the
+// call's buffers).
+struct OwnKernel {
+    std::string name; // as reports and the choice cache name it, e.g. "own:tc_conv"
+    std::function<void()> run;
+};
 struct OwnKernels {
-    std::function<void()> fwd; // tc_conv.cu
+    std::vector<OwnKernel> fwd; // tc_conv.cu, in its variants
     // Where fwd also does what a pass after cuDNN's forward would (the next
     // batch norm's statistics, summed in tc_conv's epilogue): that pass, run
     // after each cuDNN candidate when timed, so that both sides do the same
     // work; such a choice is kept under its own key (op fwd_bn_stats).
     std::function<void()> fwd_pass_saved;
-    std::function<void()> dgrad; // tc_conv.cu
-    std::function<void()> wgrad; // tc_wgrad.cu
-    bool force = false;          // DSTK_CONV_KERNELS=own: used wherever it applies, untimed
+    std::vector<OwnKernel> dgrad; // tc_conv.cu
+    std::vector<OwnKernel> wgrad; // tc_wgrad.cu
+    bool force = false;           // DSTK_CONV_KERNELS=own: the first of each list, wherever one applies, untimed
 };
-// Which of them a choice took.
+// Which of them a choice took: the index in its list, or -1 (cuDNN's).
 struct OwnUse {
-    bool fwd = false, dgrad = false, wgrad = false;
+    int fwd = -1, dgrad = -1, wgrad = -1;
 };
 
 // Chooses each convolution's kernels for the planned batch by the
@@ -98,8 +102,7 @@ class ConvChooser {
   private:
     template <class Perf>
     Perf decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
-                const std::function<bool(const Perf&)>& run, const std::function<void()>* own,
-                const std::string& own_name, bool* use_own);
+                const std::function<bool(const Perf&)>& run, const std::vector<OwnKernel>& own, int* use_own);
     std::size_t pick_named(const std::string& key, std::size_t layer, const std::string& op,
                            const std::vector<std::string>& names, std::size_t heuristic,
                            const std::function<bool(std::size_t)>& launch);

@@ -84,14 +84,15 @@ class Arena {
 struct LayerDev {
     void* out = nullptr;  // activation (aliases the input for residual_begin, and flatten where no transpose is needed)
     float* aux = nullptr; // bn: saved mean and inverse std; dropout: mask
-    void* stash = nullptr;     // residual_end: gradient for the skip path
-    void* wk = nullptr;        // conv: KRSC weights; linear in bf16 mode or NHWC order: copies of the weights
-    void* gk = nullptr;        // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
-    void* wturned = nullptr;   // conv where tc_dgrad: wk turned for the data gradient (turn_filters_ahead)
-    bool relu_next = false;    // batchnorm followed by relu: fused where allowed
-    bool tc_wgrad = false;     // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
-    bool tc_fwd = false;       // conv: forward by tc_conv.cu (bf16, tf32)
-    bool tc_dgrad = false;     // conv: data gradient by tc_conv.cu (bf16, tf32)
+    void* stash = nullptr;   // residual_end: gradient for the skip path
+    void* wk = nullptr;      // conv: KRSC weights; linear in bf16 mode or NHWC order: copies of the weights
+    void* gk = nullptr;      // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
+    void* wturned = nullptr; // conv where tc_dgrad: wk turned for the data gradient (turn_filters_ahead)
+    bool relu_next = false;  // batchnorm followed by relu: fused where allowed
+    bool tc_wgrad = false;   // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
+    bool tc_fwd = false;     // conv: forward by tc_conv.cu (bf16, tf32)
+    bool tc_dgrad = false;   // conv: data gradient by tc_conv.cu (bf16, tf32)
+    bool fwd_one_group = false, dgrad_one_group = false; // tc_conv in one group of warps per block (TcConvShape)
     bool bn_stats = false;     // conv: its forward (tc_conv) also sums the next batch norm's statistics
     bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     bool relu_in_gemm = false; // linear followed by relu: the relu's output written by the GEMM where fused
@@ -1076,6 +1077,7 @@ TcConvShape CudaTrainer::conv_shape(std::size_t i, std::uint32_t n, bool data_gr
     const std::uint32_t in = i == 0 ? input_.c : l.in.c;
     TcConvShape s{n, l.in.h, l.in.w, data_gradient ? l.out.c : in, data_gradient ? in : l.out.c, data_gradient};
     s.tf32 = at_ == ActType::f32;
+    s.one_group = data_gradient ? dev_[i].dgrad_one_group : dev_[i].fwd_one_group;
     return s;
 }
 
@@ -1126,15 +1128,25 @@ void CudaTrainer::find_algorithms() {
         } else {
             OwnKernels own;
             own.force = force_own_;
+            // tc_conv in blocks of groups and, where that differs, in one group
+            // per block (fewer tiles in flight: a fuller last wave on some shapes).
+            const auto tc_variants = [&](std::vector<OwnKernel>& to, bool dgrad, auto run) {
+                TcConvShape s = conv_shape(i, cfg_.max_batch, dgrad);
+                s.one_group = false;
+                to.push_back({"own:tc_conv", [run, s] { run(s); }});
+                if (tc_conv_groups(s) == 1) return;
+                s.one_group = true;
+                to.push_back({"own:tc_conv:1group", [run, s] { run(s); }});
+            };
             // Where its epilogue may sum the next batch norm's statistics, timed
             // doing so against cuDNN's forward and that norm's reduction pass
             // (plan_conv_bn_stats then takes the pass out where tc_conv won).
             if (d.tc_fwd) {
                 const bool stats = stats_in_conv_fit(i);
-                own.fwd = [&, i, stats] {
-                    launch_tc_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false), nullptr, stream_,
+                tc_variants(own.fwd, false, [&, i, stats](const TcConvShape& s) {
+                    launch_tc_conv(input_of(i), d.wk, d.out, s, nullptr, stream_,
                                    stats ? conv_stats(i) : TcConvStats{});
-                };
+                });
                 if (stats)
                     own.fwd_pass_saved = [&, i] {
                         const TensorShape& o = layers()[i].out;
@@ -1147,19 +1159,21 @@ void CudaTrainer::find_algorithms() {
             // this kernel and the step measured slower (the timing is of one kernel alone,
             // the step runs it beside the side stream's weight gradients).
             if (d.tc_dgrad)
-                own.dgrad = [&, i] {
-                    launch_tc_conv(gbuf_[0], d.wk, gbuf_[1], conv_shape(i, cfg_.max_batch, true), workspace_, stream_);
-                };
+                tc_variants(own.dgrad, true, [&](const TcConvShape& s) {
+                    launch_tc_conv(gbuf_[0], d.wk, gbuf_[1], s, workspace_, stream_);
+                });
             if (d.tc_wgrad) // as a step runs it: into the gradient vector (overwritten by every backward pass)
-                own.wgrad = [&, i] {
-                    launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch), workspace_, grads_,
-                                    stream_, map_ + copy_offset_[i]);
-                };
+                own.wgrad.push_back({"own:tc_wgrad", [&, i] {
+                                         launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch),
+                                                         workspace_, grads_, stream_, map_ + copy_offset_[i]);
+                                     }});
             OwnUse used;
             d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &used);
-            d.tc_fwd = used.fwd;
-            d.tc_dgrad = used.dgrad;
-            d.tc_wgrad = used.wgrad;
+            d.tc_fwd = used.fwd >= 0;
+            d.fwd_one_group = used.fwd == 1;
+            d.tc_dgrad = used.dgrad >= 0;
+            d.dgrad_one_group = used.dgrad == 1;
+            d.tc_wgrad = used.wgrad >= 0;
         }
         bd.algos[i] = d.algos;
     }

@@ -170,7 +170,7 @@ unsigned groups_cap() {
 // 9.0: groups measured only with TMA's copies, on an H100).
 Geometry grouped_geometry(const TcConvShape& s, bool tma) {
     Geometry best = geometry_of(s, tma);
-    if (!s.tf32 || !tma) return best;
+    if (!s.tf32 || !tma || s.one_group) return best;
     const auto warps = [per_sm = sm_shared_limit()](const Geometry& g) {
         const std::uint64_t blocks = per_sm / (g.shared + 1024);
         return g.groups * conv_warps * (g.groups > 1 ? std::min<std::uint64_t>(blocks, 1) : blocks);
@@ -969,6 +969,10 @@ bool tc_conv_takes_first_wgrad(const TcConvShape& s, const DirectConvShape& firs
 std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first) {
     const std::uint64_t rows = std::uint64_t{first_wgrad_rows()} + 1; // + 1: their sums
     return rows * tcw_partials_row(first.c, first.k, true) * sizeof(float);
+}
+
+unsigned tc_conv_groups(const TcConvShape& s) {
+    return grouped_geometry(s, tma_compiled(s.tf32)).groups;
 }
 
 unsigned launch_tc_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch, cudaStream_t stream,

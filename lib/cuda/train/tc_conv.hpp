@@ -37,12 +37,19 @@ struct TcConvShape {
     std::uint32_t cin = 0, cout = 0;   // channels read and written by this call
     bool data_gradient = false;        // dx from dy: w is the forward's filter [cin][3][3][cout]
     bool tf32 = false;                 // float data and filters, tf32 products (else bf16 throughout)
+    bool one_group = false;            // one group of warps per block even where groups would fit (below)
 };
 
 // Whether the kernel handles this shape: cin a multiple of 16 up to 128 (64
 // in float), cout a multiple of 32, width up to 128, and the tiles fit in
 // shared memory.
 bool tc_conv_supported(const TcConvShape& s);
+// The groups of four warps per block (sharing one copy of the filters) that
+// launch_tc_conv runs s in: more than one only in float, on compute 9.0 and
+// up, where they put more warps on an SM; 1 with s.one_group. Where the
+// tiles are few for the SMs the groups may lose to one group per block (a
+// last wave of fewer blocks): the kernel choice times both.
+unsigned tc_conv_groups(const TcConvShape& s);
 // Bytes of device memory launch_tc_conv needs as scratch (the data
 // gradient's turned filters; 0 for the forward).
 std::uint64_t tc_conv_scratch(const TcConvShape& s);
