@@ -344,7 +344,8 @@ class CudaTrainer final : public Trainer {
     // (launch_first_bn_moments_converting; DSTK_INPUT_IN_MOMENTS=0: the
     // conversion's own pass, then the moments).
     bool input_in_moments_ = false;
-    TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
+    bool input_gate_ = false; // InputSets::open_gate at the end of each step's forward pass (DSTK_INPUT_GATE)
+    TensorShape input_;       // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
     cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
@@ -553,6 +554,12 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     first_conv_bn_ = first_bn_into_wgrad();
     input_in_moments_ = first_conv_bn_ && first_bn_converts(at_, cfg_.input_dtype, direct_shape(cfg_.max_batch));
     if (const char* e = std::getenv("DSTK_INPUT_IN_MOMENTS"); e && std::string(e) == "0") input_in_moments_ = false;
+    // The next batch's conversion held back until a step's forward pass has
+    // run, in tf32: beside the forward's own float convolutions (blocks that
+    // fill an SM) it slowed the step more than beside the backward pass. In
+    // bf16 the gate measured slower. DSTK_INPUT_GATE=0|1 decides either way.
+    input_gate_ = cfg_.precision == Precision::tf32;
+    if (const char* e = std::getenv("DSTK_INPUT_GATE"); e && *e) input_gate_ = std::string(e) != "0";
     plan_conv_bn_stats();
     plan_first_wgrad_in_dgrad();
     report_rule_choices(); // plans them for max_batch, before any capture
@@ -1890,6 +1897,10 @@ void CudaTrainer::step_body(std::uint32_t n) {
     launch_step_scalars(cfg_.optimizer, cfg_.schedule, step_dev_, scalars_, beside ? side_->stream() : stream_);
     turn_filters_ahead(beside ? side_->stream() : stream_);
     forward(n, true, true);
+    if (input_gate_) { // the next batch's conversion after this forward pass (off the main chain: a PDL edge stays)
+        if (beside) side_->fork();
+        in_->open_gate(beside ? side_->stream() : stream_);
+    }
     losses(n, train_phase, true);
     mark(~std::size_t{0}, "loss");
     if (beside) side_->join(); // the turned filters are there

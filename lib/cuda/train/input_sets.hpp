@@ -34,10 +34,16 @@ class InputSets {
     void select(unsigned k) { set_ = k; }
     // After the conversion: the main stream waits for it.
     void hand_over();
+    // The point of a step (its end on s, a stream of the main stream's step,
+    // in a captured graph an external event node) after which the next
+    // batch's conversion starts: take() waits for its last record. Where the
+    // conversion ran beside a step's forward pass, its kernels took the SMs
+    // the forward's own convolutions had a use for.
+    void open_gate(cudaStream_t s);
 
   private:
     cudaStream_t main_ = nullptr, input_ = nullptr;
-    cudaEvent_t ready_ = nullptr;
+    cudaEvent_t ready_ = nullptr, gate_ = nullptr;
     cudaEvent_t read_[count] = {}; // main stream: every step that read set k, recorded when k stopped being current
     unsigned set_ = 0;
 };
