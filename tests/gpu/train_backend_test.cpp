@@ -703,6 +703,38 @@ TEST(TrainGpu, MomentsKernelConvertsTheInputBitEqual) {
     EXPECT_FALSE(reported(*make_trainer(c)));
 }
 
+// DSTK_INPUT_GATE holds the next batch's conversion back until the step
+// before has run its forward pass (by default in tf32): an order on the
+// device only, so training with and without it is bit for bit the same, in
+// graph steps and the eager partial step after them.
+TEST(TrainGpu, InputGateTrainsBitEqual) {
+    REQUIRE_GPU();
+    const TensorShape in{3, 16, 16};
+    const std::uint32_t batch = 32;
+    const Data d = make_random_data(in, 10, batch * 6, 47);
+    const DeviceData dd(d);
+    for (const Precision prec : {Precision::tf32, Precision::bf16}) {
+        SCOPED_TRACE(std::string(precision_name(prec)));
+        TrainerConfig c = config("conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,flatten,fc:10", in, 10, batch,
+                                 Backend::cuda, prec, OptimizerKind::adamw);
+        c.deterministic = true;
+        auto train = [&](const char* gate) {
+            setenv("DSTK_INPUT_GATE", gate, 1);
+            auto t = make_trainer(c);
+            unsetenv("DSTK_INPUT_GATE");
+            for (std::uint32_t s = 0; s < 6; ++s) {
+                const std::uint32_t n = s == 5 ? 21 : batch;
+                t->train_step(
+                    step_batch(t->config(), dd.xs() + std::uint64_t{s} * batch * in.numel(), dd.ys() + s * batch, n));
+            }
+            return std::pair(t->read_parameters(), t->read_states());
+        };
+        const auto gated = train("1"), free = train("0");
+        EXPECT_EQ(gated.first, free.first);
+        EXPECT_EQ(gated.second, free.second);
+    }
+}
+
 // In bf16 and tf32 the first convolution's weight gradient (its batch norm
 // taken in) is summed in the epilogue of the tc_conv data gradient of the
 // convolution above it (TcConvFirstWgrad; own:in_data_gradient_of_L<i> for
