@@ -1009,6 +1009,24 @@ TEST(TrainGpu, PlannedMemoryMatchesMeasured) {
     }
 }
 
+namespace {
+
+// Four full-batch steps of a new trainer under `mode` (its kernel reports
+// into `reports`): the parameters, then the running statistics.
+std::vector<float> train_four_steps(TrainerConfig& c, const DeviceData& dd, KernelMode mode,
+                                    std::vector<KernelReport>& reports) {
+    c.kernels = mode;
+    auto t = make_trainer(c);
+    reports = t->kernel_choices();
+    for (int s = 0; s < 4; ++s) t->train_step(dd.batch(t->config(), c.max_batch));
+    auto v = t->read_parameters();
+    const auto st = t->read_states();
+    v.insert(v.end(), st.begin(), st.end());
+    return v;
+}
+
+} // namespace
+
 // The kernel choice cache: a first trainer times its convolutions' candidates
 // and stores the choices; a second one with the same configuration takes every
 // choice from the cache, and with --deterministic both train to bit-equal
@@ -1031,14 +1049,7 @@ TEST(TrainGpu, SecondRunReusesCachedKernelChoicesBitEqual) {
         const Data d = make_random_data(in, 10, 32, 5);
         const DeviceData dd(d);
         auto run = [&](KernelMode mode, std::vector<KernelReport>& reports) {
-            c.kernels = mode;
-            auto t = make_trainer(c);
-            reports = t->kernel_choices();
-            for (int s = 0; s < 4; ++s) t->train_step(dd.batch(t->config(), 32));
-            auto v = t->read_parameters();
-            const auto st = t->read_states();
-            v.insert(v.end(), st.begin(), st.end());
-            return v;
+            return train_four_steps(c, dd, mode, reports);
         };
         std::vector<KernelReport> first, second, heuristic;
         const auto p1 = run(KernelMode::automatic, first);
@@ -1093,33 +1104,23 @@ TEST(TrainGpu, OneGroupChoiceRunsAsOneGroupPerBlock) {
     REQUIRE_GPU();
     char tmpl[] = "/tmp/dstk-gpu-groups-XXXXXX";
     const std::string dir = ::mkdtemp(tmpl);
-    const TensorShape in{3, 16, 16};
+    const TensorShape in{3, 12, 12}; // its own: the process remembers timed choices (and would not cache them here)
     const std::string spec = "conv3x3:32,bn,relu,conv3x3:32,bn,relu,conv3x3:64,bn,relu,flatten,fc:10";
     TrainerConfig c = config(spec, in, 10, 32, Backend::cuda, Precision::tf32);
     c.deterministic = true;
     c.choice_dir = dir;
     const Data d = make_random_data(in, 10, 32, 9);
     const DeviceData dd(d);
-    auto run = [&](KernelMode mode, std::vector<KernelReport>& reports) {
-        c.kernels = mode;
-        auto t = make_trainer(c);
-        reports = t->kernel_choices();
-        for (int s = 0; s < 4; ++s) t->train_step(dd.batch(t->config(), 32));
-        auto v = t->read_parameters();
-        const auto st = t->read_states();
-        v.insert(v.end(), st.begin(), st.end());
-        return v;
-    };
     std::vector<KernelReport> timed, one, groups_off;
-    run(KernelMode::automatic, timed); // writes the cache
+    train_four_steps(c, dd, KernelMode::automatic, timed); // writes the cache
     set_conv_choices(dir, "own:tc_conv:1group");
-    const auto p1 = run(KernelMode::cached, one);
+    const auto p1 = train_four_steps(c, dd, KernelMode::cached, one);
     const auto taken = std::count_if(one.begin(), one.end(), [](const KernelReport& r) {
         return r.kernel == "own:tc_conv:1group" && r.source == ChoiceSource::cache;
     });
     set_conv_choices(dir, "own:tc_conv");
     setenv("DSTK_TC_GROUPS", "1", 1);
-    const auto p2 = run(KernelMode::cached, groups_off);
+    const auto p2 = train_four_steps(c, dd, KernelMode::cached, groups_off);
     unsetenv("DSTK_TC_GROUPS");
     std::filesystem::remove_all(dir);
     if (taken == 0) GTEST_SKIP() << "tc_conv runs no groups on this GPU (they need compute capability 9.0)";

@@ -259,6 +259,8 @@ class CudaTrainer final : public Trainer {
     std::size_t weighted_layer(std::size_t n) const;
     const void* first_relu_out(bool fuse) const;
     bool first_bn_into_wgrad() const;
+    void read_switches();
+    void plan_input_work();
     void plan_conv_bn_stats();
     bool stats_in_conv_fit(std::size_t i) const;
     TcConvStats conv_stats(std::size_t i) const;
@@ -502,11 +504,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
         blas_type_ = CUDA_R_16BF;
     }
     nchw_ = cfg_.precision == Precision::fp32;
-    if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
-    if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
-    if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
-    if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
-    if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
+    read_switches();
     input_ = cfg_.plan.input;
     if (at_ == ActType::bf16 && !layers().empty() && layers()[0].spec.kind == LayerKind::conv)
         input_.c = (input_.c + 7) / 8 * 8;
@@ -552,14 +550,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     find_algorithms();
     descs(cfg_.max_batch);
     first_conv_bn_ = first_bn_into_wgrad();
-    input_in_moments_ = first_conv_bn_ && first_bn_converts(at_, cfg_.input_dtype, direct_shape(cfg_.max_batch));
-    if (const char* e = std::getenv("DSTK_INPUT_IN_MOMENTS"); e && std::string(e) == "0") input_in_moments_ = false;
-    // The next batch's conversion held back until a step's forward pass has
-    // run, in tf32: beside the forward's own float convolutions (blocks that
-    // fill an SM) it slowed the step more than beside the backward pass. In
-    // bf16 the gate measured slower. DSTK_INPUT_GATE=0|1 decides either way.
-    input_gate_ = cfg_.precision == Precision::tf32;
-    if (const char* e = std::getenv("DSTK_INPUT_GATE"); e && *e) input_gate_ = std::string(e) != "0";
+    plan_input_work();
     plan_conv_bn_stats();
     plan_first_wgrad_in_dgrad();
     report_rule_choices(); // plans them for max_batch, before any capture
@@ -581,6 +572,29 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     // Under a profiler started with --profile-from-start off (nsys, ncu), the
     // range starts here: the algorithm search and warm-up stay outside it.
     cudaProfilerStart();
+}
+
+// The switches that turn the engine's fused paths off (man/dstrain.1, ENVIRONMENT).
+void CudaTrainer::read_switches() {
+    if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
+    if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
+    if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
+    if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
+    if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
+}
+
+// How a training batch is converted: by the first batch norm's moments
+// kernel as it reads it, where that applies (DSTK_INPUT_IN_MOMENTS=0: a pass
+// of its own), and when. The next batch's conversion is held back until a
+// step's forward pass has run, in tf32: beside the forward's own float
+// convolutions (blocks that fill an SM) it slowed the step more than beside
+// the backward pass. In bf16 the gate measured slower. DSTK_INPUT_GATE=0|1
+// decides either way.
+void CudaTrainer::plan_input_work() {
+    input_in_moments_ = first_conv_bn_ && first_bn_converts(at_, cfg_.input_dtype, direct_shape(cfg_.max_batch));
+    if (const char* e = std::getenv("DSTK_INPUT_IN_MOMENTS"); e && std::string(e) == "0") input_in_moments_ = false;
+    input_gate_ = cfg_.precision == Precision::tf32;
+    if (const char* e = std::getenv("DSTK_INPUT_GATE"); e && *e) input_gate_ = std::string(e) != "0";
 }
 
 void CudaTrainer::mark(std::size_t layer, const char* what) {
