@@ -117,11 +117,17 @@ expect_exit 0 "$P" --ram 16G --disk 1T --gpu-mem 700M --shape 3x32x32 --dtype u8
 expect_stdout "^verdict: device"
 expect_exit 0 "$P" --ram 16G --disk 1T --gpu-mem 700M --shape 3x32x32 --dtype u8 --samples 1K --model ref-cnn
 expect_stdout "training footprint [0-9.]+ MiB"
+expect_stdout "ref-cnn: 666,858 parameters, 10 classes, 176.6 MFLOP per trained sample in its matrix products"
 expect_stdout "^verdict: none"
 expect_stdout "a smaller model"
 expect_exit 0 "$P" --json --ram 16G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype u8 --samples 1K --model ref-cnn
 expect_true "model footprint in --json" jq -e '.job.model_footprint_included == true and
     .job.model_footprint_bytes > 400*1048576 and .job.model_footprint_bytes < 1024*1048576' "$OUT"
+expect_true "model FLOPs in --json" jq -e '.job.model_training_flops_per_sample == 176569344' "$OUT"
+# --compute-rate with --model: the matrix products' rate (176,569,344 FLOP x 400,000 samples/s).
+expect_exit 0 "$P" --ram 16G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype u8 --samples 50K --model ref-cnn \
+    --compute-rate 400K
+expect_stdout "compute     0.12 s \(70.6 TFLOP/s in the matrix products\)"
 
 # --json: one document on stdout with the same figures.
 expect_exit 0 "$P" --json --ram 128G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype f32 --samples 10M

@@ -29,11 +29,18 @@ expect_true "--log-json has a memory line and 3 epoch lines" test "$(jq -r .even
 expect_true "--log-json memory line: the ceiling and its parts" jq -s -e 'map(select(.event == "memory")) | .[0] |
     .memory_ceiling == .planned_parameters + .planned_activations + .planned_workspace + .planned_data' "$WORK/log.jsonl"
 expect_true "--log-json lines are JSON with accuracy" jq -e 'select(.epoch == 3) | .test_accuracy > 0.9' "$WORK/log.jsonl"
+expect_true "--log-json epoch lines: the matrix products' rate" jq -e 'select(.event == "epoch") | .matmul_tflops > 0' \
+    "$WORK/log.jsonl"
 
 # --json: one document on stdout; epoch lines go to stderr.
 expect_exit 0 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model "conv3x3:8,bn,relu,maxpool2,flatten,fc:10" --epochs 1 \
     --batch 100 --optimizer adamw --schedule constant --label-smoothing 0.1 --json
 expect_true "--json document" jq -e '.schema_version == 1 and .device == "cpu" and (.epochs | length) == 1' "$OUT"
+# The matrix products' FLOPs per trained sample: 2 x (the first convolution's
+# 16x16x8 outputs x 27 forward and weight gradient, the fc's 512 x 10 three times).
+expect_true "--json FLOPs and their rate" jq -e '.training_flops_per_sample == 251904 and
+    ((.epochs[0].matmul_tflops - .epochs[0].samples_per_second * 251904 / 1e12) | . * . < 1e-18)' "$OUT"
+expect_stderr '5,362 parameters, 0.3 MFLOP per trained sample'
 expect_stderr '^epoch 1/1'
 
 # Usage errors exit 2 and say what is wrong.

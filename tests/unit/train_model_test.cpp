@@ -100,6 +100,33 @@ TEST(TrainSpec, PresetsPlanForTheirInputs) {
     EXPECT_EQ(plan_network(resolve_model("ref-cnn", 10), {1, 32, 32}, 10).layers[0].param_count, 32u * 9);
 }
 
+// The matrix products' operations per sample, counted by hand: 2 per
+// multiply-add; a training step runs each product's forward, weight gradient
+// and, where a gradient flows into its input, data gradient.
+TEST(TrainSpec, CountsTheMatrixProductsFlops) {
+    const NetworkPlan p = plan_network(resolve_model("ref-cnn", 10), {3, 32, 32}, 10);
+    const std::uint64_t first = 1024ull * 32 * 3 * 9; // reads the input: no data gradient
+    const std::uint64_t rest = 1024ull * 32 * 32 * 9 + 256ull * 64 * 32 * 9 + 256ull * 64 * 64 * 9 +
+                               64ull * 128 * 64 * 9 + 2048ull * 256 + 256ull * 10;
+    EXPECT_EQ(p.forward_flops(), 2 * (first + rest));
+    EXPECT_EQ(p.training_flops(), 2 * (2 * first + 3 * rest));
+    // The figure for ref-cnn: about 178 MFLOP per trained sample.
+    EXPECT_NEAR(static_cast<double>(p.training_flops()) / 1e6, 176.6, 0.1);
+    // resnet9: its residual branches' products (4x4 and 16x16) counted too.
+    const NetworkPlan r = plan_network(resolve_model("resnet9", 10), {3, 32, 32}, 10);
+    const std::uint64_t r_first = 1024ull * 64 * 27;
+    const std::uint64_t r_rest = 1024ull * 128 * 64 * 9 + 2 * 256ull * 128 * 128 * 9 + 256ull * 256 * 128 * 9 +
+                                 64ull * 512 * 256 * 9 + 2 * 16ull * 512 * 512 * 9 + 512ull * 10;
+    EXPECT_EQ(r.training_flops(), 2 * (2 * r_first + 3 * r_rest));
+    // An MLP: the first product reads the flattened input (no data gradient);
+    // a batch norm on the input has parameters, so the product after it needs one.
+    const NetworkPlan m = plan_network(resolve_model("mlp:16", 4), {20, 1, 1}, 4);
+    EXPECT_EQ(m.training_flops(), 2 * (2 * 20 * 16 + 3 * 16 * 4));
+    const NetworkPlan b = plan_network(parse_model_spec("flatten,bn,fc:4"), {20, 1, 1}, 4);
+    EXPECT_EQ(b.training_flops(), 2 * 3 * 20 * 4);
+    EXPECT_EQ(b.forward_flops(), 2 * 20 * 4);
+}
+
 TEST(TrainSpec, PlanRejectsMismatchedNetworks) {
     auto plan_code = [](const char* spec, TensorShape in, std::uint32_t classes) {
         try {

@@ -52,6 +52,7 @@ struct ModelInfo {
     std::string name;
     std::uint64_t parameters = 0;
     std::uint32_t classes = 0;
+    std::uint64_t training_flops = 0; // per trained sample, in the matrix products (NetworkPlan::training_flops)
 };
 
 // Everything the report shows, gathered once.
@@ -324,7 +325,7 @@ Inputs gather(const PlanOptions& o) {
         const std::uint32_t classes = o.classes.value_or(in.manifest_classes.value_or(10));
         const train::ModelSpec spec = train::resolve_model(o.model, classes);
         const train::NetworkPlan net = train::plan_network(spec, train::tensor_shape_from(x->shape), classes);
-        in.model = ModelInfo{spec.name, net.params, classes};
+        in.model = ModelInfo{spec.name, net.params, classes, net.training_flops()};
         in.job.model_bytes = model_footprint(net, x->dtype, in.job.batch);
     }
 
@@ -465,13 +466,23 @@ void print_data(const Inputs& in) {
     }
 }
 
+// The matrix products' rate at --compute-rate, e.g. "12.4 TFLOP/s".
+std::string tflops_text(const Inputs& in) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.1f TFLOP/s",
+                  in.compute_rate * static_cast<double>(in.model->training_flops) / 1e12);
+    return buf;
+}
+
 void print_job(const Inputs& in) {
     const DataSpec& d = in.data;
     std::printf("job\n  batch %u, %u ring slots: %s per ring (on the GPU when streaming, and pinned in RAM)\n",
                 in.job.batch, in.job.prefetch, format_bytes(ring_bytes(d, in.job)).c_str());
     if (in.model)
-        std::printf("  model       %s: %s parameters, %u classes\n", in.model->name.c_str(),
-                    format_count(in.model->parameters).c_str(), in.model->classes);
+        std::printf("  model       %s: %s parameters, %u classes, %.1f MFLOP per trained sample in its matrix "
+                    "products\n",
+                    in.model->name.c_str(), format_count(in.model->parameters).c_str(), in.model->classes,
+                    static_cast<double>(in.model->training_flops) / 1e6);
     if (in.job.model_bytes)
         std::printf("  training footprint %s (dstrain's memory plan: weights, gradients, optimiser state,\n"
                     "                     activations at batch %u, plus the %s cuDNN workspace bound twice)\n",
@@ -543,8 +554,10 @@ void print_epoch(const Inputs& in, Fit path, const std::optional<EpochEstimate>&
             std::printf("  to the GPU  %s (%s at the pinned copy rate, %s)\n",
                         seconds_text(e->transfer_seconds).c_str(), format_bytes(e->transfer_bytes).c_str(),
                         src.c_str());
-        std::printf("  compute     %s%s\n", seconds_text(e->compute_seconds).c_str(),
-                    in.compute_rate > 0 ? "" : " (give --compute-rate, samples/s from a dstrain run)");
+        std::printf("  compute     %s%s%s\n", seconds_text(e->compute_seconds).c_str(),
+                    in.compute_rate > 0 ? "" : " (give --compute-rate, samples/s from a dstrain run)",
+                    in.compute_rate > 0 && in.model ? (" (" + tflops_text(in) + " in the matrix products)").c_str()
+                                                    : "");
         if (e->epoch_seconds)
             std::printf("  epoch       %s at least, limited by %s%s\n", format_duration(*e->epoch_seconds).c_str(),
                         std::string(data::stage_name(*e->limited_by)).c_str(), e->io_bound ? ": I/O-bound" : "");
@@ -672,6 +685,7 @@ json to_json(const Inputs& in, const Budgets& b, const std::vector<Capacity>& ca
                   {"order", data::order_name(in.order)},
                   {"model", in.model ? json(in.model->name) : json(nullptr)},
                   {"model_parameters", in.model ? json(in.model->parameters) : json(nullptr)},
+                  {"model_training_flops_per_sample", in.model ? json(in.model->training_flops) : json(nullptr)},
                   {"model_footprint_included", in.job.model_bytes.has_value()},
                   {"model_footprint_bytes", in.job.model_bytes ? json(*in.job.model_bytes) : json(nullptr)}};
     json cj = json::array();

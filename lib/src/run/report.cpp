@@ -75,6 +75,11 @@ std::string heads_text(const train::Metrics& train, const train::Metrics& test) 
 }
 
 // The per-epoch fields of --json's document.
+// The rate of an epoch's training in its matrix products, TFLOP/s.
+double matmul_tflops(const EpochReport& e, std::uint64_t training_flops) {
+    return e.samples_per_second * static_cast<double>(training_flops) / 1e12;
+}
+
 nlohmann::json epoch_json(const EpochReport& e, const RunReport& r) {
     return {{"epoch", e.epoch},
             {"train_loss", e.train.loss()},
@@ -84,6 +89,7 @@ nlohmann::json epoch_json(const EpochReport& e, const RunReport& r) {
             {"seconds", e.seconds},
             {"train_seconds", e.train_seconds},
             {"samples_per_second", e.samples_per_second},
+            {"matmul_tflops", matmul_tflops(e, r.training_flops)},
             {"lr", e.lr},
             {"gpu_memory_planned", r.device == "cpu" ? 0 : r.planned.total()},
             {"gpu_memory_measured", r.measured_device_bytes},
@@ -208,6 +214,7 @@ RunReport first_report(const Session& s) {
     r.device = train::device_name(s.device);
     r.precision = train::precision_name(s.precision);
     r.parameters = s.tc.plan.params;
+    r.training_flops = s.tc.plan.training_flops();
     r.planned = s.trainer->memory_plan();
     r.measured_device_bytes = s.trainer->measured_device_bytes();
     r.rank = s.world->rank();
@@ -219,6 +226,13 @@ RunReport first_report(const Session& s) {
 namespace {
 
 // "N train / M test samples"; a mix's per epoch, over its members.
+// "176.6 MFLOP per trained sample": the matrix products' count (NetworkPlan::training_flops).
+std::string mflops_text(const train::NetworkPlan& p) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MFLOP per trained sample", static_cast<double>(p.training_flops()) / 1e6);
+    return buf;
+}
+
 std::string samples_text(const Session& s) {
     if (!s.mix)
         return format_count(s.train_split->samples) + " train / " +
@@ -234,8 +248,8 @@ void describe_session(const Session& s, const DataOptions& d, const RunReport& r
     note(out, "dstrain: model " + s.tc.plan.name + " (" + train::to_spec_string(s.spec) + ")");
     const auto& heads = s.tc.plan.heads;
     const bool classifier = heads.size() == 1 && heads[0].name.empty() && heads[0].target.loss == train::LossKind::ce;
-    note(out, "dstrain: " + format_count(s.tc.plan.params) + " parameters, input " + s.tc.plan.input.str() + " " +
-                  std::string(dtype_name(s.x->dtype)) + ", " +
+    note(out, "dstrain: " + format_count(s.tc.plan.params) + " parameters, " + mflops_text(s.tc.plan) + ", input " +
+                  s.tc.plan.input.str() + " " + std::string(dtype_name(s.x->dtype)) + ", " +
                   (classifier ? classes_text(s.ds->manifest(), heads[0].target.width)
                               : std::to_string(heads.size()) + (heads.size() > 1 ? " heads" : " head")) +
                   ", " + samples_text(s) + ", device " + r.device + ", " + r.precision);
@@ -315,6 +329,7 @@ void report_epoch(const Session& s, const TrainOptions& e, const EpochOutcome& o
                      {"seconds", er.seconds},
                      {"train_seconds", er.train_seconds},
                      {"samples_per_second", er.samples_per_second},
+                     {"matmul_tflops", matmul_tflops(er, s.tc.plan.training_flops())},
                      {"lr", er.lr},
                      {"placement", data::placement_name(s.train_src->placement())},
                      {"order", data::order_name(s.order)},
@@ -370,6 +385,7 @@ std::string run_report_json(const RunReport& r) {
                         {"device", r.device},
                         {"precision", r.precision},
                         {"parameters", r.parameters},
+                        {"training_flops_per_sample", r.training_flops},
                         {"ranks", r.ranks},
                         {"global_batch", r.global_batch},
                         {"gpu_memory",

@@ -603,6 +603,40 @@ std::uint64_t NetworkPlan::max_activation() const {
     return m;
 }
 
+namespace {
+
+// Multiply-adds per sample of layer l's forward product (0 for layers without one).
+std::uint64_t product_macs(const LayerPlan& l) {
+    if (l.spec.kind == LayerKind::conv) return l.out.numel() * l.in.c * l.spec.kernel * l.spec.kernel;
+    if (l.spec.kind == LayerKind::linear) return l.in.numel() * l.out.numel();
+    return 0;
+}
+
+} // namespace
+
+std::uint64_t NetworkPlan::forward_flops() const {
+    std::uint64_t f = 0;
+    for (const auto& l : layers) f += 2 * product_macs(l);
+    return f;
+}
+
+std::uint64_t NetworkPlan::training_flops() const {
+    // Whether each layer's output depends on parameters: only then does a
+    // gradient flow into it, and a product reading it needs a data gradient.
+    std::vector<bool> learned(layers.size(), false);
+    const auto depends = [&](std::int32_t source) { return source >= 0 && learned[static_cast<std::size_t>(source)]; };
+    std::uint64_t f = 0;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+        const LayerPlan& l = layers[i];
+        bool in = depends(l.source);
+        if (l.spec.kind == LayerKind::residual_end && l.partner >= 0)
+            in = in || depends(layers[static_cast<std::size_t>(l.partner)].source);
+        learned[i] = in || l.param_count > 0;
+        f += 2 * product_macs(l) * (in ? 3 : 2);
+    }
+    return f;
+}
+
 std::string NetworkPlan::summary() const {
     std::ostringstream o;
     o << "input " << input.str() << (side ? " + side input " + std::to_string(side) : std::string()) << "\n";

@@ -18,6 +18,7 @@ struct EpochReport {
 struct RunReport {
     std::string model, device, precision;
     std::uint64_t parameters = 0;
+    std::uint64_t training_flops = 0; // per trained sample, in the matrix products (NetworkPlan::training_flops)
     train::MemoryPlan planned;
     std::uint64_t measured_device_bytes = 0;
     // The GPU memory ceiling (cuda): runtime overhead measured after the

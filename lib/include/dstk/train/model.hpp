@@ -189,7 +189,14 @@ struct NetworkPlan {
     // The layer whose output every `head` layer reads (-1: none, or the input).
     std::int32_t trunk_end() const;
     std::uint64_t max_activation() const; // largest per-sample numel of any tensor
-    std::string summary() const;          // one line per layer
+    // Floating-point operations per sample in the network's matrix products
+    // (2 per multiply-add of its convolutions and linear layers; norms,
+    // activations, pools and losses not counted): a forward pass, and a
+    // training step's forward, data gradients (none for a layer that reads
+    // the input: nothing needs it) and weight gradients.
+    std::uint64_t forward_flops() const;
+    std::uint64_t training_flops() const;
+    std::string summary() const; // one line per layer
 };
 
 // Usage error when the spec does not fit the input and targets (a pool larger
