@@ -1150,7 +1150,8 @@ void CudaTrainer::find_algorithms() {
             OwnKernels own;
             own.force = force_own_;
             // tc_conv in blocks of groups and, where that differs, in one group
-            // per block (fewer tiles in flight: a fuller last wave on some shapes).
+            // per block (the variant at index one_group: faster on some shapes).
+            constexpr int one_group = 1;
             const auto tc_variants = [&](std::vector<OwnKernel>& to, bool dgrad, auto run) {
                 TcConvShape s = conv_shape(i, cfg_.max_batch, dgrad);
                 s.one_group = false;
@@ -1191,9 +1192,9 @@ void CudaTrainer::find_algorithms() {
             OwnUse used;
             d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &used);
             d.tc_fwd = used.fwd >= 0;
-            d.fwd_one_group = used.fwd == 1;
+            d.fwd_one_group = used.fwd == one_group;
             d.tc_dgrad = used.dgrad >= 0;
-            d.dgrad_one_group = used.dgrad == 1;
+            d.dgrad_one_group = used.dgrad == one_group;
             d.tc_wgrad = used.wgrad >= 0;
         }
         bd.algos[i] = d.algos;

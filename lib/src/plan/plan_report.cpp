@@ -554,10 +554,10 @@ void print_epoch(const Inputs& in, Fit path, const std::optional<EpochEstimate>&
             std::printf("  to the GPU  %s (%s at the pinned copy rate, %s)\n",
                         seconds_text(e->transfer_seconds).c_str(), format_bytes(e->transfer_bytes).c_str(),
                         src.c_str());
-        std::printf("  compute     %s%s%s\n", seconds_text(e->compute_seconds).c_str(),
-                    in.compute_rate > 0 ? "" : " (give --compute-rate, samples/s from a dstrain run)",
-                    in.compute_rate > 0 && in.model ? (" (" + tflops_text(in) + " in the matrix products)").c_str()
-                                                    : "");
+        const std::string rate = in.compute_rate <= 0 ? " (give --compute-rate, samples/s from a dstrain run)"
+                                 : in.model           ? " (" + tflops_text(in) + " in the matrix products)"
+                                                      : "";
+        std::printf("  compute     %s%s\n", seconds_text(e->compute_seconds).c_str(), rate.c_str());
         if (e->epoch_seconds)
             std::printf("  epoch       %s at least, limited by %s%s\n", format_duration(*e->epoch_seconds).c_str(),
                         std::string(data::stage_name(*e->limited_by)).c_str(), e->io_bound ? ": I/O-bound" : "");
