@@ -103,8 +103,9 @@ TEST(GpuDataPath, EveryPlacementDeliversTheOrderedSamplesInDeviceMemory) {
 
 // Every field of every batch in device memory is the dataset's value at the
 // order's sample index, in every placement, order and storage (.npy, zstd with
-// chunks other than the order's, fields in parts); the GPU memory held is the
-// plan's.
+// chunks other than the order's, fields in parts), gathered or, for a
+// consumer that reads rows (SourceConfig::rows), as the resident split and
+// the batch's rows; the GPU memory held is the plan's.
 TEST(GpuDataPath, EveryFieldOfEveryPlacementIsTheOrdersSample) {
     if (const auto why = gpu_missing(); !why.empty()) GTEST_SKIP() << why;
     using test_support::FieldsStorage;
@@ -117,42 +118,57 @@ TEST(GpuDataPath, EveryFieldOfEveryPlacementIsTheOrdersSample) {
         const Dataset ds = Dataset::open(dir);
         const auto specs = test_support::four_fields(st);
         for (const Placement p : {Placement::stream, Placement::device, Placement::managed})
-            for (const Order o : {Order::sequential, Order::chunk, Order::full}) {
-                const std::string what = std::string(test_support::storage_name(st)) + " " +
-                                         std::string(placement_name(p)) + " " + std::string(order_name(o));
-                SCOPED_TRACE(what);
-                SourceRequest c = config(p, o, stream.s);
-                c.fields = names;
-                c.seed = 3;
-                c.chunk_samples = 50;
-                c.window = 3;
-                c.batch = 48;
-                c.drop_last = false;
-                const SourcePlan plan = test_support::plan_of(ds, c);
-                auto src = make_batch_source(ds, plan);
-                EXPECT_EQ(plan.device_bytes, src->device_bytes());
-                OrderConfig oc{c.order, c.seed, c.chunk_samples, c.window};
-                oc.chunk_samples = test_support::order_chunk(specs, names, oc.chunk_samples);
-                const EpochOrder order(oc, n, 1);
-                src->start_epoch(1, 2);
-                std::uint64_t position = 2 * 48;
-                while (const Batch* b = src->next()) {
-                    dstk::gpu::synchronize(stream.s); // the batch is ready for work on the stream
-                    Batch host = *b;
-                    std::vector<std::vector<std::uint8_t>> copies;
-                    copies.reserve(host.fields.size());
-                    for (BatchField& f : host.fields) {
-                        copies.emplace_back(b->size * f.sample_bytes());
-                        dstk::gpu::copy_d2h(copies.back().data(), f.data, copies.back().size());
-                        f.data = copies.back().data();
+            for (const Order o : {Order::sequential, Order::chunk, Order::full})
+                for (const bool rows : {false, true}) {
+                    const std::string what = std::string(test_support::storage_name(st)) + " " +
+                                             std::string(placement_name(p)) + " " + std::string(order_name(o)) +
+                                             (rows ? " rows" : "");
+                    SCOPED_TRACE(what);
+                    SourceRequest c = config(p, o, stream.s);
+                    c.rows = rows;
+                    const bool expect_rows = rows && p != Placement::stream && o != Order::sequential;
+                    c.fields = names;
+                    c.seed = 3;
+                    c.chunk_samples = 50;
+                    c.window = 3;
+                    c.batch = 48;
+                    c.drop_last = false;
+                    const SourcePlan plan = test_support::plan_of(ds, c);
+                    auto src = make_batch_source(ds, plan);
+                    EXPECT_EQ(plan.device_bytes, src->device_bytes());
+                    OrderConfig oc{c.order, c.seed, c.chunk_samples, c.window};
+                    oc.chunk_samples = test_support::order_chunk(specs, names, oc.chunk_samples);
+                    const EpochOrder order(oc, n, 1);
+                    src->start_epoch(1, 2);
+                    std::uint64_t position = 2 * 48;
+                    while (const Batch* b = src->next()) {
+                        dstk::gpu::synchronize(stream.s); // the batch is ready for work on the stream
+                        Batch host = *b;
+                        std::vector<std::vector<std::uint8_t>> copies;
+                        copies.reserve(host.fields.size());
+                        for (BatchField& f : host.fields) {
+                            const std::uint64_t sb = f.sample_bytes();
+                            copies.emplace_back(b->size * sb);
+                            ASSERT_EQ(f.rows != nullptr, expect_rows);
+                            if (f.rows) { // sample i: row rows[i] of the resident split
+                                std::vector<std::uint64_t> at(b->size);
+                                dstk::gpu::copy_d2h(at.data(), f.rows, b->size * 8);
+                                for (std::uint32_t i = 0; i < b->size; ++i)
+                                    dstk::gpu::copy_d2h(copies.back().data() + i * sb,
+                                                        static_cast<const std::uint8_t*>(f.data) + at[i] * sb, sb);
+                            } else {
+                                dstk::gpu::copy_d2h(copies.back().data(), f.data, copies.back().size());
+                            }
+                            f.data = copies.back().data();
+                            f.rows = nullptr;
+                        }
+                        src->release();
+                        test_support::expect_batch_is(host, specs, names, order, position, what);
+                        if (HasFatalFailure()) return;
+                        position += host.size;
                     }
-                    src->release();
-                    test_support::expect_batch_is(host, specs, names, order, position, what);
-                    if (HasFatalFailure()) return;
-                    position += host.size;
+                    EXPECT_EQ(position, n);
                 }
-                EXPECT_EQ(position, n);
-            }
         fs::remove_all(dir);
     }
 }

@@ -254,9 +254,10 @@ double GpuConvertBench::run() {
     CUDA_CHECK(cudaEventRecord(t.start, t.stream));
     auto convert = [&](std::uint64_t first_row, std::uint64_t n, std::uint64_t hw) {
         const std::uint64_t at = first_row * convert_row;
-        train::cuda::launch_convert_input(static_cast<const char*>(b.in) + at * dtype_size(b.from), b.from, b.labels,
-                                          static_cast<std::uint32_t>(n), 1, hw, b.mean_std, b.mean_std + 1, b.out + at,
-                                          train::cuda::ActType::f32, true, 1, b.labels + b.rows(), t.stream);
+        train::cuda::launch_convert_input({static_cast<const char*>(b.in) + at * dtype_size(b.from), nullptr, b.from},
+                                          b.labels, static_cast<std::uint32_t>(n), 1, hw, b.mean_std, b.mean_std + 1,
+                                          b.out + at, train::cuda::ActType::f32, true, 1, b.labels + b.rows(),
+                                          t.stream);
     };
     if (rows > 0) convert(0, rows, convert_row);
     if (rest > 0) convert(rows, 1, rest);

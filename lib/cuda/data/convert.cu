@@ -26,24 +26,25 @@ __global__ void convert_kernel(FieldTable table, std::uint32_t n) {
     const std::uint64_t stride = f.stride ? f.stride : f.per_sample;
     for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
          i += std::uint64_t{gridDim.x} * blockDim.x) {
+        const std::uint64_t from = f.rows ? f.rows[i / f.per_sample] * f.per_sample + i % f.per_sample : i;
         switch (f.kind) {
         case FieldKind::stored:
-            static_cast<std::uint8_t*>(f.dst)[i] = static_cast<const std::uint8_t*>(f.src)[i];
+            static_cast<std::uint8_t*>(f.dst)[i] = static_cast<const std::uint8_t*>(f.src)[from];
             break;
         case FieldKind::values:
-            static_cast<float*>(f.dst)[i] = widen_float(f.src, f.dtype, i);
+            static_cast<float*>(f.dst)[i] = widen_float(f.src, f.dtype, from);
             break;
         case FieldKind::classes32: {
-            const std::int64_t v = widen_int(f.src, f.dtype, i);
+            const std::int64_t v = widen_int(f.src, f.dtype, from);
             static_cast<std::int32_t*>(f.dst)[i] = v >= 0 && v < INT_MAX ? static_cast<std::int32_t>(v) : -1;
             break;
         }
         case FieldKind::classes64:
-            static_cast<std::int64_t*>(f.dst)[i] = widen_int(f.src, f.dtype, i);
+            static_cast<std::int64_t*>(f.dst)[i] = widen_int(f.src, f.dtype, from);
             break;
         case FieldKind::normalised: {
             const std::uint64_t s = i / f.per_sample, e = i - s * f.per_sample, c = e / f.hw;
-            const float v = (widen_float(f.src, f.dtype, i) - f.mean[c]) * f.inv_std[c];
+            const float v = (widen_float(f.src, f.dtype, from) - f.mean[c]) * f.inv_std[c];
             const std::uint64_t at = s * stride + f.offset + e;
             if (f.bf16)
                 static_cast<__nv_bfloat16*>(f.dst)[at] = __float2bfloat16_rn(v);

@@ -184,6 +184,7 @@ class CudaTrainer final : public Trainer {
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
     void* compute_stream() const override { return stream_; }
     void* input_stream() const override { return in_->stream(); }
+    bool reads_rows() const override { return true; } // convert() reads every field through its rows
     std::vector<KernelReport> kernel_choices() const override { return reports_; }
     void set_reducer(dist::Reducer* reducer) override;
     void average_states() override;
@@ -1379,11 +1380,11 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
     const unsigned k = in_->current();
     const TensorShape in = cfg_.plan.input;
     if (training && input_in_moments_) {
-        launch_first_bn_moments_converting({b.x, cfg_.input_dtype, mean_, inv_std_}, act0_[k], at_,
+        launch_first_bn_moments_converting({b.x, b.x_rows, cfg_.input_dtype, mean_, inv_std_}, act0_[k], at_,
                                            direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
     } else {
-        launch_convert_input(b.x, cfg_.input_dtype, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w, mean_, inv_std_,
-                             act0_[k], at_, nchw_, input_.c, nullptr, in_->stream());
+        launch_convert_input({b.x, b.x_rows, cfg_.input_dtype}, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w,
+                             mean_, inv_std_, act0_[k], at_, nchw_, input_.c, nullptr, in_->stream());
         if (training && first_conv_bn_)
             launch_first_bn_moments(act0_[k], at_, direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
     }
@@ -1395,6 +1396,7 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
         const Target& t = cfg_.plan.heads[h].target;
         data::FieldConversion& c = f[count++];
         c.src = b.targets[h];
+        c.rows = b.target_rows[h];
         c.dtype = t.dtype;
         c.per_sample = t.loss == LossKind::ce ? 1 : t.width;
         c.kind = t.loss == LossKind::ce ? data::FieldKind::classes32 : data::FieldKind::values;
@@ -1405,6 +1407,7 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
             if (layers()[i].spec.kind == LayerKind::side) {
                 data::FieldConversion& c = f[count++];
                 c.src = b.side;
+                c.rows = b.side_rows;
                 c.dtype = cfg_.side.dtype;
                 c.per_sample = cfg_.plan.side;
                 c.kind = data::FieldKind::normalised;

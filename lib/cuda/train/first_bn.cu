@@ -69,6 +69,7 @@ template <class T, int C> struct ConvertedPixels {
 template <class T, class In, int C> struct StoredPixels {
     static constexpr bool staged = true;
     const In* x = nullptr;
+    const std::uint64_t* rows = nullptr; // StoredBatch::rows
     const float *mean = nullptr, *inv_std = nullptr;
     T* out = nullptr;
     unsigned cstride = 0, halo = 0; // halo: w + 1 pixels before and after a tile
@@ -85,9 +86,10 @@ template <class T, class In, int C> struct StoredPixels {
             float v[4] = {};
             if (q >= 0 && q < pixels) {
                 const unsigned p = static_cast<unsigned>(q), img = dhw.div(p), j = p - img * dhw.d;
+                const std::uint64_t row = rows ? rows[img] : img;
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
-                    const float f = normalised(x, (std::uint64_t{img} * C + c) * dhw.d + j, c, mean, inv_std);
+                    const float f = normalised(x, (row * C + c) * dhw.d + j, c, mean, inv_std);
                     v[c] = std::is_same_v<T, bf16> ? __bfloat162float(__float2bfloat16(f)) : f;
                 }
                 if (p >= first && p - first < fwd_tile) store(p, v);
@@ -355,6 +357,7 @@ void launch_first_bn_moments_converting(const StoredBatch& b, void* out, ActType
         constexpr int C = decltype(c)::value;
         StoredPixels<T, In, C> src;
         src.x = static_cast<const In*>(b.x);
+        src.rows = b.rows;
         src.mean = b.mean;
         src.inv_std = b.inv_std;
         src.out = static_cast<T*>(out);

@@ -59,6 +59,7 @@ void launch_first_bn_moments(const void* x, ActType t, const DirectConvShape& s,
 // samples of dtype, normalised with mean and inv_std per channel.
 struct StoredBatch {
     const void* x = nullptr;
+    const std::uint64_t* rows = nullptr; // sample i is row rows[i] of x (BatchField::rows); null: row i
     DType dtype = DType::u8;
     const float *mean = nullptr, *inv_std = nullptr;
 };

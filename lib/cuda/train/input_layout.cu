@@ -17,16 +17,23 @@ template <class T> __device__ __forceinline__ void store4(T* p, std::uint64_t i,
     *reinterpret_cast<Word*>(p + i) = q;
 }
 
+// Sample s's row in the stored batch (StoredSamples::rows).
+__device__ __forceinline__ std::uint64_t row_of(const std::uint64_t* rows, std::uint64_t s) {
+    return rows ? rows[s] : s;
+}
+
 template <class In, class T>
-__global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
-                               Channels ch, const float* mean, const float* inv_std, T* out, std::int32_t* labels_out,
-                               std::uint32_t out_channels) {
+__global__ void convert_kernel(const In* x, const std::uint64_t* rows, const std::int32_t* labels, std::uint32_t n,
+                               std::uint32_t channels, Channels ch, const float* mean, const float* inv_std, T* out,
+                               std::int32_t* labels_out, std::uint32_t out_channels) {
     const std::uint64_t hw = ch.hw;
     if (ch.nchw) {
-        GRID_LOOP(i, std::uint64_t{n} * channels * hw) {
-            if (labels_out && i < n) labels_out[i] = labels[i];
+        const std::uint64_t per = std::uint64_t{channels} * hw;
+        GRID_LOOP(i, std::uint64_t{n} * per) {
+            if (labels_out && i < n) labels_out[i] = labels[row_of(rows, i)];
             const std::uint32_t c = ch(i, 0);
-            st(out, i, normalised(x, i, c, mean, inv_std));
+            const std::uint64_t at = rows ? rows[i / per] * per + i % per : i;
+            st(out, i, normalised(x, at, c, mean, inv_std));
         }
         return;
     }
@@ -36,10 +43,11 @@ __global__ void convert_kernel(const In* x, const std::int32_t* labels, std::uin
     // store: element-sized stores, strided by the pixel's width across a
     // warp, left this pass bound by store instructions.
     GRID_LOOP(pix, std::uint64_t{n} * hw) {
-        if (labels_out && pix < n) labels_out[pix] = labels[pix];
+        if (labels_out && pix < n) labels_out[pix] = labels[row_of(rows, pix)];
         const std::uint64_t s = ch.narrow ? ch.dhw.div(static_cast<std::uint32_t>(pix)) : pix / hw, j = pix - s * hw;
+        const std::uint64_t row = row_of(rows, s);
         auto value = [&](std::uint32_t c) {
-            return c < channels ? normalised(x, (s * channels + c) * hw + j, c, mean, inv_std) : 0.0f;
+            return c < channels ? normalised(x, (row * channels + c) * hw + j, c, mean, inv_std) : 0.0f;
         };
         if (out_channels % 4 == 0) {
             for (std::uint32_t c = 0; c < out_channels; c += 4) {
@@ -103,35 +111,34 @@ __global__ void scatter_kernel(const T* gcopy, const std::uint32_t* map, float* 
 
 } // namespace
 
-void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels, std::uint32_t n,
-                          std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, void* out,
-                          ActType t, bool nchw, std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s) {
+void launch_convert_input(const StoredSamples& x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
+                          std::uint64_t hw, const float* mean, const float* inv_std, void* out, ActType t, bool nchw,
+                          std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s) {
     const unsigned b = blocks_for(std::uint64_t{n} * (nchw ? out_channels : 1) * hw, nchw ? 4 : 1);
     // NCHW: the channel of each element; NHWC: the sample of each pixel.
     const Channels ch = channels_of(channels, hw, nchw, 0, std::uint64_t{n} * out_channels * hw);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        T* o = static_cast<T*>(out);
-        switch (dtype) {
+        auto go = [&](auto in) {
+            using In = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
+            plain_launch(convert_kernel<In, T>, b, threads, 0, s, static_cast<const In*>(x.x), x.rows, labels, n,
+                         channels, ch, mean, inv_std, static_cast<T*>(out), labels_out, out_channels);
+        };
+        switch (x.dtype) {
         case DType::u8:
-            plain_launch(convert_kernel<std::uint8_t, T>, b, threads, 0, s, static_cast<const std::uint8_t*>(x), labels,
-                         n, channels, ch, mean, inv_std, o, labels_out, out_channels);
+            go(static_cast<const std::uint8_t*>(nullptr));
             break;
         case DType::i8:
-            plain_launch(convert_kernel<std::int8_t, T>, b, threads, 0, s, static_cast<const std::int8_t*>(x), labels,
-                         n, channels, ch, mean, inv_std, o, labels_out, out_channels);
+            go(static_cast<const std::int8_t*>(nullptr));
             break;
         case DType::bf16:
-            plain_launch(convert_kernel<bf16, T>, b, threads, 0, s, static_cast<const bf16*>(x), labels, n, channels,
-                         ch, mean, inv_std, o, labels_out, out_channels);
+            go(static_cast<const bf16*>(nullptr));
             break;
         case DType::f16:
-            plain_launch(convert_kernel<__half, T>, b, threads, 0, s, static_cast<const __half*>(x), labels, n,
-                         channels, ch, mean, inv_std, o, labels_out, out_channels);
+            go(static_cast<const __half*>(nullptr));
             break;
         default:
-            plain_launch(convert_kernel<float, T>, b, threads, 0, s, static_cast<const float*>(x), labels, n, channels,
-                         ch, mean, inv_std, o, labels_out, out_channels);
+            go(static_cast<const float*>(nullptr));
             break;
         }
     });

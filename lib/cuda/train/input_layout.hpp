@@ -12,12 +12,21 @@
 
 namespace dstk::train::cuda {
 
-// x' = (x - mean[c]) / std[c] from stored CHW samples into `out` of type t,
+// Stored CHW samples of dtype: sample i is row rows[i] of x (BatchField::rows),
+// or row i where rows is null.
+struct StoredSamples {
+    const void* x = nullptr;
+    const std::uint64_t* rows = nullptr;
+    DType dtype = DType::u8;
+};
+
+// x' = (x - mean[c]) / std[c] from stored samples into `out` of type t,
 // NHWC with out_channels >= channels (the extra channels zero), or NCHW with
-// out_channels == channels; labels copied into `labels_out` (unless null).
-void launch_convert_input(const void* x, DType dtype, const std::int32_t* labels, std::uint32_t n,
-                          std::uint32_t channels, std::uint64_t hw, const float* mean, const float* inv_std, void* out,
-                          ActType t, bool nchw, std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s);
+// out_channels == channels; labels (rows as x's) copied into `labels_out`
+// (unless null).
+void launch_convert_input(const StoredSamples& x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
+                          std::uint64_t hw, const float* mean, const float* inv_std, void* out, ActType t, bool nchw,
+                          std::uint32_t out_channels, std::int32_t* labels_out, cudaStream_t s);
 
 // Layout changes of activations: out[n][c][hw] = in[n][hw][c] and the inverse.
 void launch_nhwc_to_nchw(const void* in, void* out, ActType t, std::uint64_t n, std::uint32_t c, std::uint64_t hw,

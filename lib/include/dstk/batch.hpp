@@ -23,6 +23,11 @@ struct BatchField {
     DType dtype = DType::u8;    // as delivered (the stored dtype, before any conversion)
     Shape shape;                // per sample
     const void* data = nullptr; // size samples, sample-major, in the batch's device memory
+    // Device memory, cuda only, set only for a consumer that asked for it
+    // (SourceConfig::rows): sample i of the batch is row rows[i] of `data`,
+    // a split resident on the GPU read where it lies instead of gathered
+    // into a batch first. Null: sample i is row i.
+    const std::uint64_t* rows = nullptr;
 
     std::uint64_t sample_bytes() const { return dstk::sample_bytes(shape, dtype); }
 };

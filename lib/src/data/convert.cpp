@@ -2,6 +2,7 @@
 #include "dstk/data/convert.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -106,7 +107,10 @@ DType converted_dtype(FieldKind k, DType stored) {
 }
 
 void convert_fields_host(std::span<const FieldConversion> fields, std::uint32_t n) {
-    for (const FieldConversion& f : fields) convert_one(f, n);
+    for (const FieldConversion& f : fields) {
+        if (f.rows) throw std::logic_error("convert_fields_host: rows are device memory (a GPU source's)");
+        convert_one(f, n);
+    }
 }
 
 ChannelNorm field_norm(const Dataset& ds, const std::string& field, std::string_view scan_split) {

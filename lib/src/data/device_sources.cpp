@@ -21,18 +21,25 @@ namespace {
 // batches on (the trainer's input stream): stream order alone keeps the slot
 // from being overwritten while it is read. The
 // epoch's indices go up once per batch; each field is one gather launch.
+// With `rows` (SourceConfig::rows) there is no slot and no gather: the batch
+// is the split itself and the uploaded indices (BatchField::rows), which
+// stream order keeps until the consumer has read them (two sets of indices,
+// the older one's upload waited for before it is written again). The gather
+// launches, small as they are, took SMs from the step beside them.
 class DeviceGather {
   public:
-    DeviceGather(std::uint32_t batch, const std::vector<std::uint64_t>& sample_bytes, void* stream)
-        : batch_(batch), sample_bytes_(sample_bytes), stream_(stream),
+    DeviceGather(std::uint32_t batch, const std::vector<std::uint64_t>& sample_bytes, void* stream, bool rows)
+        : batch_(batch), sample_bytes_(sample_bytes), stream_(stream), rows_(rows),
           idx_dev_(gpu::Memory::device, std::uint64_t{batch} * 8 * 2),
           idx_host_(gpu::Memory::pinned, std::uint64_t{batch} * 8 * 2) {
-        for (const std::uint64_t sb : sample_bytes_) slot_.emplace_back(gpu::Memory::device, std::uint64_t{batch} * sb);
+        if (!rows_)
+            for (const std::uint64_t sb : sample_bytes_)
+                slot_.emplace_back(gpu::Memory::device, std::uint64_t{batch} * sb);
         idx_done_.emplace_back(false);
         idx_done_.emplace_back(false);
     }
-    static std::uint64_t bytes(std::uint32_t batch, std::uint64_t row_bytes) {
-        return std::uint64_t{batch} * row_bytes + std::uint64_t{batch} * 16;
+    static std::uint64_t bytes(std::uint32_t batch, std::uint64_t row_bytes, bool rows) {
+        return (rows ? 0 : std::uint64_t{batch} * row_bytes) + std::uint64_t{batch} * 16;
     }
     // src[f]: field f of the split, sample-major.
     const Batch* gather(Batch& out, const EpochOrder& order, std::uint64_t first, std::uint32_t count,
@@ -45,6 +52,11 @@ class DeviceGather {
         gpu::copy_h2d_async(dev, host, std::uint64_t{count} * 8, stream_);
         idx_done_[k].record(stream_);
         used_[k] = true;
+        if (rows_) {
+            point(out, count, [&](std::size_t f) { return src[f]; });
+            for (BatchField& f : out.fields) f.rows = dev;
+            return &out;
+        }
         for (std::size_t f = 0; f < slot_.size(); ++f)
             kernels::gather_rows_async(slot_[f].get(), src[f], sample_bytes_[f], dev, count, stream_);
         return point(out, count, [&](std::size_t f) { return slot_[f].get(); });
@@ -54,7 +66,8 @@ class DeviceGather {
     std::uint32_t batch_;
     std::vector<std::uint64_t> sample_bytes_;
     void* stream_;
-    std::vector<gpu::Buffer> slot_; // per field
+    bool rows_;
+    std::vector<gpu::Buffer> slot_; // per field (none with rows_)
     gpu::Buffer idx_dev_, idx_host_;
     std::vector<gpu::Event> idx_done_;
     bool used_[2] = {false, false};
@@ -97,7 +110,7 @@ class DeviceResidentSource final : public ResidentSource {
         src_ = split_.pointers();
         times_.read = seconds_since(t0);
         if (c.order.kind != Order::sequential)
-            gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream);
+            gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream, c.rows);
     }
 
     Placement placement() const override { return Placement::device; }
@@ -108,7 +121,7 @@ class DeviceResidentSource final : public ResidentSource {
         return resident_batch(batch_, gather_.get(), *order_, first, count, src_, sample_bytes_);
     }
     std::uint64_t device_bytes() const override {
-        return samples_ * row_bytes_ + (gather_ ? DeviceGather::bytes(config_.batch, row_bytes_) : 0);
+        return samples_ * row_bytes_ + (gather_ ? DeviceGather::bytes(config_.batch, row_bytes_, config_.rows) : 0);
     }
     std::uint64_t host_bytes() const override { return staging_; }
 
@@ -146,7 +159,7 @@ class ManagedSource final : public ResidentSource {
         src_ = split_.pointers();
         times_.read = seconds_since(t0);
         if (c.order.kind != Order::sequential)
-            gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream);
+            gather_ = std::make_unique<DeviceGather>(c.batch, sample_bytes_, c.compute_stream, c.rows);
     }
     ~ManagedSource() override {
         if (config_.compute_stream) gpu::synchronize(config_.compute_stream);
@@ -165,7 +178,9 @@ class ManagedSource final : public ResidentSource {
         if (config_.managed_policy == ManagedPolicy::prefetch) prefetch(first + count);
         return resident_batch(batch_, gather_.get(), *order_, first, count, src_, sample_bytes_);
     }
-    std::uint64_t device_bytes() const override { return gather_ ? DeviceGather::bytes(config_.batch, row_bytes_) : 0; }
+    std::uint64_t device_bytes() const override {
+        return gather_ ? DeviceGather::bytes(config_.batch, row_bytes_, config_.rows) : 0;
+    }
     std::uint64_t host_bytes() const override { return samples_ * row_bytes_; }
 
   private:

@@ -148,6 +148,7 @@ Loader::Loader(const std::vector<std::filesystem::path>& dirs, const LoaderReque
         mix_ = plan_mix(members, {s, r.weights, r.mix_placements}, machine_facts(s.device));
         plan_ = mix_as_source(*mix_);
     } else {
+        s.rows = slots_ != nullptr; // feed_one converts each batch on the slots' stream as it comes (no gather)
         plan_ = plan_source(datasets_[0], s, machine_facts(s.device));
     }
     outputs_ = outputs_of(Norms{datasets_, mix_plan()}, plan_, r);
@@ -182,6 +183,7 @@ std::vector<FieldConversion> Loader::conversions(const Batch& b, std::span<void*
         const FieldOutput& o = outputs_[f];
         FieldConversion fc;
         fc.src = b.fields[f].data;
+        fc.rows = b.fields[f].rows;
         fc.dtype = o.stored;
         fc.per_sample = o.shape.numel();
         fc.dst = out[f];

@@ -158,8 +158,9 @@ std::uint64_t planned_device_bytes(const SplitInfo& split, const std::vector<con
                                    const SourceConfig& c) {
     const SourceFields f(split, fields);
     const bool cuda = c.device.backend == Backend::cuda;
-    const std::uint64_t slot = checked_mul(c.batch, f.row_bytes(), "batch bytes");
-    // Non-sequential orders gather into a batch slot (and, on cuda, upload the indices).
+    // Non-sequential orders gather into a batch slot (and, on cuda, upload the
+    // indices), or hand the indices alone to a consumer that reads rows.
+    const std::uint64_t slot = cuda && c.rows ? 0 : checked_mul(c.batch, f.row_bytes(), "batch bytes");
     const std::uint64_t gather =
         c.order.kind == Order::sequential ? 0 : slot + (cuda ? std::uint64_t{c.batch} * 16 : 0);
     switch (c.placement) {

@@ -26,10 +26,14 @@ std::unique_ptr<BatchSource> device_stream_source(const Dataset& ds, const Sourc
 std::unique_ptr<BatchSource> device_resident_source(const Dataset& ds, const SourceFields& f, const SourceConfig& c);
 std::unique_ptr<BatchSource> managed_source(const Dataset& ds, const SourceFields& f, const SourceConfig& c);
 
-// Points every field of `b` at data_of(field index) and sets the size.
+// Points every field of `b` at data_of(field index), its samples in order (no
+// rows), and sets the size.
 template <typename DataOf> const Batch* point(Batch& b, std::uint32_t size, DataOf&& data_of) {
     b.size = size;
-    for (std::size_t f = 0; f < b.fields.size(); ++f) b.fields[f].data = data_of(f);
+    for (std::size_t f = 0; f < b.fields.size(); ++f) {
+        b.fields[f].data = data_of(f);
+        b.fields[f].rows = nullptr;
+    }
     return &b;
 }
 

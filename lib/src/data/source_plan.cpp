@@ -75,6 +75,7 @@ SourceConfig base_config(const SourceRequest& r) {
     c.managed_policy = r.managed_policy;
     c.oversubscribe = r.oversubscribe;
     c.compute_stream = r.compute_stream;
+    c.rows = r.rows;
     c.direct = r.direct.value_or(false);
     c.host_mem = r.host_mem;
     c.hash_batches = r.hash_batches;

@@ -237,9 +237,10 @@ void open_sources(Session& s, const DataOptions& d, Placement asked, const Outpu
         r.names = [](std::string_view setting) {
             return setting == "placement" ? std::string("--placement") : flag_of(setting);
         };
-        open_mix_sources(s, r, out);
+        open_mix_sources(s, r, out); // the mix copies its members' batches: no rows
         return;
     }
+    r.rows = s.trainer->reads_rows();
     s.plan = data::plan_training(*s.ds, r, s.test_split ? s.test_split->name : "", data::machine_facts(s.device));
     const data::SourcePlan& p = s.plan.train;
     for (const std::string& line : data::describe(p)) note(out, "dstrain: " + line);

@@ -30,6 +30,10 @@ struct StepFields {
     std::array<const void*, max_step_heads> targets{}; // per head, in the target's stored dtype
     const void* side = nullptr;
     std::uint32_t size = 0;
+    // BatchField::rows of each (cuda, where the trainer reads rows; else null)
+    const std::uint64_t* x_rows = nullptr;
+    std::array<const std::uint64_t*, max_step_heads> target_rows{};
+    const std::uint64_t* side_rows = nullptr;
 };
 StepFields step_fields(const TrainerConfig& c, const Batch& b);
 

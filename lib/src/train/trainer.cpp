@@ -108,12 +108,20 @@ StepFields step_fields(const TrainerConfig& c, const Batch& b) {
                           std::to_string(c.max_batch) + ")");
     StepFields f;
     f.size = b.size;
-    f.x = take_field(b, c.input_field, c.input_dtype, c.plan.input.numel(), "its input").data;
+    const BatchField& x = take_field(b, c.input_field, c.input_dtype, c.plan.input.numel(), "its input");
+    f.x = x.data;
+    f.x_rows = x.rows;
     for (std::size_t h = 0; h < c.plan.heads.size(); ++h) {
         const Target& t = c.plan.heads[h].target;
-        f.targets[h] = take_field(b, t.field, t.dtype, t.shape.numel(), "a target").data;
+        const BatchField& y = take_field(b, t.field, t.dtype, t.shape.numel(), "a target");
+        f.targets[h] = y.data;
+        f.target_rows[h] = y.rows;
     }
-    if (c.plan.side) f.side = take_field(b, c.side.field, c.side.dtype, c.plan.side, "its side input").data;
+    if (c.plan.side) {
+        const BatchField& side = take_field(b, c.side.field, c.side.dtype, c.plan.side, "its side input");
+        f.side = side.data;
+        f.side_rows = side.rows;
+    }
     return f;
 }
 

@@ -82,6 +82,11 @@ struct SourceConfig {
     ManagedPolicy managed_policy = ManagedPolicy::prefetch;
     bool oversubscribe = false;     // managed: allow a split larger than free GPU memory
     void* compute_stream = nullptr; // cuda: where batches are read (Trainer::input_stream), ordered before it
+    // device, managed: the consumer reads samples through BatchField::rows, so
+    // a shuffled batch is handed over as the split plus its rows (uploaded on
+    // compute_stream) and no gather pass runs. Only for a consumer that reads
+    // every field only on compute_stream, before the next batch is asked for.
+    bool rows = false;
     // stream: read the bulk fields with O_DIRECT (.npy chunks, zstd frames; a
     // field under a quarter of the lead field's bytes per sample, a label,
     // stays in the page cache: lib/src/data/source_fields.hpp says why); falls

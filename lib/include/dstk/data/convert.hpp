@@ -32,8 +32,9 @@ DType converted_dtype(FieldKind k, DType stored);
 
 struct FieldConversion {
     const void* src = nullptr;
-    DType dtype = DType::u8;      // stored
-    std::uint64_t per_sample = 0; // values per sample
+    const std::uint64_t* rows = nullptr; // GPU only: sample i is row rows[i] of src (BatchField::rows); null: row i
+    DType dtype = DType::u8;             // stored
+    std::uint64_t per_sample = 0;        // values per sample
     void* dst = nullptr;
     FieldKind kind = FieldKind::stored;
     // normalised: per-channel statistics (in the memory the conversion runs

@@ -51,6 +51,7 @@ struct SourceRequest {
     std::uint64_t window = 8;        // chunk order: chunks mixed together
     std::uint64_t chunk_samples = 0; // chunk order: samples per chunk (0: automatic)
     std::uint32_t batch = 256;
+    bool rows = false; // SourceConfig::rows
     RankSlice slice;
     bool drop_last = true;
     std::optional<unsigned> prefetch, readers; // unset: from bench, else 4 slots and 2 readers

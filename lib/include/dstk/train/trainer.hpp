@@ -170,6 +170,10 @@ class Trainer {
     virtual void* compute_stream() const = 0; // cudaStream_t on cuda, nullptr on cpu
     // Where batches are read (see above); the compute stream where no other.
     virtual void* input_stream() const { return compute_stream(); }
+    // Whether the batch's fields may come as a resident split and the rows
+    // of the batch (BatchField::rows, data::SourceConfig::rows): the cuda
+    // backend's conversion reads them where they lie, with no gather before.
+    virtual bool reads_rows() const { return false; }
     // The kernel each convolution operation runs and where the choice came
     // from (empty on the cpu backend).
     virtual std::vector<KernelReport> kernel_choices() const { return {}; }
