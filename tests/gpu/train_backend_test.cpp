@@ -704,10 +704,12 @@ TEST(TrainGpu, MomentsKernelConvertsTheInputBitEqual) {
 }
 
 // DSTK_INPUT_GATE holds the next batch's conversion back until the step
-// before has run its forward pass (by default in tf32): an order on the
-// device only, so training with and without it is bit for bit the same, in
-// graph steps and the eager partial step after them.
-TEST(TrainGpu, InputGateTrainsBitEqual) {
+// before has run its forward pass (by default in tf32), and
+// DSTK_UPPER_UPDATE updates the layers from the third weighted one up on a
+// branch of their own beside the last weight gradient (by default): orders
+// on the device only, so training with and without either is bit for bit
+// the same, in graph steps and the eager partial step after them.
+TEST(TrainGpu, InputGateAndUpperUpdateTrainBitEqual) {
     REQUIRE_GPU();
     // A shape of its own: the process remembers timed kernel choices, and
     // SecondRunReusesCachedKernelChoicesBitEqual expects its first run to time them.
@@ -720,10 +722,10 @@ TEST(TrainGpu, InputGateTrainsBitEqual) {
         TrainerConfig c = config("conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,flatten,fc:10", in, 10, batch,
                                  Backend::cuda, prec, OptimizerKind::adamw);
         c.deterministic = true;
-        auto train = [&](const char* gate) {
-            setenv("DSTK_INPUT_GATE", gate, 1);
+        auto train = [&](const char* name, const char* value) {
+            setenv(name, value, 1);
             auto t = make_trainer(c);
-            unsetenv("DSTK_INPUT_GATE");
+            unsetenv(name);
             for (std::uint32_t s = 0; s < 6; ++s) {
                 const std::uint32_t n = s == 5 ? 21 : batch;
                 t->train_step(
@@ -731,9 +733,12 @@ TEST(TrainGpu, InputGateTrainsBitEqual) {
             }
             return std::pair(t->read_parameters(), t->read_states());
         };
-        const auto gated = train("1"), free = train("0");
-        EXPECT_EQ(gated.first, free.first);
-        EXPECT_EQ(gated.second, free.second);
+        for (const char* name : {"DSTK_INPUT_GATE", "DSTK_UPPER_UPDATE"}) {
+            SCOPED_TRACE(name);
+            const auto on = train(name, "1"), off = train(name, "0");
+            EXPECT_EQ(on.first, off.first);
+            EXPECT_EQ(on.second, off.second);
+        }
     }
 }
 

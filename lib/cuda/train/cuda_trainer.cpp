@@ -395,8 +395,8 @@ class CudaTrainer final : public Trainer {
     // Weight gradients beside the data gradients (side_branch.hpp), with
     // their own cuDNN and cuBLAS workspaces.
     std::unique_ptr<SideBranch> side_;
-    // The update of the upper layers' parameters, beside the last layers'
-    // backward (upper_update_layer; DSTK_UPPER_UPDATE=0: none).
+    // The update of the upper layers' parameters, beside the last weight
+    // gradient (upper_update_layer; DSTK_UPPER_UPDATE=0: none).
     std::unique_ptr<SideBranch> upper_;
     bool upper_update_ = true;
     bool low_update_first_ = true; // low_update_before_join
@@ -480,7 +480,7 @@ void CudaTrainer::create_streams() {
     const cublasMath_t math = cfg_.precision == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     CUBLAS_CHECK(cublasSetMathMode(cublas_, math));
     side_ = std::make_unique<SideBranch>(stream_, math);
-    if (at_ == ActType::bf16 && upper_update_) upper_ = std::make_unique<SideBranch>(stream_, math, false);
+    if (upper_update_) upper_ = std::make_unique<SideBranch>(stream_, math, false);
     in_ = std::make_unique<InputSets>(stream_, least);
 }
 
@@ -1756,12 +1756,12 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
         if (static_cast<std::int32_t>(i) == trunk_end) dy = trunk_grad_;
         const bool first = layers()[i].source < 0;
         void* dx = first ? input_grad_ : gbuf_.next(dy, stream_);
+        if (i == early && upper != npos) upper_->wait_for(*side_); // the weight gradients from upper up, not i's
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
-        if (i == upper) { // after every gradient from here up, on the main stream and the side branch
+        if (i == early && upper != npos) { // after i's data gradient, beside its weight gradient
             upper_->fork();
-            upper_->wait_for(*side_);
-            update({layers()[i].param_offset, cfg_.plan.params}, upper_->stream());
+            update({layers()[upper].param_offset, cfg_.plan.params}, upper_->stream());
         }
         if (i == early) { // nothing below reads these parameters or writes their gradients
             side_->fork();
@@ -1881,15 +1881,15 @@ std::size_t CudaTrainer::weighted_layer(std::size_t n) const {
 }
 
 // The layer above early_update_layer's from which the parameters are updated
-// on a branch of their own (upper_): once their gradients are issued, on the
-// main stream and the side branch, that update runs beside the last layers'
-// backward instead of after their weight gradients on the side branch, where
-// it ended the step (the early update then covers the layers between). In
-// bf16; in tf32 it measured slower (the update there slowed the data gradient
-// below it more than it saved at the end). None where there is no early
-// update, or no third convolution or linear layer.
+// on a branch of their own (upper_): once the early layer's data gradient is
+// issued, beside that layer's weight gradient (the step's last large kernels),
+// after every gradient from this layer up. On the side branch, after that
+// weight gradient, this update ended the step; started at this layer's own
+// backward instead, it slowed the data gradients below it in tf32. The early
+// update covers the layers between. None where there is no early update, no
+// third convolution or linear layer, or DSTK_UPPER_UPDATE=0.
 std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
-    if (early == npos || !upper_) return npos; // bf16 with DSTK_UPPER_UPDATE on: create_streams
+    if (early == npos || !upper_) return npos; // DSTK_UPPER_UPDATE=0: create_streams
     return weighted_layer(3);
 }
 
