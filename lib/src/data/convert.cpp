@@ -2,10 +2,10 @@
 #include "dstk/data/convert.hpp"
 
 #include <algorithm>
-#include <stdexcept>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "dstk/enum_names.hpp"

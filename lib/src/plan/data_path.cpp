@@ -27,6 +27,7 @@ std::optional<data::SourcePlan> data_path_plan(const PlanOptions& o, std::option
     data::SourceRequest r;
     r.placement = data::parse_placement(o.data, "--data");
     r.device = data::default_device();
+    r.rows = r.device.backend == Backend::cuda; // as dstrain's cuda trainer reads them (Trainer::reads_rows)
     r.order = data::parse_order(o.order, "--order");
     r.batch = o.batch;
     // As dstrain: --prefetch given wins over --bench's tuning.
