@@ -161,8 +161,11 @@ def test_loader_bad_path(tmp_path):
 
 def test_ctrl_c_stops_the_epoch(images):
     script = textwrap.dedent(f"""
-        import faulthandler, sys, dstk
+        import faulthandler, signal, sys, dstk
         faulthandler.dump_traceback_later(20)  # a hang shows where every thread is
+        # Ctrl-C as an interactive shell delivers it, even where this test runs as a
+        # background job (started with SIGINT ignored, which the child inherits).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         loader = dstk.Loader({str(images)!r}, batch=8, placement="host", order="full", readers=1, prefetch=1)
         print("started", flush=True)
         try:
