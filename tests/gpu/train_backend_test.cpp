@@ -478,6 +478,15 @@ TEST(TrainGpu, Bf16TrainingLearns) {
 
 namespace {
 
+// A trainer made with the environment variable `name` set to `value` (the
+// cuda backend reads its switches when a trainer is made).
+std::unique_ptr<Trainer> made_with(const char* name, const char* value, const TrainerConfig& c) {
+    setenv(name, value, 1);
+    auto t = make_trainer(c);
+    unsetenv(name);
+    return t;
+}
+
 TrainerConfig deterministic_config(Precision p) {
     TrainerConfig c = config("conv3x3:8,bn,relu,res(conv3x3:8,bn,relu),maxpool2,conv3x3:16:bias,bn,relu,"
                              "flatten,dropout:0.2,fc:32,relu,fc:10",
@@ -910,9 +919,7 @@ TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
             SCOPED_TRACE(std::string(spec) + " " + std::string(precision_name(p)));
             const TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, p, OptimizerKind::adamw);
             auto train = [&](const char* fused) {
-                setenv("DSTK_FC_FUSED", fused, 1); // read when the trainer is made
-                auto t = make_trainer(c);
-                unsetenv("DSTK_FC_FUSED");
+                auto t = made_with("DSTK_FC_FUSED", fused, c);
                 run_steps(*t, dd, in, batch, 0, 4);
                 t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
                 return t;
@@ -931,6 +938,78 @@ TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
             for (const std::string& line : kernel_choice_lines(fused->kernel_choices(), c.plan))
                 if (line.find("cublaslt") != std::string::npos || line.find("nhwc") != std::string::npos)
                     std::printf("  %s\n", line.c_str());
+        }
+}
+
+// The classifier's last linear layer with its softmax cross-entropy in one
+// kernel (linear_xent.hpp) against the same steps through the GEMMs, the loss
+// kernel and the ReLU's backward (DSTK_LINEAR_XENT=0), and against the cpu
+// backend: odd shapes (a batch and a last step that are not multiples of the
+// block's 8 samples, 37 or 20 features), 2 to 32 classes (each of the
+// kernel's three widths), with and without bias, with the ReLU's mask taken
+// in (relu after a linear layer) or left to a batch norm, after a global
+// pool, with label smoothing (config's 0.1); evaluation's counters too. No
+// bias before a batch norm: its gradient is rounding noise, which AdamW's
+// steps would turn into parameters apart. A layer of more classes than the
+// kernel takes falls back.
+TEST(TrainGpu, LinearLayerWithItsLossTrainsLikeItsGemmsAndTheCpu) {
+    REQUIRE_GPU();
+    struct Case {
+        std::string spec;
+        std::uint32_t classes;
+        bool masked; // the kernel applies the ReLU below it
+    };
+    const Case cases[] = {{"flatten,fc:37,relu,fc:10", 10, true},
+                          {"flatten,fc:37,relu,fc:5:nobias", 5, true},
+                          {"flatten,fc:20:nobias,bn,relu,fc:17", 17, false},
+                          {"conv3x3:8,bn,relu,gap,fc:32", 32, false},
+                          {"flatten,fc:37,relu,fc:2", 2, true},
+                          {"conv3x3:8,relu,flatten,fc:16,relu,fc:3", 3, true},
+                          {"flatten,fc:37,relu,fc:40", 40, false}};
+    const TensorShape in{3, 8, 8};
+    const std::uint32_t batch = 20;
+    const std::pair<Precision, double> precisions[] = {
+        {Precision::fp32, 1e-4}, {Precision::tf32, 2e-2}, {Precision::bf16, 6e-2}};
+    for (const auto& [p, tol] : precisions)
+        for (const Case& k : cases) {
+            SCOPED_TRACE(k.spec + " " + std::string(precision_name(p)));
+            const TrainerConfig c = config(k.spec, in, k.classes, batch, Backend::cuda, p, OptimizerKind::adamw);
+            const Data d = make_random_data(in, k.classes, batch * 6, 41);
+            const DeviceData dd(d);
+            auto train = [&](const char* fused) {
+                auto t = made_with("DSTK_LINEAR_XENT", fused, c);
+                run_steps(*t, dd, in, batch, 0, 4);
+                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 13));
+                t->evaluate(step_batch(t->config(), dd.xs() + 5 * batch * in.numel(), dd.ys() + 5 * batch, batch));
+                t->evaluate(step_batch(t->config(), dd.xs() + 5 * batch * in.numel(), dd.ys() + 5 * batch, 11));
+                return t;
+            };
+            auto fused = train("1"), plain = train("0");
+            const std::size_t last = c.plan.layers.size() - 1;
+            EXPECT_EQ(reports_kernel(*fused, last, "own:linear_xent"), k.classes <= 32) << "the fused path";
+            EXPECT_FALSE(reports_kernel(*plain, last, "own:linear_xent")) << "DSTK_LINEAR_XENT=0";
+            EXPECT_EQ(reports_kernel(*fused, last - 1, "own:in_linear_xent"), k.masked) << "the ReLU's mask";
+            Checker check;
+            check("parameters after 5 steps", fused->read_parameters(), plain->read_parameters(), tol);
+            const Metrics tf = fused->take_train_metrics(), tp = plain->take_train_metrics();
+            const Metrics ef = fused->take_eval_metrics(), ep = plain->take_eval_metrics();
+            EXPECT_NEAR(tf.loss_sum, tp.loss_sum, tol * tp.loss_sum) << "training loss";
+            EXPECT_NEAR(ef.loss_sum, ep.loss_sum, tol * ep.loss_sum) << "evaluation loss";
+            EXPECT_EQ(ef.samples, 31u);
+            if (p == Precision::fp32) { // the same logits but for rounding: the same decisions, bar a near tie
+                EXPECT_NEAR(double(ef.heads[0].correct), double(ep.heads[0].correct), 1.0);
+                EXPECT_NEAR(double(ef.heads[0].top5), double(ep.heads[0].top5), 1.0);
+            }
+            // Against the cpu backend (fp32), as WholeNetworksTrainLikeTheCpu.
+            auto cpu =
+                make_trainer(config(k.spec, in, k.classes, batch, Backend::cpu, Precision::fp32, OptimizerKind::adamw));
+            for (int step = 0; step < 5; ++step)
+                cpu->train_step(step_batch(cpu->config(), d.x.data() + step * batch * in.numel(),
+                                           d.y.data() + step * batch, step < 4 ? batch : 13));
+            check("parameters after 5 steps against the cpu", fused->read_parameters(), cpu->read_parameters(),
+                  p == Precision::fp32 ? 1e-3 : 2 * tol);
+            std::printf("%-44s %-5s worst %.2e (%s)%s\n", k.spec.c_str(), std::string(precision_name(p)).c_str(),
+                        check.worst, check.worst_what.c_str(), k.masked ? ", ReLU mask in the kernel" : "");
         }
 }
 

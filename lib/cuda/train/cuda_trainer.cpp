@@ -42,6 +42,7 @@
 #include "train/first_bn.hpp"
 #include "train/input_layout.hpp"
 #include "train/input_sets.hpp"
+#include "train/linear_xent.hpp"
 #include "train/loss.hpp"
 #include "train/optimizer_step.hpp"
 #include "train/pooling.hpp"
@@ -221,6 +222,7 @@ class CudaTrainer final : public Trainer {
     std::vector<std::size_t> readers(std::size_t x) const;
     bool only_linear_reads(std::size_t x) const;
     void plan_linear_fusion();
+    void plan_linear_xent();
     TensorShape nhwc_order(std::size_t i) const {
         const std::int32_t src = layers()[i].source;
         return src < 0 ? TensorShape{} : dev_[static_cast<std::size_t>(src)].nhwc_flat;
@@ -270,7 +272,8 @@ class CudaTrainer final : public Trainer {
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
     void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned);
     void turn_filters_ahead(cudaStream_t s);
-    void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx);
+    void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx,
+                         bool dx_written = false);
     void forward_linear(std::size_t i, std::uint32_t n, bool fuse);
     // A linear layer's cuBLASLt plans at one batch size (null: the plain GEMM and kernels).
     struct FcGemms {
@@ -295,7 +298,9 @@ class CudaTrainer final : public Trainer {
     };
     Lane weight_lane(bool data_gradient_follows);
     enum Phase : int { train_phase, eval_phase, scratch_phase };
-    void losses(std::uint32_t n, Phase phase, bool want_grad);
+    HeadLossArgs head_loss_args(std::size_t h, std::uint32_t n, Phase phase, bool want_grad) const;
+    void losses(std::uint32_t n, Phase phase, bool want_grad, bool fuse);
+    void linear_xent(std::uint32_t n, Phase phase, bool want_grad);
     Metrics take(Phase phase, std::uint64_t& samples);
     std::vector<float> download(const float* p, std::uint64_t count) {
         std::vector<float> out(count);
@@ -399,6 +404,14 @@ class CudaTrainer final : public Trainer {
     // gradient (upper_update_layer; DSTK_UPPER_UPDATE=0: none).
     std::unique_ptr<SideBranch> upper_;
     bool upper_update_ = true;
+    // The classifier's last linear layer and its softmax cross-entropy in one
+    // kernel (linear_xent.hpp, plan_linear_xent), in the steps that fuse:
+    // that layer (npos: none), the ReLU whose output it reads and whose
+    // backward it takes in (npos: none), and, during a training step's
+    // backward pass, the layer's input gradient it wrote.
+    bool linear_xent_ = true; // DSTK_LINEAR_XENT=0|1 decides either way
+    std::size_t xent_layer_ = npos, xent_relu_ = npos;
+    const void* xent_dx_ = nullptr;
     bool low_update_first_ = true; // low_update_before_join
     bool one_stream_ = false;      // the weight gradients on the main stream too (choose_weight_branch)
     void *side_ws_ = nullptr, *side_cublas_ws_ = nullptr;
@@ -525,6 +538,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
                             bn_pool_fusable(at_, l.in.c, l.in.h, l.in.w, cfg_.max_batch);
     }
     plan_linear_fusion();
+    plan_linear_xent();
     plan_copies();
     create_layer_descriptors();
 
@@ -561,7 +575,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     for_each_set([&](unsigned k) {
         capture(eval_graph_[k], [&] {
             forward(n, false, true);
-            losses(n, eval_phase, false);
+            losses(n, eval_phase, false, true);
         });
     });
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -582,6 +596,11 @@ void CudaTrainer::read_switches() {
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
     if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
     if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
+    // Not in tf32 by default: there the next batch's conversion runs beside
+    // the small kernels this replaces (plan_input_work's gate), and the step
+    // measured slower with the one kernel.
+    linear_xent_ = cfg_.precision != Precision::tf32;
+    if (const char* e = std::getenv("DSTK_LINEAR_XENT"); e && *e) linear_xent_ = std::string(e) != "0";
 }
 
 // How a training batch is converted: by the first batch norm's moments
@@ -876,6 +895,25 @@ void CudaTrainer::plan_linear_fusion() {
         dev_[i].relu_in_gemm = l.spec.kind == LayerKind::linear && r.size() == 1 && r[0] == i + 1 &&
                                layers()[i + 1].spec.kind == LayerKind::relu;
     }
+}
+
+// Whether the one head's prediction is a linear layer that linear_xent_takes
+// under a softmax cross-entropy, reading a layer's output (not the input
+// itself): then the fused steps run it with its loss (linear_xent.hpp). Where
+// it reads a ReLU's output that nothing else reads and whose backward is a
+// kernel of its own (not a batch norm's), the kernel applies that ReLU's mask
+// too.
+void CudaTrainer::plan_linear_xent() {
+    const auto& heads = cfg_.plan.heads;
+    if (!linear_xent_ || heads.size() != 1 || heads[0].target.loss != LossKind::ce) return;
+    const std::size_t i = heads[0].output;
+    const LayerPlan& l = layers()[i];
+    if (l.spec.kind != LayerKind::linear || !linear_xent_takes(l.out.c, l.in.c) || l.source < 0) return;
+    xent_layer_ = i;
+    const auto r = static_cast<std::size_t>(l.source);
+    if (layers()[r].spec.kind == LayerKind::relu && readers(r) == std::vector<std::size_t>{i} &&
+        !(r > 0 && dev_[r - 1].relu_next))
+        xent_relu_ = r;
 }
 
 // Which parameters have compute copies, and where: conv filters KCRS -> KRSC
@@ -1333,6 +1371,15 @@ void CudaTrainer::report_rule_choices() {
         if (plans[i].weight_grad)
             reports_.push_back({i, "bwd_filter", "cublaslt:bgradb_epilogue", ChoiceSource::rule, 0.0});
     }
+    if (xent_layer_ != npos) {
+        for (KernelReport& r : reports_)
+            if (r.layer == xent_layer_ && r.op == "fwd") r.kernel = "own:linear_xent";
+        if (std::none_of(reports_.begin(), reports_.end(),
+                         [&](const KernelReport& r) { return r.layer == xent_layer_ && r.op == "fwd"; }))
+            reports_.push_back({xent_layer_, "fwd", "own:linear_xent", ChoiceSource::rule, 0.0});
+        reports_.push_back({xent_layer_, "bwd_data", "own:linear_xent", ChoiceSource::rule, 0.0});
+        if (xent_relu_ != npos) reports_.push_back({xent_relu_, "bwd", "own:in_linear_xent", ChoiceSource::rule, 0.0});
+    }
     if (first_conv_bn_) {
         reports_.push_back({1, "fwd", "own:input_moments", ChoiceSource::rule, 0.0});
         reports_.push_back({1, "bwd", "own:input_moments", ChoiceSource::rule, 0.0});
@@ -1523,7 +1570,7 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             launch_gap_forward(x, d.out, at_, n, l.in.c, hw_in, nchw_, stream_);
             break;
         case LayerKind::linear:
-            forward_linear(i, n, fuse);
+            if (!(fuse && i == xent_layer_)) forward_linear(i, n, fuse); // else linear_xent, with the loss
             break;
         case LayerKind::dropout:
             if (training && l.spec.drop > 0.0f)
@@ -1629,7 +1676,10 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     }
 }
 
-void CudaTrainer::backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx) {
+// dx_written: linear_xent wrote dx (need_dx still puts the weight gradient
+// on the side branch: the data gradients below follow it).
+void CudaTrainer::backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx,
+                                  bool dx_written) {
     const LayerPlan& l = layers()[i];
     const LayerDev& d = dev_[i];
     const float* p = params_ + l.param_offset;
@@ -1649,7 +1699,7 @@ void CudaTrainer::backward_linear(std::size_t i, std::uint32_t n, const void* dy
     if (w.stream != stream_) gbuf_.read_by_side(dy, *side_);
     if (const TensorShape f = nhwc_order(i); d.gk) // the copy's columns in NHWC order, the parameters' in NCHW
         launch_nhwc_to_nchw(d.gk, g, ActType::f32, l.out.c, f.c, std::uint64_t{f.h} * f.w, w.stream);
-    if (need_dx) {
+    if (need_dx && !dx_written) {
         const bool copy = d.wk != nullptr;
         gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, nn, out, copy ? d.wk : p, copy ? blas_type_ : CUDA_R_32F, in, dy,
              out, dx, blas_type_, in);
@@ -1685,6 +1735,7 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     }
     case LayerKind::relu:
         if (fuse && i > 0 && dev_[i - 1].relu_next) return dy; // the batchnorm below applies the mask
+        if (xent_dx_ && i == xent_relu_) return dy;            // linear_xent applied it
         launch_relu_backward(d.out, dy, dx, at_, count_in, stream_);
         return dx;
     case LayerKind::tanh:
@@ -1708,6 +1759,10 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
         launch_gap_backward(dy, dx, at_, n, l.in.c, hw_in, nchw_, stream_);
         return dx;
     case LayerKind::linear:
+        if (xent_dx_ && i == xent_layer_) { // linear_xent wrote dx: the weight gradient, beside what follows
+            backward_linear(i, n, dy, nullptr, need_dx, true);
+            return xent_dx_;
+        }
         backward_linear(i, n, dy, dx, need_dx);
         return dx;
     case LayerKind::dropout:
@@ -1775,6 +1830,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
     side_->join(); // the weight gradients are all there
     if (upper_) upper_->join();
     gbuf_.reset();
+    xent_dx_ = nullptr;
 }
 
 // The output of the ReLU after the first batch norm where a fused backward
@@ -1919,7 +1975,7 @@ void CudaTrainer::step_body(std::uint32_t n) {
         if (beside) side_->fork();
         in_->open_gate(beside ? side_->stream() : stream_);
     }
-    losses(n, train_phase, true);
+    losses(n, train_phase, true, true);
     mark(~std::size_t{0}, "loss");
     if (beside) side_->join(); // the turned filters are there
     const std::size_t early = early_update_layer();
@@ -1956,7 +2012,7 @@ void CudaTrainer::evaluate(const Batch& batch) {
         CUDA_CHECK(cudaGraphLaunch(eval_graph_[in_->current()], stream_));
     } else {
         forward(b.size, false, true);
-        losses(b.size, eval_phase, false);
+        losses(b.size, eval_phase, false, true);
     }
     eval_samples_ += b.size;
 }
@@ -1966,32 +2022,62 @@ void CudaTrainer::compute_gradients(const Batch& batch) {
     last_n_ = b.size;
     convert(b, false);
     forward(b.size, true, false);
-    losses(b.size, scratch_phase, true);
+    losses(b.size, scratch_phase, true, false);
     backward(b.size, true, false);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-// Every head's loss kernel: gradients (training), counters and sums of `phase`.
-void CudaTrainer::losses(std::uint32_t n, Phase phase, bool want_grad) {
+HeadLossArgs CudaTrainer::head_loss_args(std::size_t h, std::uint32_t n, Phase phase, bool want_grad) const {
     const MetricsBlock& m = metrics_[phase];
-    for (std::size_t h = 0; h < heads_.size(); ++h) {
-        const HeadPlan& hp = cfg_.plan.heads[h];
-        HeadLossArgs a;
-        a.z = dev_[hp.output].out;
-        a.n = n;
-        a.k = hp.target.width;
-        a.loss = hp.target.loss;
-        a.smoothing = cfg_.label_smoothing;
-        a.weight = hp.weight;
-        a.labels = heads_[h].labels[in_->current()];
-        a.y = heads_[h].y[in_->current()];
-        a.dz = want_grad ? heads_[h].dz : nullptr;
-        a.m = m.heads + h;
-        a.sums = m.sums + heads_[h].sums_offset;
-        a.first_nonfinite = m.first_nonfinite;
-        a.step = step_dev_;
-        launch_head_loss(a, at_, stream_);
+    const HeadPlan& hp = cfg_.plan.heads[h];
+    HeadLossArgs a;
+    a.z = dev_[hp.output].out;
+    a.n = n;
+    a.k = hp.target.width;
+    a.loss = hp.target.loss;
+    a.smoothing = cfg_.label_smoothing;
+    a.weight = hp.weight;
+    a.labels = heads_[h].labels[in_->current()];
+    a.y = heads_[h].y[in_->current()];
+    a.dz = want_grad ? heads_[h].dz : nullptr;
+    a.m = m.heads + h;
+    a.sums = m.sums + heads_[h].sums_offset;
+    a.first_nonfinite = m.first_nonfinite;
+    a.step = step_dev_;
+    return a;
+}
+
+// Every head's loss kernel: gradients (training), counters and sums of
+// `phase`. fuse: as the forward pass before it (which left a linear_xent
+// layer to this).
+void CudaTrainer::losses(std::uint32_t n, Phase phase, bool want_grad, bool fuse) {
+    if (fuse && xent_layer_ != npos)
+        linear_xent(n, phase, want_grad);
+    else
+        for (std::size_t h = 0; h < heads_.size(); ++h)
+            launch_head_loss(head_loss_args(h, n, phase, want_grad), at_, stream_);
+}
+
+// The one head's linear layer and loss (plan_linear_xent); training: its
+// input gradient, into a data-gradient buffer that the backward pass hands on
+// from that layer (xent_dx_).
+void CudaTrainer::linear_xent(std::uint32_t n, Phase phase, bool want_grad) {
+    const LayerPlan& l = layers()[xent_layer_];
+    const LayerDev& d = dev_[xent_layer_];
+    const float* p = params_ + l.param_offset;
+    LinearXentArgs x;
+    x.x = input_of(xent_layer_);
+    x.w = d.wk ? d.wk : p;
+    x.w_act = d.wk != nullptr;
+    x.bias = l.spec.bias ? p + std::uint64_t{l.out.c} * l.in.c : nullptr;
+    x.in = l.in.c;
+    x.z = d.out;
+    x.relu_mask = xent_relu_ != npos;
+    if (want_grad) {
+        x.dx = gbuf_.next(heads_[0].dz, stream_);
+        xent_dx_ = x.dx;
     }
+    launch_linear_xent(head_loss_args(0, n, phase, want_grad), x, at_, stream_);
 }
 
 Metrics CudaTrainer::take(Phase phase, std::uint64_t& samples) {

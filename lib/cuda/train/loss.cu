@@ -7,24 +7,17 @@
 #include "dstk/train/metrics.hpp"
 
 #include "launch_common.cuh"
+#include "softmax_xent.cuh"
 
 namespace dstk::train::cuda {
 namespace {
 
 constexpr int warps_per_block = threads / 32;
 
-__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
-    const float mx = fmaxf(m, m2);
-    s = (m == -INFINITY ? 0.0f : s * __expf(m - mx)) + (m2 == -INFINITY ? 0.0f : s2 * __expf(m2 - mx));
-    m = mx;
-}
-
 template <class T>
 __global__ void softmax_xent_kernel(const T* z, const std::int32_t* labels, std::uint32_t n, std::uint32_t k,
                                     float smoothing, float weight, T* dz, DeviceHeadMetrics* m,
                                     unsigned long long* first_nonfinite, const unsigned long long* step) {
-    __shared__ double loss_part[warps_per_block];
-    __shared__ unsigned counts[warps_per_block][3];
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const std::uint32_t s = blockIdx.x * warps_per_block + warp;
     double loss = 0.0;
@@ -64,27 +57,7 @@ __global__ void softmax_xent_kernel(const T* z, const std::int32_t* labels, std:
             }
         }
     }
-    if (lane == 0) {
-        loss_part[warp] = loss;
-        counts[warp][0] = correct;
-        counts[warp][1] = top5;
-        counts[warp][2] = bad;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double l = 0.0;
-        unsigned c = 0, t5 = 0, b = 0;
-        for (int w = 0; w < warps_per_block; ++w) {
-            l += loss_part[w];
-            c += counts[w][0];
-            t5 += counts[w][1];
-            b += counts[w][2];
-        }
-        atomicAdd(&m->loss_sum, l);
-        if (c) atomicAdd(&m->correct, static_cast<unsigned long long>(c));
-        if (t5) atomicAdd(&m->top5, static_cast<unsigned long long>(t5));
-        if (b) atomicAdd(&m->bad_labels, static_cast<unsigned long long>(b));
-    }
+    add_ce_metrics<warps_per_block>(loss, correct, top5, bad, m);
 }
 
 // Loss, gradient with respect to z and prediction of one output (the cpu
