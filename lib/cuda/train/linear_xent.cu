@@ -38,14 +38,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Stored as T, read back: what a reader of the stored value sees.
-template <class T> __device__ __forceinline__ float as_stored(float v) {
-    if constexpr (std::is_same_v<T, float>)
-        return v;
-    else
-        return __bfloat162float(__float2bfloat16(v));
-}
-
 // Inputs per lane held in registers at a time: a chunk of 32 * chunk inputs
 // of the sample, loaded at once.
 constexpr int chunk = 8;
@@ -136,7 +128,7 @@ __device__ __forceinline__ XentSample softmax_xent(const XentParams& a, float v,
     if (lane == 0 && (!isfinite(l) || !isfinite(mx))) atomicMin(a.first_nonfinite, *a.step);
     const float scale = a.weight / static_cast<float>(a.n), off = a.smoothing / static_cast<float>(a.k);
     const float q = (lane == static_cast<unsigned>(label) ? 1.0f - a.smoothing : 0.0f) + off;
-    r.grad = live ? as_stored<T>((__expf(v - lse) - q) * scale) : 0.0f;
+    r.grad = live ? stored<T>((__expf(v - lse) - q) * scale) : 0.0f;
     return r;
 }
 
@@ -158,7 +150,7 @@ template <class T, class W> __global__ void linear_xent_kernel(XentParams a) {
     XentSample r;
     if (here) {
         const std::uint64_t row = std::uint64_t{s} * a.k;
-        const float v = as_stored<T>(logit<T>(a, xr, ws, lane, xv));
+        const float v = stored<T>(logit<T>(a, xr, ws, lane, xv));
         if (lane < a.k) st(static_cast<T*>(a.z), row + lane, v);
         r = softmax_xent<T>(a, v, label, lane);
         if (a.dz) {
