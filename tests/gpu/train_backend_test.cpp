@@ -712,6 +712,19 @@ TEST(TrainGpu, MomentsKernelConvertsTheInputBitEqual) {
     EXPECT_FALSE(reported(*make_trainer(c)));
 }
 
+namespace {
+
+// Five full steps (the captured graph) and a partial one of `last` samples
+// (the eager path) on batches of dd in order.
+void graph_steps_then_partial(Trainer& t, const DeviceData& dd, TensorShape in, std::uint32_t batch,
+                              std::uint32_t last) {
+    for (std::uint32_t s = 0; s < 6; ++s)
+        t.train_step(step_batch(t.config(), dd.xs() + std::uint64_t{s} * batch * in.numel(), dd.ys() + s * batch,
+                                s == 5 ? last : batch));
+}
+
+} // namespace
+
 // DSTK_INPUT_GATE holds the next batch's conversion back until the step
 // before has run its forward pass (by default in tf32), and
 // DSTK_UPPER_UPDATE updates the layers from the third weighted one up on a
@@ -735,11 +748,7 @@ TEST(TrainGpu, InputGateAndUpperUpdateTrainBitEqual) {
             setenv(name, value, 1);
             auto t = make_trainer(c);
             unsetenv(name);
-            for (std::uint32_t s = 0; s < 6; ++s) {
-                const std::uint32_t n = s == 5 ? 21 : batch;
-                t->train_step(
-                    step_batch(t->config(), dd.xs() + std::uint64_t{s} * batch * in.numel(), dd.ys() + s * batch, n));
-            }
+            graph_steps_then_partial(*t, dd, in, batch, 21);
             return std::pair(t->read_parameters(), t->read_states());
         };
         for (const char* name : {"DSTK_INPUT_GATE", "DSTK_UPPER_UPDATE"}) {
@@ -749,6 +758,61 @@ TEST(TrainGpu, InputGateAndUpperUpdateTrainBitEqual) {
             EXPECT_EQ(on.second, off.second);
         }
     }
+}
+
+// A training step updates the second convolution's weights in its weight
+// gradient's sums (own:in_weight_gradient_sums) and, in bf16 (or with
+// DSTK_UPDATE_IN_GRADIENT=1), the first convolution's and its batch norm's
+// parameters in that norm's backward (own:in_first_bn_backward), where
+// DSTK_UPDATE_IN_GRADIENT=0 runs update kernels after them: the same sums
+// and the same update arithmetic, so parameters, statistics, optimiser slots
+// and the step count are the same bit for bit, with SGD (momentum, Nesterov,
+// weight decay) and AdamW, in graph steps and the eager partial step after
+// them.
+TEST(TrainGpu, UpdatesInGradientKernelsTrainBitEqual) {
+    REQUIRE_GPU();
+    // A shape of its own: the process remembers timed kernel choices.
+    const TensorShape in{3, 12, 16};
+    const std::uint32_t batch = 28;
+    const Data d = make_random_data(in, 10, batch * 6, 53);
+    const DeviceData dd(d);
+    auto fused_in = [](const Trainer& t, std::size_t layer) {
+        for (const KernelReport& r : t.kernel_choices())
+            if (r.layer == layer && r.op == "update") return true;
+        return false;
+    };
+    for (const Precision prec : {Precision::tf32, Precision::bf16})
+        for (const OptimizerKind opt : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+            SCOPED_TRACE(std::string(precision_name(prec)) + (opt == OptimizerKind::sgd ? " sgd" : " adamw"));
+            TrainerConfig c = config("conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:32,bn,relu,flatten,fc:10",
+                                     in, 10, batch, Backend::cuda, prec, opt);
+            c.deterministic = true;
+            c.optimizer.weight_decay = 1e-3f;
+            c.optimizer.nesterov = true;
+            auto make = [&](const char* value) {
+                setenv("DSTK_CONV_KERNELS", "own", 1); // the second convolution's weight gradient is tc_wgrad's
+                setenv("DSTK_WEIGHT_BRANCH", "1", 1);  // the weight gradients beside the data gradients
+                auto t = value ? made_with("DSTK_UPDATE_IN_GRADIENT", value, c) : make_trainer(c);
+                unsetenv("DSTK_CONV_KERNELS");
+                unsetenv("DSTK_WEIGHT_BRANCH");
+                return t;
+            };
+            const auto by_default = make(nullptr);
+            EXPECT_TRUE(fused_in(*by_default, 3)) << "the second convolution's update, by default";
+            EXPECT_EQ(fused_in(*by_default, 0), prec != Precision::tf32) << "the first convolution's, by default";
+            auto train = [&](const char* value) {
+                auto t = make(value);
+                EXPECT_EQ(fused_in(*t, 3), std::string(value) == "1") << "the second convolution's update";
+                EXPECT_EQ(fused_in(*t, 0), std::string(value) == "1") << "the first convolution's update";
+                graph_steps_then_partial(*t, dd, in, batch, 19);
+                EXPECT_EQ(t->steps(), 6u);
+                return std::tuple(t->read_parameters(), t->read_states(), t->save_state());
+            };
+            const auto on = train("1"), off = train("0");
+            EXPECT_EQ(std::get<0>(on), std::get<0>(off)) << "parameters";
+            EXPECT_EQ(std::get<1>(on), std::get<1>(off)) << "batch-norm statistics";
+            EXPECT_EQ(std::get<2>(on), std::get<2>(off)) << "saved state (optimiser slots, step count)";
+        }
 }
 
 // In bf16 and tf32 the first convolution's weight gradient (its batch norm

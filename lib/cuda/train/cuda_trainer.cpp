@@ -259,6 +259,9 @@ class CudaTrainer final : public Trainer {
     bool low_update_before_join(std::size_t early) const;
     std::size_t early_update_layer() const;
     std::size_t upper_update_layer(std::size_t early) const;
+    bool early_update_in_wgrad(std::size_t early, std::size_t upper) const;
+    bool low_update_in_first_bn(std::size_t early) const;
+    ParamUpdate param_update(bool advance) const;
     std::size_t weighted_layer(std::size_t n) const;
     const void* first_relu_out(bool fuse) const;
     bool first_bn_into_wgrad() const;
@@ -282,6 +285,7 @@ class CudaTrainer final : public Trainer {
     FcGemms plan_fc_gemms(std::size_t i, std::uint32_t n);
     std::vector<FcGemms>& fc_gemms(std::uint32_t n);
     void report_rule_choices();
+    void report_updates();
     void step_body(std::uint32_t n);
     void refresh_copies();
     void upload_initial_state();
@@ -413,7 +417,15 @@ class CudaTrainer final : public Trainer {
     std::size_t xent_layer_ = npos, xent_relu_ = npos;
     const void* xent_dx_ = nullptr;
     bool low_update_first_ = true; // low_update_before_join
-    bool one_stream_ = false;      // the weight gradients on the main stream too (choose_weight_branch)
+    // Updates applied by the kernels that finish the gradients
+    // (optimizer_step.hpp, ParamUpdate; DSTK_UPDATE_IN_GRADIENT=0|1 decides
+    // either way), in the backward pass of a training step: the early
+    // layer's weights in its weight gradient's sums (that layer, npos: none),
+    // and the parameters below it in the first batch norm's backward.
+    bool update_early_in_gradient_ = true, update_low_in_gradient_ = true;
+    std::size_t update_in_wgrad_at_ = npos;
+    bool low_update_in_first_bn_ = false;
+    bool one_stream_ = false; // the weight gradients on the main stream too (choose_weight_branch)
     void *side_ws_ = nullptr, *side_cublas_ws_ = nullptr;
     // Per phase (training, evaluation, inspection): the heads' counters, their
     // metric sums and the first step whose loss was not finite, in one block.
@@ -572,6 +584,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
 
     const std::uint32_t n = cfg_.max_batch;
     choose_weight_branch();
+    report_updates();
     for_each_set([&](unsigned k) {
         capture(eval_graph_[k], [&] {
             forward(n, false, true);
@@ -596,6 +609,12 @@ void CudaTrainer::read_switches() {
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
     if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
     if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
+    // The first batch norm's update not in tf32: there the step measured
+    // slower with it (and faster with the early layer's).
+    update_early_in_gradient_ = true;
+    update_low_in_gradient_ = cfg_.precision != Precision::tf32;
+    if (const char* e = std::getenv("DSTK_UPDATE_IN_GRADIENT"); e && *e)
+        update_early_in_gradient_ = update_low_in_gradient_ = std::string(e) != "0";
     // Not in tf32 by default: there the next batch's conversion runs beside
     // the small kernels this replaces (plan_input_work's gate), and the step
     // measured slower with the one kernel.
@@ -1395,6 +1414,20 @@ void CudaTrainer::report_rule_choices() {
                      [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
 }
 
+// Which parameters a training step updates in the kernels that finish
+// their gradients (early_update_in_wgrad, low_update_in_first_bn), once the
+// weight gradients' stream is chosen (rules, not timings).
+void CudaTrainer::report_updates() {
+    const std::size_t early = early_update_layer();
+    if (early_update_in_wgrad(early, upper_update_layer(early)))
+        reports_.push_back({early, "update", "own:in_weight_gradient_sums", ChoiceSource::rule, 0.0});
+    if (low_update_in_first_bn(early))
+        for (const std::size_t i : {std::size_t{0}, std::size_t{1}})
+            reports_.push_back({i, "update", "own:in_first_bn_backward", ChoiceSource::rule, 0.0});
+    std::stable_sort(reports_.begin(), reports_.end(),
+                     [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
+}
+
 void CudaTrainer::refresh_copies() {
     launch_gather_weights(params_, map_, wcopy_, at_, map_host_.size(), stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1644,9 +1677,11 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream,
                                  pending_bn_ ? &*pending_bn_ : nullptr);
         pending_bn_.reset();
-    } else if (d.tc_wgrad) // fp32 sums straight into the gradient vector, through the copy's map
-        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i]);
-    else {
+    } else if (d.tc_wgrad) { // fp32 sums straight into the gradient vector, through the copy's map
+        const ParamUpdate u = param_update(false);
+        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i],
+                        i == update_in_wgrad_at_ ? &u : nullptr);
+    } else {
         require_fit(bd.unfit[i].bwd_filter);
         CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_filter, bd.algos[i].filter_math));
         CUDNN_CHECK(cudnnConvolutionBackwardFilter(w.cudnn, &one, xd, x, yd, dy, d.conv_bwd_filter,
@@ -1724,9 +1759,18 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     case LayerKind::batchnorm: {
         const bool fused = fuse && d.relu_next; // dy: the ReLU's output gradient, or the pool's when pooled
         if (i == 1 && leave_first_bn_) {        // first_bn_into_wgrad
-            pending_bn_ = FirstBnIn{first_relu_out(fuse),
-                                    {params_ + layers()[0].param_offset, p, d.aux, d.aux + l.in.c, g, g + l.in.c,
-                                     moments_[in_->current()]}};
+            pending_bn_.emplace();
+            pending_bn_->relu_out = first_relu_out(fuse);
+            pending_bn_->b = {params_ + layers()[0].param_offset,
+                              p,
+                              d.aux,
+                              d.aux + l.in.c,
+                              g,
+                              g + l.in.c,
+                              moments_[in_->current()],
+                              low_update_in_first_bn_ ? param_update(true) : ParamUpdate{},
+                              layers()[0].param_offset,
+                              l.param_offset};
             return dy;
         }
         launch_bn_backward(x, dy, fused, dx, at_, n, hw_in, l.in.c, nchw_, p, p + l.in.c, d.aux, d.aux + l.in.c, g,
@@ -1805,6 +1849,11 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
     const std::int32_t trunk_end = heads[0].begin >= 0 ? cfg_.plan.trunk_end() : -2;
     const void* dy = nullptr;
     const std::size_t upper = upper_update_layer(early);
+    update_in_wgrad_at_ = fuse && early_update_in_wgrad(early, upper) ? early : npos;
+    // With the early layer's weights updated in its weight gradient, the
+    // upper update takes the parameters between (early_update_in_wgrad).
+    std::uint64_t upper_begin = upper != npos ? layers()[upper].param_offset : 0;
+    if (update_in_wgrad_at_ != npos) upper_begin = layers()[early].param_offset + conv_weights(layers()[early]);
     for (std::size_t i = layers().size(); i-- > 0;) {
         for (std::size_t h = 0; h < heads.size(); ++h)
             if (heads[h].output == i) dy = heads_[h].dz;
@@ -1816,9 +1865,10 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
         if (i == early && upper != npos) { // after i's data gradient, beside its weight gradient
             upper_->fork();
-            update({layers()[upper].param_offset, cfg_.plan.params}, upper_->stream());
+            update({upper_begin, cfg_.plan.params}, upper_->stream());
         }
-        if (i == early) { // nothing below reads these parameters or writes their gradients
+        // Nothing below reads these parameters or writes their gradients.
+        if (i == early && update_in_wgrad_at_ == npos) {
             side_->fork();
             update({layers()[i].param_offset, upper == npos ? cfg_.plan.params : layers()[upper].param_offset},
                    side_->stream());
@@ -1831,6 +1881,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
     if (upper_) upper_->join();
     gbuf_.reset();
     xent_dx_ = nullptr;
+    update_in_wgrad_at_ = npos;
 }
 
 // The output of the ReLU after the first batch norm where a fused backward
@@ -1949,6 +2000,38 @@ std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
     return weighted_layer(3);
 }
 
+// Whether the early layer's weights are updated in its weight gradient's
+// sums (ParamUpdate), the gradient's last kernel, instead of by an update
+// kernel after it at the end of the step: a convolution without a bias whose
+// weight gradient is tc_wgrad's (summed into the gradient vector through the
+// map) and whose data gradient reads the filters turned ahead (nothing else
+// in the step reads its weights or their copy), with an upper update, which
+// then takes the parameters between the two layers (the batch norms', whose
+// gradients the main stream computed before). Results are the same bits.
+bool CudaTrainer::early_update_in_wgrad(std::size_t early, std::size_t upper) const {
+    if (!update_early_in_gradient_ || early == npos || upper == npos) return false;
+    const LayerPlan& l = layers()[early];
+    return l.spec.kind == LayerKind::conv && !l.spec.bias && l.source >= 0 && dev_[early].tc_wgrad &&
+           dev_[early].tc_dgrad;
+}
+
+// Whether the parameters below the early layer's are updated in the first
+// batch norm's backward, which computes their every gradient (first_bn.hpp):
+// where that update runs on the main stream right after it
+// (low_update_before_join) and those parameters are exactly the first
+// convolution's weights and the batch norm's scale and shift.
+bool CudaTrainer::low_update_in_first_bn(std::size_t early) const {
+    if (!update_low_in_gradient_ || !low_update_before_join(early) || !first_bn_into_wgrad()) return false;
+    const LayerPlan &c = layers()[0], &b = layers()[1];
+    return c.param_offset == 0 && b.param_offset == conv_weights(c) &&
+           layers()[early].param_offset == b.param_offset + 2 * std::uint64_t{b.in.c};
+}
+
+ParamUpdate CudaTrainer::param_update(bool advance) const {
+    return {
+        cfg_.optimizer, params_, slots_, cfg_.plan.params, scalars_, inv_, wcopy_, at_, advance ? step_dev_ : nullptr};
+}
+
 void CudaTrainer::update(ParamRange r, cudaStream_t s, bool advance) {
     launch_optimizer(cfg_.optimizer, params_, grads_, slots_, cfg_.plan.params, r, scalars_, inv_, wcopy_, at_,
                      advance ? step_dev_ : nullptr, s);
@@ -1979,8 +2062,10 @@ void CudaTrainer::step_body(std::uint32_t n) {
     mark(~std::size_t{0}, "loss");
     if (beside) side_->join(); // the turned filters are there
     const std::size_t early = early_update_layer();
+    low_update_in_first_bn_ = low_update_in_first_bn(early);
     const auto low_update = [&] {
-        update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_, true);
+        if (!low_update_in_first_bn_) // else the first batch norm's backward updated them
+            update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_, true);
         mark(~std::size_t{0}, "optimizer");
     };
     const bool before_join = low_update_before_join(early);
@@ -1990,6 +2075,7 @@ void CudaTrainer::step_body(std::uint32_t n) {
         mark(~std::size_t{0}, "gradient all-reduce");
     }
     if (!before_join) low_update();
+    low_update_in_first_bn_ = false;
 }
 
 void CudaTrainer::train_step(const Batch& batch) {

@@ -713,12 +713,9 @@ template <class F> void dispatch(ActType t, const DirectConvShape& s, F&& f) {
 
 } // namespace
 
-void launch_first_wgrad_sums(float* partials, unsigned blocks, ActType t, const DirectConvShape& s, float* dw,
+void launch_first_wgrad_sums(const float* partials, unsigned blocks, ActType t, const DirectConvShape& s, float* dw,
                              const FirstBnIn& bn, cudaStream_t stream) {
-    const std::uint64_t count = tcw_partials_row(s.c, s.k, true);
-    float* sums = partials + blocks * count;
-    launch_sum_partials(partials, blocks, count, sums, ActType::f32, stream);
-    launch_first_bn_backward(sums, t, s, bn.b, dw, stream);
+    launch_first_bn_backward(partials, blocks, tcw_partials_row(s.c, s.k, true), t, s, bn.b, dw, stream);
 }
 
 bool direct_conv_supported(const DirectConvShape& s) {
@@ -737,7 +734,7 @@ bool direct_conv_wgrad_takes_bn(ActType t, const DirectConvShape& s) {
 std::uint64_t direct_conv_workspace(const DirectConvShape& s) {
     const Params p = params_of(s);
     const std::uint64_t blocks = std::max(wgrad_blocks(p), tc_wgrad_blocks(tc_params_of(s)));
-    return (blocks + 1) * std::uint64_t{tcw_partials_row(s.c, s.k, true)} * sizeof(float); // + 1: their sums
+    return blocks * std::uint64_t{tcw_partials_row(s.c, s.k, true)} * sizeof(float);
 }
 
 void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType t, const DirectConvShape& s,

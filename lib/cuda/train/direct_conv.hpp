@@ -59,12 +59,12 @@ void launch_direct_conv_forward(const void* x, const float* w, void* y, ActType 
 void launch_direct_conv_wgrad(const void* x, const void* dy, ActType t, const DirectConvShape& s, void* workspace,
                               float* dw, cudaStream_t stream, const FirstBnIn* bn = nullptr);
 // The end of a weight gradient with a batch norm taken in: per-block partials
-// rows (dw's KCRS, then the K sums of dy; blocks rows, room for one more
-// after them) summed in a fixed order, then first_bn.hpp's combination into
-// dw and the batch norm's gradients. launch_direct_conv_wgrad's own end, and
-// that of a data gradient above that took this weight gradient in
+// rows (dw's KCRS, then the K sums of dy; blocks rows), summed in a fixed
+// order within first_bn.hpp's combination into dw and the batch norm's
+// gradients (and their update, where bn.b has one). launch_direct_conv_wgrad's
+// own end, and that of a data gradient above that took this weight gradient in
 // (tc_conv.hpp, TcConvFirstWgrad).
-void launch_first_wgrad_sums(float* partials, unsigned blocks, ActType t, const DirectConvShape& s, float* dw,
+void launch_first_wgrad_sums(const float* partials, unsigned blocks, ActType t, const DirectConvShape& s, float* dw,
                              const FirstBnIn& bn, cudaStream_t stream);
 
 } // namespace dstk::train::cuda

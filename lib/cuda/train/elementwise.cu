@@ -2,9 +2,13 @@
 // per-block partials.
 #include "elementwise.hpp"
 
+#include <stdexcept>
+
 #include "dstk/rng.hpp"
 
 #include "launch_common.cuh"
+#include "optimizer_update.cuh"
+#include "partial_sums.cuh"
 
 namespace dstk::train::cuda {
 namespace {
@@ -89,24 +93,30 @@ template <class T> __global__ void tanh_backward_kernel(const T* y, const T* dy,
 
 // ---- partial sums ----
 
-// out[e] = sum over blocks of partials[block][e], in block order: 32 outputs
-// per block of 1024 threads, each output's blocks in 32 interleaved parts.
-constexpr unsigned sum_parts = 32;
-__global__ void __launch_bounds__(1024) sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count,
-                                                            void* out, bool bf16_out, const std::uint32_t* map) {
+// out[e] = sum over blocks of partials[block][e] (partial_sums.cuh's order):
+// 32 outputs per block of 1024 threads, each output's blocks in 32
+// interleaved parts. With an update (UpdateC not void, map given), the
+// parameter map[e] is updated with its gradient as it is stored.
+template <class UpdateC>
+__global__ void __launch_bounds__(1024)
+    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out,
+                        const std::uint32_t* map, ParamUpdate update) {
     await_predecessor();
     __shared__ double parts[sum_parts][32];
     const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
     const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
-    double sum = 0.0;
-    if (e < count)
-#pragma unroll 4
-        for (unsigned b = pt; b < blocks; b += sum_parts) sum += partials[std::uint64_t{b} * count + e];
-    parts[pt][el] = sum;
+    const double own = e < count ? part_sum(partials, blocks, count, e, pt) : 0.0;
+    parts[pt][el] = own;
     __syncthreads();
     if (pt != 0 || e >= count) return;
-    for (unsigned i = 1; i < sum_parts; ++i) sum += parts[i][el];
-    if (map) {
+    const double sum = add_parts(own, parts, el);
+    if constexpr (!std::is_void_v<UpdateC>) {
+        if (update.advance && e == 0) *update.advance += 1;
+        const std::uint32_t i = map[e];
+        if (i == ~0u) return;
+        static_cast<float*>(out)[i] = static_cast<float>(sum);
+        apply_update<UpdateC>(update, i, static_cast<float>(sum));
+    } else if (map) {
         if (map[e] != ~0u) static_cast<float*>(out)[map[e]] = static_cast<float>(sum);
     } else if (bf16_out)
         static_cast<bf16*>(out)[e] = __float2bfloat16(static_cast<float>(sum));
@@ -205,9 +215,18 @@ void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::ui
 }
 
 void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
-                         cudaStream_t s, const std::uint32_t* map) {
-    launch_kernel(sum_partials_kernel, static_cast<unsigned>((count + 31) / 32), 32 * sum_parts, 0, s, partials, blocks,
-                  count, out, out_t == ActType::bf16, map);
+                         cudaStream_t s, const std::uint32_t* map, const ParamUpdate* update) {
+    const unsigned grid = static_cast<unsigned>((count + 31) / 32);
+    if (!update || !update->params) {
+        launch_kernel(sum_partials_kernel<void>, grid, 32 * sum_parts, 0, s, partials, blocks, count, out,
+                      out_t == ActType::bf16, map, ParamUpdate{});
+        return;
+    }
+    if (!map) throw std::logic_error("an update in the partial sums without the gradient vector's map");
+    dispatch(update->copy_t, [&](auto tag) {
+        launch_kernel(sum_partials_kernel<DSTK_T>, grid, 32 * sum_parts, 0, s, partials, blocks, count, out, false, map,
+                      *update);
+    });
 }
 
 } // namespace dstk::train::cuda

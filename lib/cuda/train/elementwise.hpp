@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "act_type.hpp"
+#include "optimizer_step.hpp"
 
 namespace dstk::train::cuda {
 
@@ -43,8 +44,10 @@ void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::ui
 // out[e] = sum over blocks b of partials[b * count + e], in block order (the
 // second pass of the convolution weight gradients' fixed-order reductions),
 // stored as float or bf16; with map, as float at out[map[e]] (none where
-// map[e] == ~0u): straight into the gradient vector's order.
+// map[e] == ~0u): straight into the gradient vector's order. With an
+// update (and a map: out is then the whole gradient vector), each parameter
+// map[e] is updated as its gradient is stored (optimizer_step.hpp).
 void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
-                         cudaStream_t s, const std::uint32_t* map = nullptr);
+                         cudaStream_t s, const std::uint32_t* map = nullptr, const ParamUpdate* update = nullptr);
 
 } // namespace dstk::train::cuda

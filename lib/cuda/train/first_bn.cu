@@ -3,6 +3,8 @@
 
 #include "elementwise.hpp"
 #include "launch_common.cuh"
+#include "optimizer_update.cuh"
+#include "partial_sums.cuh"
 
 namespace dstk::train::cuda {
 namespace {
@@ -237,12 +239,14 @@ __global__ void first_bn_forward_kernel(const float* m, unsigned c, unsigned kp,
     await_predecessor();
     constexpr unsigned max_k = 4 * taps;
     __shared__ double w[max_k], ws[max_k], wgw[max_k];
+    __shared__ float ms[max_k * fwd_cols(4)];
     const unsigned K = taps * c, k = blockIdx.x, j = threadIdx.x;
+    for (unsigned e = j; e < K * kp; e += blockDim.x) ms[e] = m[e]; // its rows j < K, each load issued at once
     if (j < K) w[j] = forward_weight(weights, k, K, j, bf16_weights);
     __syncthreads();
     if (j < K) {
-        ws[j] = w[j] * m[std::uint64_t{j} * kp + K];
-        wgw[j] = w[j] * gram_times(m, kp, j, w, K);
+        ws[j] = w[j] * ms[j * kp + K];
+        wgw[j] = w[j] * gram_times(ms, kp, j, w, K);
     }
     __syncthreads();
     if (j != 0) return;
@@ -257,34 +261,71 @@ __global__ void first_bn_forward_kernel(const float* m, unsigned c, unsigned kp,
     f.run_var[k] = (1.0f - f.momentum) * f.run_var[k] + f.momentum * static_cast<float>(unbiased);
 }
 
+// Block k's sums of the weight gradient's partials rows (partial_sums.cuh's
+// order, rounded to float as launch_sum_partials stores them) into a: A_k's
+// K values (row k of A), then S_k. Threads: sum_parts x 32.
+__device__ void first_bn_sums(const float* partials, unsigned rows, std::uint64_t count, unsigned K, unsigned kout,
+                              float* a) {
+    __shared__ double parts[sum_parts][32];
+    const unsigned k = blockIdx.x, lane = threadIdx.x % 32, pt = threadIdx.x / 32;
+    for (unsigned base = 0; base <= K; base += 32) {
+        const unsigned el = base + lane;
+        const std::uint64_t e = el < K ? std::uint64_t{k} * K + el : std::uint64_t{kout} * K + k;
+        const double own = el <= K ? part_sum(partials, rows, count, e, pt) : 0.0;
+        parts[pt][lane] = own;
+        __syncthreads();
+        if (pt == 0 && el <= K) a[el] = static_cast<float>(add_parts(own, parts, lane));
+        __syncthreads();
+    }
+}
+
+constexpr unsigned bwd_threads = sum_parts * 32;
+
 // One block per output channel k, thread j one patch value (first_bn.hpp's
-// formula); sums: A (k x K, KCRS) then S (k); m: the moments the forward
-// left (KP x KP: row j the products of patch value j, then its sum).
-__global__ void first_bn_backward_kernel(const float* sums, const float* m, unsigned c, unsigned kp, unsigned kout,
-                                         double count, bool bf16_weights, FirstBnBackward b, float* dw) {
+// formula), after the block's sums of the partials; m: the moments the
+// forward left (KP x KP: row j the products of patch value j, then its sum),
+// its rows j < K staged. With b.update, each parameter is updated as its
+// gradient is stored (C: the compute copies' type).
+template <class C>
+__global__ void __launch_bounds__(bwd_threads)
+    first_bn_backward_kernel(const float* partials, unsigned rows, std::uint64_t row_floats, const float* m, unsigned c,
+                             unsigned kp, unsigned kout, double count, bool bf16_weights, FirstBnBackward b,
+                             float* dw) {
     await_predecessor();
     constexpr unsigned max_k = 4 * taps;
     __shared__ double w[max_k], wa[max_k];
+    __shared__ float a[max_k + 1], ms[max_k * fwd_cols(4)];
     const unsigned K = taps * c, k = blockIdx.x, j = threadIdx.x;
+    first_bn_sums(partials, rows, row_floats, K, kout, a);
+    for (unsigned e = j; e < K * kp; e += blockDim.x) ms[e] = m[e];
     if (j < K) {
         w[j] = forward_weight(b.w, k, K, j, bf16_weights);
-        wa[j] = w[j] * sums[std::uint64_t{k} * K + j];
+        wa[j] = w[j] * a[j];
     }
+    const float gamma = b.gamma[k]; // read before thread 0 updates it
     __syncthreads();
     double w_a = 0.0; // w_k . A_k = sum_p g y, in index order
     for (unsigned e = 0; e < K; ++e) w_a += wa[e];
-    const double sg = sums[std::uint64_t{kout} * K + k], mean = b.mean[k], is = b.invstd[k];
+    const double sg = a[K], mean = b.mean[k], is = b.invstd[k];
     const double sgy = w_a - mean * sg; // T
+    const bool update = b.update.params != nullptr;
     if (j == 0) {
-        b.dgamma[k] = static_cast<float>(is * sgy);
-        b.dbeta[k] = static_cast<float>(sg);
+        const float dgamma = static_cast<float>(is * sgy), dbeta = static_cast<float>(sg);
+        b.dgamma[k] = dgamma;
+        b.dbeta[k] = dbeta;
+        if (update) {
+            apply_update<C>(b.update, b.gamma_at + k, dgamma);
+            apply_update<C>(b.update, b.gamma_at + kout + k, dbeta);
+            if (b.update.advance && k == 0) *b.update.advance += 1;
+        }
     }
     if (j >= K) return;
-    const double sx = m[std::uint64_t{j} * kp + K];
-    const double z = gram_times(m, kp, j, w, K) - mean * sx; // sum_p x_p[j] (y_p - mean)
-    const double a = sums[std::uint64_t{k} * K + j];
-    dw[std::uint64_t{k} * K + j] =
-        static_cast<float>(b.gamma[k] * is * (a - sg / count * sx - is * is * sgy / count * z));
+    const double sx = ms[j * kp + K];
+    const double z = gram_times(ms, kp, j, w, K) - mean * sx; // sum_p x_p[j] (y_p - mean)
+    const double aj = a[j];
+    const float g = static_cast<float>(gamma * is * (aj - sg / count * sx - is * is * sgy / count * z));
+    dw[std::uint64_t{k} * K + j] = g;
+    if (update) apply_update<C>(b.update, b.w_at + std::uint64_t{k} * K + j, g);
 }
 
 } // namespace
@@ -293,11 +334,13 @@ std::uint64_t first_bn_moments(const DirectConvShape& s) {
     return std::uint64_t{fwd_cols(s.c)} * fwd_cols(s.c);
 }
 
-void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShape& s, const FirstBnBackward& b,
-                              float* dw, cudaStream_t stream) {
+void launch_first_bn_backward(const float* partials, unsigned rows, std::uint64_t row_floats, ActType t,
+                              const DirectConvShape& s, const FirstBnBackward& b, float* dw, cudaStream_t stream) {
     const double count = static_cast<double>(s.n) * s.oh * s.ow;
-    launch_kernel(first_bn_backward_kernel, s.k, 64, 0, stream, sums, b.moments, s.c, fwd_cols(s.c), s.k, count,
-                  t == ActType::bf16, b, dw);
+    dispatch(b.update.params ? b.update.copy_t : ActType::f32, [&](auto tag) {
+        launch_kernel(first_bn_backward_kernel<DSTK_T>, s.k, bwd_threads, 0, stream, partials, rows, row_floats,
+                      b.moments, s.c, fwd_cols(s.c), s.k, count, t == ActType::bf16, b, dw);
+    });
 }
 
 std::uint64_t first_bn_moments_workspace(const DirectConvShape& s) {
@@ -379,8 +422,8 @@ void launch_first_bn_moments_converting(const StoredBatch& b, void* out, ActType
 void launch_first_bn_forward(ActType t, const DirectConvShape& s, const float* w, const FirstBnForward& f,
                              cudaStream_t stream) {
     const double count = static_cast<double>(s.n) * s.oh * s.ow;
-    launch_kernel(first_bn_forward_kernel, s.k, 64, 0, stream, f.moments, s.c, fwd_cols(s.c), count, t == ActType::bf16,
-                  w, f);
+    launch_kernel(first_bn_forward_kernel, s.k, 256, 0, stream, f.moments, s.c, fwd_cols(s.c), count,
+                  t == ActType::bf16, w, f);
 }
 
 } // namespace dstk::train::cuda

@@ -24,6 +24,7 @@
 #include "act_type.hpp"
 #include "direct_conv.hpp"
 #include "dstk/dtype.hpp"
+#include "optimizer_step.hpp"
 
 namespace dstk::train::cuda {
 
@@ -87,6 +88,12 @@ struct FirstBnBackward {
     float* dgamma = nullptr;
     float* dbeta = nullptr;
     const float* moments = nullptr; // FirstBnForward's, of the same step
+    // Where given (update.params), the convolution's weights and the batch
+    // norm's scale and shift are updated as their gradients are stored:
+    // parameters w_at + k * K + j of the flat vector, and gamma_at + k and
+    // gamma_at + k + (output channels).
+    ParamUpdate update;
+    std::uint64_t w_at = 0, gamma_at = 0;
 };
 
 // The weight gradient's part (direct_conv.hpp): dy masked where relu_out (the
@@ -97,8 +104,10 @@ struct FirstBnIn {
     FirstBnBackward b;
 };
 
-// sums: A (k x K, KCRS), then S (k). Writes dw (KCRS, fp32), dgamma and dbeta.
-void launch_first_bn_backward(const float* sums, ActType t, const DirectConvShape& s, const FirstBnBackward& b,
-                              float* dw, cudaStream_t stream);
+// partials: the weight gradient's per-block rows of `count` floats, A (k x
+// K, KCRS) then S (k), summed here in partial_sums.cuh's order (as
+// launch_sum_partials would). Writes dw (KCRS, fp32), dgamma and dbeta.
+void launch_first_bn_backward(const float* partials, unsigned rows, std::uint64_t count, ActType t,
+                              const DirectConvShape& s, const FirstBnBackward& b, float* dw, cudaStream_t stream);
 
 } // namespace dstk::train::cuda

@@ -3,6 +3,7 @@
 #include "optimizer_step.hpp"
 
 #include "launch_common.cuh"
+#include "optimizer_update.cuh"
 
 namespace dstk::train::cuda {
 namespace {
@@ -22,14 +23,6 @@ __device__ float device_lr(float base, ScheduleConfig s, std::uint64_t step) {
     return static_cast<float>(lr);
 }
 
-template <class C>
-__device__ __forceinline__ void refresh_copy(const std::uint32_t* inv, C* copy, std::uint64_t i, float v) {
-    if (inv) {
-        const std::uint32_t j = inv[i];
-        if (j != ~0u) st(copy, j, v);
-    }
-}
-
 // The step's scalars, once per step: device_lr's double-precision schedule
 // on one thread was a fixed cost of every update kernel, the last of which
 // ends the step.
@@ -40,38 +33,13 @@ __global__ void step_scalars_kernel(OptimizerConfig o, ScheduleConfig sched, con
     *out = {lr, 1.0f - powf(o.beta1, t), 1.0f - powf(o.beta2, t)};
 }
 
+// SGD's and AdamW's update over [0, count) (slots m, v: v unused by SGD).
 template <class C>
-__global__ void sgd_kernel(OptimizerConfig o, float* p, const float* g, float* m, std::uint64_t count,
-                           const StepScalars* sc, const std::uint32_t* inv, C* copy, unsigned long long* advance) {
+__global__ void update_kernel(OptimizerConfig o, float* p, const float* g, float* m, float* v, std::uint64_t count,
+                              const StepScalars* sc, const std::uint32_t* inv, C* copy, unsigned long long* advance) {
     if (advance && blockIdx.x == 0 && threadIdx.x == 0) *advance += 1;
-    const float lr = sc->lr;
-    GRID_LOOP(i, count) {
-        const float pi = p[i];
-        const float gi = g[i] + o.weight_decay * pi;
-        const float mi = o.momentum * m[i] + gi;
-        m[i] = mi;
-        const float np = pi - lr * (o.nesterov ? gi + o.momentum * mi : mi);
-        p[i] = np;
-        refresh_copy(inv, copy, i, np);
-    }
-}
-
-template <class C>
-__global__ void adamw_kernel(OptimizerConfig o, float* p, const float* g, float* m, float* v, std::uint64_t count,
-                             const StepScalars* sc, const std::uint32_t* inv, C* copy, unsigned long long* advance) {
-    if (advance && blockIdx.x == 0 && threadIdx.x == 0) *advance += 1;
-    const float lr = sc->lr, c1 = sc->c1, c2 = sc->c2;
-    const float decay = 1.0f - lr * o.weight_decay;
-    GRID_LOOP(i, count) {
-        const float gi = g[i];
-        const float mi = o.beta1 * m[i] + (1.0f - o.beta1) * gi;
-        const float vi = o.beta2 * v[i] + (1.0f - o.beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const float np = p[i] * decay - lr * (mi / c1) / (sqrtf(vi / c2) + o.eps);
-        p[i] = np;
-        refresh_copy(inv, copy, i, np);
-    }
+    const StepScalars s = *sc;
+    GRID_LOOP(i, count) update_param(o, s, p, m, v, i, g[i], inv, copy);
 }
 
 __global__ void advance_step_kernel(unsigned long long* step) {
@@ -101,13 +69,9 @@ void launch_optimizer(const OptimizerConfig& o, float* params, const float* grad
     const std::uint32_t* iv = inv ? inv + b0 : nullptr;
     dispatch(copy_t, [&](auto tag) {
         using T = DSTK_T;
-        T* c = static_cast<T*>(copy);
-        if (o.kind == OptimizerKind::sgd)
-            plain_launch(sgd_kernel<T>, b, threads, 0, s, o, params + b0, grads + b0, slots + b0, len, sc, iv, c,
-                         advance);
-        else
-            plain_launch(adamw_kernel<T>, b, threads, 0, s, o, params + b0, grads + b0, slots + b0, slots + count + b0,
-                         len, sc, iv, c, advance);
+        float* v = o.kind == OptimizerKind::sgd ? nullptr : slots + count + b0;
+        plain_launch(update_kernel<T>, b, threads, 0, s, o, params + b0, grads + b0, slots + b0, v, len, sc, iv,
+                     static_cast<T*>(copy), advance);
     });
 }
 

@@ -34,4 +34,22 @@ void launch_optimizer(const OptimizerConfig& o, float* params, const float* grad
                       ParamRange r, const StepScalars* sc, const std::uint32_t* inv, void* copy, ActType copy_t,
                       unsigned long long* advance, cudaStream_t s);
 
+// The same update applied by a kernel that finishes a gradient, as it stores
+// it (the weight gradients' fixed-order sums, elementwise.hpp, with a map;
+// the first batch norm's backward, first_bn.hpp): parameter i (of the flat
+// `count`) is updated the moment its gradient is summed, with the same
+// arithmetic as launch_optimizer's, so the same bits, and no update kernel
+// of its own follows at the end of the step. params null: no update.
+struct ParamUpdate {
+    OptimizerConfig o{};
+    float* params = nullptr;
+    float* slots = nullptr;
+    std::uint64_t count = 0;
+    const StepScalars* sc = nullptr;
+    const std::uint32_t* inv = nullptr;
+    void* copy = nullptr;
+    ActType copy_t = ActType::f32;
+    unsigned long long* advance = nullptr; // as launch_optimizer's
+};
+
 } // namespace dstk::train::cuda

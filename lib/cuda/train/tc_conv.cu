@@ -967,8 +967,7 @@ bool tc_conv_takes_first_wgrad(const TcConvShape& s, const DirectConvShape& firs
 }
 
 std::uint64_t tc_conv_first_wgrad_workspace(const DirectConvShape& first) {
-    const std::uint64_t rows = std::uint64_t{first_wgrad_rows()} + 1; // + 1: their sums
-    return rows * tcw_partials_row(first.c, first.k, true) * sizeof(float);
+    return std::uint64_t{first_wgrad_rows()} * tcw_partials_row(first.c, first.k, true) * sizeof(float);
 }
 
 unsigned tc_conv_groups(const TcConvShape& s) {

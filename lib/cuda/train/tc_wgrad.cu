@@ -341,7 +341,7 @@ std::uint64_t tc_wgrad_workspace(const TcWgradShape& s) {
 }
 
 void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShape& s, void* workspace, void* dw,
-                     cudaStream_t stream, const std::uint32_t* map) {
+                     cudaStream_t stream, const std::uint32_t* map, const ParamUpdate* update) {
     const Geometry g = geometry_of(s);
     auto launch = [&](auto kernel, auto tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -373,7 +373,7 @@ void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShap
     else
         by_width(static_cast<float*>(nullptr));
     launch_sum_partials(static_cast<const float*>(workspace), g.grid_x, std::uint64_t{s.k} * taps * s.c, dw, t, stream,
-                        map);
+                        map, update);
 }
 
 } // namespace dstk::train::cuda

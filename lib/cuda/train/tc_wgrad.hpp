@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "act_type.hpp"
+#include "optimizer_step.hpp"
 
 namespace dstk::train::cuda {
 
@@ -34,8 +35,9 @@ bool tc_wgrad_supported(const TcWgradShape& s);
 std::uint64_t tc_wgrad_workspace(const TcWgradShape& s);
 // dw ([k][3][3][c], in the activation type t: float or bf16, fp32 sums) from
 // x ([n][h][w][c]) and dy ([n][h][w][k]); with map, as float at
-// dw[map[e]] for element e of that order (launch_sum_partials).
+// dw[map[e]] for element e of that order, each then updated by update where
+// one is given (launch_sum_partials).
 void launch_tc_wgrad(const void* x, const void* dy, ActType t, const TcWgradShape& s, void* workspace, void* dw,
-                     cudaStream_t stream, const std::uint32_t* map = nullptr);
+                     cudaStream_t stream, const std::uint32_t* map = nullptr, const ParamUpdate* update = nullptr);
 
 } // namespace dstk::train::cuda
