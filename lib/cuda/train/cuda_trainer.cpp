@@ -683,8 +683,8 @@ void CudaTrainer::profile_layers(int steps) {
     CUDA_CHECK(cudaMalloc(&xin, bytes));
     CUDA_CHECK(cudaMemset(xin, 0, bytes));
     StepFields zero_batch;
-    zero_batch.x = zero_batch.side = xin;
-    zero_batch.targets.fill(xin);
+    zero_batch.x.data = zero_batch.side.data = xin;
+    zero_batch.targets.fill({xin, nullptr});
     zero_batch.size = n;
     const double convert_ms = time_on_stream(
         in_->stream(), [&] { convert(zero_batch, true); }, 50);
@@ -1460,10 +1460,10 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
     const unsigned k = in_->current();
     const TensorShape in = cfg_.plan.input;
     if (training && input_in_moments_) {
-        launch_first_bn_moments_converting({b.x, b.x_rows, cfg_.input_dtype, mean_, inv_std_}, act0_[k], at_,
+        launch_first_bn_moments_converting({b.x.data, b.x.rows, cfg_.input_dtype, mean_, inv_std_}, act0_[k], at_,
                                            direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
     } else {
-        launch_convert_input({b.x, b.x_rows, cfg_.input_dtype}, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w,
+        launch_convert_input({b.x.data, b.x.rows, cfg_.input_dtype}, nullptr, b.size, in.c, std::uint64_t{in.h} * in.w,
                              mean_, inv_std_, act0_[k], at_, nchw_, input_.c, nullptr, in_->stream());
         if (training && first_conv_bn_)
             launch_first_bn_moments(act0_[k], at_, direct_shape(b.size), moments_[k], moments_ws_, in_->stream());
@@ -1475,8 +1475,8 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
     for (std::size_t h = 0; h < heads_.size(); ++h) {
         const Target& t = cfg_.plan.heads[h].target;
         data::FieldConversion& c = f[count++];
-        c.src = b.targets[h];
-        c.rows = b.target_rows[h];
+        c.src = b.targets[h].data;
+        c.rows = b.targets[h].rows;
         c.dtype = t.dtype;
         c.per_sample = t.loss == LossKind::ce ? 1 : t.width;
         c.kind = t.loss == LossKind::ce ? data::FieldKind::classes32 : data::FieldKind::values;
@@ -1486,8 +1486,8 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
         for (std::size_t i = 0; i < layers().size(); ++i)
             if (layers()[i].spec.kind == LayerKind::side) {
                 data::FieldConversion& c = f[count++];
-                c.src = b.side;
-                c.rows = b.side_rows;
+                c.src = b.side.data;
+                c.rows = b.side.rows;
                 c.dtype = cfg_.side.dtype;
                 c.per_sample = cfg_.plan.side;
                 c.kind = data::FieldKind::normalised;

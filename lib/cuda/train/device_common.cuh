@@ -32,6 +32,11 @@ __device__ __forceinline__ float ld(const std::int8_t* p, std::uint64_t i) {
 __device__ __forceinline__ float ld(const __half* p, std::uint64_t i) {
     return __half2float(p[i]);
 }
+// Sample s's row in a stored batch read through its rows
+// (BatchField::rows; null: row s).
+__device__ __forceinline__ std::uint64_t row_of(const std::uint64_t* rows, std::uint64_t s) {
+    return rows ? rows[s] : s;
+}
 // Stored input value i of channel c normalised for the network, in this one
 // order of operations, so that every kernel converting the input
 // (input_layout.cu's pass, first_bn.cu's moments) gives the same bits.

@@ -88,7 +88,7 @@ template <class T, class In, int C> struct StoredPixels {
             float v[4] = {};
             if (q >= 0 && q < pixels) {
                 const unsigned p = static_cast<unsigned>(q), img = dhw.div(p), j = p - img * dhw.d;
-                const std::uint64_t row = rows ? rows[img] : img;
+                const std::uint64_t row = row_of(rows, img);
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
                     const float f = normalised(x, (row * C + c) * dhw.d + j, c, mean, inv_std);

@@ -17,11 +17,6 @@ template <class T> __device__ __forceinline__ void store4(T* p, std::uint64_t i,
     *reinterpret_cast<Word*>(p + i) = q;
 }
 
-// Sample s's row in the stored batch (StoredSamples::rows).
-__device__ __forceinline__ std::uint64_t row_of(const std::uint64_t* rows, std::uint64_t s) {
-    return rows ? rows[s] : s;
-}
-
 template <class In, class T>
 __global__ void convert_kernel(const In* x, const std::uint64_t* rows, const std::int32_t* labels, std::uint32_t n,
                                std::uint32_t channels, Channels ch, const float* mean, const float* inv_std, T* out,
@@ -32,7 +27,7 @@ __global__ void convert_kernel(const In* x, const std::uint64_t* rows, const std
         GRID_LOOP(i, std::uint64_t{n} * per) {
             if (labels_out && i < n) labels_out[i] = labels[row_of(rows, i)];
             const std::uint32_t c = ch(i, 0);
-            const std::uint64_t at = rows ? rows[i / per] * per + i % per : i;
+            const std::uint64_t at = row_of(rows, i / per) * per + i % per;
             st(out, i, normalised(x, at, c, mean, inv_std));
         }
         return;

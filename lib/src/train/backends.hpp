@@ -25,15 +25,17 @@ void validate_config(const TrainerConfig& c);
 // errors for a batch size outside 1..max_batch or a field of another dtype or
 // shape.
 inline constexpr std::size_t max_step_heads = 16;
+// One field of the step's batch: its data and BatchField::rows (cuda, where
+// the trainer reads rows; else null).
+struct StepField {
+    const void* data = nullptr;
+    const std::uint64_t* rows = nullptr;
+};
 struct StepFields {
-    const void* x = nullptr;
-    std::array<const void*, max_step_heads> targets{}; // per head, in the target's stored dtype
-    const void* side = nullptr;
+    StepField x;
+    std::array<StepField, max_step_heads> targets{}; // per head, in the target's stored dtype
+    StepField side;
     std::uint32_t size = 0;
-    // BatchField::rows of each (cuda, where the trainer reads rows; else null)
-    const std::uint64_t* x_rows = nullptr;
-    std::array<const std::uint64_t*, max_step_heads> target_rows{};
-    const std::uint64_t* side_rows = nullptr;
 };
 StepFields step_fields(const TrainerConfig& c, const Batch& b);
 

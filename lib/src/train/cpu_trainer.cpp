@@ -187,7 +187,7 @@ void CpuTrainer::convert_input(const StepFields& b) {
         for (std::uint64_t s = s0; s < s1; ++s)
             for (std::uint64_t i = 0; i < per; ++i) {
                 const std::uint64_t e = s * per + i, c = i / hw;
-                dst[e] = (widen_float(b.x, cfg_.input_dtype, e) - cfg_.mean[c]) / cfg_.std[c];
+                dst[e] = (widen_float(b.x.data, cfg_.input_dtype, e) - cfg_.mean[c]) / cfg_.std[c];
             }
     });
 }
@@ -200,19 +200,19 @@ void CpuTrainer::convert(const StepFields& b) {
         const std::uint64_t per = cfg_.plan.side, hw = per / cfg_.side.mean.size();
         for (std::uint64_t e = 0; e < b.size * per; ++e) {
             const std::uint64_t c = (e % per) / hw;
-            side_[e] = (widen_float(b.side, cfg_.side.dtype, e) - cfg_.side.mean[c]) / cfg_.side.std[c];
+            side_[e] = (widen_float(b.side.data, cfg_.side.dtype, e) - cfg_.side.mean[c]) / cfg_.side.std[c];
         }
     }
     for (std::size_t h = 0; h < cfg_.plan.heads.size(); ++h) {
         const Target& t = cfg_.plan.heads[h].target;
         if (t.loss == LossKind::ce) {
             for (std::uint32_t s = 0; s < b.size; ++s) {
-                const double v = widen(b.targets[h], t.dtype, s);
+                const double v = widen(b.targets[h].data, t.dtype, s);
                 labels_[h][s] = v >= 0 && v < 2147483647.0 ? static_cast<std::int32_t>(v) : -1;
             }
         } else {
             for (std::uint64_t e = 0; e < std::uint64_t{b.size} * t.width; ++e)
-                targets_[h][e] = widen_float(b.targets[h], t.dtype, e);
+                targets_[h][e] = widen_float(b.targets[h].data, t.dtype, e);
         }
     }
 }

@@ -109,18 +109,15 @@ StepFields step_fields(const TrainerConfig& c, const Batch& b) {
     StepFields f;
     f.size = b.size;
     const BatchField& x = take_field(b, c.input_field, c.input_dtype, c.plan.input.numel(), "its input");
-    f.x = x.data;
-    f.x_rows = x.rows;
+    f.x = {x.data, x.rows};
     for (std::size_t h = 0; h < c.plan.heads.size(); ++h) {
         const Target& t = c.plan.heads[h].target;
         const BatchField& y = take_field(b, t.field, t.dtype, t.shape.numel(), "a target");
-        f.targets[h] = y.data;
-        f.target_rows[h] = y.rows;
+        f.targets[h] = {y.data, y.rows};
     }
     if (c.plan.side) {
         const BatchField& side = take_field(b, c.side.field, c.side.dtype, c.plan.side, "its side input");
-        f.side = side.data;
-        f.side_rows = side.rows;
+        f.side = {side.data, side.rows};
     }
     return f;
 }
