@@ -2033,8 +2033,7 @@ ParamUpdate CudaTrainer::param_update(bool advance) const {
 }
 
 void CudaTrainer::update(ParamRange r, cudaStream_t s, bool advance) {
-    launch_optimizer(cfg_.optimizer, params_, grads_, slots_, cfg_.plan.params, r, scalars_, inv_, wcopy_, at_,
-                     advance ? step_dev_ : nullptr, s);
+    launch_optimizer(param_update(advance), grads_, r, s);
 }
 
 // The data gradients' filters of this step's weights, turned once ahead of

@@ -57,21 +57,19 @@ void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, 
     plain_launch(step_scalars_kernel, 1, 1, 0, s, o, sched, step, out);
 }
 
-void launch_optimizer(const OptimizerConfig& o, float* params, const float* grads, float* slots, std::uint64_t count,
-                      ParamRange r, const StepScalars* sc, const std::uint32_t* inv, void* copy, ActType copy_t,
-                      unsigned long long* advance, cudaStream_t s) {
+void launch_optimizer(const ParamUpdate& u, const float* grads, ParamRange r, cudaStream_t s) {
     if (r.end <= r.begin) {
-        if (advance) launch_advance_step(advance, s);
+        if (u.advance) launch_advance_step(u.advance, s);
         return;
     }
     const std::uint64_t b0 = r.begin, len = r.end - r.begin;
     const unsigned b = blocks_for(len, 4);
-    const std::uint32_t* iv = inv ? inv + b0 : nullptr;
-    dispatch(copy_t, [&](auto tag) {
+    const std::uint32_t* iv = u.inv ? u.inv + b0 : nullptr;
+    dispatch(u.copy_t, [&](auto tag) {
         using T = DSTK_T;
-        float* v = o.kind == OptimizerKind::sgd ? nullptr : slots + count + b0;
-        plain_launch(update_kernel<T>, b, threads, 0, s, o, params + b0, grads + b0, slots + b0, v, len, sc, iv,
-                     static_cast<T*>(copy), advance);
+        float* v = u.o.kind == OptimizerKind::sgd ? nullptr : u.slots + u.count + b0;
+        plain_launch(update_kernel<T>, b, threads, 0, s, u.o, u.params + b0, grads + b0, u.slots + b0, v, len, u.sc, iv,
+                     static_cast<T*>(u.copy), u.advance);
     });
 }
 

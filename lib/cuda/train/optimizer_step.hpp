@@ -20,26 +20,20 @@ struct StepScalars {
 void launch_step_scalars(const OptimizerConfig& o, const ScheduleConfig& sched, const unsigned long long* step,
                          StepScalars* out, cudaStream_t s);
 
-// One optimiser step over the flat fp32 parameters [r.begin, r.end) of the
-// `count`: a step may update the parameters whose gradients are complete
-// while the last weight gradients are still being computed, and the rest
-// after. Where inv[i] != ~0u the updated parameter is also written to
-// copy[inv[i]] (type copy_t): the compute copies stay fresh without another
-// pass. advance (or null): the step count, incremented by the same launch
-// (the step's last update; launch_step_scalars has read it by then).
-struct ParamRange {
-    std::uint64_t begin = 0, end = 0;
-};
-void launch_optimizer(const OptimizerConfig& o, float* params, const float* grads, float* slots, std::uint64_t count,
-                      ParamRange r, const StepScalars* sc, const std::uint32_t* inv, void* copy, ActType copy_t,
-                      unsigned long long* advance, cudaStream_t s);
-
-// The same update applied by a kernel that finishes a gradient, as it stores
-// it (the weight gradients' fixed-order sums, elementwise.hpp, with a map;
-// the first batch norm's backward, first_bn.hpp): parameter i (of the flat
-// `count`) is updated the moment its gradient is summed, with the same
-// arithmetic as launch_optimizer's, so the same bits, and no update kernel
-// of its own follows at the end of the step. params null: no update.
+// An optimiser step's update of the flat fp32 parameters (`count` of them,
+// slots after each other: m, then v for AdamW). Where inv[i] != ~0u the
+// updated parameter is also written to copy[inv[i]] (type copy_t): the
+// compute copies stay fresh without another pass. advance (or null): the
+// step count, incremented by the same launch (the step's last update;
+// launch_step_scalars has read it by then).
+//
+// launch_optimizer applies it to a range of parameters from their gradients.
+// A kernel that finishes a gradient applies the same update as it stores it
+// (the weight gradients' fixed-order sums, elementwise.hpp, with a map; the
+// first batch norm's backward, first_bn.hpp): parameter i is updated the
+// moment its gradient is summed, with the same arithmetic
+// (optimizer_update.cuh), so the same bits, and no update kernel of its own
+// follows at the end of the step. params null: no update.
 struct ParamUpdate {
     OptimizerConfig o{};
     float* params = nullptr;
@@ -49,7 +43,15 @@ struct ParamUpdate {
     const std::uint32_t* inv = nullptr;
     void* copy = nullptr;
     ActType copy_t = ActType::f32;
-    unsigned long long* advance = nullptr; // as launch_optimizer's
+    unsigned long long* advance = nullptr;
 };
+
+// The update of the parameters [r.begin, r.end) from their gradients: a
+// step may update the parameters whose gradients are complete while the
+// last weight gradients are still being computed, and the rest after.
+struct ParamRange {
+    std::uint64_t begin = 0, end = 0;
+};
+void launch_optimizer(const ParamUpdate& u, const float* grads, ParamRange r, cudaStream_t s);
 
 } // namespace dstk::train::cuda
