@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -757,6 +758,61 @@ TEST(TrainGpu, InputGateAndUpperUpdateTrainBitEqual) {
             EXPECT_EQ(on.first, off.first);
             EXPECT_EQ(on.second, off.second);
         }
+    }
+}
+
+// Training graphs launched on two lanes in turn (DSTK_OVERLAP_STEPS, by
+// default where it applies: "steps overlapped" in the kernel report), each
+// step's first layers beside the tail of the step before and the first
+// batch norm's output in one buffer per input set: orders and buffers only,
+// so parameters, statistics, saved state and both phases' metrics are the
+// same bit for bit as with one stream, through graph steps, evaluation
+// between them, the metrics taken, and an eager partial step.
+TEST(TrainGpu, OverlappedStepsTrainBitEqual) {
+    REQUIRE_GPU();
+    // UpdatesInGradientKernelsTrainBitEqual's shapes and kernels (a partial
+    // batch of 19 has a deterministic weight gradient in the workspace).
+    const TensorShape in{3, 12, 16};
+    const std::uint32_t batch = 28;
+    const Data d = make_random_data(in, 10, batch * 10, 59);
+    const DeviceData dd(d);
+    auto overlapped = [](const Trainer& t) {
+        for (const KernelReport& r : t.kernel_choices())
+            if (r.op == "steps" && r.kernel == "overlapped") return true;
+        return false;
+    };
+    for (const Precision prec : {Precision::tf32, Precision::bf16}) {
+        SCOPED_TRACE(std::string(precision_name(prec)));
+        TrainerConfig c = config("conv3x3:32,bn,relu,conv3x3:32,bn,relu,maxpool2,conv3x3:32,bn,relu,flatten,fc:10", in,
+                                 10, batch, Backend::cuda, prec, OptimizerKind::adamw);
+        c.deterministic = true;
+        auto train = [&](const char* value) {
+            setenv("DSTK_CONV_KERNELS", "own", 1); // the first convolution and its batch norm as one
+            setenv("DSTK_WEIGHT_BRANCH", "1", 1);  // the weight gradients beside the data gradients
+            auto t = value ? made_with("DSTK_OVERLAP_STEPS", value, c) : make_trainer(c);
+            unsetenv("DSTK_CONV_KERNELS");
+            unsetenv("DSTK_WEIGHT_BRANCH");
+            EXPECT_EQ(overlapped(*t), !value || std::string(value) == "1");
+            auto batch_at = [&](std::uint32_t s, std::uint32_t n) {
+                return step_batch(t->config(), dd.xs() + std::uint64_t{s} * batch * in.numel(), dd.ys() + s * batch, n);
+            };
+            for (std::uint32_t s = 0; s < 3; ++s) t->train_step(batch_at(s, batch));
+            t->evaluate(batch_at(8, batch));
+            for (std::uint32_t s = 3; s < 6; ++s) t->train_step(batch_at(s, batch));
+            const Metrics first = t->take_train_metrics();
+            for (std::uint32_t s = 6; s < 8; ++s) t->train_step(batch_at(s, batch));
+            t->train_step(batch_at(9, 19));
+            t->evaluate(batch_at(8, batch));
+            const Metrics second = t->take_train_metrics(), eval = t->take_eval_metrics();
+            EXPECT_EQ(t->steps(), 9u);
+            return std::tuple(t->read_parameters(), t->read_states(), t->save_state(),
+                              std::array{first.loss_sum, second.loss_sum, eval.loss_sum});
+        };
+        const auto by_default = train(nullptr), off = train("0");
+        EXPECT_EQ(std::get<0>(by_default), std::get<0>(off)) << "parameters";
+        EXPECT_EQ(std::get<1>(by_default), std::get<1>(off)) << "batch-norm statistics";
+        EXPECT_EQ(std::get<2>(by_default), std::get<2>(off)) << "saved state (optimiser slots, step count)";
+        EXPECT_EQ(std::get<3>(by_default), std::get<3>(off)) << "training and evaluation losses";
     }
 }
 

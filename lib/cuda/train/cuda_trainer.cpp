@@ -212,6 +212,7 @@ class CudaTrainer final : public Trainer {
     std::vector<float> read_states() override { return download(states_, cfg_.plan.states); }
     void write_parameters(std::span<const float> p) override {
         if (p.size() != cfg_.plan.params) throw runtime_error("write_parameters: wrong size");
+        after_lane_ = false;
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         CUDA_CHECK(cudaMemcpy(params_, p.data(), p.size_bytes(), cudaMemcpyHostToDevice));
         refresh_copies();
@@ -248,7 +249,7 @@ class CudaTrainer final : public Trainer {
     DirectConvShape direct_shape(std::uint32_t n) const;
     TcWgradShape wgrad_shape(std::size_t i, std::uint32_t n) const;
     TcConvShape conv_shape(std::size_t i, std::uint32_t n, bool data_gradient) const;
-    void convert(const StepFields& b, bool training);
+    void convert(const StepFields& b, bool training, bool on_lane = false);
     void forward(std::uint32_t n, bool training, bool fuse);
     void forward_first_conv_bn(std::uint32_t n);
     static constexpr std::size_t npos = ~std::size_t{0};
@@ -315,6 +316,10 @@ class CudaTrainer final : public Trainer {
     std::vector<float> download_act(const void* p, std::uint64_t count);
     void capture(cudaGraphExec_t& exec, const std::function<void()>& body);
     void capture_train_graph(cudaGraphExec_t current);
+    void capture_step(cudaGraphExec_t& exec);
+    std::size_t overlap_layer() const;
+    bool steps_overlap() const;
+    void launch_on_lane();
     void for_each_set(const std::function<void(unsigned)>& body);
     void alias_input_set();
     void choose_weight_branch();
@@ -356,8 +361,10 @@ class CudaTrainer final : public Trainer {
     // (launch_first_bn_moments_converting; DSTK_INPUT_IN_MOMENTS=0: the
     // conversion's own pass, then the moments).
     bool input_in_moments_ = false;
-    bool input_gate_ = false; // InputSets::open_gate at the end of each step's forward pass (DSTK_INPUT_GATE)
-    TensorShape input_;       // as stored on the device: channels padded in bf16 before a first convolution
+    // InputSets::open_gate at the end of each step's forward pass: by default
+    // (plan_input_work), and whether DSTK_INPUT_GATE decided it.
+    bool input_gate_ = false, input_gate_set_ = false;
+    TensorShape input_; // as stored on the device: channels padded in bf16 before a first convolution
     cudnnDataType_t cudnn_type_ = CUDNN_DATA_FLOAT;
     cudaDataType_t blas_type_ = CUDA_R_32F;
     cublasComputeType_t blas_compute_ = CUBLAS_COMPUTE_32F;
@@ -442,6 +449,25 @@ class CudaTrainer final : public Trainer {
     std::vector<KernelReport> reports_;
     std::map<std::uint32_t, BatchDescs> descs_;
     cudaGraphExec_t train_graph_[InputSets::count] = {}, eval_graph_[InputSets::count] = {};
+    // Training steps that overlap (steps_overlap; DSTK_OVERLAP_STEPS=0:
+    // none): each set's graph runs on a lane of its own, so that a step's
+    // first layers run beside the tail of the step before (its last weight
+    // gradient and updates). The layer whose output those first layers write
+    // while that tail still reads it has one buffer per input set
+    // (overlap_layer; npos: none). head_done_: a step's main chain has ended
+    // (recorded in its graph); step_done_: the whole step has (recorded on
+    // its lane after it, waited for in the next step's graph before the
+    // layers whose weights the tail updates).
+    bool overlap_steps_ = true;
+    bool graph_overlaps_ = false; // the training graphs were captured so
+    bool overlapping_ = false;    // while one is captured
+    // The last work enqueued was a lane's step: the next one waits for its
+    // main chain alone. Whatever else enqueues on the main stream clears it.
+    bool after_lane_ = false;
+    std::size_t overlap_x_ = npos;
+    void* xbuf_[InputSets::count] = {};
+    cudaStream_t lanes_[InputSets::count] = {};
+    cudaEvent_t head_done_ = nullptr, step_done_ = nullptr, lane_sync_ = nullptr;
     dist::Reducer* reducer_ = nullptr; // data-parallel: averages grads_ over the ranks every step
     std::uint64_t step_ = 0, train_samples_ = 0, eval_samples_ = 0;
     std::uint32_t last_n_ = 0;
@@ -507,6 +533,9 @@ void CudaTrainer::create_streams() {
     side_ = std::make_unique<SideBranch>(stream_, math);
     if (upper_update_) upper_ = std::make_unique<SideBranch>(stream_, math, false);
     in_ = std::make_unique<InputSets>(stream_, least);
+    for (cudaStream_t& l : lanes_) CUDA_CHECK(cudaStreamCreateWithPriority(&l, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t* e : {&head_done_, &step_done_, &lane_sync_})
+        CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
 }
 
 CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
@@ -609,6 +638,7 @@ void CudaTrainer::read_switches() {
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
     if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
     if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
+    if (const char* e = std::getenv("DSTK_OVERLAP_STEPS"); e && *e) overlap_steps_ = std::string(e) != "0";
     // The first batch norm's update not in tf32: there the step measured
     // slower with it (and faster with the early layer's).
     update_early_in_gradient_ = true;
@@ -625,15 +655,18 @@ void CudaTrainer::read_switches() {
 // How a training batch is converted: by the first batch norm's moments
 // kernel as it reads it, where that applies (DSTK_INPUT_IN_MOMENTS=0: a pass
 // of its own), and when. The next batch's conversion is held back until a
-// step's forward pass has run, in tf32: beside the forward's own float
-// convolutions (blocks that fill an SM) it slowed the step more than beside
-// the backward pass. In bf16 the gate measured slower. DSTK_INPUT_GATE=0|1
+// step's forward pass has run, in tf32 where steps do not overlap
+// (step_body): beside the forward's own float convolutions (blocks that fill
+// an SM) it slowed the step more than beside the backward pass. In bf16, and
+// in tf32 where steps overlap, the gate measured slower. DSTK_INPUT_GATE=0|1
 // decides either way.
 void CudaTrainer::plan_input_work() {
     input_in_moments_ = first_conv_bn_ && first_bn_converts(at_, cfg_.input_dtype, direct_shape(cfg_.max_batch));
     if (const char* e = std::getenv("DSTK_INPUT_IN_MOMENTS"); e && std::string(e) == "0") input_in_moments_ = false;
     input_gate_ = cfg_.precision == Precision::tf32;
-    if (const char* e = std::getenv("DSTK_INPUT_GATE"); e && *e) input_gate_ = std::string(e) != "0";
+    const char* e = std::getenv("DSTK_INPUT_GATE");
+    input_gate_set_ = e && *e;
+    if (input_gate_set_) input_gate_ = std::string(e) != "0";
 }
 
 void CudaTrainer::mark(std::size_t layer, const char* what) {
@@ -749,7 +782,7 @@ void CudaTrainer::choose_weight_branch() {
     cudaGraphExec_t graphs[2] = {};
     for (int v = 0; v < 2; ++v) {
         one_stream_ = v == 1;
-        capture(graphs[v], [&] { step_body(cfg_.max_batch); });
+        capture_step(graphs[v]);
     }
     const DeviceIdentity id = device_identity(cfg_.device.index);
     ChoiceCache cache = choice_cache(id);
@@ -803,8 +836,47 @@ void CudaTrainer::capture_train_graph(cudaGraphExec_t current) {
     for_each_set([&](unsigned k) {
         if (train_graph_[k]) CUDA_CHECK(cudaGraphExecDestroy(train_graph_[k]));
         train_graph_[k] = k == now ? current : nullptr;
-        if (!train_graph_[k]) capture(train_graph_[k], [&] { step_body(cfg_.max_batch); });
+        if (!train_graph_[k]) capture_step(train_graph_[k]);
     });
+    graph_overlaps_ = steps_overlap();
+}
+
+// A full training step's graph, tied to the steps before and after it by
+// events where steps overlap (step_body, launch_on_lane).
+void CudaTrainer::capture_step(cudaGraphExec_t& exec) {
+    overlapping_ = steps_overlap();
+    try {
+        capture(exec, [&] { step_body(cfg_.max_batch); });
+    } catch (...) {
+        overlapping_ = false;
+        throw;
+    }
+    overlapping_ = false;
+}
+
+// The layer whose output the next step's first layers write while the tail
+// of the step before still reads it: the first batch norm's (its ReLU's,
+// where fused) when the first convolution and that norm run as one
+// (forward_first_conv_bn) and the second weighted layer alone reads it, as
+// its input. npos where no step overlaps another (DSTK_OVERLAP_STEPS=0, a
+// side input, which the conversion writes into the network's activations).
+std::size_t CudaTrainer::overlap_layer() const {
+    if (!overlap_steps_ || cfg_.plan.side || layers().size() < 3 || !first_bn_into_wgrad()) return npos;
+    const std::size_t x = dev_[1].relu_next ? 2 : 1, next = weighted_layer(2);
+    if (next != x + 1 || layers()[next].source != static_cast<std::int32_t>(x)) return npos;
+    return readers(x) == std::vector<std::size_t>{next} ? x : npos;
+}
+
+// Whether a training step's first layers (up to overlap_layer's) run beside
+// the tail of the step before: where the parameters they read are updated
+// on the main stream before the side branches join it (early_update_layer
+// right above them, low_update_before_join), so that the step's main chain
+// ends before its tail does. Only the next layer, and the step's learning
+// rate and turned filters, wait for that tail. Not where the gradients are
+// averaged across ranks (no early update then). Results are the same bits.
+bool CudaTrainer::steps_overlap() const {
+    const std::size_t early = early_update_layer();
+    return overlap_x_ != npos && first_conv_bn_ && early == overlap_x_ + 1 && low_update_before_join(early);
 }
 
 // body(k) with each input set current in turn (no conversion runs: only the
@@ -821,9 +893,11 @@ void CudaTrainer::for_each_set(const std::function<void(unsigned)>& body) {
 }
 
 // The layers whose output is the converted input itself (a flatten, a
-// residual's start or a head right on the input) name the current set's.
+// residual's start or a head right on the input) name the current set's, as
+// does the layer whose output has a buffer per set (overlap_layer).
 void CudaTrainer::alias_input_set() {
     for (const std::size_t i : input_aliases_) dev_[i].out = act0_[in_->current()];
+    if (overlap_x_ != npos) dev_[overlap_x_].out = xbuf_[in_->current()];
 }
 
 // Rank 0's parameters everywhere, then the training graph captured again with
@@ -831,6 +905,7 @@ void CudaTrainer::alias_input_set() {
 // before the capture: NCCL sets up its connections on first use, with calls
 // a capture does not allow.
 void CudaTrainer::set_reducer(dist::Reducer* reducer) {
+    after_lane_ = false;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (reducer) {
         reducer->broadcast_device(params_, cfg_.plan.params, stream_);
@@ -845,6 +920,7 @@ void CudaTrainer::set_reducer(dist::Reducer* reducer) {
 // over the ranks is what evaluation and saved models use.
 void CudaTrainer::average_states() {
     if (!reducer_ || cfg_.plan.states == 0) return;
+    after_lane_ = false;
     reducer_->average_device(states_, cfg_.plan.states, stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -872,6 +948,10 @@ CudaTrainer::~CudaTrainer() {
     if (cublas_) cublasDestroy(cublas_);
     if (cudnn_) cudnnDestroy(cudnn_);
     if (arena_) cudaFree(arena_);
+    for (cudaEvent_t e : {head_done_, step_done_, lane_sync_})
+        if (e) cudaEventDestroy(e);
+    for (cudaStream_t l : lanes_)
+        if (l) cudaStreamDestroy(l);
     if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -1011,6 +1091,7 @@ void CudaTrainer::layout(Arena& a) {
     const std::uint64_t start = a.used();
     for (void*& x : act0_) x = a.take_bytes(b * input_.numel() * ab);
     input_aliases_.clear();
+    overlap_x_ = overlap_layer();
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const LayerPlan& l = layers()[i];
         LayerDev& d = dev_[i];
@@ -1021,6 +1102,11 @@ void CudaTrainer::layout(Arena& a) {
             if (d.out == act0_[in_->current()]) input_aliases_.push_back(i);
         } else
             d.out = a.take_bytes(count * ab);
+        if (i == overlap_x_) {
+            xbuf_[0] = d.out;
+            for (unsigned k = 1; k < InputSets::count; ++k) xbuf_[k] = a.take_bytes(count * ab);
+            d.out = xbuf_[in_->current()];
+        }
         if (l.spec.kind == LayerKind::batchnorm) d.aux = a.take<float>(2 * std::uint64_t{l.in.c});
         if (l.spec.kind == LayerKind::dropout) d.aux = a.take<float>(count);
         if (l.spec.kind == LayerKind::residual_end) d.stash = a.take_bytes(count * ab);
@@ -1415,8 +1501,9 @@ void CudaTrainer::report_rule_choices() {
 }
 
 // Which parameters a training step updates in the kernels that finish
-// their gradients (early_update_in_wgrad, low_update_in_first_bn), once the
-// weight gradients' stream is chosen (rules, not timings).
+// their gradients (early_update_in_wgrad, low_update_in_first_bn), and
+// whether steps overlap (steps_overlap), once the weight gradients' stream
+// is chosen (rules, not timings).
 void CudaTrainer::report_updates() {
     const std::size_t early = early_update_layer();
     if (early_update_in_wgrad(early, upper_update_layer(early)))
@@ -1424,6 +1511,7 @@ void CudaTrainer::report_updates() {
     if (low_update_in_first_bn(early))
         for (const std::size_t i : {std::size_t{0}, std::size_t{1}})
             reports_.push_back({i, "update", "own:in_first_bn_backward", ChoiceSource::rule, 0.0});
+    if (graph_overlaps_) reports_.push_back({layers().size(), "steps", "overlapped", ChoiceSource::rule, 0.0});
     std::stable_sort(reports_.begin(), reports_.end(),
                      [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
 }
@@ -1454,7 +1542,8 @@ std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count)
 // then in one more launch every head's target and the side input
 // (normalised straight into its columns of the side layer's output, which is
 // not in a set: that conversion waits for every step before).
-void CudaTrainer::convert(const StepFields& b, bool training) {
+// on_lane: for a step on the lane of the set it converts into (launch_on_lane).
+void CudaTrainer::convert(const StepFields& b, bool training, bool on_lane) {
     in_->take(cfg_.plan.side != 0);
     alias_input_set();
     const unsigned k = in_->current();
@@ -1501,7 +1590,7 @@ void CudaTrainer::convert(const StepFields& b, bool training) {
             }
     }
     data::convert_fields_async({f, count}, b.size, in_->stream());
-    in_->hand_over();
+    in_->hand_over(on_lane ? lanes_[k] : stream_);
 }
 
 // Column-major C[m][n] = op(A) op(B) with float accumulation, the
@@ -1548,6 +1637,9 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         const std::uint64_t count = std::uint64_t{n} * l.out.numel();
         const std::uint64_t hw_in = std::uint64_t{l.in.h} * l.in.w, hw_out = std::uint64_t{l.out.h} * l.out.w;
         const float* p = params_ + l.param_offset;
+        // Overlapping the step before (steps_overlap): its end, which this
+        // layer's weights and the turned filters wait for, on the side branch.
+        if (overlapping_ && i == overlap_x_ + 1) side_->join();
         switch (l.spec.kind) {
         case LayerKind::conv:
             if (i == 0 && training && fuse && first_conv_bn_)
@@ -2050,10 +2142,14 @@ void CudaTrainer::step_body(std::uint32_t n) {
     // The step's learning rate and turned filters, on the side stream (beside the forward pass) where one runs.
     const bool beside = !marks_ && !one_stream_;
     if (beside) side_->fork();
+    // Overlapping the step before (steps_overlap): after its end, which its
+    // tail's updates read these scalars before and the filters turned here.
+    if (overlapping_) CUDA_CHECK(cudaStreamWaitEvent(side_->stream(), step_done_, cudaEventWaitExternal));
     launch_step_scalars(cfg_.optimizer, cfg_.schedule, step_dev_, scalars_, beside ? side_->stream() : stream_);
     turn_filters_ahead(beside ? side_->stream() : stream_);
     forward(n, true, true);
-    if (input_gate_) { // the next batch's conversion after this forward pass (off the main chain: a PDL edge stays)
+    // The next batch's conversion after this forward pass (off the main chain: a PDL edge stays).
+    if (input_gate_ && (input_gate_set_ || !overlapping_)) {
         if (beside) side_->fork();
         in_->open_gate(beside ? side_->stream() : stream_);
     }
@@ -2066,6 +2162,8 @@ void CudaTrainer::step_body(std::uint32_t n) {
         if (!low_update_in_first_bn_) // else the first batch norm's backward updated them
             update({0, early == npos ? cfg_.plan.params : layers()[early].param_offset}, stream_, true);
         mark(~std::size_t{0}, "optimizer");
+        // The main chain's end: the next step's first layers may start (launch_on_lane).
+        if (overlapping_) CUDA_CHECK(cudaEventRecordWithFlags(head_done_, stream_, cudaEventRecordExternal));
     };
     const bool before_join = low_update_before_join(early);
     backward(n, false, true, early, before_join ? std::function<void()>(low_update) : nullptr);
@@ -2080,18 +2178,40 @@ void CudaTrainer::step_body(std::uint32_t n) {
 void CudaTrainer::train_step(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    convert(b, true);
-    if (b.size == cfg_.max_batch)
-        CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
-    else
-        step_body(b.size);
+    const bool graph = b.size == cfg_.max_batch, on_lane = graph && graph_overlaps_;
+    convert(b, true, on_lane);
+    if (on_lane) {
+        launch_on_lane();
+    } else {
+        after_lane_ = false;
+        if (graph)
+            CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
+        else
+            step_body(b.size);
+    }
     ++step_;
     train_samples_ += b.size;
+}
+
+// The current set's training graph on that set's lane (steps_overlap): after
+// the main chain of the step before where that was a lane's too (the graph
+// waits for the rest of it itself), else after all work on the main stream.
+// The main stream then waits for the step's end, so that all else enqueued
+// there, and the caller's events on compute_stream(), follow it as before.
+void CudaTrainer::launch_on_lane() {
+    const cudaStream_t lane = lanes_[in_->current()];
+    if (!after_lane_) CUDA_CHECK(cudaEventRecord(lane_sync_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(lane, after_lane_ ? head_done_ : lane_sync_, 0));
+    CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], lane));
+    CUDA_CHECK(cudaEventRecord(step_done_, lane));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, step_done_, 0));
+    after_lane_ = true;
 }
 
 void CudaTrainer::evaluate(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
+    after_lane_ = false;
     convert(b, false);
     if (b.size == cfg_.max_batch) {
         CUDA_CHECK(cudaGraphLaunch(eval_graph_[in_->current()], stream_));
@@ -2105,6 +2225,7 @@ void CudaTrainer::evaluate(const Batch& batch) {
 void CudaTrainer::compute_gradients(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
+    after_lane_ = false;
     convert(b, false);
     forward(b.size, true, false);
     losses(b.size, scratch_phase, true, false);
@@ -2169,6 +2290,7 @@ Metrics CudaTrainer::take(Phase phase, std::uint64_t& samples) {
     const MetricsBlock& block = metrics_[phase];
     std::vector<DeviceHeadMetrics> counters(heads_.size());
     std::vector<double> sums(metric_sums_);
+    after_lane_ = false; // the counters' reset below, on the main stream, comes before the next step
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(
         cudaMemcpy(counters.data(), block.heads, counters.size() * sizeof(DeviceHeadMetrics), cudaMemcpyDeviceToHost));
@@ -2217,6 +2339,7 @@ std::vector<std::uint8_t> CudaTrainer::save_state() {
 void CudaTrainer::load_state(std::span<const std::uint8_t> blob) {
     std::vector<float> p(cfg_.plan.params), s(cfg_.plan.states), slots(cfg_.plan.params * cfg_.optimizer.slots());
     step_ = unpack_state(blob, p, s, slots);
+    after_lane_ = false;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaMemcpy(params_, p.data(), p.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(states_, s.data(), s.size() * 4, cudaMemcpyHostToDevice));

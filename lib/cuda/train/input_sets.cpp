@@ -36,9 +36,9 @@ void InputSets::open_gate(cudaStream_t s) {
         gate_, s, capturing == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault));
 }
 
-void InputSets::hand_over() {
+void InputSets::hand_over(cudaStream_t to) {
     CUDA_CHECK(cudaEventRecord(ready_, input_));
-    CUDA_CHECK(cudaStreamWaitEvent(main_, ready_, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(to, ready_, 0));
 }
 
 } // namespace dstk::train::cuda

@@ -32,8 +32,9 @@ class InputSets {
     void take(bool serial);
     // Set k current, ordering nothing: while graphs are captured for each set.
     void select(unsigned k) { set_ = k; }
-    // After the conversion: the main stream waits for it.
-    void hand_over();
+    // After the conversion: `to` (the main stream, or the stream that runs
+    // the step) waits for it.
+    void hand_over(cudaStream_t to);
     // The point of a step (its end on s, a stream of the main stream's step,
     // in a captured graph an external event node) after which the next
     // batch's conversion starts: take() waits for its last record. Where the
