@@ -657,9 +657,9 @@ void CudaTrainer::read_switches() {
 // of its own), and when. The next batch's conversion is held back until a
 // step's forward pass has run, in tf32 where steps do not overlap
 // (step_body): beside the forward's own float convolutions (blocks that fill
-// an SM) it slowed the step more than beside the backward pass. In bf16, and
-// in tf32 where steps overlap, the gate measured slower. DSTK_INPUT_GATE=0|1
-// decides either way.
+// an SM) it slowed the step more than beside the backward pass. In bf16 the
+// gate measured slower; in tf32 where steps overlap, no faster and less
+// steady. DSTK_INPUT_GATE=0|1 decides either way.
 void CudaTrainer::plan_input_work() {
     input_in_moments_ = first_conv_bn_ && first_bn_converts(at_, cfg_.input_dtype, direct_shape(cfg_.max_batch));
     if (const char* e = std::getenv("DSTK_INPUT_IN_MOMENTS"); e && std::string(e) == "0") input_in_moments_ = false;
