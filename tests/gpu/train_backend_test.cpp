@@ -1061,6 +1061,85 @@ TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
         }
 }
 
+// A residual block's sum taken into the batch norm's forward pass below its
+// end (the ReLU's output not stored: own:in_batchnorm), and, where the block
+// starts with a convolution whose data gradient is cuDNN's, into that data
+// gradient (cuDNN's beta 1: cudnn:in_data_gradient), against the sums' own
+// passes (DSTK_RESIDUAL_FUSED=0) and the cpu backend. The forward is the same
+// bit for bit (an evaluation before any step); training rounds the backward's
+// sum once instead of twice. Two blocks in a row, a block whose branch starts
+// with a batch norm (the backward's sum stays a pass of its own), 6 channels
+// (the plain element-wise kernel in every precision) and 8 or 32 (the
+// 16-byte one in NHWC; 32 channels may take the tensor-core data gradient,
+// which sums nothing).
+TEST(TrainGpu, ResidualSumsInTheirNeighboursTrainLikeTheirOwnPasses) {
+    REQUIRE_GPU();
+    struct Case {
+        std::string spec;
+        std::vector<std::size_t> ends; // the residual blocks' ends (their starts: the partners)
+    };
+    const Case cases[] = {
+        {"conv3x3:8,bn,relu,res(conv3x3:8,bn,relu,conv3x3:8,bn,relu),res(conv3x3:8,bn,relu),gap,fc:10", {10, 15}},
+        {"conv3x3:6,bn,relu,res(conv3x3:6,bn,relu),flatten,fc:10", {7}},
+        {"conv3x3:8,res(bn,relu,conv3x3:8,bn,relu),gap,fc:10", {7}},
+        {"conv3x3:16,bn,relu,conv3x3:32,bn,relu,maxpool2,res(conv3x3:32,bn,relu,conv3x3:32,bn,relu),gap,fc:10", {14}}};
+    const TensorShape in{3, 12, 12};
+    const std::uint32_t batch = 20;
+    const Data d = make_random_data(in, 10, batch * 7, 43);
+    const DeviceData dd(d);
+    const std::pair<Precision, double> precisions[] = {
+        {Precision::fp32, 1e-3}, {Precision::tf32, 2e-2}, {Precision::bf16, 6e-2}};
+    for (const auto& [p, tol] : precisions)
+        for (const Case& k : cases) {
+            SCOPED_TRACE(k.spec + " " + std::string(precision_name(p)));
+            const TrainerConfig c = config(k.spec, in, 10, batch, Backend::cuda, p, OptimizerKind::adamw);
+            auto batch_at = [&](const Trainer& t, std::uint32_t s, std::uint32_t n) {
+                return step_batch(t.config(), dd.xs() + std::uint64_t{s} * batch * in.numel(), dd.ys() + s * batch, n);
+            };
+            auto train = [&](const char* fused) {
+                auto t = made_with("DSTK_RESIDUAL_FUSED", fused, c);
+                t->evaluate(batch_at(*t, 6, batch));
+                const Metrics before = t->take_eval_metrics();
+                run_steps(*t, dd, in, batch, 0, 4);
+                t->train_step(batch_at(*t, 4, 13));
+                t->evaluate(batch_at(*t, 6, 11));
+                return std::pair(std::move(t), before.loss_sum);
+            };
+            auto [fused, fused_eval] = train("1");
+            auto [plain, plain_eval] = train("0");
+            EXPECT_EQ(fused_eval, plain_eval) << "the forward pass, bit for bit";
+            for (const std::size_t end : k.ends) {
+                const auto begin = static_cast<std::size_t>(c.plan.layers[end].partner);
+                EXPECT_TRUE(reports_kernel(*fused, end, "own:in_batchnorm")) << "block ending at L" << end;
+                EXPECT_FALSE(reports_kernel(*plain, end, "own:in_batchnorm"));
+                bool cudnn_dgrad = false; // the branch's first layer's data gradient, where a convolution
+                for (const KernelReport& r : fused->kernel_choices())
+                    if (r.layer == begin + 1 && r.op == "bwd_data") cudnn_dgrad = r.kernel.rfind("cudnn:", 0) == 0;
+                EXPECT_EQ(reports_kernel(*fused, begin, "cudnn:in_data_gradient"), cudnn_dgrad) << "L" << begin;
+                EXPECT_FALSE(reports_kernel(*plain, begin, "cudnn:in_data_gradient"));
+            }
+            Checker check;
+            check("parameters after 5 steps", fused->read_parameters(), plain->read_parameters(), tol);
+            check("BN running statistics after 5 steps", fused->read_states(), plain->read_states(), tol);
+            const Metrics tf = fused->take_train_metrics(), tp = plain->take_train_metrics();
+            const Metrics ef = fused->take_eval_metrics(), ep = plain->take_eval_metrics();
+            EXPECT_NEAR(tf.loss_sum, tp.loss_sum, tol * tp.loss_sum) << "training loss";
+            EXPECT_NEAR(ef.loss_sum, ep.loss_sum, tol * ep.loss_sum) << "evaluation loss";
+            auto cpu = make_trainer(config(k.spec, in, 10, batch, Backend::cpu, Precision::fp32, OptimizerKind::adamw));
+            for (std::uint32_t s = 0; s < 5; ++s)
+                cpu->train_step(step_batch(cpu->config(), d.x.data() + std::uint64_t{s} * batch * in.numel(),
+                                           d.y.data() + s * batch, s < 4 ? batch : 13));
+            check("parameters after 5 steps against the cpu", fused->read_parameters(), cpu->read_parameters(),
+                  p == Precision::fp32 ? 1e-3 : 2 * tol);
+            std::printf("%-100s %-5s worst %.2e (%s)\n", k.spec.c_str(), std::string(precision_name(p)).c_str(),
+                        check.worst, check.worst_what.c_str());
+            for (const std::string& line : kernel_choice_lines(fused->kernel_choices(), c.plan))
+                if (line.find("in_batchnorm") != std::string::npos ||
+                    line.find("in_data_gradient") != std::string::npos)
+                    std::printf("  %s\n", line.c_str());
+        }
+}
+
 // The classifier's last linear layer with its softmax cross-entropy in one
 // kernel (linear_xent.hpp) against the same steps through the GEMMs, the loss
 // kernel and the ReLU's backward (DSTK_LINEAR_XENT=0), and against the cpu

@@ -344,8 +344,11 @@ __global__ void bn_eval_coef_kernel(std::uint32_t channels, const float* gamma, 
     coef[3 * channels + c] = run_mean[c];
 }
 
+// With skip (a residual block's end right above the ReLU): y = skip + the
+// output as stored, summed as the block's own add would sum them.
 template <class T>
-__global__ void bn_apply_kernel(const T* x, T* y, std::uint64_t count, Channels ch, const float* coef, bool relu) {
+__global__ void bn_apply_kernel(const T* x, T* y, std::uint64_t count, Channels ch, const float* coef, bool relu,
+                                const T* skip) {
     await_predecessor();
     const std::uint32_t channels = ch.c, c0 = first_channel(channels);
     float a = coef[c0], b = coef[channels + c0], m = coef[3 * channels + c0];
@@ -354,8 +357,9 @@ __global__ void bn_apply_kernel(const T* x, T* y, std::uint64_t count, Channels 
             const std::uint32_t c = ch(i, c0);
             a = coef[c], b = coef[channels + c], m = coef[3 * channels + c];
         }
-        const float v = bn_value(ld(x, i), m, a, b);
-        st(y, i, relu ? fmaxf(v, 0.0f) : v);
+        float v = bn_value(ld(x, i), m, a, b);
+        if (relu) v = fmaxf(v, 0.0f);
+        st(y, i, skip ? stored<T>(v) + ld(skip, i) : v);
     }
 }
 
@@ -403,19 +407,21 @@ __device__ __forceinline__ void load_backward_coefs(const float* coef, std::uint
 
 template <class T, int V>
 __global__ void bn_apply_vec_kernel(const T* x, T* y, std::uint64_t groups, std::uint32_t channels, const float* coef,
-                                    bool relu) {
+                                    bool relu, const T* skip) {
     await_predecessor();
     const std::uint64_t g0 = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
     const std::uint32_t c0 = static_cast<std::uint32_t>(g0 % (channels / V)) * V;
     float a[V], b[V], m[V];
     load_forward_coefs<V>(coef, channels, c0, a, b, m);
     for (std::uint64_t g = g0; g < groups; g += std::uint64_t{gridDim.x} * blockDim.x) {
-        float v[V];
+        float v[V], s[V];
         ldv<V>(x, g * V, v);
+        if (skip) ldv<V>(skip, g * V, s);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
             const float o = bn_value(v[k], m[k], a[k], b[k]);
             v[k] = relu ? fmaxf(o, 0.0f) : o;
+            if (skip) v[k] = stored<T>(v[k]) + s[k];
         }
         stv<V>(y, g * V, v);
     }
@@ -670,20 +676,22 @@ void apply_pool(const T* x, T* y, std::uint32_t n, std::uint64_t hw, std::uint32
 // or plain elements.
 template <class T>
 void bn_apply(const T* x, T* y, std::uint32_t n, std::uint64_t hw, std::uint32_t c, bool nchw, bool relu,
-              const float* coef, std::uint32_t pool_w, cudaStream_t s) {
+              const float* coef, std::uint32_t pool_w, const T* skip, cudaStream_t s) {
     const std::uint64_t count = std::uint64_t{n} * hw * c;
+    if (pool_w && skip) throw std::logic_error("a residual's sum after a pooled batch norm");
     if (pool_w) {
         apply_pool(x, y, n, hw, c, pool_w, coef, s);
         return;
     }
-    if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y})) {
+    if (const unsigned nt = nchw ? 0 : bn_vec_threads<T>(c, {x, y, skip})) {
         const std::uint64_t groups = count / vec_of<T>;
-        launch_kernel(bn_apply_vec_kernel<T, vec_of<T>>, bn_blocks(groups, nt), nt, 0, s, x, y, groups, c, coef, relu);
+        launch_kernel(bn_apply_vec_kernel<T, vec_of<T>>, bn_blocks(groups, nt), nt, 0, s, x, y, groups, c, coef, relu,
+                      skip);
         return;
     }
     const unsigned nt = channel_threads(c);
     launch_kernel(bn_apply_kernel<T>, bn_blocks(count, nt), nt, 0, s, x, y, count, channels_of(c, hw, nchw, nt, count),
-                  coef, relu);
+                  coef, relu, skip);
 }
 
 template <class T>
@@ -712,7 +720,7 @@ unsigned bn_max_splits_of_partials() {
 void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
-                             float eps, cudaStream_t s, std::uint32_t pool_w, unsigned given_splits) {
+                             float eps, cudaStream_t s, std::uint32_t pool_w, unsigned given_splits, const void* skip) {
     const std::uint64_t rows = std::uint64_t{n} * hw;
     float* coef = bn_coef(partials, c);
     dispatch(t, [&](auto tag) {
@@ -726,7 +734,7 @@ void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n,
                       given_splits ? static_cast<const float*>(run_mean) : nullptr, c, splits,
                       static_cast<double>(rows), gamma, beta, run_mean, run_var, save_mean, save_invstd, partials, coef,
                       momentum, eps);
-        bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, s);
+        bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, static_cast<const T*>(skip), s);
     });
 }
 
@@ -743,14 +751,15 @@ unsigned launch_bn_statistics(const void* x, ActType t, std::uint32_t n, std::ui
 
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
-                            const float* run_var, float eps, double* partials, cudaStream_t s, std::uint32_t pool_w) {
+                            const float* run_var, float eps, double* partials, cudaStream_t s, std::uint32_t pool_w,
+                            const void* skip) {
     float* coef = bn_coef(partials, c);
     launch_kernel(bn_eval_coef_kernel, (c + 127) / 128, 128, 0, s, c, gamma, beta, run_mean, run_var, eps, coef);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
         const T* xt = static_cast<const T*>(x);
         T* yt = static_cast<T*>(y);
-        bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, s);
+        bn_apply(xt, yt, n, hw, c, nchw, relu, coef, pool_w, static_cast<const T*>(skip), s);
     });
 }
 

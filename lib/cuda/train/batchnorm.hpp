@@ -28,6 +28,10 @@ namespace dstk::train::cuda {
 // would store it), and the backward takes the pooled gradient and recomputes
 // each window's first maximum from x, so neither the full-size output nor its
 // gradient exists.
+// With skip (not with pool_w; a residual block ending right above the ReLU),
+// the forward writes skip + relu(bn(x)), the sum the block's end would store
+// (relu(bn(x)) rounded as stored, then added), so that the ReLU's output is
+// not stored and read back.
 // With given_splits, the forward's reduction has been done by the layer
 // before (a convolution's epilogue, tc_conv.hpp): partials hold, per channel
 // and split, the sums of (v - run_mean[c]) and their squares, in the layout
@@ -38,7 +42,8 @@ bool bn_pool_fusable(ActType t, std::uint32_t c, std::uint64_t h, std::uint64_t 
 void launch_bn_forward_train(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                              bool nchw, bool relu, const float* gamma, const float* beta, float* run_mean,
                              float* run_var, float* save_mean, float* save_invstd, double* partials, float momentum,
-                             float eps, cudaStream_t s, std::uint32_t pool_w = 0, unsigned given_splits = 0);
+                             float eps, cudaStream_t s, std::uint32_t pool_w = 0, unsigned given_splits = 0,
+                             const void* skip = nullptr);
 // The forward's reduction pass alone (what given_splits spares a training
 // forward): sums of x per channel into partials, no running statistics
 // touched. Returns the splits. For timing what a convolution whose epilogue
@@ -47,8 +52,8 @@ unsigned launch_bn_statistics(const void* x, ActType t, std::uint32_t n, std::ui
                               double* partials, cudaStream_t s);
 void launch_bn_forward_eval(const void* x, void* y, ActType t, std::uint32_t n, std::uint64_t hw, std::uint32_t c,
                             bool nchw, bool relu, const float* gamma, const float* beta, const float* run_mean,
-                            const float* run_var, float eps, double* partials, cudaStream_t s,
-                            std::uint32_t pool_w = 0);
+                            const float* run_var, float eps, double* partials, cudaStream_t s, std::uint32_t pool_w = 0,
+                            const void* skip = nullptr);
 void launch_bn_backward(const void* x, const void* dy, bool relu, void* dx, ActType t, std::uint32_t n,
                         std::uint64_t hw, std::uint32_t c, bool nchw, const float* gamma, const float* beta,
                         const float* save_mean, const float* save_invstd, float* dgamma, float* dbeta, double* partials,

@@ -96,6 +96,7 @@ struct LayerDev {
     bool fwd_one_group = false, dgrad_one_group = false; // tc_conv in one group of warps per block (TcConvShape)
     bool bn_stats = false;     // conv: its forward (tc_conv) also sums the next batch norm's statistics
     bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
+    bool add_next = false;     // batchnorm, relu, a residual block's end: its sum written by the batchnorm
     bool relu_in_gemm = false; // linear followed by relu: the relu's output written by the GEMM where fused
     // Flatten (and heads reading it): the features stay in this NHWC map's
     // order, not the cpu backend's NCHW one; the linear layers that read them
@@ -274,7 +275,11 @@ class CudaTrainer final : public Trainer {
     void plan_first_wgrad_in_dgrad();
     void update(ParamRange r, cudaStream_t s, bool advance = false);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
-    void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned);
+    void backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned,
+                       bool accumulate = false);
+    bool only_reader(std::size_t layer, std::size_t reader) const;
+    bool dgrad_sums_skip(std::size_t begin) const;
+    void* stash_above(std::size_t i) const;
     void turn_filters_ahead(cudaStream_t s);
     void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx,
                          bool dx_written = false);
@@ -337,6 +342,9 @@ class CudaTrainer final : public Trainer {
     // DSTK_FC_FUSED=0: linear layers as plain GEMMs and kernels, flattened
     // features transposed to NCHW (to time one against the other).
     bool fc_fused_ = true;
+    // DSTK_RESIDUAL_FUSED=0: each residual block's sum a pass of its own,
+    // forward and backward (add_next, dgrad_sums_skip).
+    bool residual_fused_ = true;
     // Whether a batch norm right after a direct first convolution leaves its
     // backward to that convolution's weight gradient and the input's moments
     // (first_bn_into_wgrad, settled once at setup; DSTK_FIRST_CONV_BN=0: never).
@@ -577,6 +585,8 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
         dev_[i].pool_next = dev_[i].relu_next && !nchw_ && pool.kind == LayerKind::maxpool && pool.kernel == 2 &&
                             pool.stride == 2 && pool.padding == 0 &&
                             bn_pool_fusable(at_, l.in.c, l.in.h, l.in.w, cfg_.max_batch);
+        dev_[i].add_next = residual_fused_ && dev_[i].relu_next && !dev_[i].pool_next &&
+                           layers()[i + 2].spec.kind == LayerKind::residual_end && only_reader(i + 1, i + 2);
     }
     plan_linear_fusion();
     plan_linear_xent();
@@ -634,6 +644,7 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
 // The switches that turn the engine's fused paths off (man/dstrain.1, ENVIRONMENT).
 void CudaTrainer::read_switches() {
     if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
+    if (const char* e = std::getenv("DSTK_RESIDUAL_FUSED"); e && std::string(e) == "0") residual_fused_ = false;
     if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
     if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
@@ -1494,8 +1505,11 @@ void CudaTrainer::report_rule_choices() {
         for (KernelReport& r : reports_)
             if (r.layer == 0 && r.op == "bwd_filter")
                 r.kernel = "own:in_data_gradient_of_L" + std::to_string(first_wgrad_at_);
-    for (std::size_t i = 0; i < layers().size(); ++i)
+    for (std::size_t i = 0; i < layers().size(); ++i) {
         if (dev_[i].bn_stats) reports_.push_back({i + 1, "fwd", "own:stats_in_conv", ChoiceSource::rule, 0.0});
+        if (dev_[i].add_next) reports_.push_back({i + 2, "fwd", "own:in_batchnorm", ChoiceSource::rule, 0.0});
+        if (dgrad_sums_skip(i)) reports_.push_back({i, "bwd", "cudnn:in_data_gradient", ChoiceSource::rule, 0.0});
+    }
     std::stable_sort(reports_.begin(), reports_.end(),
                      [](const KernelReport& a, const KernelReport& b) { return a.layer < b.layer; });
 }
@@ -1660,18 +1674,19 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
             break;
         case LayerKind::batchnorm: {
             if (i == 1 && training && fuse && first_conv_bn_) break; // forward_first_conv_bn applied it
-            const bool fused = fuse && d.relu_next, pooled = fused && d.pool_next;
-            void* y = pooled ? dev_[i + 2].out : fused ? dev_[i + 1].out : d.out;
+            const bool fused = fuse && d.relu_next, pooled = fused && d.pool_next, summed = fused && d.add_next;
+            void* y = pooled || summed ? dev_[i + 2].out : fused ? dev_[i + 1].out : d.out;
             const std::uint32_t pool_w = pooled ? l.in.w : 0;
+            const void* skip = summed ? input_of(static_cast<std::size_t>(layers()[i + 2].partner)) : nullptr;
             float* rm = states_ + l.state_offset;
             const unsigned given_splits = i > 0 && dev_[i - 1].bn_stats ? stats_splits : 0;
             if (training)
                 launch_bn_forward_train(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
                                         d.aux, d.aux + l.in.c, bn_partials_, static_cast<float>(bn_momentum),
-                                        static_cast<float>(bn_eps), stream_, pool_w, given_splits);
+                                        static_cast<float>(bn_eps), stream_, pool_w, given_splits, skip);
             else
                 launch_bn_forward_eval(x, y, at_, n, hw_in, l.in.c, nchw_, fused, p, p + l.in.c, rm, rm + l.in.c,
-                                       static_cast<float>(bn_eps), bn_partials_, stream_, pool_w);
+                                       static_cast<float>(bn_eps), bn_partials_, stream_, pool_w, skip);
             break;
         }
         case LayerKind::relu: // else the batchnorm or linear layer below wrote the output
@@ -1707,10 +1722,11 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
         case LayerKind::flatten: // features in the cpu backend's (NCHW) order unless only linear layers read them
             if (d.out != x) launch_nhwc_to_nchw(x, d.out, at_, n, l.in.c, std::uint64_t{l.in.h} * l.in.w, stream_);
             break;
-        case LayerKind::residual_begin:
-            break; // aliases its input
-        case LayerKind::residual_end:
-            launch_add(x, input_of(static_cast<std::size_t>(l.partner)), d.out, at_, count, stream_);
+        case LayerKind::residual_begin: // aliases its input
+            break;
+        case LayerKind::residual_end: // else the batchnorm below wrote the sum
+            if (!(fuse && i >= 2 && dev_[i - 2].add_next))
+                launch_add(x, input_of(static_cast<std::size_t>(l.partner)), d.out, at_, count, stream_);
             break;
         }
         mark(i, "fwd");
@@ -1749,9 +1765,45 @@ CudaTrainer::Lane CudaTrainer::weight_lane(bool data_gradient_follows) {
     return {side_->stream(), side_->cudnn(), side_->cublas(), side_ws_, side_cublas_ws_};
 }
 
+// Whether layer `reader` alone reads layer `layer`'s output (no other layer,
+// and no loss).
+bool CudaTrainer::only_reader(std::size_t layer, std::size_t reader) const {
+    for (std::size_t k = 0; k < layers().size(); ++k)
+        if (k != reader && layers()[k].source == static_cast<std::int32_t>(layer)) return false;
+    for (const auto& h : cfg_.plan.heads)
+        if (h.output == layer) return false;
+    return layers()[reader].source == static_cast<std::int32_t>(layer);
+}
+
+// Where a residual block (not on the input) starts with a convolution whose
+// data gradient is cuDNN's, a fused backward has cuDNN sum that gradient
+// into the skip path's (the block end's stash; beta 1) and the block's start
+// adds nothing: one rounding of the sum in place of two, no pass of its own.
+bool CudaTrainer::dgrad_sums_skip(std::size_t begin) const {
+    if (!residual_fused_ || begin + 1 >= layers().size()) return false;
+    const LayerPlan& b = layers()[begin];
+    return b.spec.kind == LayerKind::residual_begin && b.source >= 0 &&
+           layers()[begin + 1].spec.kind == LayerKind::conv && !dev_[begin + 1].tc_dgrad &&
+           only_reader(begin, begin + 1);
+}
+
+// Where layer i alone reads a residual block's end whose branch ends with a
+// fused bn, relu (add_next), a fused backward has i write its data gradient
+// into the end's stash, where the skip path keeps it (no copy): the branch
+// reads it there on the main stream alone (the batch norm's backward) before
+// its first convolution's data gradient adds to it (dgrad_sums_skip).
+void* CudaTrainer::stash_above(std::size_t i) const {
+    const std::int32_t r = layers()[i].source;
+    if (r < 2 || layers()[static_cast<std::size_t>(r)].spec.kind != LayerKind::residual_end) return nullptr;
+    const auto end = static_cast<std::size_t>(r);
+    return dev_[end - 2].add_next && only_reader(end, i) ? dev_[end].stash : nullptr;
+}
+
 // Layer i's weight gradient (and bias gradient) from dy, then dx where needed.
 // turned: the step turned this layer's filters for the data gradient ahead (turn_filters_ahead).
-void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned) {
+// accumulate: dx += the data gradient (cuDNN's, dgrad_sums_skip).
+void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool turned,
+                                bool accumulate) {
     const float one = 1.0f, zero = 0.0f;
     const BatchDescs& bd = descs(n);
     const LayerPlan& l = layers()[i];
@@ -1788,6 +1840,7 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     if (!(i == 0 && direct_first_) && !d.tc_wgrad)
         launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
     mark(i, "bwd filter");
+    if (accumulate && (!need_dx || d.tc_dgrad)) throw std::logic_error("a data gradient summed into one not cuDNN's");
     if (need_dx && d.tc_dgrad && i == first_wgrad_at_ && leave_first_bn_ && turned) {
         // Into partials in workspace_, which nothing on stream_ uses before the first layer's backward reads them.
         const TcConvFirstWgrad f{input_of(0), first_relu_out(true), static_cast<float*>(workspace_), direct_shape(n)};
@@ -1799,7 +1852,8 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         require_fit(bd.unfit[i].bwd_data);
         CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_data, bd.algos[i].data_math));
         CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
-                                                 bd.algos[i].bwd_data, workspace_, workspace_bytes_, &zero, xd, dx));
+                                                 bd.algos[i].bwd_data, workspace_, workspace_bytes_,
+                                                 accumulate ? &one : &zero, xd, dx));
     }
 }
 
@@ -1846,6 +1900,11 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
     const std::uint64_t count_in = std::uint64_t{n} * l.in.numel(), hw_in = std::uint64_t{l.in.h} * l.in.w;
     switch (l.spec.kind) {
     case LayerKind::conv: // a fused backward is step_body's, which turned the filters ahead
+        if (fuse && i > 0 && dgrad_sums_skip(i - 1)) {
+            void* sum = dev_[static_cast<std::size_t>(layers()[i - 1].partner)].stash;
+            backward_conv(i, n, dy, sum, need_dx, fuse, true);
+            return sum;
+        }
         backward_conv(i, n, dy, dx, need_dx, fuse);
         return dx;
     case LayerKind::batchnorm: {
@@ -1916,11 +1975,12 @@ const void* CudaTrainer::backward_layer(std::size_t i, std::uint32_t n, const vo
             return dy;
         return dx;
     case LayerKind::residual_end:
-        launch_copy(dy, d.stash, at_, count_in, stream_);
+        if (dy != d.stash) launch_copy(dy, d.stash, at_, count_in, stream_); // else the layer above wrote it there
         if (i != 0) return dy;
         launch_copy(dy, dx, at_, count_in, stream_);
         return dx;
     case LayerKind::residual_begin:
+        if (fuse && dgrad_sums_skip(i)) return dy; // the convolution above summed its data gradient into the stash
         launch_add(dy, dev_[static_cast<std::size_t>(l.partner)].stash, dx, at_, count_in, stream_);
         return dx;
     }
@@ -1951,7 +2011,7 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
             if (heads[h].output == i) dy = heads_[h].dz;
         if (static_cast<std::int32_t>(i) == trunk_end) dy = trunk_grad_;
         const bool first = layers()[i].source < 0;
-        void* dx = first ? input_grad_ : gbuf_.next(dy, stream_);
+        void* dx = first ? input_grad_ : fuse && stash_above(i) ? stash_above(i) : gbuf_.next(dy, stream_);
         if (i == early && upper != npos) upper_->wait_for(*side_); // the weight gradients from upper up, not i's
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
