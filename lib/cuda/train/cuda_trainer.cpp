@@ -183,7 +183,7 @@ class CudaTrainer final : public Trainer {
     Metrics take_eval_metrics() override { return take(eval_phase, eval_samples_); }
     std::optional<std::uint64_t> first_nonfinite_step() override;
     std::uint64_t steps() const override { return step_; }
-    void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void synchronize() override { sync_main(); }
     void* compute_stream() const override { return stream_; }
     void* input_stream() const override { return in_->stream(); }
     bool reads_rows() const override { return true; } // convert() reads every field through its rows
@@ -213,8 +213,7 @@ class CudaTrainer final : public Trainer {
     std::vector<float> read_states() override { return download(states_, cfg_.plan.states); }
     void write_parameters(std::span<const float> p) override {
         if (p.size() != cfg_.plan.params) throw runtime_error("write_parameters: wrong size");
-        after_lane_ = false;
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        sync_main();
         CUDA_CHECK(cudaMemcpy(params_, p.data(), p.size_bytes(), cudaMemcpyHostToDevice));
         refresh_copies();
     }
@@ -312,9 +311,15 @@ class CudaTrainer final : public Trainer {
     void losses(std::uint32_t n, Phase phase, bool want_grad, bool fuse);
     void linear_xent(std::uint32_t n, Phase phase, bool want_grad);
     Metrics take(Phase phase, std::uint64_t& samples);
+    // The host waits for the main stream (and so for any lane step it waits
+    // for); what it enqueues after comes before the next lane step (after_lane_).
+    void sync_main() {
+        after_lane_ = false;
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
     std::vector<float> download(const float* p, std::uint64_t count) {
         std::vector<float> out(count);
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        sync_main();
         CUDA_CHECK(cudaMemcpy(out.data(), p, count * sizeof(float), cudaMemcpyDeviceToHost));
         return out;
     }
@@ -470,7 +475,8 @@ class CudaTrainer final : public Trainer {
     bool graph_overlaps_ = false; // the training graphs were captured so
     bool overlapping_ = false;    // while one is captured
     // The last work enqueued was a lane's step: the next one waits for its
-    // main chain alone. Whatever else enqueues on the main stream clears it.
+    // main chain alone. The main stream's work comes after a conversion for
+    // it (convert) or after a host wait for it (sync_main), which clear it.
     bool after_lane_ = false;
     std::size_t overlap_x_ = npos;
     void* xbuf_[InputSets::count] = {};
@@ -706,7 +712,7 @@ void CudaTrainer::profile_layers(int steps) {
         mark(~std::size_t{0}, "start");
         step_body(n);
         marks_ = nullptr;
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        sync_main();
         for (std::size_t k = 1; k < marks.size(); ++k) {
             float ms = 0.0f;
             CUDA_CHECK(cudaEventElapsedTime(&ms, marks[k - 1].second, marks[k].second));
@@ -732,7 +738,7 @@ void CudaTrainer::profile_layers(int steps) {
     zero_batch.size = n;
     const double convert_ms = time_on_stream(
         in_->stream(), [&] { convert(zero_batch, true); }, 50);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
     cudaFree(xin);
     double sum = 0.0;
     for (auto& [k, v] : total) sum += v / steps;
@@ -916,8 +922,7 @@ void CudaTrainer::alias_input_set() {
 // before the capture: NCCL sets up its connections on first use, with calls
 // a capture does not allow.
 void CudaTrainer::set_reducer(dist::Reducer* reducer) {
-    after_lane_ = false;
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
     if (reducer) {
         reducer->broadcast_device(params_, cfg_.plan.params, stream_);
         reducer->average_device(grads_, cfg_.plan.params, stream_); // grads_ is overwritten by every backward pass
@@ -931,9 +936,8 @@ void CudaTrainer::set_reducer(dist::Reducer* reducer) {
 // over the ranks is what evaluation and saved models use.
 void CudaTrainer::average_states() {
     if (!reducer_ || cfg_.plan.states == 0) return;
-    after_lane_ = false;
     reducer_->average_device(states_, cfg_.plan.states, stream_);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
 }
 
 CudaTrainer::~CudaTrainer() {
@@ -1532,12 +1536,12 @@ void CudaTrainer::report_updates() {
 
 void CudaTrainer::refresh_copies() {
     launch_gather_weights(params_, map_, wcopy_, at_, map_host_.size(), stream_);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
 }
 
 std::vector<float> CudaTrainer::download_act(const void* p, std::uint64_t count) {
     std::vector<float> out(count);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
     if (at_ == ActType::f32) {
         CUDA_CHECK(cudaMemcpy(out.data(), p, count * 4, cudaMemcpyDeviceToHost));
         return out;
@@ -1605,6 +1609,7 @@ void CudaTrainer::convert(const StepFields& b, bool training, bool on_lane) {
     }
     data::convert_fields_async({f, count}, b.size, in_->stream());
     in_->hand_over(on_lane ? lanes_[k] : stream_);
+    if (!on_lane) after_lane_ = false; // the main stream's work follows
 }
 
 // Column-major C[m][n] = op(A) op(B) with float accumulation, the
@@ -2243,7 +2248,6 @@ void CudaTrainer::train_step(const Batch& batch) {
     if (on_lane) {
         launch_on_lane();
     } else {
-        after_lane_ = false;
         if (graph)
             CUDA_CHECK(cudaGraphLaunch(train_graph_[in_->current()], stream_));
         else
@@ -2271,7 +2275,6 @@ void CudaTrainer::launch_on_lane() {
 void CudaTrainer::evaluate(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    after_lane_ = false;
     convert(b, false);
     if (b.size == cfg_.max_batch) {
         CUDA_CHECK(cudaGraphLaunch(eval_graph_[in_->current()], stream_));
@@ -2285,12 +2288,11 @@ void CudaTrainer::evaluate(const Batch& batch) {
 void CudaTrainer::compute_gradients(const Batch& batch) {
     const StepFields b = step_fields(cfg_, batch);
     last_n_ = b.size;
-    after_lane_ = false;
     convert(b, false);
     forward(b.size, true, false);
     losses(b.size, scratch_phase, true, false);
     backward(b.size, true, false);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
 }
 
 HeadLossArgs CudaTrainer::head_loss_args(std::size_t h, std::uint32_t n, Phase phase, bool want_grad) const {
@@ -2350,8 +2352,7 @@ Metrics CudaTrainer::take(Phase phase, std::uint64_t& samples) {
     const MetricsBlock& block = metrics_[phase];
     std::vector<DeviceHeadMetrics> counters(heads_.size());
     std::vector<double> sums(metric_sums_);
-    after_lane_ = false; // the counters' reset below, on the main stream, comes before the next step
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main(); // the counters' reset below, on the main stream, comes before the next step
     CUDA_CHECK(
         cudaMemcpy(counters.data(), block.heads, counters.size() * sizeof(DeviceHeadMetrics), cudaMemcpyDeviceToHost));
     if (!sums.empty())
@@ -2384,7 +2385,7 @@ Metrics CudaTrainer::take(Phase phase, std::uint64_t& samples) {
 
 std::optional<std::uint64_t> CudaTrainer::first_nonfinite_step() {
     unsigned long long v = 0;
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
     CUDA_CHECK(cudaMemcpy(&v, metrics_[train_phase].first_nonfinite, 8, cudaMemcpyDeviceToHost));
     if (v == ~0ull) return std::nullopt;
     return v;
@@ -2399,8 +2400,7 @@ std::vector<std::uint8_t> CudaTrainer::save_state() {
 void CudaTrainer::load_state(std::span<const std::uint8_t> blob) {
     std::vector<float> p(cfg_.plan.params), s(cfg_.plan.states), slots(cfg_.plan.params * cfg_.optimizer.slots());
     step_ = unpack_state(blob, p, s, slots);
-    after_lane_ = false;
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_main();
     CUDA_CHECK(cudaMemcpy(params_, p.data(), p.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(states_, s.data(), s.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(slots_, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
