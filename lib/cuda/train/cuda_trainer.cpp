@@ -2016,7 +2016,8 @@ void CudaTrainer::backward(std::uint32_t n, bool want_input_grad, bool fuse, std
             if (heads[h].output == i) dy = heads_[h].dz;
         if (static_cast<std::int32_t>(i) == trunk_end) dy = trunk_grad_;
         const bool first = layers()[i].source < 0;
-        void* dx = first ? input_grad_ : fuse && stash_above(i) ? stash_above(i) : gbuf_.next(dy, stream_);
+        void* const stash = fuse ? stash_above(i) : nullptr;
+        void* dx = first ? input_grad_ : stash ? stash : gbuf_.next(dy, stream_);
         if (i == early && upper != npos) upper_->wait_for(*side_); // the weight gradients from upper up, not i's
         dy = backward_layer(i, n, dy, dx, !first || want_input_grad, fuse);
         mark(i, layers()[i].spec.kind == LayerKind::conv ? "bwd data" : "bwd");
