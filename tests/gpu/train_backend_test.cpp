@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -1115,7 +1116,7 @@ TEST(TrainGpu, ResidualSumsInTheirNeighboursTrainLikeTheirOwnPasses) {
                 EXPECT_FALSE(reports_kernel(*plain, end, "own:in_batchnorm"));
                 bool cudnn_dgrad = false; // the branch's first layer's data gradient, where a convolution
                 for (const KernelReport& r : fused->kernel_choices())
-                    if (r.layer == begin + 1 && r.op == "bwd_data") cudnn_dgrad = r.kernel.rfind("cudnn:", 0) == 0;
+                    if (r.layer == begin + 1 && r.op == "bwd_data") cudnn_dgrad = r.kernel.rfind("cudnn", 0) == 0;
                 EXPECT_EQ(reports_kernel(*fused, begin, "cudnn:in_data_gradient"), cudnn_dgrad) << "L" << begin;
                 EXPECT_FALSE(reports_kernel(*plain, begin, "cudnn:in_data_gradient"));
             }
@@ -1138,6 +1139,65 @@ TEST(TrainGpu, ResidualSumsInTheirNeighboursTrainLikeTheirOwnPasses) {
                 if (line.find("in_batchnorm") != std::string::npos ||
                     line.find("in_data_gradient") != std::string::npos)
                     std::printf("  %s\n", line.c_str());
+        }
+}
+
+// cuDNN's graph-API kernels (cudnn_graph.hpp; DSTK_CUDNN_GRAPH=1 on every
+// convolution and DSTK_CONV_KERNELS=graph: the first allowed configuration
+// of each operation wherever there is one, untimed) against the trainer
+// without them (DSTK_CUDNN_GRAPH=0) and the cpu backend, and none by the
+// default rule on these small convolutions: a residual block whose first convolution's data gradient
+// adds into the skip path's (the beta-1 plan), a last partial batch (the
+// legacy algorithms at that size), odd channel counts (where the graph API
+// may offer nothing). None in fp32.
+TEST(TrainGpu, GraphApiConvolutionsTrainLikeTheLegacyAlgorithms) {
+    REQUIRE_GPU();
+    const std::string specs[] = {
+        "conv3x3:16,bn,relu,conv3x3:32,bn,relu,maxpool2,res(conv3x3:32,bn,relu,conv3x3:32,bn,relu),gap,fc:10",
+        "conv3x3:6,bn,relu,conv3x3:12,bn,relu,flatten,fc:10"};
+    const TensorShape in{3, 12, 12};
+    const std::uint32_t batch = 20;
+    const Data d = make_random_data(in, 10, batch * 7, 47);
+    const DeviceData dd(d);
+    for (const auto& [p, tol] : fused_tolerances)
+        for (const std::string& spec : specs) {
+            SCOPED_TRACE(spec + " " + std::string(precision_name(p)));
+            const TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, p, OptimizerKind::adamw);
+            auto train = [&](const char* name, const char* value) {
+                auto t = made_with(name, value, c);
+                run_steps(*t, dd, in, batch, 0, 4);
+                t->train_step(
+                    step_batch(t->config(), dd.xs() + std::uint64_t{4} * batch * in.numel(), dd.ys() + 4 * batch, 13));
+                return t;
+            };
+            setenv("DSTK_CUDNN_GRAPH", "1", 1); // not only bf16 convolutions of 8 GFLOP and more
+            auto graph = train("DSTK_CONV_KERNELS", "graph");
+            unsetenv("DSTK_CUDNN_GRAPH");
+            auto legacy = train("DSTK_CUDNN_GRAPH", "0");
+            for (const KernelReport& r : made_with("DSTK_CONV_KERNELS", "graph", c)->kernel_choices())
+                EXPECT_NE(r.kernel.rfind("cudnn-graph:", 0), 0u) << "the default rule took " << r.kernel;
+            std::set<std::string> ops; // the operations a graph-API kernel took
+            for (const KernelReport& r : graph->kernel_choices())
+                if (r.kernel.rfind("cudnn-graph:", 0) == 0) ops.insert(r.op);
+            for (const KernelReport& r : legacy->kernel_choices())
+                EXPECT_NE(r.kernel.rfind("cudnn-graph:", 0), 0u) << "DSTK_CUDNN_GRAPH=0 took " << r.kernel;
+            if (p == Precision::fp32)
+                EXPECT_TRUE(ops.empty()) << "a graph-API kernel in fp32";
+            else if (spec == specs[0])
+                EXPECT_EQ(ops.size(), 3u) << "forward, data and weight gradients at 32 channels";
+            Checker check;
+            check("parameters after 5 steps", graph->read_parameters(), legacy->read_parameters(), tol);
+            check("BN running statistics after 5 steps", graph->read_states(), legacy->read_states(), tol);
+            auto cpu = make_trainer(config(spec, in, 10, batch, Backend::cpu, Precision::fp32, OptimizerKind::adamw));
+            for (std::uint32_t s = 0; s < 5; ++s)
+                cpu->train_step(step_batch(cpu->config(), d.x.data() + std::uint64_t{s} * batch * in.numel(),
+                                           d.y.data() + s * batch, s < 4 ? batch : 13));
+            check("parameters after 5 steps against the cpu", graph->read_parameters(), cpu->read_parameters(),
+                  p == Precision::fp32 ? 1e-3 : 2 * tol);
+            std::printf("%-100s %-5s worst %.2e (%s)\n", spec.c_str(), std::string(precision_name(p)).c_str(),
+                        check.worst, check.worst_what.c_str());
+            for (const std::string& line : kernel_choice_lines(graph->kernel_choices(), c.plan))
+                if (line.find("cudnn-graph") != std::string::npos) std::printf("  %s\n", line.c_str());
         }
 }
 

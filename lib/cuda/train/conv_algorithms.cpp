@@ -86,9 +86,9 @@ namespace {
 
 constexpr int timing_rounds = 7, launches_per_round = 3;
 constexpr double warm_up_ms = 200.0;
-// Bumped when dstk's own convolution kernels change, so that cached choices
-// between them and cuDNN's are made again.
-constexpr const char* own_kernel_set = "11";
+// Bumped when dstk's own convolution kernels or the candidates beside them
+// change, so that cached choices among them are made again.
+constexpr const char* own_kernel_set = "12";
 
 std::string math_name(cudnnMathType_t m) {
     switch (m) {
@@ -224,9 +224,12 @@ std::vector<CandidateTimes> ConvChooser::time_candidates(const std::vector<std::
     return times;
 }
 
+// The legacy algorithms first, then graph, then own (the heuristic pick is
+// the first own kernel where there is one, else the legacy list's first).
 template <class Perf>
 Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
-                         const std::function<bool(const Perf&)>& run, const std::vector<OwnKernel>& own, int* use_own) {
+                         const std::function<bool(const Perf&)>& run, const std::vector<KernelCandidate>& graph,
+                         const std::vector<KernelCandidate>& own, int* use_graph, int* use_own) {
     std::vector<Perf> cands;
     for (int j = 0; j < count; ++j)
         if (usable(list[j], s_.workspace_bytes, s_.precision, s_.deterministic) &&
@@ -236,19 +239,24 @@ Perf ConvChooser::decide(const Perf* list, int count, const std::string& op, con
     if (cands.empty()) throw no_algorithm(s_, layer, op.c_str());
     std::vector<std::string> names;
     for (const auto& p : cands) names.push_back(candidate_name(p));
-    const std::size_t first_own = names.size(); // own kernels after cuDNN's: index - first_own in `own`
+    const std::size_t first_graph = names.size();
+    for (const auto& g : graph) names.push_back(g.name);
+    const std::size_t first_own = names.size(); // own kernels last: index - first_own in `own`
     for (const auto& o : own) names.push_back(o.name);
     std::size_t idx = 0;
-    if (!own.empty() && own_force_) {
-        idx = first_own;
+    if ((!own.empty() && own_force_) || (!graph.empty() && graph_force_)) {
+        idx = !graph.empty() && graph_force_ ? first_graph : first_own;
         reports_.push_back({layer, op, names[idx], ChoiceSource::rule, 0.0});
     } else {
         idx = pick_named(key.text(), layer, op, names, own.empty() ? 0 : first_own, [&](std::size_t j) {
-            return j >= first_own ? (own[j - first_own].run(), true) : run(cands[j]);
+            if (j >= first_own) return own[j - first_own].run();
+            if (j >= first_graph) return graph[j - first_graph].run();
+            return run(cands[j]);
         });
     }
-    if (use_own) *use_own = idx >= first_own ? static_cast<int>(idx - first_own) : -1;
-    return idx >= first_own ? cands.front() : cands[idx];
+    *use_own = idx >= first_own ? static_cast<int>(idx - first_own) : -1;
+    *use_graph = idx >= first_graph && idx < first_own ? static_cast<int>(idx - first_graph) : -1;
+    return idx >= first_graph ? cands.front() : cands[idx];
 }
 
 // The KernelMode's rules for one decision among named candidates: the
@@ -297,15 +305,19 @@ std::size_t ConvChooser::choose_variant(const std::string& key, std::size_t laye
 }
 
 ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own,
-                              OwnUse* used) {
-    OwnUse u;
+                              KernelUse* used, const GraphKernels& graph) {
+    KernelUse u;
     const float one = 1.0f, zero = 0.0f;
     const Ranked r = heuristic_lists(s_, c);
     own_force_ = own.force;
+    graph_force_ = graph.force;
     ConvKey k = key;
     ConvAlgos a;
     const bool saves = !own.fwd.empty() && own.fwd_pass_saved;
     k.op = saves ? "fwd_bn_stats" : "fwd";
+    std::vector<KernelCandidate> graph_fwd = graph.fwd; // doing the pass own.fwd saves, as cuDNN's algorithms do
+    if (saves)
+        for (auto& g : graph_fwd) g.run = [run = g.run, &own] { return run() && (own.fwd_pass_saved(), true); };
     const auto f = decide<cudnnConvolutionFwdAlgoPerf_t>(
         r.fwd, r.fwd_count, "fwd", k, layer,
         [&](const cudnnConvolutionFwdAlgoPerf_t& p) {
@@ -316,7 +328,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
             if (ok && saves) own.fwd_pass_saved();
             return ok;
         },
-        own.fwd, &u.fwd);
+        graph_fwd, own.fwd, &u.graph_fwd, &u.fwd);
     a.fwd = f.algo;
     a.fwd_math = f.mathType;
     k.op = "bwd_data";
@@ -328,7 +340,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
                                                 s_.workspace, s_.workspace_bytes, &zero, c.x,
                                                 c.dx_data) == CUDNN_STATUS_SUCCESS;
         },
-        own.dgrad, &u.dgrad);
+        graph.dgrad, own.dgrad, &u.graph_dgrad, &u.dgrad);
     a.bwd_data = g.algo;
     a.data_math = g.mathType;
     k.op = "bwd_filter";
@@ -340,7 +352,7 @@ ConvAlgos ConvChooser::choose(const ConvCall& c, const ConvKey& key, std::size_t
                                                   s_.workspace, s_.workspace_bytes, &zero, c.w,
                                                   c.dw_data) == CUDNN_STATUS_SUCCESS;
         },
-        own.wgrad, &u.wgrad);
+        graph.wgrad, own.wgrad, &u.graph_wgrad, &u.wgrad);
     a.bwd_filter = w.algo;
     a.filter_math = w.mathType;
     if (used) *used = u;

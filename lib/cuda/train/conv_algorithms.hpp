@@ -56,28 +56,36 @@ struct ConvCall {
 // up to `limit`.
 std::uint64_t conv_workspace_need(const ConvSearch& s, const ConvCall& c, std::uint64_t limit);
 
-// What a layer may run besides cuDNN's algorithms: dstrain's own kernels,
-// each a candidate under its name where it applies (none where not), run
-// once at the planned batch on the search's stream when timed (with the
-// call's buffers).
-struct OwnKernel {
-    std::string name; // as reports and the choice cache name it, e.g. "own:tc_conv"
-    std::function<void()> run;
+// What a layer may run besides the legacy API's algorithms, each a candidate
+// under its name where it applies (none where not), run once at the planned
+// batch on the search's stream when timed (with the call's buffers).
+struct KernelCandidate {
+    std::string name;          // as reports and the choice cache name it, e.g. "own:tc_conv"
+    std::function<bool()> run; // false: it could not run (left out of the timing)
 };
+// cuDNN's graph-API configurations of each operation (cudnn_graph.hpp),
+// timed beside the legacy algorithms at the planned batch size; at other
+// batch sizes the legacy choice runs (fit_conv_algorithms).
+struct GraphKernels {
+    std::vector<KernelCandidate> fwd, dgrad, wgrad;
+    bool force = false; // DSTK_CONV_KERNELS=graph: the first of each list, wherever there is one, untimed
+};
+// dstrain's own kernels.
 struct OwnKernels {
-    std::vector<OwnKernel> fwd; // tc_conv.cu, in its variants
+    std::vector<KernelCandidate> fwd; // tc_conv.cu, in its variants
     // Where fwd also does what a pass after cuDNN's forward would (the next
     // batch norm's statistics, summed in tc_conv's epilogue): that pass, run
     // after each cuDNN candidate when timed, so that both sides do the same
     // work; such a choice is kept under its own key (op fwd_bn_stats).
     std::function<void()> fwd_pass_saved;
-    std::vector<OwnKernel> dgrad; // tc_conv.cu
-    std::vector<OwnKernel> wgrad; // tc_wgrad.cu
-    bool force = false;           // DSTK_CONV_KERNELS=own: the first of each list, wherever one applies, untimed
+    std::vector<KernelCandidate> dgrad; // tc_conv.cu
+    std::vector<KernelCandidate> wgrad; // tc_wgrad.cu
+    bool force = false;                 // DSTK_CONV_KERNELS=own: the first of each list, wherever one applies, untimed
 };
-// Which of them a choice took: the index in its list, or -1 (cuDNN's).
-struct OwnUse {
-    int fwd = -1, dgrad = -1, wgrad = -1;
+// Which of them a choice took: the index in its list, or -1 (another's).
+struct KernelUse {
+    int fwd = -1, dgrad = -1, wgrad = -1;                   // OwnKernels
+    int graph_fwd = -1, graph_dgrad = -1, graph_wgrad = -1; // GraphKernels
 };
 
 // Chooses each convolution's kernels for the planned batch by the
@@ -88,7 +96,8 @@ struct OwnUse {
 class ConvChooser {
   public:
     ConvChooser(const ConvSearch& s, KernelMode mode, ChoiceCache* cache, std::string identity);
-    ConvAlgos choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own, OwnUse* used);
+    ConvAlgos choose(const ConvCall& c, const ConvKey& key, std::size_t layer, const OwnKernels& own, KernelUse* used,
+                     const GraphKernels& graph = {});
     // A choice among whole variants of the step (graphs captured each way),
     // by the same rules: `launch(j)` runs variant j once on the search's
     // stream; key is one word naming what the variants depend on. Variant 0
@@ -102,7 +111,8 @@ class ConvChooser {
   private:
     template <class Perf>
     Perf decide(const Perf* list, int count, const std::string& op, const ConvKey& key, std::size_t layer,
-                const std::function<bool(const Perf&)>& run, const std::vector<OwnKernel>& own, int* use_own);
+                const std::function<bool(const Perf&)>& run, const std::vector<KernelCandidate>& graph,
+                const std::vector<KernelCandidate>& own, int* use_graph, int* use_own);
     std::size_t pick_named(const std::string& key, std::size_t layer, const std::string& op,
                            const std::vector<std::string>& names, std::size_t heuristic,
                            const std::function<bool(std::size_t)>& launch);
@@ -114,7 +124,7 @@ class ConvChooser {
     KernelMode mode_;
     ChoiceCache* cache_;
     std::string device_identity_text_;
-    bool warm_ = false, own_force_ = false;
+    bool warm_ = false, own_force_ = false, graph_force_ = false;
     std::vector<KernelReport> reports_;
 };
 

@@ -36,6 +36,7 @@
 #include "train/batchnorm.hpp"
 #include "train/conv_algorithms.hpp"
 #include "train/cudnn_check.hpp"
+#include "train/cudnn_graph.hpp"
 #include "train/direct_conv.hpp"
 #include "train/elementwise.hpp"
 #include "train/epilogue_gemm.hpp"
@@ -105,6 +106,11 @@ struct LayerDev {
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
     ConvAlgos algos; // for max_batch
+    // conv: cuDNN graph-API configurations, each operation's candidates
+    // until find_algorithms, then the chosen one (null: another kernel).
+    // They run at max_batch only; other batch sizes run algos' fitting.
+    std::vector<std::shared_ptr<GraphConv>> graph_cands[3];
+    std::shared_ptr<GraphConv> graph_fwd, graph_dgrad, graph_wgrad;
 };
 
 // Tensor descriptors and algorithms for one batch size.
@@ -234,6 +240,8 @@ class CudaTrainer final : public Trainer {
     void layout_metrics(Arena& a);
     void create_layer_descriptors();
     void find_algorithms();
+    std::uint64_t plan_graph_convs(std::size_t i);
+    GraphKernels graph_kernels(std::size_t i);
     ConvSearch search() const;
     ConvKey conv_key(std::size_t i) const;
     ConvCall conv_call(const BatchDescs& bd, std::size_t i) const;
@@ -344,6 +352,7 @@ class CudaTrainer final : public Trainer {
     bool nchw_ = false;
     bool direct_first_ = false; // layer 0 is a convolution run by direct_conv.cu
     bool force_own_ = false;    // DSTK_CONV_KERNELS=own: our kernels wherever they apply, untimed
+    bool force_graph_ = false;  // DSTK_CONV_KERNELS=graph: cuDNN's graph-API kernels wherever allowed, untimed
     // DSTK_FC_FUSED=0: linear layers as plain GEMMs and kernels, flattened
     // features transposed to NCHW (to time one against the other).
     bool fc_fused_ = true;
@@ -358,6 +367,12 @@ class CudaTrainer final : public Trainer {
     // that convolution's epilogue (plan_conv_bn_stats; DSTK_CONV_BN_STATS=0:
     // never).
     bool conv_bn_stats_ = true;
+    // For which operations (fwd, bwd_data, bwd_filter) cuDNN's graph-API
+    // configurations are timed beside its legacy algorithms, and whether on
+    // every convolution, not only by the default rule (plan_graph_convs;
+    // DSTK_CUDNN_GRAPH).
+    bool graph_ops_[3] = {true, true, true};
+    bool graph_everywhere_ = false;
     // The layer whose tc_conv data gradient also sums the first convolution's
     // weight gradient (TcConvFirstWgrad; plan_first_wgrad_in_dgrad;
     // DSTK_FIRST_WGRAD_FUSED=0: none), or 0: none; and the partials rows it
@@ -653,6 +668,12 @@ void CudaTrainer::read_switches() {
     if (const char* e = std::getenv("DSTK_RESIDUAL_FUSED"); e && std::string(e) == "0") residual_fused_ = false;
     if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
     if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
+    if (const char* e = std::getenv("DSTK_CUDNN_GRAPH"); e && *e) {
+        const std::string v = std::string(",") + e + ",";
+        const char* names[3] = {",fwd,", ",bwd_data,", ",bwd_filter,"};
+        for (int op = 0; op < 3; ++op) graph_ops_[op] = v == ",1," || v.find(names[op]) != std::string::npos;
+        graph_everywhere_ = true;
+    }
     if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
     if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
     if (const char* e = std::getenv("DSTK_OVERLAP_STEPS"); e && *e) overlap_steps_ = std::string(e) != "0";
@@ -1228,6 +1249,7 @@ void CudaTrainer::create_layer_descriptors() {
     const char* env = std::getenv("DSTK_CONV_KERNELS");
     const bool own = !(env && std::string(env) == "cudnn");
     force_own_ = env && std::string(env) == "own";
+    force_graph_ = env && std::string(env) == "graph";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
     if (direct_first_)
@@ -1244,6 +1266,8 @@ void CudaTrainer::create_layer_descriptors() {
         dev_[i].tc_dgrad = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, true));
         if (dev_[i].tc_dgrad) ws = std::max(ws, tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
     }
+    for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i)
+        if (layers()[i].spec.kind == LayerKind::conv) ws = std::max(ws, plan_graph_convs(i));
     workspace_bytes_ = ws;
 }
 
@@ -1290,6 +1314,63 @@ ChoiceCache CudaTrainer::choice_cache(const DeviceIdentity& id) const {
 
 // Chooses each convolution's kernels once, for max_batch, with the planned
 // buffers and workspace, by cfg_.kernels' rules; stores what was timed.
+// Layer i's graph-API candidates (none in fp32, whose float math they do
+// not keep to, nor where the kernels are not timed); the largest workspace
+// they need. By default only in bf16 and on convolutions of at least
+// graph_min_flop a pass at the planned batch: there they made resnet9's step
+// faster; on ref-cnn's smaller ones, and in tf32, kernels that won their
+// timing alone made the step slower (they run beside the side stream's
+// weight gradients). DSTK_CUDNN_GRAPH lifts the rule.
+std::uint64_t CudaTrainer::plan_graph_convs(std::size_t i) {
+    if (cfg_.precision == Precision::fp32 || cfg_.kernels == KernelMode::heuristic) return 0;
+    const LayerPlan& l = layers()[i];
+    constexpr double graph_min_flop = 8e9;
+    const double flop = 2.0 * cfg_.max_batch * l.out.h * l.out.w * l.out.c * (i == 0 ? input_.c : l.in.c) *
+                        l.spec.kernel * l.spec.kernel;
+    if (!graph_everywhere_ && (cfg_.precision != Precision::bf16 || flop < graph_min_flop)) return 0;
+    GraphConvShape s;
+    s.n = cfg_.max_batch;
+    s.c = i == 0 ? input_.c : l.in.c;
+    s.h = i == 0 ? input_.h : l.in.h;
+    s.w = i == 0 ? input_.w : l.in.w;
+    s.k = l.out.c;
+    s.oh = l.out.h;
+    s.ow = l.out.w;
+    s.kernel = l.spec.kernel;
+    s.pad = l.spec.padding;
+    s.stride = l.spec.stride;
+    s.nchw = nchw_;
+    s.type = cudnn_type_;
+    GraphConvRules r;
+    r.deterministic = cfg_.deterministic;
+    r.workspace_limit = cfg_.workspace_limit;
+    std::uint64_t ws = 0;
+    for (const ConvOp op : {ConvOp::fwd, ConvOp::bwd_data, ConvOp::bwd_filter}) {
+        if (!graph_ops_[static_cast<int>(op)]) continue;
+        auto& to = dev_[i].graph_cands[static_cast<int>(op)];
+        to = graph_conv_candidates(cudnn_, s, op, r);
+        for (const auto& g : to) ws = std::max(ws, g->workspace());
+    }
+    return ws;
+}
+
+// Layer i's graph-API candidates as the chooser times them: on the buffers
+// conv_call names, on the search's stream.
+GraphKernels CudaTrainer::graph_kernels(std::size_t i) {
+    LayerDev& d = dev_[i];
+    void* x = const_cast<void*>(input_of(i));
+    GraphKernels k;
+    k.force = force_graph_;
+    const auto add = [&](std::vector<KernelCandidate>& to, ConvOp op, void* a, void* w, void* y) {
+        for (const auto& g : d.graph_cands[static_cast<int>(op)])
+            to.push_back({g->name(), [this, g, a, w, y] { return g->run(cudnn_, a, w, y, workspace_); }});
+    };
+    add(k.fwd, ConvOp::fwd, x, d.wk, d.out);
+    add(k.dgrad, ConvOp::bwd_data, gbuf_[1], d.wk, gbuf_[0]);
+    add(k.wgrad, ConvOp::bwd_filter, x, d.gk, gbuf_[0]);
+    return k;
+}
+
 void CudaTrainer::find_algorithms() {
     const DeviceIdentity id = device_identity(cfg_.device.index);
     ChoiceCache cache = choice_cache(id);
@@ -1311,13 +1392,13 @@ void CudaTrainer::find_algorithms() {
             // tc_conv in blocks of groups and, where that differs, in one group
             // per block (the variant at index one_group: faster on some shapes).
             constexpr int one_group = 1;
-            const auto tc_variants = [&](std::vector<OwnKernel>& to, bool dgrad, auto run) {
+            const auto tc_variants = [&](std::vector<KernelCandidate>& to, bool dgrad, auto run) {
                 TcConvShape s = conv_shape(i, cfg_.max_batch, dgrad);
                 s.one_group = false;
-                to.push_back({"own:tc_conv", [run, s] { run(s); }});
+                to.push_back({"own:tc_conv", [run, s] { return run(s), true; }});
                 if (tc_conv_groups(s) == 1) return;
                 s.one_group = true;
-                to.push_back({"own:tc_conv:1group", [run, s] { run(s); }});
+                to.push_back({"own:tc_conv:1group", [run, s] { return run(s), true; }});
             };
             // Where its epilogue may sum the next batch norm's statistics, timed
             // doing so against cuDNN's forward and that norm's reduction pass
@@ -1347,15 +1428,24 @@ void CudaTrainer::find_algorithms() {
                 own.wgrad.push_back({"own:tc_wgrad", [&, i] {
                                          launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch),
                                                          workspace_, grads_, stream_, map_ + copy_offset_[i]);
+                                         return true;
                                      }});
-            OwnUse used;
-            d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &used);
+            KernelUse used;
+            d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &used, graph_kernels(i));
+            const auto chosen = [&](ConvOp op, int at) {
+                auto& c = d.graph_cands[static_cast<int>(op)];
+                return at >= 0 ? c[static_cast<std::size_t>(at)] : nullptr;
+            };
+            d.graph_fwd = chosen(ConvOp::fwd, used.graph_fwd);
+            d.graph_dgrad = chosen(ConvOp::bwd_data, used.graph_dgrad);
+            d.graph_wgrad = chosen(ConvOp::bwd_filter, used.graph_wgrad);
             d.tc_fwd = used.fwd >= 0;
             d.fwd_one_group = used.fwd == one_group;
             d.tc_dgrad = used.dgrad >= 0;
             d.dgrad_one_group = used.dgrad == one_group;
             d.tc_wgrad = used.wgrad >= 0;
         }
+        for (auto& c : dev_[i].graph_cands) c.clear();
         bd.algos[i] = d.algos;
     }
     if (cfg_.kernels == KernelMode::automatic || cfg_.kernels == KernelMode::retune) cache.store();
@@ -1669,7 +1759,8 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
                 stats_splits = launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_, conv_stats(i));
             else if (d.tc_fwd)
                 launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_);
-            else {
+            else if (!(d.graph_fwd && n == cfg_.max_batch &&
+                       d.graph_fwd->run(cudnn_, const_cast<void*>(x), d.wk, d.out, workspace_))) {
                 require_fit(bd.unfit[i].fwd);
                 CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_fwd, bd.algos[i].fwd_math));
                 CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, xd, x, d.filter, d.wk, d.conv_fwd, bd.algos[i].fwd,
@@ -1830,7 +1921,8 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         const ParamUpdate u = param_update(false);
         launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i],
                         i == update_in_wgrad_at_ ? &u : nullptr);
-    } else {
+    } else if (!(d.graph_wgrad && n == cfg_.max_batch &&
+                 d.graph_wgrad->run(w.cudnn, const_cast<void*>(x), d.gk, const_cast<void*>(dy), w.workspace))) {
         require_fit(bd.unfit[i].bwd_filter);
         CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_filter, bd.algos[i].filter_math));
         CUDNN_CHECK(cudnnConvolutionBackwardFilter(w.cudnn, &one, xd, x, yd, dy, d.conv_bwd_filter,
@@ -1853,7 +1945,8 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     } else if (need_dx && d.tc_dgrad)
         launch_tc_conv(dy, turned ? d.wturned : d.wk, dx, conv_shape(i, n, true), turned ? nullptr : workspace_,
                        stream_);
-    else if (need_dx) {
+    else if (need_dx && !(d.graph_dgrad && n == cfg_.max_batch &&
+                          d.graph_dgrad->run(cudnn_, dx, d.wk, const_cast<void*>(dy), workspace_, accumulate))) {
         require_fit(bd.unfit[i].bwd_data);
         CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv_bwd_data, bd.algos[i].data_math));
         CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, d.filter, d.wk, yd, dy, d.conv_bwd_data,
