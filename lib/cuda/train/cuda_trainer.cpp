@@ -1324,23 +1324,12 @@ ChoiceCache CudaTrainer::choice_cache(const DeviceIdentity& id) const {
 std::uint64_t CudaTrainer::plan_graph_convs(std::size_t i) {
     if (cfg_.precision == Precision::fp32 || cfg_.kernels == KernelMode::heuristic) return 0;
     const LayerPlan& l = layers()[i];
+    const ConvKey key = conv_key(i);
+    const GraphConvShape s{key.n,   key.c,      key.h,   key.w,      key.k, l.out.h,
+                           l.out.w, key.kernel, key.pad, key.stride, nchw_, cudnn_type_};
     constexpr double graph_min_flop = 8e9;
-    const double flop = 2.0 * cfg_.max_batch * l.out.h * l.out.w * l.out.c * (i == 0 ? input_.c : l.in.c) *
-                        l.spec.kernel * l.spec.kernel;
+    const double flop = 2.0 * s.n * s.oh * s.ow * s.k * s.c * s.kernel * s.kernel;
     if (!graph_everywhere_ && (cfg_.precision != Precision::bf16 || flop < graph_min_flop)) return 0;
-    GraphConvShape s;
-    s.n = cfg_.max_batch;
-    s.c = i == 0 ? input_.c : l.in.c;
-    s.h = i == 0 ? input_.h : l.in.h;
-    s.w = i == 0 ? input_.w : l.in.w;
-    s.k = l.out.c;
-    s.oh = l.out.h;
-    s.ow = l.out.w;
-    s.kernel = l.spec.kernel;
-    s.pad = l.spec.padding;
-    s.stride = l.spec.stride;
-    s.nchw = nchw_;
-    s.type = cudnn_type_;
     GraphConvRules r;
     r.deterministic = cfg_.deterministic;
     r.workspace_limit = cfg_.workspace_limit;

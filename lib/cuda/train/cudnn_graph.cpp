@@ -148,7 +148,7 @@ std::vector<Note> notes(const Desc& engine, cudnnBackendAttributeName_t a, cudnn
     return v;
 }
 
-bool allowed(const Desc& engine, ConvOp op, const GraphConvShape& s, const GraphConvRules& r) {
+bool allowed(const Desc& engine, const GraphConvShape& s, const GraphConvRules& r) {
     for (const auto b :
          notes<cudnnBackendBehaviorNote_t>(engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE))
         if (b == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) return false;
@@ -168,7 +168,6 @@ bool allowed(const Desc& engine, ConvOp op, const GraphConvShape& s, const Graph
             return false;
         }
     }
-    (void)op;
     return true;
 }
 
@@ -339,7 +338,7 @@ std::vector<std::shared_ptr<GraphConv>> graph_conv_candidates(cudnnHandle_t h, c
             std::int64_t got = 0;
             if (cudnnBackendGetAttribute(cfg->get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                          &got, &e) != CUDNN_STATUS_SUCCESS ||
-                !allowed(engine, op, s, r))
+                !allowed(engine, s, r))
                 continue;
             const Knobs k = knobs_of(*cfg);
             const std::string name = knob_name(k);
