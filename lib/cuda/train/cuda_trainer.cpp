@@ -1312,8 +1312,6 @@ ChoiceCache CudaTrainer::choice_cache(const DeviceIdentity& id) const {
                        id, [](const std::string& n) { std::fprintf(stderr, "notice: %s\n", n.c_str()); });
 }
 
-// Chooses each convolution's kernels once, for max_batch, with the planned
-// buffers and workspace, by cfg_.kernels' rules; stores what was timed.
 // Layer i's graph-API candidates (none in fp32, whose float math they do
 // not keep to, nor where the kernels are not timed); the largest workspace
 // they need. By default only in bf16 and on convolutions of at least
@@ -1360,6 +1358,8 @@ GraphKernels CudaTrainer::graph_kernels(std::size_t i) {
     return k;
 }
 
+// Chooses each convolution's kernels once, for max_batch, with the planned
+// buffers and workspace, by cfg_.kernels' rules; stores what was timed.
 void CudaTrainer::find_algorithms() {
     const DeviceIdentity id = device_identity(cfg_.device.index);
     ChoiceCache cache = choice_cache(id);
