@@ -177,14 +177,18 @@ struct Knobs {
     std::int64_t engine = -1;
     std::vector<std::pair<cudnnBackendKnobType_t, std::int64_t>> choices;
 };
-Knobs knobs_of(const Desc& cfg) {
-    Knobs k;
-    Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+// The engine an engine configuration runs, read into `engine` (false where
+// cuDNN does not say).
+bool engine_of(const Desc& cfg, Desc& engine) {
     std::int64_t got = 0;
     auto e = engine.get();
-    if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &e) !=
-        CUDNN_STATUS_SUCCESS)
-        return k;
+    return cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
+                                    &e) == CUDNN_STATUS_SUCCESS;
+}
+// cfg's knobs; engine: its engine (engine_of).
+Knobs knobs_of(const Desc& cfg, const Desc& engine) {
+    Knobs k;
+    std::int64_t got = 0;
     cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &k.engine);
     std::vector<std::unique_ptr<Desc>> choices;
     std::vector<cudnnBackendDescriptor_t> raw;
@@ -334,13 +338,8 @@ std::vector<std::shared_ptr<GraphConv>> graph_conv_candidates(cudnnHandle_t h, c
     for (const auto mode : {CUDNN_HEUR_MODE_B, CUDNN_HEUR_MODE_A})
         for (const DescPtr& cfg : ranked(g, mode, r.per_heuristic)) {
             Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-            auto e = engine.get();
-            std::int64_t got = 0;
-            if (cudnnBackendGetAttribute(cfg->get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                         &got, &e) != CUDNN_STATUS_SUCCESS ||
-                !allowed(engine, s, r))
-                continue;
-            const Knobs k = knobs_of(*cfg);
+            if (!engine_of(*cfg, engine) || !allowed(engine, s, r)) continue;
+            const Knobs k = knobs_of(*cfg, engine);
             const std::string name = knob_name(k);
             if (k.engine < 0 || !seen.insert(name).second) continue;
             auto plan = plan_of(h, *cfg);
