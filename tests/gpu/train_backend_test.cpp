@@ -257,6 +257,7 @@ TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
         {"conv3x3:16,conv3x3:48,conv3x3:32,flatten,fc:5", {3, 6, 6}},
     };
     setenv("DSTK_CONV_KERNELS", "own", 1);
+    setenv("DSTK_WGMMA_CONV", "0", 1); // tc_conv, not wgmma_conv, where both apply (HopperConvolutionsMatchCpu)
     for (const auto& [spec, in] : cases) {
         compare_layers(without_relu(spec), in, 5, 4, Precision::tf32, 2e-2, 2e-2);
         compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
@@ -270,6 +271,7 @@ TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
     compare_layers(many_tiles, {3, 16, 16}, 5, 80, Precision::tf32, 2e-2, 2e-2);
     compare_layers(many_tiles, {3, 16, 16}, 5, 80, Precision::bf16, 3e-2, 0.35);
     unsetenv("DSTK_CONV_KERNELS");
+    unsetenv("DSTK_WGMMA_CONV");
 }
 
 // tc_conv's float blocks of two or three groups sharing the filters (on
@@ -1015,6 +1017,68 @@ TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
                             check.worst_what.c_str());
             }
         }
+}
+
+// dstrain's own Hopper forward (wgmma_conv.cu: bf16, compute capability 9.0,
+// a build with sm_90a code), forced where it applies, against the cpu backend
+// layer by layer: 64, 128 and 256 input channels; tiles of whole rows (16x16
+// and 32x32 images) and of whole images (8x8: two per tile; 4x4: eight, a
+// batch of 5 and so one partial tile); 128 and 256 outputs (one and two
+// column tiles); batch norms after it (their statistics in its epilogue) and
+// not; more tiles than blocks (80 images of 16x16 into 256 channels). Then
+// training: five steps (the last an eager partial batch) with it, statistics
+// in its epilogue (own:stats_in_conv), against DSTK_WGMMA_CONV=0 (cuDNN's
+// convolution and the norm's own pass) within bf16's tolerance, and bit for
+// bit equal run to run under --deterministic.
+TEST(TrainGpu, HopperConvolutionsMatchCpu) {
+    REQUIRE_GPU();
+    const std::string probe = "conv3x3:64,conv3x3:128,flatten,fc:5";
+    setenv("DSTK_CONV_KERNELS", "own", 1);
+    if (!reports_kernel(*make_trainer(config(probe, {3, 16, 16}, 5, 4, Backend::cuda, Precision::bf16)), 1,
+                        "own:wgmma_conv")) {
+        unsetenv("DSTK_CONV_KERNELS");
+        GTEST_SKIP() << "wgmma_conv needs a GPU of compute capability 9.0 and a build with sm_90a code";
+    }
+    const std::pair<const char*, TensorShape> cases[] = {
+        {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:128,flatten,fc:5", {3, 16, 16}},
+        {"conv3x3:64,conv3x3:128,bn,relu,flatten,fc:5", {3, 32, 32}},
+        {"conv3x3:64,conv3x3:256,bn,relu,conv3x3:128,bn,flatten,fc:5", {3, 8, 8}},
+        {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:5", {3, 4, 4}},
+    };
+    for (const auto& [spec, in] : cases)
+        for (const std::uint32_t batch : {3u, 5u}) compare_layers(spec, in, 5, batch, Precision::bf16, 3e-2, 0.35);
+    compare_layers("conv3x3:64,conv3x3:256,bn,flatten,fc:5", {3, 16, 16}, 5, 80, Precision::bf16, 3e-2, 0.35);
+    unsetenv("DSTK_CONV_KERNELS");
+
+    const TensorShape in{3, 8, 8};
+    const std::uint32_t batch = 32;
+    const Data d = make_random_data(in, 10, batch * 6, 47);
+    const DeviceData dd(d);
+    TrainerConfig c = config("conv3x3:64,bn,relu,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:10", in, 10, batch,
+                             Backend::cuda, Precision::bf16, OptimizerKind::adamw);
+    c.deterministic = true;
+    auto train = [&](const char* kernels, const char* wgmma) {
+        setenv("DSTK_CONV_KERNELS", kernels, 1); // both read when the trainer is made
+        setenv("DSTK_WGMMA_CONV", wgmma, 1);
+        auto t = make_trainer(c);
+        unsetenv("DSTK_CONV_KERNELS");
+        unsetenv("DSTK_WGMMA_CONV");
+        run_steps(*t, dd, in, batch, 0, 4);
+        t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+        return t;
+    };
+    const auto hopper = train("own", "1"), again = train("own", "1"), cudnn = train("cudnn", "0");
+    for (const std::size_t layer : {3, 6}) {
+        EXPECT_TRUE(reports_kernel(*hopper, layer, "own:wgmma_conv")) << "L" << layer;
+        EXPECT_TRUE(reports_kernel(*hopper, layer + 1, "own:stats_in_conv")) << "L" << layer + 1;
+        EXPECT_FALSE(reports_kernel(*cudnn, layer, "own:wgmma_conv")) << "DSTK_WGMMA_CONV=0";
+    }
+    EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
+    EXPECT_EQ(hopper->read_states(), again->read_states());
+    Checker check;
+    check("parameters after 5 steps", hopper->read_parameters(), cudnn->read_parameters(), 6e-2);
+    check("BN running statistics after 5 steps", hopper->read_states(), cudnn->read_states(), 6e-2);
+    std::printf("wgmma_conv against cuDNN after 5 steps: worst %.2e (%s)\n", check.worst, check.worst_what.c_str());
 }
 
 // DSTK_FC_FUSED=0 runs the linear layers as before (flattened features

@@ -49,6 +49,7 @@
 #include "train/pooling.hpp"
 #include "train/side_branch.hpp"
 #include "train/tc_conv.hpp"
+#include "train/wgmma_conv.hpp"
 #include "train/tc_wgrad.hpp"
 
 namespace dstk::train {
@@ -93,6 +94,7 @@ struct LayerDev {
     bool relu_next = false;  // batchnorm followed by relu: fused where allowed
     bool tc_wgrad = false;   // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
     bool tc_fwd = false;     // conv: forward by tc_conv.cu (bf16, tf32)
+    bool wgmma_fwd = false;  // conv: forward by wgmma_conv.cu (bf16, compute 9.0)
     bool tc_dgrad = false;   // conv: data gradient by tc_conv.cu (bf16, tf32)
     bool fwd_one_group = false, dgrad_one_group = false; // tc_conv in one group of warps per block (TcConvShape)
     bool bn_stats = false;     // conv: its forward (tc_conv) also sums the next batch norm's statistics
@@ -279,6 +281,7 @@ class CudaTrainer final : public Trainer {
     void plan_conv_bn_stats();
     bool stats_in_conv_fit(std::size_t i) const;
     TcConvStats conv_stats(std::size_t i) const;
+    void forward_wgmma_conv(std::size_t i, const void* x, std::uint32_t n, bool training, unsigned& splits);
     void plan_first_wgrad_in_dgrad();
     void update(ParamRange r, cudaStream_t s, bool advance = false);
     const void* backward_layer(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx, bool fuse);
@@ -783,7 +786,9 @@ void CudaTrainer::profile_layers(int steps) {
         else if (layers()[i].spec.kind == LayerKind::conv)
             std::fprintf(
                 stderr, "profile: L%zu conv algorithms fwd %s bwd-data %s bwd-filter %s, workspace %s\n", i,
-                dev_[i].tc_fwd ? "tc_conv" : std::to_string(static_cast<int>(dev_[i].algos.fwd)).c_str(),
+                dev_[i].wgmma_fwd ? "wgmma_conv"
+                : dev_[i].tc_fwd  ? "tc_conv"
+                                  : std::to_string(static_cast<int>(dev_[i].algos.fwd)).c_str(),
                 dev_[i].tc_dgrad ? "tc_conv" : std::to_string(static_cast<int>(dev_[i].algos.bwd_data)).c_str(),
                 dev_[i].tc_wgrad ? "tc_wgrad" : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
                 format_bytes(workspace_bytes_).c_str());
@@ -1064,6 +1069,8 @@ void CudaTrainer::plan_copies() {
         for (std::size_t i = 0; i < layers().size(); ++i) {
             const LayerPlan& l = layers()[i];
             if (conv_pass && l.spec.kind == LayerKind::conv) {
+                // 16-byte aligned: the tensor memory accelerator reads them (wgmma_conv); the gap is never read
+                while (map_host_.size() % 8) map_host_.push_back(no_copy);
                 copy_offset_[i] = map_host_.size();
                 const std::uint64_t rs = std::uint64_t{l.spec.kernel} * l.spec.kernel;
                 const std::uint32_t cin = i == 0 ? input_.c : l.in.c;
@@ -1249,6 +1256,8 @@ void CudaTrainer::create_layer_descriptors() {
     const char* env = std::getenv("DSTK_CONV_KERNELS");
     const bool own = !(env && std::string(env) == "cudnn");
     force_own_ = env && std::string(env) == "own";
+    const char* wg = std::getenv("DSTK_WGMMA_CONV");
+    const bool wgmma = !(wg && std::string(wg) == "0");
     force_graph_ = env && std::string(env) == "graph";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
@@ -1263,6 +1272,7 @@ void CudaTrainer::create_layer_descriptors() {
         const bool tc = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
                         sp.stride == 1 && sp.padding == 1;
         dev_[i].tc_fwd = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, false));
+        dev_[i].wgmma_fwd = tc && wgmma && wgmma_conv_supported(conv_shape(i, cfg_.max_batch, false));
         dev_[i].tc_dgrad = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, true));
         if (dev_[i].tc_dgrad) ws = std::max(ws, tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
     }
@@ -1392,19 +1402,26 @@ void CudaTrainer::find_algorithms() {
             // Where its epilogue may sum the next batch norm's statistics, timed
             // doing so against cuDNN's forward and that norm's reduction pass
             // (plan_conv_bn_stats then takes the pass out where tc_conv won).
-            if (d.tc_fwd) {
-                const bool stats = stats_in_conv_fit(i);
+            // own:wgmma_conv first: where both apply, DSTK_CONV_KERNELS=own takes it.
+            const bool stats = (d.tc_fwd || d.wgmma_fwd) && stats_in_conv_fit(i);
+            if (d.wgmma_fwd)
+                own.fwd.push_back({"own:wgmma_conv", [&, i, stats] {
+                                       launch_wgmma_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false),
+                                                         stream_, stats ? conv_stats(i) : TcConvStats{});
+                                       return true;
+                                   }});
+            const int tc_at = static_cast<int>(own.fwd.size());
+            if (d.tc_fwd)
                 tc_variants(own.fwd, false, [&, i, stats](const TcConvShape& s) {
                     launch_tc_conv(input_of(i), d.wk, d.out, s, nullptr, stream_,
                                    stats ? conv_stats(i) : TcConvStats{});
                 });
-                if (stats)
-                    own.fwd_pass_saved = [&, i] {
-                        const TensorShape& o = layers()[i].out;
-                        launch_bn_statistics(d.out, at_, cfg_.max_batch, std::uint64_t{o.h} * o.w, o.c, nchw_,
-                                             bn_partials_, stream_);
-                    };
-            }
+            if (stats)
+                own.fwd_pass_saved = [&, i] {
+                    const TensorShape& o = layers()[i].out;
+                    launch_bn_statistics(d.out, at_, cfg_.max_batch, std::uint64_t{o.h} * o.w, o.c, nchw_, bn_partials_,
+                                         stream_);
+                };
             // Timed with its filters turned in line, though a training step turns them
             // ahead (turn_filters_ahead): timed on filters turned ahead, more layers went to
             // this kernel and the step measured slower (the timing is of one kernel alone,
@@ -1428,8 +1445,9 @@ void CudaTrainer::find_algorithms() {
             d.graph_fwd = chosen(ConvOp::fwd, used.graph_fwd);
             d.graph_dgrad = chosen(ConvOp::bwd_data, used.graph_dgrad);
             d.graph_wgrad = chosen(ConvOp::bwd_filter, used.graph_wgrad);
-            d.tc_fwd = used.fwd >= 0;
-            d.fwd_one_group = used.fwd == one_group;
+            d.wgmma_fwd = used.fwd >= 0 && used.fwd < tc_at;
+            d.tc_fwd = used.fwd >= tc_at;
+            d.fwd_one_group = used.fwd == tc_at + one_group;
             d.tc_dgrad = used.dgrad >= 0;
             d.dgrad_one_group = used.dgrad == one_group;
             d.tc_wgrad = used.wgrad >= 0;
@@ -1744,6 +1762,8 @@ void CudaTrainer::forward(std::uint32_t n, bool training, bool fuse) {
                 forward_first_conv_bn(n);
             else if (i == 0 && direct_first_)
                 launch_direct_conv_forward(x, p, d.out, at_, direct_shape(n), stream_);
+            else if (d.wgmma_fwd)
+                forward_wgmma_conv(i, x, n, training, stats_splits);
             else if (d.tc_fwd && training && d.bn_stats)
                 stats_splits = launch_tc_conv(x, d.wk, d.out, conv_shape(i, n, false), nullptr, stream_, conv_stats(i));
             else if (d.tc_fwd)
@@ -2172,7 +2192,8 @@ void CudaTrainer::plan_first_wgrad_in_dgrad() {
 // the output is then not run). The kernel choice timed tc_conv so against
 // cuDNN's forward followed by that pass (find_algorithms).
 void CudaTrainer::plan_conv_bn_stats() {
-    for (std::size_t i = 0; i < layers().size(); ++i) dev_[i].bn_stats = dev_[i].tc_fwd && stats_in_conv_fit(i);
+    for (std::size_t i = 0; i < layers().size(); ++i)
+        dev_[i].bn_stats = (dev_[i].tc_fwd || dev_[i].wgmma_fwd) && stats_in_conv_fit(i);
 }
 
 // Whether convolution i's forward may sum the next batch norm's statistics:
@@ -2186,6 +2207,15 @@ bool CudaTrainer::stats_in_conv_fit(std::size_t i) const {
 
 // Where convolution i's epilogue sums them: the norm's partials, its running
 // mean as the pivot.
+// Convolution i's forward by wgmma_conv, in training also summing the next
+// batch norm's statistics where planned (bn_stats: their splits into splits).
+void CudaTrainer::forward_wgmma_conv(std::size_t i, const void* x, std::uint32_t n, bool training, unsigned& splits) {
+    const bool stats = training && dev_[i].bn_stats;
+    const unsigned s = launch_wgmma_conv(x, dev_[i].wk, dev_[i].out, conv_shape(i, n, false), stream_,
+                                         stats ? conv_stats(i) : TcConvStats{});
+    if (stats) splits = s;
+}
+
 TcConvStats CudaTrainer::conv_stats(std::size_t i) const {
     return {bn_partials_, states_ + layers()[i + 1].state_offset, bn_max_splits_of_partials()};
 }

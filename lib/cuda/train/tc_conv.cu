@@ -790,21 +790,6 @@ __global__ void __launch_bounds__(conv_threads* G, G == 1 ? min_blocks_per_sm<T,
     }
 }
 
-// The driver's tensor-map encoder (cuTensorMapEncodeTiled), found once
-// through the runtime (no link against the driver library).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void* f = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || f == nullptr)
-            throw Error(ExitCode::failure, "tc_conv: the CUDA driver has no cuTensorMapEncodeTiled, which the tensor "
-                                           "memory accelerator needs: install an NVIDIA driver for CUDA 12 or later");
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }();
-    return encode;
-}
-
 // The tensor map of input x for TMA's tile copies ([n][h][w][c] as four
 // dimensions, channels innermost; one box a tile's segments in one plane),
 // or an unused one without TMA. Floats come as TF32 (TFLOAT32): TMA rounds
@@ -904,6 +889,20 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
 }
 
 } // namespace
+
+// tma.cuh
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || f == nullptr)
+            throw Error(ExitCode::failure, "the CUDA driver has no cuTensorMapEncodeTiled, which the tensor "
+                                           "memory accelerator needs: install an NVIDIA driver for CUDA 12 or later");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    return encode;
+}
 
 void launch_turn_filters(const void* w, void* out, const TcConvShape& s, cudaStream_t stream) {
     const unsigned total = 9 * s.cin * s.cout;

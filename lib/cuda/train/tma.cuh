@@ -8,6 +8,7 @@
 // take them only where the kernel's code is compute_90 or later
 // (launch_common.cuh's programmatic_launch tells the same from the host).
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <cstdint>
 
@@ -19,12 +20,17 @@ namespace dstk::train::cuda {
 #define DSTK_TMA_BODY(...)
 #endif
 
-// A barrier at shared address bar that completes once one thread has arrived
-// and the bytes it announced have landed; visible to the async proxy.
-__device__ __forceinline__ void mbarrier_init(unsigned bar) {
-    DSTK_TMA_BODY(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
-                               "fence.mbarrier_init.release.cluster;" ::"r"(bar)
+// A barrier at shared address bar that completes once `count` threads have
+// arrived (and the bytes announced have landed); visible to the async proxy.
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count = 1) {
+    DSTK_TMA_BODY(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n\t"
+                               "fence.mbarrier_init.release.cluster;" ::"r"(bar),
+                               "r"(count)
                                : "memory");)
+}
+// The calling thread's arrival, announcing no bytes.
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+    DSTK_TMA_BODY(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");)
 }
 // The calling thread's arrival, announcing the bytes the copies it issues next bring.
 __device__ __forceinline__ void mbarrier_expect(unsigned bar, unsigned bytes) {
@@ -57,6 +63,33 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const CUtensorMap& map
                                "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                                : "memory");)
 }
+// The box of a 2-dimensional tensor map at coordinates (c0, c1) into dst, counted on bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap& map, int c0, int c1, unsigned bar) {
+    DSTK_TMA_BODY(asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                               " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                               "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(bar)
+                               : "memory");)
+}
+// Shared address src into the box of a 2-dimensional tensor map at (c0, c1)
+// (the parts outside the tensor not written), in this thread's current bulk
+// group: commit it with tma_store_commit, and wait before src is written again.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap& map, unsigned src, int c0, int c1) {
+    DSTK_TMA_BODY(asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                                   reinterpret_cast<std::uint64_t>(&map)),
+                               "r"(src), "r"(c0), "r"(c1)
+                               : "memory");)
+}
+__device__ __forceinline__ void tma_store_commit() {
+    DSTK_TMA_BODY(asm volatile("cp.async.bulk.commit_group;" ::: "memory");)
+}
+// Until this thread's committed stores have read their shared memory (it may be written again).
+__device__ __forceinline__ void tma_store_wait_read() {
+    DSTK_TMA_BODY(asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");)
+}
+// Until this thread's committed stores are done (written to global memory).
+__device__ __forceinline__ void tma_store_wait() {
+    DSTK_TMA_BODY(asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");)
+}
 // The same box into L2 only: nothing to wait for.
 __device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap& map, int c0, int c1, int c2, int c3) {
     DSTK_TMA_BODY(asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
@@ -66,5 +99,9 @@ __device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap& map, int c0, 
 }
 
 #undef DSTK_TMA_BODY
+
+// The driver's tensor-map encoder (cuTensorMapEncodeTiled), found once
+// through the runtime (no link against the driver library). Host side.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 
 } // namespace dstk::train::cuda

@@ -1,0 +1,395 @@
+#include "wgmma_conv.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "launch_common.cuh"
+#include "tma.cuh"
+
+namespace dstk::train::cuda {
+namespace {
+
+// The warpgroup instructions exist in sm_90a's code only: elsewhere the
+// kernel is empty and wgmma_conv_supported is false (sm90a_runs).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSTK_WGMMA_BODY(...) __VA_ARGS__
+#else
+#define DSTK_WGMMA_BODY(...)
+#endif
+
+constexpr unsigned tile_m = 128, tile_n = 128; // output pixels and channels of a tile
+constexpr unsigned step_k = 64;                // input channels of one stage: 128 bytes, the swizzle's row
+constexpr unsigned stages = 4;                 // the ring of stages the producer fills ahead
+constexpr unsigned consumers = 2, block_threads = consumers * 128 + 32; // two warpgroups and the producer warp
+constexpr unsigned a_bytes = tile_m * step_k * 2, stage_bytes = a_bytes + tile_n * step_k * 2;
+constexpr unsigned staging_bytes = tile_m * tile_n * 2; // the output tile, two boxes of 64 channels
+constexpr unsigned max_cout = 1024;
+
+struct Geo {
+    unsigned cin = 0, cout = 0;
+    unsigned rows = 0;            // image rows per tile where an image has 128 pixels or more, else 0
+    unsigned images = 1;          // whole images per tile otherwise
+    unsigned tiles_per_image = 0; // where rows > 0
+    unsigned mtiles = 0, ntiles = 0;
+    unsigned long long pixels = 0; // n * h * w: rows of the output
+};
+
+struct Shared {
+    std::uint64_t full[stages], empty[stages]; // a stage filled by TMA; a stage read by both warpgroups
+    float red[consumers * 4][tile_n][2];       // per warp, a tile's column sums
+    float pivot[max_cout];
+};
+
+struct TileAt {
+    int image = 0, row = 0; // the tile's first image and its first row there
+    unsigned mtile = 0, ntile = 0;
+};
+
+// The device code proper: compiled for sm_90a only (elsewhere nothing calls it).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ TileAt tile_at(const Geo& g, unsigned t) {
+    TileAt at;
+    at.ntile = t % g.ntiles;
+    at.mtile = t / g.ntiles;
+    if (g.rows) {
+        at.image = static_cast<int>(at.mtile / g.tiles_per_image);
+        at.row = static_cast<int>((at.mtile % g.tiles_per_image) * g.rows);
+    } else {
+        at.image = static_cast<int>(at.mtile * g.images);
+    }
+    return at;
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// A shared-memory operand: K-major, 128-byte swizzle, groups of 8 rows 1024 bytes apart.
+__device__ __forceinline__ std::uint64_t operand_desc(unsigned addr) {
+    std::uint64_t d = (addr & 0x3FFFF) >> 4;
+    d |= std::uint64_t{1} << 16;
+    d |= std::uint64_t{1024 >> 4} << 32;
+    d |= std::uint64_t{1} << 62;
+    return d;
+}
+
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(consumers * 128) : "memory");
+}
+
+// d (+)= a * b, m64n128k16, both operands from shared memory (descriptors).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], std::uint64_t a, std::uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "setp.ne.b32 p, %66, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+        "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n\t}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// The producer warp's lane 0: for each of the block's tiles, each tap and
+// step of 64 input channels, the input box under the tap (zeros outside the
+// image) and the filters' slice into the next free stage.
+__device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const Geo& g, unsigned char* smem,
+                        Shared& sh) {
+    const unsigned kc = g.cin / step_k, steps = 9 * kc, tiles = g.mtiles * g.ntiles;
+    unsigned it = 0;
+    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const TileAt at = tile_at(g, t);
+        for (unsigned kb = 0; kb < steps; ++kb, ++it) {
+            const unsigned s = it % stages;
+            if (it >= stages) mbarrier_wait(smem_addr(&sh.empty[s]), (it / stages - 1) & 1);
+            const int tap = static_cast<int>(kb / kc), c0 = static_cast<int>((kb % kc) * step_k);
+            const unsigned a = smem_addr(smem + s * stage_bytes), bar = smem_addr(&sh.full[s]);
+            mbarrier_expect(bar, stage_bytes);
+            tma_load_4d(a, xmap, c0, tap % 3 - 1, at.row + tap / 3 - 1, at.image, bar);
+            tma_load_2d(a + a_bytes, wmap, tap * static_cast<int>(g.cin) + c0, static_cast<int>(at.ntile * tile_n),
+                        bar);
+        }
+    }
+}
+
+// A consumer warpgroup's 64 rows of one tile: each stage's products as it
+// lands, the stage handed back once the next one's are issued.
+__device__ void multiply(float (&d)[64], const Geo& g, unsigned char* smem, Shared& sh, unsigned& it) {
+    const unsigned steps = 9 * (g.cin / step_k), wg = threadIdx.x / 128;
+    const bool leader = threadIdx.x % 128 == 0;
+    for (unsigned kb = 0; kb < steps; ++kb, ++it) {
+        const unsigned s = it % stages;
+        mbarrier_wait(smem_addr(&sh.full[s]), (it / stages) & 1);
+        const unsigned base = smem_addr(smem + s * stage_bytes), a = base + wg * (64 * 128), b = base + a_bytes;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (unsigned k = 0; k < step_k / 16; ++k)
+            wgmma_m64n128k16(d, operand_desc(a + 32 * k), operand_desc(b + 32 * k), kb > 0 || k > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (kb > 0 && leader) mbarrier_arrive(smem_addr(&sh.empty[(it - 1) % stages]));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    if (leader) mbarrier_arrive(smem_addr(&sh.empty[(it - 1) % stages]));
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory"); // nothing reads d before the wait
+}
+
+// v[j] = this lane's v[j] + its partner's v[j + Half] (or the reverse, where
+// up): the lane keeps half the column pairs, summed over both lanes.
+template <int Half> __device__ __forceinline__ void halve(float (&v)[8][4], bool up, int offset) {
+#pragma unroll
+    for (int j = 0; j < Half; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float send = up ? v[j][k] : v[j + Half][k], keep = up ? v[j + Half][k] : v[j][k];
+            v[j][k] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+        }
+}
+
+// The tile in bf16 into the staging boxes (128-byte swizzle, as the store's
+// tensor map reads them) and, with Stats, each warp's column sums of
+// (v - pivot) and its square over its 16 rows into sh.red. A lane holds rows
+// r and r + 8 of column pairs 8j + 2(lane % 4); the 8 lanes of a column
+// are summed by halving (32 + 16 + 8 shuffles, not 3 x 64).
+template <bool Stats>
+__device__ void stage_tile(const float (&d)[64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const unsigned r0 = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4, within = 4 * (lane % 4);
+    const unsigned long long first = static_cast<unsigned long long>(at.mtile) * tile_m;
+    const float ok_lo = first + r0 < g.pixels ? 1.0f : 0.0f, ok_hi = first + r0 + 8 < g.pixels ? 1.0f : 0.0f;
+    [[maybe_unused]] float v[8][4];
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+        [[maybe_unused]] float w[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = jj + 8 * h;
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
+            const unsigned box = staging + h * (tile_m * 128), chunk = static_cast<unsigned>(jj);
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + r0 * 128 + ((chunk ^ (r0 % 8)) * 16) + within),
+                         "r"(*reinterpret_cast<const unsigned*>(&lo)));
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + (r0 + 8) * 128 + ((chunk ^ (r0 % 8)) * 16) + within),
+                         "r"(*reinterpret_cast<const unsigned*>(&hi)));
+            if constexpr (Stats) {
+                const float2 p =
+                    *reinterpret_cast<const float2*>(&sh.pivot[at.ntile * tile_n + 8 * j + 2 * (lane % 4)]);
+                const float v0 = (__low2float(lo) - p.x) * ok_lo, v1 = (__high2float(lo) - p.y) * ok_lo;
+                const float v2 = (__low2float(hi) - p.x) * ok_hi, v3 = (__high2float(hi) - p.y) * ok_hi;
+                w[h][0] = v0 + v2, w[h][1] = v1 + v3, w[h][2] = v0 * v0 + v2 * v2, w[h][3] = v1 * v1 + v3 * v3;
+            }
+        }
+        if constexpr (Stats) {
+            const bool up = lane & 16;
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                v[jj][k] = (up ? w[1][k] : w[0][k]) + __shfl_xor_sync(0xffffffffu, up ? w[0][k] : w[1][k], 16);
+        }
+    }
+    if constexpr (Stats) {
+        halve<4>(v, lane & 8, 8);
+        halve<2>(v, lane & 4, 4);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const unsigned j = t + 2 * ((lane >> 2) & 1) + 4 * ((lane >> 3) & 1) + 8 * ((lane >> 4) & 1);
+            const unsigned c = 8 * j + 2 * (lane % 4);
+            sh.red[warp][c][0] = v[t][0], sh.red[warp][c][1] = v[t][2];
+            sh.red[warp][c + 1][0] = v[t][1], sh.red[warp][c + 1][1] = v[t][3];
+        }
+    }
+}
+
+// A tile's epilogue: staged, stored by TMA (thread 0), and its column sums
+// added to the block's (in double, one thread per column: a fixed order).
+template <bool Stats>
+__device__ void finish_tile(const float (&d)[64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
+                            const CUtensorMap& ymap, double* sums) {
+    if (threadIdx.x == 0) tma_store_wait_read(); // the last tile's store has read the staging boxes
+    consumers_sync();
+    stage_tile<Stats>(d, g, at, staging, sh);
+    fence_proxy_async();
+    consumers_sync();
+    if (threadIdx.x == 0) {
+        const int c0 = static_cast<int>(at.ntile * tile_n), r0 = static_cast<int>(at.mtile * tile_m);
+        tma_store_2d(ymap, staging, c0, r0);
+        tma_store_2d(ymap, staging + tile_m * 128, c0 + 64, r0);
+        tma_store_commit();
+    }
+    if constexpr (Stats) {
+        if (threadIdx.x >= tile_n) return;
+        double s = 0.0, q = 0.0;
+        for (unsigned w = 0; w < consumers * 4; ++w) s += sh.red[w][threadIdx.x][0], q += sh.red[w][threadIdx.x][1];
+        double* at_c = sums + (at.ntile * tile_n + threadIdx.x) * 2;
+        at_c[0] += s, at_c[1] += q;
+    }
+}
+
+// The consumers' side of a block: its tiles one after another, then (with
+// Stats) its sums of every channel into its column of the partials.
+template <bool Stats>
+__device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* smem, Shared& sh, const float* pivot,
+                        double* partials) {
+    double* sums = reinterpret_cast<double*>(smem + stages * stage_bytes + staging_bytes);
+    if constexpr (Stats)
+        for (unsigned c = threadIdx.x; c < g.cout; c += consumers * 128) {
+            sh.pivot[c] = pivot[c];
+            sums[2 * c] = sums[2 * c + 1] = 0.0;
+        }
+    const unsigned staging = smem_addr(smem + stages * stage_bytes), tiles = g.mtiles * g.ntiles;
+    unsigned it = 0;
+    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+        float d[64];
+        multiply(d, g, smem, sh, it);
+        finish_tile<Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums);
+    }
+    if (threadIdx.x == 0) tma_store_wait();
+    if constexpr (Stats) {
+        consumers_sync();
+        for (unsigned i = threadIdx.x; i < 2 * g.cout; i += consumers * 128)
+            partials[(std::uint64_t{i / 2} * gridDim.x + blockIdx.x) * 2 + i % 2] = sums[i];
+    }
+}
+
+#endif // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <bool Stats>
+__global__ void __launch_bounds__(block_threads, 1)
+    wgmma_conv_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+                      const __grid_constant__ CUtensorMap ymap, Geo g, const float* pivot, double* partials) {
+    await_predecessor();
+    DSTK_WGMMA_BODY({
+        extern __shared__ unsigned char dynamic_smem[];
+        __shared__ Shared sh;
+        // The swizzle's pattern repeats every 1024 bytes: the stages start on such a boundary.
+        auto* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) &
+                                                      ~std::uintptr_t{1023});
+        if (threadIdx.x == 0) {
+            for (unsigned s = 0; s < stages; ++s) {
+                mbarrier_init(smem_addr(&sh.full[s]), 1);
+                mbarrier_init(smem_addr(&sh.empty[s]), consumers);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x >= consumers * 128) {
+            if (threadIdx.x == consumers * 128) produce(xmap, wmap, g, smem, sh);
+            return;
+        }
+        consume<Stats>(ymap, g, smem, sh, pivot, partials);
+    })
+}
+
+// Whether this process's kernels are sm_90a's (the fat binary may also hold
+// compute_90 code, which a 9.0 device could be given instead).
+__global__ void sm90a_probe(int* out) {
+    await_predecessor();
+    DSTK_WGMMA_BODY(*out = 1;)
+}
+
+bool sm90a_runs() {
+    static const bool yes = [] {
+        int device = 0, major = 0, minor = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        if (major != 9 || minor != 0) return false;
+        int* flag = nullptr;
+        int found = 0;
+        CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+        CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+        launch_kernel(sm90a_probe, 1, 1, 0, nullptr, flag);
+        CUDA_CHECK(cudaMemcpy(&found, flag, sizeof(int), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaFree(flag));
+        return found == 1;
+    }();
+    return yes;
+}
+
+Geo geo_of(const TcConvShape& s) {
+    Geo g;
+    g.cin = s.cin;
+    g.cout = s.cout;
+    const unsigned hw = s.h * s.w;
+    if (hw >= tile_m) {
+        g.rows = tile_m / s.w;
+        g.tiles_per_image = hw / tile_m;
+    } else {
+        g.images = tile_m / hw;
+    }
+    g.pixels = static_cast<unsigned long long>(s.n) * hw;
+    g.mtiles = static_cast<unsigned>((g.pixels + tile_m - 1) / tile_m);
+    g.ntiles = s.cout / tile_n;
+    return g;
+}
+
+CUtensorMap encode(void* base, unsigned rank, const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                   CUtensorMapL2promotion promotion) {
+    CUtensorMap map{};
+    const cuuint32_t steps[4] = {1, 1, 1, 1};
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, base, dims, strides, box,
+                                            steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw Error(ExitCode::failure, "wgmma_conv: cuTensorMapEncodeTiled failed (error " + std::to_string(r) + ")");
+    return map;
+}
+
+// The kernel with its shared-memory limit raised once (per instantiation).
+template <bool Stats>
+void launch_with(const CUtensorMap& xmap, const CUtensorMap& wmap, const CUtensorMap& ymap, const Geo& g, unsigned grid,
+                 std::size_t shared, cudaStream_t stream, const TcConvStats& stats) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_conv_kernel<Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(stages * stage_bytes + staging_bytes + max_cout * 16 + 1024)));
+    });
+    launch_kernel(wgmma_conv_kernel<Stats>, grid, block_threads, shared, stream, xmap, wmap, ymap, g, stats.pivot,
+                  stats.partials);
+}
+
+} // namespace
+
+bool wgmma_conv_supported(const TcConvShape& s) {
+    if (s.tf32 || s.data_gradient || s.n < 1 || s.h < 1 || s.w < 1) return false;
+    if (s.cin == 0 || s.cin % step_k != 0 || s.cout == 0 || s.cout % tile_n != 0 || s.cout > max_cout) return false;
+    const unsigned hw = s.h * s.w;
+    const bool rows = hw >= tile_m && hw % tile_m == 0 && tile_m % s.w == 0, images = hw < tile_m && tile_m % hw == 0;
+    if (!rows && !images) return false;
+    return sm90a_runs();
+}
+
+unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvShape& s, cudaStream_t stream,
+                           const TcConvStats& stats) {
+    const Geo g = geo_of(s);
+    const std::uint64_t pixel = std::uint64_t{s.cin} * 2;
+    const cuuint64_t xdims[4] = {s.cin, s.w, s.h, s.n}, xstrides[3] = {pixel, pixel * s.w, pixel * s.w * s.h};
+    const cuuint32_t xbox[4] = {step_k, s.w, g.rows ? g.rows : s.h, g.images};
+    const cuuint64_t wdims[2] = {std::uint64_t{9} * s.cin, s.cout}, wstrides[1] = {std::uint64_t{9} * s.cin * 2};
+    const cuuint32_t wbox[2] = {step_k, tile_n};
+    const cuuint64_t ydims[2] = {s.cout, g.pixels}, ystrides[1] = {std::uint64_t{s.cout} * 2};
+    const cuuint32_t ybox[2] = {64, tile_m};
+    const CUtensorMap xmap = encode(const_cast<void*>(x), 4, xdims, xstrides, xbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+    const CUtensorMap wmap = encode(const_cast<void*>(w), 2, wdims, wstrides, wbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+    const CUtensorMap ymap = encode(y, 2, ydims, ystrides, ybox, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+    const unsigned tiles = g.mtiles * g.ntiles;
+    unsigned grid = std::min(tiles, sm_count());
+    if (stats.partials) grid = std::min(grid, stats.max_splits);
+    const std::size_t shared = stages * stage_bytes + staging_bytes + std::size_t{s.cout} * 16 + 1024;
+    if (stats.partials)
+        launch_with<true>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+    else
+        launch_with<false>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+    return grid;
+}
+
+} // namespace dstk::train::cuda

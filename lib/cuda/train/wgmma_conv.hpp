@@ -1,0 +1,37 @@
+#pragma once
+// Forward of a 3x3, stride 1, padding 1 convolution in bf16 on Hopper's
+// warpgroup tensor-core instructions (wgmma, sm_90a), NHWC: an implicit GEMM
+// whose rows are 128 output pixels and columns 128 output channels, the
+// reduction 9 taps x the input channels in steps of 64.
+//
+// tc_conv (mma.sync) stops at 128 input channels and its warps wait on their
+// own fragment loads; here one producer warp copies each tap's input box and
+// the filters' slice into a ring of shared-memory stages by TMA (zeros outside
+// the image) while two consumer warpgroups multiply from shared memory, and
+// persistent blocks take tile after tile. The epilogue rounds to bf16, stores
+// the tile through shared memory by TMA and, where asked, sums the next batch
+// norm's statistics (tc_conv.hpp's TcConvStats; the per-block sums cover all
+// of a block's tiles, each in a fixed order: the same result on every run).
+// The trainer times it against tc_conv and cuDNN (own:wgmma_conv) and keeps
+// the fastest.
+#include <cuda_runtime.h>
+
+#include "tc_conv.hpp"
+
+namespace dstk::train::cuda {
+
+// Whether this build and GPU run the kernel (code for sm_90a, a device of
+// compute capability 9.0) and it takes shape s: a bf16 forward, input
+// channels a multiple of 64, output channels a multiple of 128 up to 1024,
+// and tiles of whole rows of one image (h*w a multiple of 128, w dividing
+// 128) or of whole images (h*w dividing 128).
+bool wgmma_conv_supported(const TcConvShape& s);
+// y ([n][h][w][cout]) = conv(x ([n][h][w][cin]), w ([cout][3][3][cin])), all
+// bf16, fp32 sums. With stats.partials, also each channel's sums of
+// (v - pivot[c]) and (v - pivot[c])^2 over the output as stored, per block,
+// into partials[(c * splits + block) * 2 + k]; returns splits (the blocks,
+// at most stats.max_splits).
+unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvShape& s, cudaStream_t stream,
+                           const TcConvStats& stats = {});
+
+} // namespace dstk::train::cuda
