@@ -21,10 +21,10 @@ namespace {
 constexpr unsigned tile_m = 128, tile_n = 128; // output pixels and channels of a tile
 constexpr unsigned step_k = 64;                // input channels of one stage: 128 bytes, the swizzle's row
 constexpr unsigned stages = 4;                 // the ring of stages the producer fills ahead
-constexpr unsigned consumers = 2, block_threads = consumers * 128 + 32; // two warpgroups and the producer warp
+constexpr unsigned consumers = 2, block_threads = (consumers + 1) * 128; // two consumer warpgroups, the producer's
 constexpr unsigned a_bytes = tile_m * step_k * 2, stage_bytes = a_bytes + tile_n * step_k * 2;
-constexpr unsigned staging_bytes = tile_m * tile_n * 2; // the output tile, two boxes of 64 channels
-constexpr unsigned max_cout = 1024;
+constexpr unsigned staging_bytes = tile_m * tile_n * 2; // a consumer's output tile, two boxes of 64 channels
+constexpr unsigned max_cout = 512;                      // (a consumer's sums of every channel in shared memory)
 
 struct Geo {
     unsigned cin = 0, cout = 0;
@@ -36,7 +36,8 @@ struct Geo {
 };
 
 struct Shared {
-    std::uint64_t full[stages], empty[stages]; // a stage filled by TMA; a stage read by both warpgroups
+    std::uint64_t full[stages], empty[stages]; // a stage filled by TMA; a stage read
+    std::uint64_t turn[consumers];             // a consumer may start its next main loop
     float red[consumers * 4][tile_n][2];       // per warp, a tile's column sums
     float pivot[max_cout];
 };
@@ -48,6 +49,10 @@ struct TileAt {
 
 // The device code proper: compiled for sm_90a only (elsewhere nothing calls it).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// A consumer holds a whole tile's sums (128 per thread): the producer's
+// warpgroup gives up the registers it does not use (setmaxnreg).
+constexpr unsigned producer_registers = 40, consumer_registers = 232;
 
 __device__ __forceinline__ TileAt tile_at(const Geo& g, unsigned t) {
     TileAt at;
@@ -75,8 +80,12 @@ __device__ __forceinline__ std::uint64_t operand_desc(unsigned addr) {
     return d;
 }
 
+// Named barriers: 1 and 2 each consumer warpgroup's own, 3 both consumers'.
+__device__ __forceinline__ void warpgroup_sync(unsigned wg) {
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
 __device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(consumers * 128) : "memory");
+    asm volatile("bar.sync 3, %0;" ::"n"(consumers * 128) : "memory");
 }
 
 // d (+)= a * b, m64n128k16, both operands from shared memory (descriptors).
@@ -100,7 +109,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], std::uint64_t a
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// The producer warp's lane 0: for each of the block's tiles, each tap and
+// The producer's first thread: for each of the block's tiles, each tap and
 // step of 64 input channels, the input box under the tap (zeros outside the
 // image) and the filters' slice into the next free stage.
 __device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const Geo& g, unsigned char* smem,
@@ -122,27 +131,34 @@ __device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const 
     }
 }
 
-// A consumer warpgroup's 64 rows of one tile: each stage's products as it
-// lands, the stage handed back once the next one's are issued.
-__device__ void multiply(float (&d)[64], const Geo& g, unsigned char* smem, Shared& sh, unsigned& it) {
+// A consumer warpgroup's tile (two blocks of 64 rows) from stage it on:
+// each stage's products as it lands, the stage handed back once the next
+// one's are issued, and the other consumer's turn given once the last are.
+__device__ void multiply(float (&d)[2][64], const Geo& g, unsigned char* smem, Shared& sh, unsigned it) {
     const unsigned steps = 9 * (g.cin / step_k), wg = threadIdx.x / 128;
     const bool leader = threadIdx.x % 128 == 0;
     for (unsigned kb = 0; kb < steps; ++kb, ++it) {
         const unsigned s = it % stages;
         mbarrier_wait(smem_addr(&sh.full[s]), (it / stages) & 1);
-        const unsigned base = smem_addr(smem + s * stage_bytes), a = base + wg * (64 * 128), b = base + a_bytes;
+        const unsigned a = smem_addr(smem + s * stage_bytes), b = a + a_bytes;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (unsigned k = 0; k < step_k / 16; ++k)
-            wgmma_m64n128k16(d, operand_desc(a + 32 * k), operand_desc(b + 32 * k), kb > 0 || k > 0);
+#pragma unroll
+            for (unsigned m = 0; m < 2; ++m)
+                wgmma_m64n128k16(d[m], operand_desc(a + m * 64 * 128 + 32 * k), operand_desc(b + 32 * k),
+                                 kb > 0 || k > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         if (kb > 0 && leader) mbarrier_arrive(smem_addr(&sh.empty[(it - 1) % stages]));
     }
+    if (leader) mbarrier_arrive(smem_addr(&sh.turn[1 - wg]));
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     if (leader) mbarrier_arrive(smem_addr(&sh.empty[(it - 1) % stages]));
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory"); // nothing reads d before the wait
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[m][i])::"memory"); // nothing reads d before the wait
 }
 
 // v[j] = this lane's v[j] + its partner's v[j + Half] (or the reverse, where
@@ -157,37 +173,44 @@ template <int Half> __device__ __forceinline__ void halve(float (&v)[8][4], bool
         }
 }
 
-// The tile in bf16 into the staging boxes (128-byte swizzle, as the store's
-// tensor map reads them) and, with Stats, each warp's column sums of
-// (v - pivot) and its square over its 16 rows into sh.red. A lane holds rows
-// r and r + 8 of column pairs 8j + 2(lane % 4); the 8 lanes of a column
-// are summed by halving (32 + 16 + 8 shuffles, not 3 x 64).
+// A consumer's tile in bf16 into its staging boxes (128-byte swizzle, as
+// the store's tensor map reads them) and, with Stats, each warp's column sums
+// of (v - pivot) and its square over its rows into sh.red. A lane holds rows
+// r and r + 8 of each 64-row block, column pairs 8j + 2(lane % 4); the 8
+// lanes of a column are summed by halving (32 + 16 + 8 shuffles, not 3 x 64).
 template <bool Stats>
-__device__ void stage_tile(const float (&d)[64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh) {
+__device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh) {
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const unsigned r0 = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4, within = 4 * (lane % 4);
-    const unsigned long long first = static_cast<unsigned long long>(at.mtile) * tile_m;
-    const float ok_lo = first + r0 < g.pixels ? 1.0f : 0.0f, ok_hi = first + r0 + 8 < g.pixels ? 1.0f : 0.0f;
+    const unsigned r = (warp % 4) * 16 + lane / 4, within = 4 * (lane % 4);
+    const unsigned long long first = static_cast<unsigned long long>(at.mtile) * tile_m + r;
+    float ok[2][2]; // rows inside the output (the last tile may be partial)
+#pragma unroll
+    for (unsigned m = 0; m < 2; ++m)
+        for (unsigned h = 0; h < 2; ++h) ok[m][h] = first + m * 64 + h * 8 < g.pixels ? 1.0f : 0.0f;
     [[maybe_unused]] float v[8][4];
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-        [[maybe_unused]] float w[2][4];
+    for (unsigned jj = 0; jj < 8; ++jj) {
+        [[maybe_unused]] float w[2][4] = {};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int j = jj + 8 * h;
-            const __nv_bfloat162 lo = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
-            const unsigned box = staging + h * (tile_m * 128), chunk = static_cast<unsigned>(jj);
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + r0 * 128 + ((chunk ^ (r0 % 8)) * 16) + within),
-                         "r"(*reinterpret_cast<const unsigned*>(&lo)));
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + (r0 + 8) * 128 + ((chunk ^ (r0 % 8)) * 16) + within),
-                         "r"(*reinterpret_cast<const unsigned*>(&hi)));
-            if constexpr (Stats) {
-                const float2 p =
-                    *reinterpret_cast<const float2*>(&sh.pivot[at.ntile * tile_n + 8 * j + 2 * (lane % 4)]);
-                const float v0 = (__low2float(lo) - p.x) * ok_lo, v1 = (__high2float(lo) - p.y) * ok_lo;
-                const float v2 = (__low2float(hi) - p.x) * ok_hi, v3 = (__high2float(hi) - p.y) * ok_hi;
-                w[h][0] = v0 + v2, w[h][1] = v1 + v3, w[h][2] = v0 * v0 + v2 * v2, w[h][3] = v1 * v1 + v3 * v3;
+        for (unsigned h = 0; h < 2; ++h) {
+            const unsigned j = jj + 8 * h, box = staging + h * (tile_m * 128);
+            [[maybe_unused]] float2 p{};
+            if constexpr (Stats)
+                p = *reinterpret_cast<const float2*>(&sh.pivot[at.ntile * tile_n + 8 * j + 2 * (lane % 4)]);
+#pragma unroll
+            for (unsigned m = 0; m < 2; ++m) {
+                const unsigned r0 = r + m * 64;
+                const __nv_bfloat162 lo = __floats2bfloat162_rn(d[m][4 * j], d[m][4 * j + 1]);
+                const __nv_bfloat162 hi = __floats2bfloat162_rn(d[m][4 * j + 2], d[m][4 * j + 3]);
+                asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + r0 * 128 + ((jj ^ (r0 % 8)) * 16) + within),
+                             "r"(*reinterpret_cast<const unsigned*>(&lo)));
+                asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + (r0 + 8) * 128 + ((jj ^ (r0 % 8)) * 16) + within),
+                             "r"(*reinterpret_cast<const unsigned*>(&hi)));
+                if constexpr (Stats) {
+                    const float v0 = (__low2float(lo) - p.x) * ok[m][0], v1 = (__high2float(lo) - p.y) * ok[m][0];
+                    const float v2 = (__low2float(hi) - p.x) * ok[m][1], v3 = (__high2float(hi) - p.y) * ok[m][1];
+                    w[h][0] += v0 + v2, w[h][1] += v1 + v3, w[h][2] += v0 * v0 + v2 * v2, w[h][3] += v1 * v1 + v3 * v3;
+                }
             }
         }
         if constexpr (Stats) {
@@ -210,54 +233,57 @@ __device__ void stage_tile(const float (&d)[64], const Geo& g, const TileAt& at,
     }
 }
 
-// A tile's epilogue: staged, stored by TMA (thread 0), and its column sums
-// added to the block's (in double, one thread per column: a fixed order).
+// A consumer's epilogue: its tile staged, stored by TMA (its first thread),
+// and its column sums added to its own (in double, one thread per column:
+// a fixed order).
 template <bool Stats>
-__device__ void finish_tile(const float (&d)[64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
+__device__ void finish_tile(const float (&d)[2][64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
                             const CUtensorMap& ymap, double* sums) {
-    if (threadIdx.x == 0) tma_store_wait_read(); // the last tile's store has read the staging boxes
-    consumers_sync();
+    const unsigned wg = threadIdx.x / 128, lt = threadIdx.x % 128;
+    if (lt == 0) tma_store_wait_read(); // its last tile's store has read the staging boxes
+    warpgroup_sync(wg);
     stage_tile<Stats>(d, g, at, staging, sh);
     fence_proxy_async();
-    consumers_sync();
-    if (threadIdx.x == 0) {
+    warpgroup_sync(wg);
+    if (lt == 0) {
         const int c0 = static_cast<int>(at.ntile * tile_n), r0 = static_cast<int>(at.mtile * tile_m);
         tma_store_2d(ymap, staging, c0, r0);
         tma_store_2d(ymap, staging + tile_m * 128, c0 + 64, r0);
         tma_store_commit();
     }
     if constexpr (Stats) {
-        if (threadIdx.x >= tile_n) return;
         double s = 0.0, q = 0.0;
-        for (unsigned w = 0; w < consumers * 4; ++w) s += sh.red[w][threadIdx.x][0], q += sh.red[w][threadIdx.x][1];
-        double* at_c = sums + (at.ntile * tile_n + threadIdx.x) * 2;
+        for (unsigned w = 4 * wg; w < 4 * wg + 4; ++w) s += sh.red[w][lt][0], q += sh.red[w][lt][1];
+        double* at_c = sums + (at.ntile * tile_n + lt) * 2;
         at_c[0] += s, at_c[1] += q;
     }
 }
 
-// The consumers' side of a block: its tiles one after another, then (with
-// Stats) its sums of every channel into its column of the partials.
+// A consumer warpgroup: every other tile of the block (ping-pong: its
+// epilogue runs beside the other's main loop, the main loops in turn, so that
+// a stage's full barrier is never waited on more than one phase ahead), then
+// (with Stats) both consumers' sums of every channel into the block's
+// column of the partials.
 template <bool Stats>
-__device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* smem, Shared& sh, const float* pivot,
+__device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* smem, Shared& sh, double* sums,
                         double* partials) {
-    double* sums = reinterpret_cast<double*>(smem + stages * stage_bytes + staging_bytes);
-    if constexpr (Stats)
-        for (unsigned c = threadIdx.x; c < g.cout; c += consumers * 128) {
-            sh.pivot[c] = pivot[c];
-            sums[2 * c] = sums[2 * c + 1] = 0.0;
-        }
-    const unsigned staging = smem_addr(smem + stages * stage_bytes), tiles = g.mtiles * g.ntiles;
-    unsigned it = 0;
-    for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
-        float d[64];
-        multiply(d, g, smem, sh, it);
-        finish_tile<Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums);
+    const unsigned wg = threadIdx.x / 128, steps = 9 * (g.cin / step_k), tiles = g.mtiles * g.ntiles;
+    const unsigned staging = smem_addr(smem + stages * stage_bytes + wg * staging_bytes);
+    unsigned nth = 0;
+    for (unsigned k = wg, t = blockIdx.x + wg * gridDim.x; t < tiles; k += 2, t += 2 * gridDim.x, ++nth) {
+        if (wg == 1)
+            mbarrier_wait(smem_addr(&sh.turn[1]), nth & 1);
+        else if (nth > 0)
+            mbarrier_wait(smem_addr(&sh.turn[0]), (nth - 1) & 1);
+        float d[2][64];
+        multiply(d, g, smem, sh, k * steps);
+        finish_tile<Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums + wg * 2 * g.cout);
     }
-    if (threadIdx.x == 0) tma_store_wait();
+    if (threadIdx.x % 128 == 0) tma_store_wait();
     if constexpr (Stats) {
         consumers_sync();
         for (unsigned i = threadIdx.x; i < 2 * g.cout; i += consumers * 128)
-            partials[(std::uint64_t{i / 2} * gridDim.x + blockIdx.x) * 2 + i % 2] = sums[i];
+            partials[(std::uint64_t{i / 2} * gridDim.x + blockIdx.x) * 2 + i % 2] = sums[i] + sums[2 * g.cout + i];
     }
 }
 
@@ -274,18 +300,26 @@ __global__ void __launch_bounds__(block_threads, 1)
         // The swizzle's pattern repeats every 1024 bytes: the stages start on such a boundary.
         auto* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) &
                                                       ~std::uintptr_t{1023});
+        auto* sums = reinterpret_cast<double*>(smem + stages * stage_bytes + consumers * staging_bytes);
+        if constexpr (Stats) {
+            for (unsigned c = threadIdx.x; c < g.cout; c += block_threads) sh.pivot[c] = pivot[c];
+            for (unsigned i = threadIdx.x; i < consumers * 2 * g.cout; i += block_threads) sums[i] = 0.0;
+        }
         if (threadIdx.x == 0) {
             for (unsigned s = 0; s < stages; ++s) {
                 mbarrier_init(smem_addr(&sh.full[s]), 1);
-                mbarrier_init(smem_addr(&sh.empty[s]), consumers);
+                mbarrier_init(smem_addr(&sh.empty[s]), 1);
             }
+            for (unsigned c = 0; c < consumers; ++c) mbarrier_init(smem_addr(&sh.turn[c]), 1);
         }
         __syncthreads();
         if (threadIdx.x >= consumers * 128) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(producer_registers));
             if (threadIdx.x == consumers * 128) produce(xmap, wmap, g, smem, sh);
             return;
         }
-        consume<Stats>(ymap, g, smem, sh, pivot, partials);
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(consumer_registers));
+        consume<Stats>(ymap, g, smem, sh, sums, partials);
     })
 }
 
@@ -350,8 +384,9 @@ void launch_with(const CUtensorMap& xmap, const CUtensorMap& wmap, const CUtenso
                  std::size_t shared, cudaStream_t stream, const TcConvStats& stats) {
     static std::once_flag once;
     std::call_once(once, [] {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_conv_kernel<Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(stages * stage_bytes + staging_bytes + max_cout * 16 + 1024)));
+        CUDA_CHECK(cudaFuncSetAttribute(
+            wgmma_conv_kernel<Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            static_cast<int>(stages * stage_bytes + consumers * (staging_bytes + max_cout * 16) + 1024)));
     });
     launch_kernel(wgmma_conv_kernel<Stats>, grid, block_threads, shared, stream, xmap, wmap, ymap, g, stats.pivot,
                   stats.partials);
@@ -384,7 +419,7 @@ unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvSh
     const unsigned tiles = g.mtiles * g.ntiles;
     unsigned grid = std::min(tiles, sm_count());
     if (stats.partials) grid = std::min(grid, stats.max_splits);
-    const std::size_t shared = stages * stage_bytes + staging_bytes + std::size_t{s.cout} * 16 + 1024;
+    const std::size_t shared = stages * stage_bytes + consumers * (staging_bytes + std::size_t{s.cout} * 16) + 1024;
     if (stats.partials)
         launch_with<true>(xmap, wmap, ymap, g, grid, shared, stream, stats);
     else

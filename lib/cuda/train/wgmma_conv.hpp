@@ -5,15 +5,16 @@
 // reduction 9 taps x the input channels in steps of 64.
 //
 // tc_conv (mma.sync) stops at 128 input channels and its warps wait on their
-// own fragment loads; here one producer warp copies each tap's input box and
-// the filters' slice into a ring of shared-memory stages by TMA (zeros outside
-// the image) while two consumer warpgroups multiply from shared memory, and
-// persistent blocks take tile after tile. The epilogue rounds to bf16, stores
-// the tile through shared memory by TMA and, where asked, sums the next batch
-// norm's statistics (tc_conv.hpp's TcConvStats; the per-block sums cover all
-// of a block's tiles, each in a fixed order: the same result on every run).
-// The trainer times it against tc_conv and cuDNN (own:wgmma_conv) and keeps
-// the fastest.
+// own fragment loads; here one producer thread copies each tap's input box
+// and the filters' slice into a ring of shared-memory stages by TMA (zeros
+// outside the image) while two consumer warpgroups multiply from shared
+// memory, each a tile of its own in turn (ping-pong: one's epilogue beside
+// the other's products), in persistent blocks. The epilogue rounds to bf16,
+// stores the tile through shared memory by TMA and, where asked, sums the
+// next batch norm's statistics (tc_conv.hpp's TcConvStats; the per-block
+// sums cover all of a block's tiles, each in a fixed order: the same result
+// on every run). The trainer times it against tc_conv and cuDNN
+// (own:wgmma_conv) and keeps the fastest.
 #include <cuda_runtime.h>
 
 #include "tc_conv.hpp"
@@ -22,7 +23,7 @@ namespace dstk::train::cuda {
 
 // Whether this build and GPU run the kernel (code for sm_90a, a device of
 // compute capability 9.0) and it takes shape s: a bf16 forward, input
-// channels a multiple of 64, output channels a multiple of 128 up to 1024,
+// channels a multiple of 64, output channels a multiple of 128 up to 512,
 // and tiles of whole rows of one image (h*w a multiple of 128, w dividing
 // 128) or of whole images (h*w dividing 128).
 bool wgmma_conv_supported(const TcConvShape& s);
