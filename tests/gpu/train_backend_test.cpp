@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <set>
 #include <string>
@@ -487,13 +488,17 @@ namespace {
 constexpr std::pair<Precision, double> fused_tolerances[] = {
     {Precision::fp32, 1e-3}, {Precision::tf32, 2e-2}, {Precision::bf16, 6e-2}};
 
-// A trainer made with the environment variable `name` set to `value` (the
-// cuda backend reads its switches when a trainer is made).
-std::unique_ptr<Trainer> made_with(const char* name, const char* value, const TrainerConfig& c) {
-    setenv(name, value, 1);
+// A trainer made with the environment variables env set (the cuda backend
+// reads its switches when a trainer is made).
+std::unique_ptr<Trainer> made_with(std::initializer_list<std::pair<const char*, const char*>> env,
+                                   const TrainerConfig& c) {
+    for (const auto& [name, value] : env) setenv(name, value, 1);
     auto t = make_trainer(c);
-    unsetenv(name);
+    for (const auto& [name, value] : env) unsetenv(name);
     return t;
+}
+std::unique_ptr<Trainer> made_with(const char* name, const char* value, const TrainerConfig& c) {
+    return made_with({{name, value}}, c);
 }
 
 TrainerConfig deterministic_config(Precision p) {
@@ -508,6 +513,12 @@ void run_steps(Trainer& t, const DeviceData& dd, TensorShape in, std::uint32_t b
     for (int s = from; s < to; ++s) {
         t.train_step(step_batch(t.config(), dd.xs() + s * batch * in.numel(), dd.ys() + s * batch, batch));
     }
+}
+
+// Four graph steps, then an eager partial one of 20 samples.
+void five_steps(Trainer& t, const DeviceData& dd, TensorShape in, std::uint32_t batch) {
+    run_steps(t, dd, in, batch, 0, 4);
+    t.train_step(step_batch(t.config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
 }
 
 } // namespace
@@ -569,8 +580,7 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
             auto one = make_trainer(c);
             unsetenv("DSTK_WEIGHT_BRANCH");
             for (Trainer* t : {branched.get(), one.get()}) {
-                run_steps(*t, dd, in, batch, 0, 4);
-                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+                five_steps(*t, dd, in, batch);
             }
             EXPECT_EQ(branched->read_parameters(), one->read_parameters());
             EXPECT_EQ(branched->read_states(), one->read_states());
@@ -996,13 +1006,8 @@ TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
             const TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, p, OptimizerKind::adamw);
             const double tol = p == Precision::bf16 ? 6e-2 : 2e-2;
             auto train = [&](const char* kernels, const char* stats) {
-                setenv("DSTK_CONV_KERNELS", kernels, 1); // both read when the trainer is made
-                setenv("DSTK_CONV_BN_STATS", stats, 1);
-                auto t = make_trainer(c);
-                unsetenv("DSTK_CONV_KERNELS");
-                unsetenv("DSTK_CONV_BN_STATS");
-                run_steps(*t, dd, in, batch, 0, 4);
-                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+                auto t = made_with({{"DSTK_CONV_KERNELS", kernels}, {"DSTK_CONV_BN_STATS", stats}}, c);
+                five_steps(*t, dd, in, batch);
                 return t;
             };
             auto fused = train("own", "1"), pass = train("own", "0"), cudnn = train("cudnn", "1");
@@ -1058,13 +1063,8 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
                              Backend::cuda, Precision::bf16, OptimizerKind::adamw);
     c.deterministic = true;
     auto train = [&](const char* kernels, const char* wgmma) {
-        setenv("DSTK_CONV_KERNELS", kernels, 1); // both read when the trainer is made
-        setenv("DSTK_WGMMA_CONV", wgmma, 1);
-        auto t = make_trainer(c);
-        unsetenv("DSTK_CONV_KERNELS");
-        unsetenv("DSTK_WGMMA_CONV");
-        run_steps(*t, dd, in, batch, 0, 4);
-        t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+        auto t = made_with({{"DSTK_CONV_KERNELS", kernels}, {"DSTK_WGMMA_CONV", wgmma}}, c);
+        five_steps(*t, dd, in, batch);
         return t;
     };
     const auto hopper = train("own", "1"), again = train("own", "1"), cudnn = train("cudnn", "0");
@@ -1108,8 +1108,7 @@ TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
             const TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, p, OptimizerKind::adamw);
             auto train = [&](const char* fused) {
                 auto t = made_with("DSTK_FC_FUSED", fused, c);
-                run_steps(*t, dd, in, batch, 0, 4);
-                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+                five_steps(*t, dd, in, batch);
                 return t;
             };
             auto fused = train("1"), plain = train("0");
@@ -1371,8 +1370,7 @@ TEST(TrainGpu, ProgrammaticLaunchEqualsPlainLaunch) {
                 else
                     unsetenv("DSTK_PDL");
                 auto t = make_trainer(c);
-                run_steps(*t, dd, in, batch, 0, 4);
-                t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
+                five_steps(*t, dd, in, batch);
                 t->synchronize();
                 unsetenv("DSTK_PDL");
                 return t;

@@ -50,7 +50,7 @@ struct TileAt {
 // The device code proper: compiled for sm_90a only (elsewhere nothing calls it).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// A consumer holds a whole tile's sums (128 per thread): the producer's
+// A consumer holds a whole tile's accumulators (128 per thread): the producer's
 // warpgroup gives up the registers it does not use (setmaxnreg).
 constexpr unsigned producer_registers = 40, consumer_registers = 232;
 
