@@ -67,10 +67,6 @@ __device__ __forceinline__ TileAt tile_at(const Geo& g, unsigned t) {
     return at;
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // A shared-memory operand: K-major, 128-byte swizzle, groups of 8 rows 1024 bytes apart.
 __device__ __forceinline__ std::uint64_t operand_desc(unsigned addr) {
     std::uint64_t d = (addr & 0x3FFFF) >> 4;
@@ -120,9 +116,9 @@ __device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const 
         const TileAt at = tile_at(g, t);
         for (unsigned kb = 0; kb < steps; ++kb, ++it) {
             const unsigned s = it % stages;
-            if (it >= stages) mbarrier_wait(smem_addr(&sh.empty[s]), (it / stages - 1) & 1);
+            if (it >= stages) mbarrier_wait(smem_address(&sh.empty[s]), (it / stages - 1) & 1);
             const int tap = static_cast<int>(kb / kc), c0 = static_cast<int>((kb % kc) * step_k);
-            const unsigned a = smem_addr(smem + s * stage_bytes), bar = smem_addr(&sh.full[s]);
+            const unsigned a = smem_address(smem + s * stage_bytes), bar = smem_address(&sh.full[s]);
             mbarrier_expect(bar, stage_bytes);
             tma_load_4d(a, xmap, c0, tap % 3 - 1, at.row + tap / 3 - 1, at.image, bar);
             tma_load_2d(a + a_bytes, wmap, tap * static_cast<int>(g.cin) + c0, static_cast<int>(at.ntile * tile_n),
@@ -139,8 +135,8 @@ __device__ void multiply(float (&d)[2][64], const Geo& g, unsigned char* smem, S
     const bool leader = threadIdx.x % 128 == 0;
     for (unsigned kb = 0; kb < steps; ++kb, ++it) {
         const unsigned s = it % stages;
-        mbarrier_wait(smem_addr(&sh.full[s]), (it / stages) & 1);
-        const unsigned a = smem_addr(smem + s * stage_bytes), b = a + a_bytes;
+        mbarrier_wait(smem_address(&sh.full[s]), (it / stages) & 1);
+        const unsigned a = smem_address(smem + s * stage_bytes), b = a + a_bytes;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (unsigned k = 0; k < step_k / 16; ++k)
@@ -150,11 +146,11 @@ __device__ void multiply(float (&d)[2][64], const Geo& g, unsigned char* smem, S
                                  kb > 0 || k > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        if (kb > 0 && leader) mbarrier_arrive(smem_addr(&sh.empty[(it - 1) % stages]));
+        if (kb > 0 && leader) mbarrier_arrive(smem_address(&sh.empty[(it - 1) % stages]));
     }
-    if (leader) mbarrier_arrive(smem_addr(&sh.turn[1 - wg]));
+    if (leader) mbarrier_arrive(smem_address(&sh.turn[1 - wg]));
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    if (leader) mbarrier_arrive(smem_addr(&sh.empty[(it - 1) % stages]));
+    if (leader) mbarrier_arrive(smem_address(&sh.empty[(it - 1) % stages]));
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -268,13 +264,13 @@ template <bool Stats>
 __device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* smem, Shared& sh, double* sums,
                         double* partials) {
     const unsigned wg = threadIdx.x / 128, steps = 9 * (g.cin / step_k), tiles = g.mtiles * g.ntiles;
-    const unsigned staging = smem_addr(smem + stages * stage_bytes + wg * staging_bytes);
+    const unsigned staging = smem_address(smem + stages * stage_bytes + wg * staging_bytes);
     unsigned nth = 0;
     for (unsigned k = wg, t = blockIdx.x + wg * gridDim.x; t < tiles; k += 2, t += 2 * gridDim.x, ++nth) {
         if (wg == 1)
-            mbarrier_wait(smem_addr(&sh.turn[1]), nth & 1);
+            mbarrier_wait(smem_address(&sh.turn[1]), nth & 1);
         else if (nth > 0)
-            mbarrier_wait(smem_addr(&sh.turn[0]), (nth - 1) & 1);
+            mbarrier_wait(smem_address(&sh.turn[0]), (nth - 1) & 1);
         float d[2][64];
         multiply(d, g, smem, sh, k * steps);
         finish_tile<Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums + wg * 2 * g.cout);
@@ -307,10 +303,10 @@ __global__ void __launch_bounds__(block_threads, 1)
         }
         if (threadIdx.x == 0) {
             for (unsigned s = 0; s < stages; ++s) {
-                mbarrier_init(smem_addr(&sh.full[s]), 1);
-                mbarrier_init(smem_addr(&sh.empty[s]), 1);
+                mbarrier_init(smem_address(&sh.full[s]), 1);
+                mbarrier_init(smem_address(&sh.empty[s]), 1);
             }
-            for (unsigned c = 0; c < consumers; ++c) mbarrier_init(smem_addr(&sh.turn[c]), 1);
+            for (unsigned c = 0; c < consumers; ++c) mbarrier_init(smem_address(&sh.turn[c]), 1);
         }
         __syncthreads();
         if (threadIdx.x >= consumers * 128) {
