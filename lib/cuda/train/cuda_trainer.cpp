@@ -49,8 +49,8 @@
 #include "train/pooling.hpp"
 #include "train/side_branch.hpp"
 #include "train/tc_conv.hpp"
-#include "train/wgmma_conv.hpp"
 #include "train/tc_wgrad.hpp"
+#include "train/wgmma_conv.hpp"
 
 namespace dstk::train {
 namespace {
@@ -97,7 +97,7 @@ struct LayerDev {
     bool wgmma_fwd = false;  // conv: forward by wgmma_conv.cu (bf16, compute 9.0)
     bool tc_dgrad = false;   // conv: data gradient by tc_conv.cu (bf16, tf32)
     bool fwd_one_group = false, dgrad_one_group = false; // tc_conv in one group of warps per block (TcConvShape)
-    bool bn_stats = false;     // conv: its forward (tc_conv) also sums the next batch norm's statistics
+    bool bn_stats = false;     // conv: its forward (tc_conv, wgmma_conv) also sums the next batch norm's statistics
     bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
     bool add_next = false;     // batchnorm, relu, a residual block's end: its sum written by the batchnorm
     bool relu_in_gemm = false; // linear followed by relu: the relu's output written by the GEMM where fused
@@ -1401,7 +1401,7 @@ void CudaTrainer::find_algorithms() {
             };
             // Where its epilogue may sum the next batch norm's statistics, timed
             // doing so against cuDNN's forward and that norm's reduction pass
-            // (plan_conv_bn_stats then takes the pass out where tc_conv won).
+            // (plan_conv_bn_stats then takes the pass out where an own kernel won).
             // own:wgmma_conv first: where both apply, DSTK_CONV_KERNELS=own takes it.
             const bool stats = (d.tc_fwd || d.wgmma_fwd) && stats_in_conv_fit(i);
             if (d.wgmma_fwd)
@@ -2187,9 +2187,9 @@ void CudaTrainer::plan_first_wgrad_in_dgrad() {
         first_wgrad_at_ = up;
 }
 
-// Which convolutions run by tc_conv also sum the statistics of the batch
-// norm right after them in their epilogue (the norm's reduction pass over
-// the output is then not run). The kernel choice timed tc_conv so against
+// Which convolutions run by tc_conv or wgmma_conv also sum the statistics of
+// the batch norm right after them in their epilogue (the norm's reduction pass
+// over the output is then not run). The kernel choice timed them so against
 // cuDNN's forward followed by that pass (find_algorithms).
 void CudaTrainer::plan_conv_bn_stats() {
     for (std::size_t i = 0; i < layers().size(); ++i)
@@ -2205,8 +2205,6 @@ bool CudaTrainer::stats_in_conv_fit(std::size_t i) const {
            b.source == static_cast<std::int32_t>(i);
 }
 
-// Where convolution i's epilogue sums them: the norm's partials, its running
-// mean as the pivot.
 // Convolution i's forward by wgmma_conv, in training also summing the next
 // batch norm's statistics where planned (bn_stats: their splits into splits).
 void CudaTrainer::forward_wgmma_conv(std::size_t i, const void* x, std::uint32_t n, bool training, unsigned& splits) {
@@ -2216,6 +2214,8 @@ void CudaTrainer::forward_wgmma_conv(std::size_t i, const void* x, std::uint32_t
     if (stats) splits = s;
 }
 
+// Where convolution i's epilogue sums them: the norm's partials, its running
+// mean as the pivot.
 TcConvStats CudaTrainer::conv_stats(std::size_t i) const {
     return {bn_partials_, states_ + layers()[i + 1].state_offset, bn_max_splits_of_partials()};
 }
