@@ -25,6 +25,11 @@ constexpr unsigned consumers = 2, block_threads = (consumers + 1) * 128; // two 
 constexpr unsigned a_bytes = tile_m * step_k * 2, stage_bytes = a_bytes + tile_n * step_k * 2;
 constexpr unsigned staging_bytes = tile_m * tile_n * 2; // a consumer's output tile, two boxes of 64 channels
 constexpr unsigned max_cout = 512;                      // (a consumer's sums of every channel in shared memory)
+// Dynamic shared memory: the stages, each consumer's staging boxes and sums
+// (double, two per channel), and room to align the stages to 1024 bytes.
+constexpr std::size_t shared_bytes(unsigned cout) {
+    return stages * stage_bytes + consumers * (staging_bytes + std::size_t{cout} * 16) + 1024;
+}
 
 struct Geo {
     unsigned cin = 0, cout = 0;
@@ -380,9 +385,8 @@ void launch_with(const CUtensorMap& xmap, const CUtensorMap& wmap, const CUtenso
                  std::size_t shared, cudaStream_t stream, const TcConvStats& stats) {
     static std::once_flag once;
     std::call_once(once, [] {
-        CUDA_CHECK(cudaFuncSetAttribute(
-            wgmma_conv_kernel<Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            static_cast<int>(stages * stage_bytes + consumers * (staging_bytes + max_cout * 16) + 1024)));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_conv_kernel<Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(shared_bytes(max_cout))));
     });
     launch_kernel(wgmma_conv_kernel<Stats>, grid, block_threads, shared, stream, xmap, wmap, ymap, g, stats.pivot,
                   stats.partials);
@@ -415,7 +419,7 @@ unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvSh
     const unsigned tiles = g.mtiles * g.ntiles;
     unsigned grid = std::min(tiles, sm_count());
     if (stats.partials) grid = std::min(grid, stats.max_splits);
-    const std::size_t shared = stages * stage_bytes + consumers * (staging_bytes + std::size_t{s.cout} * 16) + 1024;
+    const std::size_t shared = shared_bytes(s.cout);
     if (stats.partials)
         launch_with<true>(xmap, wmap, ymap, g, grid, shared, stream, stats);
     else
