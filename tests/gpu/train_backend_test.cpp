@@ -182,6 +182,13 @@ bool reports_kernel(const Trainer& t, std::size_t layer, const std::string& kern
     return false;
 }
 
+// The same for one operation of the layer ("fwd", "bwd_data", "bwd_filter").
+bool reports_kernel(const Trainer& t, std::size_t layer, const std::string& op, const std::string& kernel) {
+    for (const KernelReport& r : t.kernel_choices())
+        if (r.layer == layer && r.op == op && r.kernel == kernel) return true;
+    return false;
+}
+
 } // namespace
 
 TEST(TrainGpu, EveryLayerMatchesCpuFp32) {
@@ -1024,17 +1031,19 @@ TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
         }
 }
 
-// dstrain's own Hopper forward (wgmma_conv.cu: bf16, compute capability 9.0,
-// a build with sm_90a code), forced where it applies, against the cpu backend
-// layer by layer: 64, 128 and 256 input channels; tiles of whole rows (16x16
-// and 32x32 images) and of whole images (8x8: two per tile; 4x4: eight, a
-// batch of 5 and so one partial tile); 128 and 256 outputs (one and two
-// column tiles); batch norms after it (their statistics in its epilogue) and
-// not; more tiles than blocks (80 images of 16x16 into 256 channels). Then
-// training: five steps (the last an eager partial batch) with it, statistics
-// in its epilogue (own:stats_in_conv), against DSTK_WGMMA_CONV=0 (cuDNN's
-// convolution and the norm's own pass) within bf16's tolerance, and bit for
-// bit equal run to run under --deterministic.
+// dstrain's own Hopper convolution (wgmma_conv.cu: compute capability 9.0,
+// a build with sm_90a code), forward and data gradient, in bf16 and tf32,
+// forced where it applies, against the cpu backend layer by layer: 64, 128
+// and 256 input channels; tiles of whole rows (16x16 and 32x32 images) and
+// of whole images (8x8: two per tile; 4x4: eight, a batch of 5 and so one
+// partial tile); 128 and 256 outputs (one and two column tiles); batch norms
+// after it (their statistics in its epilogue) and not; data gradients into
+// 128 and 256 channels; more tiles than blocks (80 images of 16x16 into 256
+// channels). Then training in each precision: five steps (the last an eager
+// partial batch) with it, statistics in its epilogue (own:stats_in_conv),
+// against DSTK_WGMMA_CONV=0 (cuDNN's convolutions and the norm's own pass)
+// within the precision's tolerance, and bit for bit equal run to run under
+// --deterministic.
 TEST(TrainGpu, HopperConvolutionsMatchCpu) {
     REQUIRE_GPU();
     const std::string probe = "conv3x3:64,conv3x3:128,flatten,fc:5";
@@ -1051,34 +1060,47 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
         {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:5", {3, 4, 4}},
     };
     for (const auto& [spec, in] : cases)
-        for (const std::uint32_t batch : {3u, 5u}) compare_layers(spec, in, 5, batch, Precision::bf16, 3e-2, 0.35);
-    compare_layers("conv3x3:64,conv3x3:256,bn,flatten,fc:5", {3, 16, 16}, 5, 80, Precision::bf16, 3e-2, 0.35);
+        for (const std::uint32_t batch : {3u, 5u}) {
+            compare_layers(spec, in, 5, batch, Precision::bf16, 3e-2, 0.35);
+            compare_layers(spec, in, 5, batch, Precision::tf32, 2e-2, 2e-2);
+        }
+    for (const Precision p : {Precision::bf16, Precision::tf32})
+        compare_layers("conv3x3:64,conv3x3:256,bn,flatten,fc:5", {3, 16, 16}, 5, 80, p,
+                       p == Precision::bf16 ? 3e-2 : 2e-2, p == Precision::bf16 ? 0.35 : 2e-2);
     unsetenv("DSTK_CONV_KERNELS");
 
     const TensorShape in{3, 8, 8};
     const std::uint32_t batch = 32;
     const Data d = make_random_data(in, 10, batch * 6, 47);
     const DeviceData dd(d);
-    TrainerConfig c = config("conv3x3:64,bn,relu,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:10", in, 10, batch,
-                             Backend::cuda, Precision::bf16, OptimizerKind::adamw);
-    c.deterministic = true;
-    auto train = [&](const char* kernels, const char* wgmma) {
-        auto t = made_with({{"DSTK_CONV_KERNELS", kernels}, {"DSTK_WGMMA_CONV", wgmma}}, c);
-        five_steps(*t, dd, in, batch);
-        return t;
-    };
-    const auto hopper = train("own", "1"), again = train("own", "1"), cudnn = train("cudnn", "0");
-    for (const std::size_t layer : {3, 6}) {
-        EXPECT_TRUE(reports_kernel(*hopper, layer, "own:wgmma_conv")) << "L" << layer;
-        EXPECT_TRUE(reports_kernel(*hopper, layer + 1, "own:stats_in_conv")) << "L" << layer + 1;
-        EXPECT_FALSE(reports_kernel(*cudnn, layer, "own:wgmma_conv")) << "DSTK_WGMMA_CONV=0";
+    for (const Precision p : {Precision::bf16, Precision::tf32}) {
+        SCOPED_TRACE(precision_name(p));
+        TrainerConfig c = config("conv3x3:64,bn,relu,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:10", in, 10,
+                                 batch, Backend::cuda, p, OptimizerKind::adamw);
+        c.deterministic = true;
+        auto train = [&](const char* kernels, const char* wgmma) {
+            auto t = made_with({{"DSTK_CONV_KERNELS", kernels}, {"DSTK_WGMMA_CONV", wgmma}}, c);
+            five_steps(*t, dd, in, batch);
+            return t;
+        };
+        const auto hopper = train("own", "1"), again = train("own", "1"), cudnn = train("cudnn", "0");
+        for (const std::size_t layer : {3, 6}) {
+            EXPECT_TRUE(reports_kernel(*hopper, layer, "fwd", "own:wgmma_conv")) << "L" << layer;
+            EXPECT_TRUE(reports_kernel(*hopper, layer + 1, "own:stats_in_conv")) << "L" << layer + 1;
+            EXPECT_FALSE(reports_kernel(*cudnn, layer, "own:wgmma_conv")) << "DSTK_WGMMA_CONV=0";
+        }
+        // (L3's data gradient writes 64 channels: not the kernel's.)
+        EXPECT_TRUE(reports_kernel(*hopper, 6, "bwd_data", "own:wgmma_conv"));
+        EXPECT_FALSE(reports_kernel(*hopper, 3, "bwd_data", "own:wgmma_conv"));
+        EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
+        EXPECT_EQ(hopper->read_states(), again->read_states());
+        Checker check;
+        const double tol = p == Precision::bf16 ? 6e-2 : 2e-2;
+        check("parameters after 5 steps", hopper->read_parameters(), cudnn->read_parameters(), tol);
+        check("BN running statistics after 5 steps", hopper->read_states(), cudnn->read_states(), tol);
+        std::printf("wgmma_conv against cuDNN after 5 steps, %s: worst %.2e (%s)\n",
+                    std::string(precision_name(p)).c_str(), check.worst, check.worst_what.c_str());
     }
-    EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
-    EXPECT_EQ(hopper->read_states(), again->read_states());
-    Checker check;
-    check("parameters after 5 steps", hopper->read_parameters(), cudnn->read_parameters(), 6e-2);
-    check("BN running statistics after 5 steps", hopper->read_states(), cudnn->read_states(), 6e-2);
-    std::printf("wgmma_conv against cuDNN after 5 steps: worst %.2e (%s)\n", check.worst, check.worst_what.c_str());
 }
 
 // DSTK_FC_FUSED=0 runs the linear layers as before (flattened features

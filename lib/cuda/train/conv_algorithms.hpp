@@ -72,13 +72,13 @@ struct GraphKernels {
 };
 // dstrain's own kernels.
 struct OwnKernels {
-    std::vector<KernelCandidate> fwd; // tc_conv.cu, in its variants
+    std::vector<KernelCandidate> fwd; // wgmma_conv.cu, tc_conv.cu in its variants
     // Where fwd also does what a pass after cuDNN's forward would (the next
     // batch norm's statistics, summed in tc_conv's epilogue): that pass, run
     // after each cuDNN candidate when timed, so that both sides do the same
     // work; such a choice is kept under its own key (op fwd_bn_stats).
     std::function<void()> fwd_pass_saved;
-    std::vector<KernelCandidate> dgrad; // tc_conv.cu
+    std::vector<KernelCandidate> dgrad; // wgmma_conv.cu, tc_conv.cu (on turned filters)
     std::vector<KernelCandidate> wgrad; // tc_wgrad.cu
     bool force = false;                 // DSTK_CONV_KERNELS=own: the first of each list, wherever one applies, untimed
 };

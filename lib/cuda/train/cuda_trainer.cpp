@@ -87,15 +87,16 @@ class Arena {
 struct LayerDev {
     void* out = nullptr;  // activation (aliases the input for residual_begin, and flatten where no transpose is needed)
     float* aux = nullptr; // bn: saved mean and inverse std; dropout: mask
-    void* stash = nullptr;   // residual_end: gradient for the skip path
-    void* wk = nullptr;      // conv: KRSC weights; linear in bf16 mode or NHWC order: copies of the weights
-    void* gk = nullptr;      // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
-    void* wturned = nullptr; // conv where tc_dgrad: wk turned for the data gradient (turn_filters_ahead)
-    bool relu_next = false;  // batchnorm followed by relu: fused where allowed
-    bool tc_wgrad = false;   // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
-    bool tc_fwd = false;     // conv: forward by tc_conv.cu (bf16, tf32)
-    bool wgmma_fwd = false;  // conv: forward by wgmma_conv.cu (bf16, compute 9.0)
-    bool tc_dgrad = false;   // conv: data gradient by tc_conv.cu (bf16, tf32)
+    void* stash = nullptr;    // residual_end: gradient for the skip path
+    void* wk = nullptr;       // conv: KRSC weights; linear in bf16 mode or NHWC order: copies of the weights
+    void* gk = nullptr;       // conv: gradient of wk; linear reading NHWC order: fp32 gradient of wk
+    void* wturned = nullptr;  // conv with an own data gradient: wk turned for it (turn_filters_ahead)
+    bool relu_next = false;   // batchnorm followed by relu: fused where allowed
+    bool tc_wgrad = false;    // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
+    bool tc_fwd = false;      // conv: forward by tc_conv.cu (bf16, tf32)
+    bool wgmma_fwd = false;   // conv: forward by wgmma_conv.cu (bf16, tf32, compute 9.0)
+    bool tc_dgrad = false;    // conv: data gradient by tc_conv.cu (bf16, tf32)
+    bool wgmma_dgrad = false; // conv: data gradient by wgmma_conv.cu (bf16, tf32, compute 9.0)
     bool fwd_one_group = false, dgrad_one_group = false; // tc_conv in one group of warps per block (TcConvShape)
     bool bn_stats = false;     // conv: its forward (tc_conv, wgmma_conv) also sums the next batch norm's statistics
     bool pool_next = false;    // batchnorm, relu, 2x2 max-pool: the pool fused in as well
@@ -108,6 +109,8 @@ struct LayerDev {
     cudnnFilterDescriptor_t filter = nullptr;
     cudnnConvolutionDescriptor_t conv_fwd = nullptr, conv_bwd_data = nullptr, conv_bwd_filter = nullptr;
     ConvAlgos algos; // for max_batch
+    // An own data gradient (tc_conv, wgmma_conv), on the filters turned for it.
+    bool own_dgrad() const { return tc_dgrad || wgmma_dgrad; }
     // conv: cuDNN graph-API configurations, each operation's candidates
     // until find_algorithms, then the chosen one (null: another kernel).
     // They run at max_batch only; other batch sizes run algos' fitting.
@@ -289,6 +292,7 @@ class CudaTrainer final : public Trainer {
                        bool accumulate = false);
     bool only_reader(std::size_t layer, std::size_t reader) const;
     bool dgrad_sums_skip(std::size_t begin) const;
+    bool skip_sum_site(std::size_t begin) const;
     void* stash_above(std::size_t i) const;
     void turn_filters_ahead(cudaStream_t s);
     void backward_linear(std::size_t i, std::uint32_t n, const void* dy, void* dx, bool need_dx,
@@ -784,14 +788,16 @@ void CudaTrainer::profile_layers(int steps) {
         if (i == 0 && direct_first_)
             std::fprintf(stderr, "profile: L0 conv direct kernels (forward, weight gradient)\n");
         else if (layers()[i].spec.kind == LayerKind::conv)
-            std::fprintf(
-                stderr, "profile: L%zu conv algorithms fwd %s bwd-data %s bwd-filter %s, workspace %s\n", i,
-                dev_[i].wgmma_fwd ? "wgmma_conv"
-                : dev_[i].tc_fwd  ? "tc_conv"
-                                  : std::to_string(static_cast<int>(dev_[i].algos.fwd)).c_str(),
-                dev_[i].tc_dgrad ? "tc_conv" : std::to_string(static_cast<int>(dev_[i].algos.bwd_data)).c_str(),
-                dev_[i].tc_wgrad ? "tc_wgrad" : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
-                format_bytes(workspace_bytes_).c_str());
+            std::fprintf(stderr, "profile: L%zu conv algorithms fwd %s bwd-data %s bwd-filter %s, workspace %s\n", i,
+                         dev_[i].wgmma_fwd ? "wgmma_conv"
+                         : dev_[i].tc_fwd  ? "tc_conv"
+                                           : std::to_string(static_cast<int>(dev_[i].algos.fwd)).c_str(),
+                         dev_[i].wgmma_dgrad ? "wgmma_conv"
+                         : dev_[i].tc_dgrad  ? "tc_conv"
+                                             : std::to_string(static_cast<int>(dev_[i].algos.bwd_data)).c_str(),
+                         dev_[i].tc_wgrad ? "tc_wgrad"
+                                          : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
+                         format_bytes(workspace_bytes_).c_str());
 }
 
 void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& body) {
@@ -1156,7 +1162,7 @@ void CudaTrainer::layout(Arena& a) {
         if (l.spec.kind == LayerKind::conv) {
             d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
             d.gk = static_cast<char*>(gcopy_) + copy_offset_[i] * ab;
-            if (d.tc_dgrad) d.wturned = a.take_bytes(tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
+            if (d.own_dgrad()) d.wturned = a.take_bytes(tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
         } else if (l.spec.kind == LayerKind::linear && linear_copied(i)) {
             d.wk = static_cast<char*>(wcopy_) + copy_offset_[i] * ab;
             if (nhwc_order(i).c) d.gk = a.take<float>(std::uint64_t{l.out.c} * l.in.c);
@@ -1274,7 +1280,11 @@ void CudaTrainer::create_layer_descriptors() {
         dev_[i].tc_fwd = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, false));
         dev_[i].wgmma_fwd = tc && wgmma && wgmma_conv_supported(conv_shape(i, cfg_.max_batch, false));
         dev_[i].tc_dgrad = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, true));
-        if (dev_[i].tc_dgrad) ws = std::max(ws, tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
+        // Not where cuDNN's data gradient would sum itself into the skip path's (dgrad_sums_skip):
+        // timed alone, the choice would not see the sum's pass that an own kernel then needs.
+        dev_[i].wgmma_dgrad = tc && wgmma && !(i > 0 && skip_sum_site(i - 1)) &&
+                              wgmma_conv_supported(conv_shape(i, cfg_.max_batch, true));
+        if (dev_[i].own_dgrad()) ws = std::max(ws, tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
     }
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i)
         if (layers()[i].spec.kind == LayerKind::conv) ws = std::max(ws, plan_graph_convs(i));
@@ -1426,6 +1436,14 @@ void CudaTrainer::find_algorithms() {
             // ahead (turn_filters_ahead): timed on filters turned ahead, more layers went to
             // this kernel and the step measured slower (the timing is of one kernel alone,
             // the step runs it beside the side stream's weight gradients).
+            if (d.wgmma_dgrad)
+                own.dgrad.push_back({"own:wgmma_conv", [&, i] {
+                                         const TcConvShape s = conv_shape(i, cfg_.max_batch, true);
+                                         launch_turn_filters(d.wk, workspace_, s, stream_);
+                                         launch_wgmma_conv(gbuf_[0], workspace_, gbuf_[1], s, stream_);
+                                         return true;
+                                     }});
+            const int tc_dgrad_at = static_cast<int>(own.dgrad.size());
             if (d.tc_dgrad)
                 tc_variants(own.dgrad, true, [&](const TcConvShape& s) {
                     launch_tc_conv(gbuf_[0], d.wk, gbuf_[1], s, workspace_, stream_);
@@ -1448,8 +1466,9 @@ void CudaTrainer::find_algorithms() {
             d.wgmma_fwd = used.fwd >= 0 && used.fwd < tc_at;
             d.tc_fwd = used.fwd >= tc_at;
             d.fwd_one_group = used.fwd == tc_at + one_group;
-            d.tc_dgrad = used.dgrad >= 0;
-            d.dgrad_one_group = used.dgrad == one_group;
+            d.wgmma_dgrad = used.dgrad >= 0 && used.dgrad < tc_dgrad_at;
+            d.tc_dgrad = used.dgrad >= tc_dgrad_at;
+            d.dgrad_one_group = used.dgrad == tc_dgrad_at + one_group;
             d.tc_wgrad = used.wgrad >= 0;
         }
         for (auto& c : dev_[i].graph_cands) c.clear();
@@ -1885,11 +1904,16 @@ bool CudaTrainer::only_reader(std::size_t layer, std::size_t reader) const {
 // into the skip path's (the block end's stash; beta 1) and the block's start
 // adds nothing: one rounding of the sum in place of two, no pass of its own.
 bool CudaTrainer::dgrad_sums_skip(std::size_t begin) const {
+    return skip_sum_site(begin) && !dev_[begin + 1].own_dgrad();
+}
+
+// Whether a residual block starts at begin whose first convolution's data
+// gradient, cuDNN's, may sum itself into the skip path's (dgrad_sums_skip).
+bool CudaTrainer::skip_sum_site(std::size_t begin) const {
     if (!residual_fused_ || begin + 1 >= layers().size()) return false;
     const LayerPlan& b = layers()[begin];
     return b.spec.kind == LayerKind::residual_begin && b.source >= 0 &&
-           layers()[begin + 1].spec.kind == LayerKind::conv && !dev_[begin + 1].tc_dgrad &&
-           only_reader(begin, begin + 1);
+           layers()[begin + 1].spec.kind == LayerKind::conv && only_reader(begin, begin + 1);
 }
 
 // Where layer i alone reads a residual block's end whose branch ends with a
@@ -1946,11 +1970,16 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     if (!(i == 0 && direct_first_) && !d.tc_wgrad)
         launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
     mark(i, "bwd filter");
-    if (accumulate && (!need_dx || d.tc_dgrad)) throw std::logic_error("a data gradient summed into one not cuDNN's");
+    if (accumulate && (!need_dx || d.own_dgrad()))
+        throw std::logic_error("a data gradient summed into one not cuDNN's");
     if (need_dx && d.tc_dgrad && i == first_wgrad_at_ && leave_first_bn_ && turned) {
         // Into partials in workspace_, which nothing on stream_ uses before the first layer's backward reads them.
         const TcConvFirstWgrad f{input_of(0), first_relu_out(true), static_cast<float*>(workspace_), direct_shape(n)};
         first_wgrad_rows_ = launch_tc_conv(dy, d.wturned, dx, conv_shape(i, n, true), nullptr, stream_, {}, &f);
+    } else if (need_dx && d.wgmma_dgrad) {
+        const TcConvShape s = conv_shape(i, n, true);
+        if (!turned) launch_turn_filters(d.wk, workspace_, s, stream_);
+        launch_wgmma_conv(dy, turned ? d.wturned : workspace_, dx, s, stream_);
     } else if (need_dx && d.tc_dgrad)
         launch_tc_conv(dy, turned ? d.wturned : d.wk, dx, conv_shape(i, n, true), turned ? nullptr : workspace_,
                        stream_);
@@ -2282,7 +2311,7 @@ bool CudaTrainer::early_update_in_wgrad(std::size_t early, std::size_t upper) co
     if (!update_early_in_gradient_ || early == npos || upper == npos) return false;
     const LayerPlan& l = layers()[early];
     return l.spec.kind == LayerKind::conv && !l.spec.bias && l.source >= 0 && dev_[early].tc_wgrad &&
-           dev_[early].tc_dgrad;
+           dev_[early].own_dgrad();
 }
 
 // Whether the parameters below the early layer's are updated in the first
@@ -2313,7 +2342,8 @@ void CudaTrainer::update(ParamRange r, cudaStream_t s, bool advance) {
 // layer's weight gradient on the side stream, ready first, took the SMs.
 void CudaTrainer::turn_filters_ahead(cudaStream_t s) {
     for (std::size_t i = 0; i < layers().size(); ++i)
-        if (dev_[i].tc_dgrad) launch_turn_filters(dev_[i].wk, dev_[i].wturned, conv_shape(i, cfg_.max_batch, true), s);
+        if (dev_[i].own_dgrad())
+            launch_turn_filters(dev_[i].wk, dev_[i].wturned, conv_shape(i, cfg_.max_batch, true), s);
 }
 
 void CudaTrainer::step_body(std::uint32_t n) {

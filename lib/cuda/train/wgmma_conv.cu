@@ -19,12 +19,17 @@ namespace {
 #endif
 
 constexpr unsigned tile_m = 128, tile_n = 128; // output pixels and channels of a tile
-constexpr unsigned step_k = 64;                // input channels of one stage: 128 bytes, the swizzle's row
-constexpr unsigned stages = 4;                 // the ring of stages the producer fills ahead
+constexpr unsigned row_bytes = 128;            // a row of a stage or a staged box: the swizzle's span
+// Input channels of one stage (a 128-byte row): 64 in bf16, 32 in float.
+template <class T> constexpr unsigned step_k = row_bytes / sizeof(T);
+constexpr unsigned stages = 4;                                           // the ring of stages the producer fills ahead
 constexpr unsigned consumers = 2, block_threads = (consumers + 1) * 128; // two consumer warpgroups, the producer's
-constexpr unsigned a_bytes = tile_m * step_k * 2, stage_bytes = a_bytes + tile_n * step_k * 2;
-constexpr unsigned staging_bytes = tile_m * tile_n * 2; // a consumer's output tile, two boxes of 64 channels
-constexpr unsigned max_cout = 512;                      // (a consumer's sums of every channel in shared memory)
+constexpr unsigned box_bytes = tile_m * row_bytes; // a stage's input box, its filters' slice, a staged box
+constexpr unsigned a_bytes = box_bytes, stage_bytes = a_bytes + box_bytes;
+// A consumer's staging boxes: the whole output tile in bf16 (64 channels a
+// box), half of it at a time in float (32 channels a box).
+constexpr unsigned staging_bytes = 2 * box_bytes;
+constexpr unsigned max_cout = 512; // (a consumer's sums of every channel in shared memory)
 // Dynamic shared memory: the stages, each consumer's staging boxes and sums
 // (double, two per channel), and room to align the stages to 1024 bytes.
 constexpr std::size_t shared_bytes(unsigned cout) {
@@ -89,40 +94,56 @@ __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 3, %0;" ::"n"(consumers * 128) : "memory");
 }
 
-// d (+)= a * b, m64n128k16, both operands from shared memory (descriptors).
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], std::uint64_t a, std::uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "setp.ne.b32 p, %66, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-        "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n\t}"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(accumulate));
+// The 64 accumulators of one m64n128 instruction, as asm operands %0 to %63.
+#define DSTK_WGMMA_D64(d)                                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),        \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),         \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),        \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),        \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),        \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),        \
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define DSTK_WGMMA_D64_LIST                                                                                            \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "  \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "   \
+    "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+
+// d (+)= a * b over 32 bytes of the reduction (m64n128k16 in bf16, k8 in
+// tf32), both operands from shared memory (descriptors). In tf32 the float
+// operands go in as TMA stored them: the tensor cores drop the mantissa bits
+// TF32 has not (tc_conv rounds them to nearest; both within the tests' TF32
+// tolerance).
+template <class T>
+__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], std::uint64_t a, std::uint64_t b, int accumulate) {
+    if constexpr (std::is_same_v<T, float>)
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"
+                     "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " DSTK_WGMMA_D64_LIST
+                     "%64, %65, p, 1, 1;\n\t}"
+                     : DSTK_WGMMA_D64(d)
+                     : "l"(a), "l"(b), "r"(accumulate));
+    else
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " DSTK_WGMMA_D64_LIST
+                     "%64, %65, p, 1, 1, 0, 0;\n\t}"
+                     : DSTK_WGMMA_D64(d)
+                     : "l"(a), "l"(b), "r"(accumulate));
 }
 
 // The producer's first thread: for each of the block's tiles, each tap and
-// step of 64 input channels, the input box under the tap (zeros outside the
-// image) and the filters' slice into the next free stage.
+// step of input channels (128 bytes), the input box under the tap (zeros
+// outside the image) and the filters' slice into the next free stage.
+template <class T>
 __device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const Geo& g, unsigned char* smem,
                         Shared& sh) {
-    const unsigned kc = g.cin / step_k, steps = 9 * kc, tiles = g.mtiles * g.ntiles;
+    const unsigned kc = g.cin / step_k<T>, steps = 9 * kc, tiles = g.mtiles * g.ntiles;
     unsigned it = 0;
     for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
         const TileAt at = tile_at(g, t);
         for (unsigned kb = 0; kb < steps; ++kb, ++it) {
             const unsigned s = it % stages;
             if (it >= stages) mbarrier_wait(smem_address(&sh.empty[s]), (it / stages - 1) & 1);
-            const int tap = static_cast<int>(kb / kc), c0 = static_cast<int>((kb % kc) * step_k);
+            const int tap = static_cast<int>(kb / kc), c0 = static_cast<int>((kb % kc) * step_k<T>);
             const unsigned a = smem_address(smem + s * stage_bytes), bar = smem_address(&sh.full[s]);
             mbarrier_expect(bar, stage_bytes);
             tma_load_4d(a, xmap, c0, tap % 3 - 1, at.row + tap / 3 - 1, at.image, bar);
@@ -135,8 +156,9 @@ __device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const 
 // A consumer warpgroup's tile (two blocks of 64 rows) from stage it on:
 // each stage's products as it lands, the stage handed back once the next
 // one's are issued, and the other consumer's turn given once the last are.
+template <class T>
 __device__ void multiply(float (&d)[2][64], const Geo& g, unsigned char* smem, Shared& sh, unsigned it) {
-    const unsigned steps = 9 * (g.cin / step_k), wg = threadIdx.x / 128;
+    const unsigned steps = 9 * (g.cin / step_k<T>), wg = threadIdx.x / 128;
     const bool leader = threadIdx.x % 128 == 0;
     for (unsigned kb = 0; kb < steps; ++kb, ++it) {
         const unsigned s = it % stages;
@@ -144,10 +166,10 @@ __device__ void multiply(float (&d)[2][64], const Geo& g, unsigned char* smem, S
         const unsigned a = smem_address(smem + s * stage_bytes), b = a + a_bytes;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (unsigned k = 0; k < step_k / 16; ++k)
+        for (unsigned k = 0; k < row_bytes / 32; ++k)
 #pragma unroll
             for (unsigned m = 0; m < 2; ++m)
-                wgmma_m64n128k16(d[m], operand_desc(a + m * 64 * 128 + 32 * k), operand_desc(b + 32 * k),
+                wgmma_m64n128<T>(d[m], operand_desc(a + m * 64 * row_bytes + 32 * k), operand_desc(b + 32 * k),
                                  kb > 0 || k > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
@@ -174,51 +196,97 @@ template <int Half> __device__ __forceinline__ void halve(float (&v)[8][4], bool
         }
 }
 
-// A consumer's tile in bf16 into its staging boxes (128-byte swizzle, as
-// the store's tensor map reads them) and, with Stats, each warp's column sums
-// of (v - pivot) and its square over its rows into sh.red. A lane holds rows
-// r and r + 8 of each 64-row block, column pairs 8j + 2(lane % 4); the 8
-// lanes of a column are summed by halving (32 + 16 + 8 shuffles, not 3 x 64).
-template <bool Stats>
-__device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh) {
-    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const unsigned r = (warp % 4) * 16 + lane / 4, within = 4 * (lane % 4);
+// Where the pair at row r, columns 8j + 2q and + 1 (q = lane % 4) of a tile
+// goes among a consumer's staging boxes (rows swizzled by 128 bytes, as the
+// store's tensor map reads them): in bf16 the whole tile (j < 16: box j / 8,
+// 4 bytes), in float one half at a time (j % 8: box (j % 8) / 4, 8 bytes).
+template <class T> __device__ __forceinline__ unsigned staged_at(unsigned staging, unsigned r, unsigned j, unsigned q) {
+    if constexpr (std::is_same_v<T, float>) {
+        const unsigned jh = j % 8, chunk = 2 * (jh % 4) + q / 2;
+        return staging + (jh / 4) * box_bytes + r * row_bytes + ((chunk ^ (r % 8)) * 16) + 8 * (q % 2);
+    } else {
+        return staging + (j / 8) * box_bytes + r * row_bytes + (((j % 8) ^ (r % 8)) * 16) + 4 * q;
+    }
+}
+
+// Stages the pair (a, b) at shared address at; returns it as stored (bf16: rounded).
+template <class T> __device__ __forceinline__ float2 put(unsigned at, float a, float b) {
+    if constexpr (std::is_same_v<T, float>) {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(a), "f"(b));
+        return {a, b};
+    } else {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(*reinterpret_cast<const unsigned*>(&v)));
+        return __bfloat1622float2(v);
+    }
+}
+
+// A warpgroup's first thread: its two staged boxes into the output at
+// channel c (and the box's width on) and row r0, as one bulk group.
+template <class T>
+__device__ __forceinline__ void store_boxes(const CUtensorMap& ymap, unsigned staging, int c, int r0) {
+    tma_store_2d(ymap, staging, c, r0);
+    tma_store_2d(ymap, staging + box_bytes, c + static_cast<int>(step_k<T>), r0);
+    tma_store_commit();
+}
+
+// A consumer's tile into its staging boxes as stored (bf16 or float) and,
+// with Stats, each warp's column sums of (v - pivot) and its square over its
+// rows into sh.red. A lane holds rows r and r + 8 of each 64-row block,
+// column pairs 8j + 2(lane % 4); the 8 lanes of a column are summed by
+// halving (32 + 16 + 8 shuffles, not 3 x 64). In float the tile is staged in
+// two halves of 64 channels: the first stored (and its boxes read) before
+// the second is staged, so that a consumer's staging stays 32 KB.
+template <class T, bool Stats>
+__device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
+                           const CUtensorMap& ymap) {
+    constexpr bool halves = std::is_same_v<T, float>;
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = lane % 4;
+    const unsigned r = (warp % 4) * 16 + lane / 4;
     const unsigned long long first = static_cast<unsigned long long>(at.mtile) * tile_m + r;
     float ok[2][2]; // rows inside the output (the last tile may be partial)
 #pragma unroll
     for (unsigned m = 0; m < 2; ++m)
-        for (unsigned h = 0; h < 2; ++h) ok[m][h] = first + m * 64 + h * 8 < g.pixels ? 1.0f : 0.0f;
-    [[maybe_unused]] float v[8][4];
+        for (unsigned e = 0; e < 2; ++e) ok[m][e] = first + m * 64 + e * 8 < g.pixels ? 1.0f : 0.0f;
+    [[maybe_unused]] float v[8][4]; // columns jj's sums, then jj's or jj + 8's over this lane and lane ^ 16
 #pragma unroll
-    for (unsigned jj = 0; jj < 8; ++jj) {
-        [[maybe_unused]] float w[2][4] = {};
+    for (unsigned h = 0; h < 2; ++h) {
+        if constexpr (halves) {
+            if (h == 1) {
+                fence_proxy_async();
+                warpgroup_sync(threadIdx.x / 128);
+                if (threadIdx.x % 128 == 0) {
+                    store_boxes<T>(ymap, staging, static_cast<int>(at.ntile * tile_n),
+                                   static_cast<int>(at.mtile * tile_m));
+                    tma_store_wait_read();
+                }
+                warpgroup_sync(threadIdx.x / 128);
+            }
+        }
 #pragma unroll
-        for (unsigned h = 0; h < 2; ++h) {
-            const unsigned j = jj + 8 * h, box = staging + h * (tile_m * 128);
+        for (unsigned jj = 0; jj < 8; ++jj) {
+            const unsigned j = jj + 8 * h;
+            [[maybe_unused]] float w[4] = {};
             [[maybe_unused]] float2 p{};
-            if constexpr (Stats)
-                p = *reinterpret_cast<const float2*>(&sh.pivot[at.ntile * tile_n + 8 * j + 2 * (lane % 4)]);
+            if constexpr (Stats) p = *reinterpret_cast<const float2*>(&sh.pivot[at.ntile * tile_n + 8 * j + 2 * q]);
 #pragma unroll
             for (unsigned m = 0; m < 2; ++m) {
                 const unsigned r0 = r + m * 64;
-                const __nv_bfloat162 lo = __floats2bfloat162_rn(d[m][4 * j], d[m][4 * j + 1]);
-                const __nv_bfloat162 hi = __floats2bfloat162_rn(d[m][4 * j + 2], d[m][4 * j + 3]);
-                asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + r0 * 128 + ((jj ^ (r0 % 8)) * 16) + within),
-                             "r"(*reinterpret_cast<const unsigned*>(&lo)));
-                asm volatile("st.shared.b32 [%0], %1;" ::"r"(box + (r0 + 8) * 128 + ((jj ^ (r0 % 8)) * 16) + within),
-                             "r"(*reinterpret_cast<const unsigned*>(&hi)));
+                const float2 lo = put<T>(staged_at<T>(staging, r0, j, q), d[m][4 * j], d[m][4 * j + 1]);
+                const float2 hi = put<T>(staged_at<T>(staging, r0 + 8, j, q), d[m][4 * j + 2], d[m][4 * j + 3]);
                 if constexpr (Stats) {
-                    const float v0 = (__low2float(lo) - p.x) * ok[m][0], v1 = (__high2float(lo) - p.y) * ok[m][0];
-                    const float v2 = (__low2float(hi) - p.x) * ok[m][1], v3 = (__high2float(hi) - p.y) * ok[m][1];
-                    w[h][0] += v0 + v2, w[h][1] += v1 + v3, w[h][2] += v0 * v0 + v2 * v2, w[h][3] += v1 * v1 + v3 * v3;
+                    const float v0 = (lo.x - p.x) * ok[m][0], v1 = (lo.y - p.y) * ok[m][0];
+                    const float v2 = (hi.x - p.x) * ok[m][1], v3 = (hi.y - p.y) * ok[m][1];
+                    w[0] += v0 + v2, w[1] += v1 + v3, w[2] += v0 * v0 + v2 * v2, w[3] += v1 * v1 + v3 * v3;
                 }
             }
-        }
-        if constexpr (Stats) {
-            const bool up = lane & 16;
+            if constexpr (Stats) {
+                const bool up = lane & 16;
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                v[jj][k] = (up ? w[1][k] : w[0][k]) + __shfl_xor_sync(0xffffffffu, up ? w[0][k] : w[1][k], 16);
+                for (int k = 0; k < 4; ++k)
+                    v[jj][k] =
+                        h == 0 ? w[k] : (up ? w[k] : v[jj][k]) + __shfl_xor_sync(0xffffffffu, up ? v[jj][k] : w[k], 16);
+            }
         }
     }
     if constexpr (Stats) {
@@ -227,7 +295,7 @@ __device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& 
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             const unsigned j = t + 2 * ((lane >> 2) & 1) + 4 * ((lane >> 3) & 1) + 8 * ((lane >> 4) & 1);
-            const unsigned c = 8 * j + 2 * (lane % 4);
+            const unsigned c = 8 * j + 2 * q;
             sh.red[warp][c][0] = v[t][0], sh.red[warp][c][1] = v[t][2];
             sh.red[warp][c + 1][0] = v[t][1], sh.red[warp][c + 1][1] = v[t][3];
         }
@@ -237,20 +305,18 @@ __device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& 
 // A consumer's epilogue: its tile staged, stored by TMA (its first thread),
 // and its column sums added to its own (in double, one thread per column:
 // a fixed order).
-template <bool Stats>
+template <class T, bool Stats>
 __device__ void finish_tile(const float (&d)[2][64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
                             const CUtensorMap& ymap, double* sums) {
     const unsigned wg = threadIdx.x / 128, lt = threadIdx.x % 128;
     if (lt == 0) tma_store_wait_read(); // its last tile's store has read the staging boxes
     warpgroup_sync(wg);
-    stage_tile<Stats>(d, g, at, staging, sh);
+    stage_tile<T, Stats>(d, g, at, staging, sh, ymap);
     fence_proxy_async();
     warpgroup_sync(wg);
-    if (lt == 0) {
-        const int c0 = static_cast<int>(at.ntile * tile_n), r0 = static_cast<int>(at.mtile * tile_m);
-        tma_store_2d(ymap, staging, c0, r0);
-        tma_store_2d(ymap, staging + tile_m * 128, c0 + 64, r0);
-        tma_store_commit();
+    if (lt == 0) { // (in float the second half)
+        const unsigned c0 = at.ntile * tile_n + (std::is_same_v<T, float> ? tile_n / 2 : 0);
+        store_boxes<T>(ymap, staging, static_cast<int>(c0), static_cast<int>(at.mtile * tile_m));
     }
     if constexpr (Stats) {
         double s = 0.0, q = 0.0;
@@ -265,10 +331,10 @@ __device__ void finish_tile(const float (&d)[2][64], const Geo& g, const TileAt&
 // a stage's full barrier is never waited on more than one phase ahead), then
 // (with Stats) both consumers' sums of every channel into the block's
 // column of the partials.
-template <bool Stats>
+template <class T, bool Stats>
 __device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* smem, Shared& sh, double* sums,
                         double* partials) {
-    const unsigned wg = threadIdx.x / 128, steps = 9 * (g.cin / step_k), tiles = g.mtiles * g.ntiles;
+    const unsigned wg = threadIdx.x / 128, steps = 9 * (g.cin / step_k<T>), tiles = g.mtiles * g.ntiles;
     const unsigned staging = smem_address(smem + stages * stage_bytes + wg * staging_bytes);
     unsigned nth = 0;
     for (unsigned k = wg, t = blockIdx.x + wg * gridDim.x; t < tiles; k += 2, t += 2 * gridDim.x, ++nth) {
@@ -277,8 +343,8 @@ __device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* sm
         else if (nth > 0)
             mbarrier_wait(smem_address(&sh.turn[0]), (nth - 1) & 1);
         float d[2][64];
-        multiply(d, g, smem, sh, k * steps);
-        finish_tile<Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums + wg * 2 * g.cout);
+        multiply<T>(d, g, smem, sh, k * steps);
+        finish_tile<T, Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums + wg * 2 * g.cout);
     }
     if (threadIdx.x % 128 == 0) tma_store_wait();
     if constexpr (Stats) {
@@ -290,7 +356,7 @@ __device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* sm
 
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool Stats>
+template <class T, bool Stats>
 __global__ void __launch_bounds__(block_threads, 1)
     wgmma_conv_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                       const __grid_constant__ CUtensorMap ymap, Geo g, const float* pivot, double* partials) {
@@ -316,11 +382,11 @@ __global__ void __launch_bounds__(block_threads, 1)
         __syncthreads();
         if (threadIdx.x >= consumers * 128) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(producer_registers));
-            if (threadIdx.x == consumers * 128) produce(xmap, wmap, g, smem, sh);
+            if (threadIdx.x == consumers * 128) produce<T>(xmap, wmap, g, smem, sh);
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(consumer_registers));
-        consume<Stats>(ymap, g, smem, sh, sums, partials);
+        consume<T, Stats>(ymap, g, smem, sh, sums, partials);
     })
 }
 
@@ -367,36 +433,37 @@ Geo geo_of(const TcConvShape& s) {
     return g;
 }
 
-CUtensorMap encode(void* base, unsigned rank, const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
-                   CUtensorMapL2promotion promotion) {
+CUtensorMap encode(bool tf32, void* base, unsigned rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                   const cuuint32_t* box, CUtensorMapL2promotion promotion) {
     CUtensorMap map{};
     const cuuint32_t steps[4] = {1, 1, 1, 1};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, base, dims, strides, box,
-                                            steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r = tensor_map_encoder()(
+        &map, tf32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, base, dims, strides, box,
+        steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         throw Error(ExitCode::failure, "wgmma_conv: cuTensorMapEncodeTiled failed (error " + std::to_string(r) + ")");
     return map;
 }
 
 // The kernel with its shared-memory limit raised once (per instantiation).
-template <bool Stats>
+template <class T, bool Stats>
 void launch_with(const CUtensorMap& xmap, const CUtensorMap& wmap, const CUtensorMap& ymap, const Geo& g, unsigned grid,
                  std::size_t shared, cudaStream_t stream, const TcConvStats& stats) {
     static std::once_flag once;
     std::call_once(once, [] {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_conv_kernel<Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_conv_kernel<T, Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(shared_bytes(max_cout))));
     });
-    launch_kernel(wgmma_conv_kernel<Stats>, grid, block_threads, shared, stream, xmap, wmap, ymap, g, stats.pivot,
+    launch_kernel(wgmma_conv_kernel<T, Stats>, grid, block_threads, shared, stream, xmap, wmap, ymap, g, stats.pivot,
                   stats.partials);
 }
 
 } // namespace
 
 bool wgmma_conv_supported(const TcConvShape& s) {
-    if (s.tf32 || s.data_gradient || s.n < 1 || s.h < 1 || s.w < 1) return false;
-    if (s.cin == 0 || s.cin % step_k != 0 || s.cout == 0 || s.cout % tile_n != 0 || s.cout > max_cout) return false;
+    if (s.n < 1 || s.h < 1 || s.w < 1) return false;
+    const unsigned step = s.tf32 ? step_k<float> : step_k<bf16>;
+    if (s.cin == 0 || s.cin % step != 0 || s.cout == 0 || s.cout % tile_n != 0 || s.cout > max_cout) return false;
     const unsigned hw = s.h * s.w;
     const bool rows = hw >= tile_m && hw % tile_m == 0 && tile_m % s.w == 0, images = hw < tile_m && tile_m % hw == 0;
     if (!rows && !images) return false;
@@ -406,24 +473,34 @@ bool wgmma_conv_supported(const TcConvShape& s) {
 unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvShape& s, cudaStream_t stream,
                            const TcConvStats& stats) {
     const Geo g = geo_of(s);
-    const std::uint64_t pixel = std::uint64_t{s.cin} * 2;
+    const std::uint64_t bytes = s.tf32 ? sizeof(float) : sizeof(bf16), pixel = s.cin * bytes;
+    const cuuint32_t step = row_bytes / static_cast<cuuint32_t>(bytes);
     const cuuint64_t xdims[4] = {s.cin, s.w, s.h, s.n}, xstrides[3] = {pixel, pixel * s.w, pixel * s.w * s.h};
-    const cuuint32_t xbox[4] = {step_k, s.w, g.rows ? g.rows : s.h, g.images};
-    const cuuint64_t wdims[2] = {std::uint64_t{9} * s.cin, s.cout}, wstrides[1] = {std::uint64_t{9} * s.cin * 2};
-    const cuuint32_t wbox[2] = {step_k, tile_n};
-    const cuuint64_t ydims[2] = {s.cout, g.pixels}, ystrides[1] = {std::uint64_t{s.cout} * 2};
-    const cuuint32_t ybox[2] = {64, tile_m};
-    const CUtensorMap xmap = encode(const_cast<void*>(x), 4, xdims, xstrides, xbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-    const CUtensorMap wmap = encode(const_cast<void*>(w), 2, wdims, wstrides, wbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-    const CUtensorMap ymap = encode(y, 2, ydims, ystrides, ybox, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+    const cuuint32_t xbox[4] = {step, s.w, g.rows ? g.rows : s.h, g.images};
+    const cuuint64_t wdims[2] = {std::uint64_t{9} * s.cin, s.cout}, wstrides[1] = {9 * pixel};
+    const cuuint32_t wbox[2] = {step, tile_n};
+    const cuuint64_t ydims[2] = {s.cout, g.pixels}, ystrides[1] = {s.cout * bytes};
+    const cuuint32_t ybox[2] = {step, tile_m};
+    const CUtensorMap xmap =
+        encode(s.tf32, const_cast<void*>(x), 4, xdims, xstrides, xbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+    const CUtensorMap wmap =
+        encode(s.tf32, const_cast<void*>(w), 2, wdims, wstrides, wbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+    const CUtensorMap ymap = encode(s.tf32, y, 2, ydims, ystrides, ybox, CU_TENSOR_MAP_L2_PROMOTION_NONE);
     const unsigned tiles = g.mtiles * g.ntiles;
     unsigned grid = std::min(tiles, sm_count());
     if (stats.partials) grid = std::min(grid, stats.max_splits);
     const std::size_t shared = shared_bytes(s.cout);
-    if (stats.partials)
-        launch_with<true>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+    const auto run = [&](auto t) {
+        using T = decltype(t);
+        if (stats.partials)
+            launch_with<T, true>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+        else
+            launch_with<T, false>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+    };
+    if (s.tf32)
+        run(float{});
     else
-        launch_with<false>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+        run(bf16{});
     return grid;
 }
 
