@@ -1011,7 +1011,7 @@ TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
             const Data d = make_random_data(in, 10, batch * 6, 41);
             const DeviceData dd(d);
             const TrainerConfig c = config(spec, in, 10, batch, Backend::cuda, p, OptimizerKind::adamw);
-            const double tol = p == Precision::bf16 ? 6e-2 : 2e-2;
+            const double tol = p == Precision::bf16 ? 6e-2 : 3e-2;
             auto train = [&](const char* kernels, const char* stats) {
                 auto t = made_with({{"DSTK_CONV_KERNELS", kernels}, {"DSTK_CONV_BN_STATS", stats}}, c);
                 five_steps(*t, dd, in, batch);
@@ -1062,7 +1062,8 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
     for (const auto& [spec, in] : cases)
         for (const std::uint32_t batch : {3u, 5u}) {
             compare_layers(spec, in, 5, batch, Precision::bf16, 3e-2, 0.35);
-            compare_layers(spec, in, 5, batch, Precision::tf32, 2e-2, 2e-2);
+            // (as TensorCoreConvolutionsMatchCpu: a ReLU's mask differs from fp32's where TF32 flips a sign)
+            compare_layers(without_relu(spec), in, 5, batch, Precision::tf32, 2e-2, 2e-2);
         }
     for (const Precision p : {Precision::bf16, Precision::tf32})
         compare_layers("conv3x3:64,conv3x3:256,bn,flatten,fc:5", {3, 16, 16}, 5, 80, p,
@@ -1095,7 +1096,7 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
         EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
         EXPECT_EQ(hopper->read_states(), again->read_states());
         Checker check;
-        const double tol = p == Precision::bf16 ? 6e-2 : 2e-2;
+        const double tol = p == Precision::bf16 ? 6e-2 : 3e-2;
         check("parameters after 5 steps", hopper->read_parameters(), cudnn->read_parameters(), tol);
         check("BN running statistics after 5 steps", hopper->read_states(), cudnn->read_states(), tol);
         std::printf("wgmma_conv against cuDNN after 5 steps, %s: worst %.2e (%s)\n",

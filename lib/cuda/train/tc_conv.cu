@@ -796,26 +796,20 @@ __global__ void __launch_bounds__(conv_threads* G, G == 1 ? min_blocks_per_sm<T,
 // them to nearest, ties to even (measured on an H100), where round_copies
 // rounds ties away; both unbiased, which the CPU comparisons need.
 CUtensorMap tile_map(const void* x, const Geometry& g) {
-    CUtensorMap map{};
-    if (!g.tma) return map;
+    if (!g.tma) return CUtensorMap{};
     const TcConvShape& s = g.s;
     const unsigned size = s.tf32 ? sizeof(float) : sizeof(bf16), row = plane_row_of(s.cin * size);
     const cuuint64_t dims[4] = {s.cin, s.w, s.h, s.n};
     const cuuint64_t strides[3] = {std::uint64_t{s.cin} * size, std::uint64_t{s.cin} * size * s.w,
                                    std::uint64_t{s.cin} * size * s.w * s.h};
-    const cuuint32_t box[4] = {row / size, g.cols_in, g.seg_rows, g.images}, steps[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {row / size, g.cols_in, g.seg_rows, g.images};
     const CUtensorMapSwizzle swizzle = row == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                        : row == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                    : CU_TENSOR_MAP_SWIZZLE_32B;
-    const CUresult r =
-        tensor_map_encoder()(&map, s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-                             const_cast<void*>(x), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        throw Error(ExitCode::failure, "tc_conv: cuTensorMapEncodeTiled failed (error " + std::to_string(r) +
-                                           ") for an input of " + std::to_string(s.n) + "x" + std::to_string(s.h) +
-                                           "x" + std::to_string(s.w) + "x" + std::to_string(s.cin));
-    return map;
+    return encode_tensor_map(s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, x, dims,
+                             strides, box, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                             "tc_conv's input of " + std::to_string(s.n) + "x" + std::to_string(s.h) + "x" +
+                                 std::to_string(s.w) + "x" + std::to_string(s.cin));
 }
 
 template <class T, unsigned CIN, unsigned MW, bool Stats, bool First = false, unsigned G = 1>
@@ -891,7 +885,9 @@ unsigned launch_typed(const void* x, const void* w, void* y, const Geometry& g, 
 } // namespace
 
 // tma.cuh
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+CUtensorMap encode_tensor_map(CUtensorMapDataType type, unsigned rank, const void* base, const cuuint64_t* dims,
+                              const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle,
+                              CUtensorMapL2promotion promotion, const std::string& what) {
     static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
         void* f = nullptr;
         cudaDriverEntryPointQueryResult found{};
@@ -901,7 +897,13 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
                                            "memory accelerator needs: install an NVIDIA driver for CUDA 12 or later");
         return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
     }();
-    return encode;
+    CUtensorMap map{};
+    const cuuint32_t steps[5] = {1, 1, 1, 1, 1};
+    const CUresult r = encode(&map, type, rank, const_cast<void*>(base), dims, strides, box, steps,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw Error(ExitCode::failure, "cuTensorMapEncodeTiled failed (error " + std::to_string(r) + ") for " + what);
+    return map;
 }
 
 void launch_turn_filters(const void* w, void* out, const TcConvShape& s, cudaStream_t stream) {

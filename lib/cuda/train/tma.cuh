@@ -11,6 +11,7 @@
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dstk::train::cuda {
 
@@ -100,8 +101,12 @@ __device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap& map, int c0, 
 
 #undef DSTK_TMA_BODY
 
-// The driver's tensor-map encoder (cuTensorMapEncodeTiled), found once
-// through the runtime (no link against the driver library). Host side.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
+// A tiled tensor map of `rank` dimensions (innermost first; element steps
+// of 1, no interleave), encoded by the driver's cuTensorMapEncodeTiled (found
+// once through the runtime: no link against the driver library); an Error
+// naming `what` where the driver refuses it. Host side.
+CUtensorMap encode_tensor_map(CUtensorMapDataType type, unsigned rank, const void* base, const cuuint64_t* dims,
+                              const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle,
+                              CUtensorMapL2promotion promotion, const std::string& what);
 
 } // namespace dstk::train::cuda

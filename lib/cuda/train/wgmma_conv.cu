@@ -110,10 +110,8 @@ __device__ __forceinline__ void consumers_sync() {
     "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 
 // d (+)= a * b over 32 bytes of the reduction (m64n128k16 in bf16, k8 in
-// tf32), both operands from shared memory (descriptors). In tf32 the float
-// operands go in as TMA stored them: the tensor cores drop the mantissa bits
-// TF32 has not (tc_conv rounds them to nearest; both within the tests' TF32
-// tolerance).
+// tf32), both operands from shared memory (descriptors; in tf32 TMA rounded
+// them to TF32 on the way: encode).
 template <class T>
 __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], std::uint64_t a, std::uint64_t b, int accumulate) {
     if constexpr (std::is_same_v<T, float>)
@@ -433,16 +431,13 @@ Geo geo_of(const TcConvShape& s) {
     return g;
 }
 
-CUtensorMap encode(bool tf32, void* base, unsigned rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                   const cuuint32_t* box, CUtensorMapL2promotion promotion) {
-    CUtensorMap map{};
-    const cuuint32_t steps[4] = {1, 1, 1, 1};
-    const CUresult r = tensor_map_encoder()(
-        &map, tf32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, base, dims, strides, box,
-        steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        throw Error(ExitCode::failure, "wgmma_conv: cuTensorMapEncodeTiled failed (error " + std::to_string(r) + ")");
-    return map;
+// A tensor map of the kernel's: 128-byte swizzle. In tf32 the loads round
+// the operands to TF32 (to nearest, as tc_conv's), the output is float.
+CUtensorMap encode(CUtensorMapDataType type, const void* base, unsigned rank, const cuuint64_t* dims,
+                   const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapL2promotion promotion,
+                   const char* what) {
+    return encode_tensor_map(type, rank, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                             std::string("wgmma_conv's ") + what);
 }
 
 // The kernel with its shared-memory limit raised once (per instantiation).
@@ -481,11 +476,11 @@ unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvSh
     const cuuint32_t wbox[2] = {step, tile_n};
     const cuuint64_t ydims[2] = {s.cout, g.pixels}, ystrides[1] = {s.cout * bytes};
     const cuuint32_t ybox[2] = {step, tile_m};
-    const CUtensorMap xmap =
-        encode(s.tf32, const_cast<void*>(x), 4, xdims, xstrides, xbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-    const CUtensorMap wmap =
-        encode(s.tf32, const_cast<void*>(w), 2, wdims, wstrides, wbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-    const CUtensorMap ymap = encode(s.tf32, y, 2, ydims, ystrides, ybox, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+    const CUtensorMapDataType load = s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const CUtensorMapDataType store = s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const CUtensorMap xmap = encode(load, x, 4, xdims, xstrides, xbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, "input");
+    const CUtensorMap wmap = encode(load, w, 2, wdims, wstrides, wbox, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, "filters");
+    const CUtensorMap ymap = encode(store, y, 2, ydims, ystrides, ybox, CU_TENSOR_MAP_L2_PROMOTION_NONE, "output");
     const unsigned tiles = g.mtiles * g.ntiles;
     unsigned grid = std::min(tiles, sm_count());
     if (stats.partials) grid = std::min(grid, stats.max_splits);
