@@ -1038,12 +1038,13 @@ TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
 // of whole images (8x8: two per tile; 4x4: eight, a batch of 5 and so one
 // partial tile); 128 and 256 outputs (one and two column tiles); batch norms
 // after it (their statistics in its epilogue) and not; data gradients into
-// 128 and 256 channels; more tiles than blocks (80 images of 16x16 into 256
-// channels). Then training in each precision: five steps (the last an eager
+// 64 (tiles 64 wide), 128 and 256 channels; a residual block; more tiles
+// than blocks (80 images of 16x16 into 256 channels). Then training in each precision: five steps (the last an eager
 // partial batch) with it, statistics in its epilogue (own:stats_in_conv),
 // against DSTK_WGMMA_CONV=0 (cuDNN's convolutions and the norm's own pass)
 // within the precision's tolerance, and bit for bit equal run to run under
-// --deterministic.
+// --deterministic. A residual block's first convolution does not take its
+// data gradient (cuDNN's sums into the skip path's).
 TEST(TrainGpu, HopperConvolutionsMatchCpu) {
     REQUIRE_GPU();
     const std::string probe = "conv3x3:64,conv3x3:128,flatten,fc:5";
@@ -1058,6 +1059,7 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
         {"conv3x3:64,conv3x3:128,bn,relu,flatten,fc:5", {3, 32, 32}},
         {"conv3x3:64,conv3x3:256,bn,relu,conv3x3:128,bn,flatten,fc:5", {3, 8, 8}},
         {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:5", {3, 4, 4}},
+        {"conv3x3:64,conv3x3:128,bn,relu,res(conv3x3:128,bn,relu,conv3x3:128,bn),relu,flatten,fc:5", {3, 16, 16}},
     };
     for (const auto& [spec, in] : cases)
         for (const std::uint32_t batch : {3u, 5u}) {
@@ -1090,9 +1092,8 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
             EXPECT_TRUE(reports_kernel(*hopper, layer + 1, "own:stats_in_conv")) << "L" << layer + 1;
             EXPECT_FALSE(reports_kernel(*cudnn, layer, "own:wgmma_conv")) << "DSTK_WGMMA_CONV=0";
         }
-        // (L3's data gradient writes 64 channels: not the kernel's.)
-        EXPECT_TRUE(reports_kernel(*hopper, 6, "bwd_data", "own:wgmma_conv"));
-        EXPECT_FALSE(reports_kernel(*hopper, 3, "bwd_data", "own:wgmma_conv"));
+        for (const std::size_t layer : {3, 6}) // (L3's writes 64 channels: tiles 64 wide)
+            EXPECT_TRUE(reports_kernel(*hopper, layer, "bwd_data", "own:wgmma_conv")) << "L" << layer;
         EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
         EXPECT_EQ(hopper->read_states(), again->read_states());
         Checker check;
@@ -1102,6 +1103,19 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
         std::printf("wgmma_conv against cuDNN after 5 steps, %s: worst %.2e (%s)\n",
                     std::string(precision_name(p)).c_str(), check.worst, check.worst_what.c_str());
     }
+    // A residual block's first convolution keeps cuDNN's data gradient, which
+    // sums itself into the skip path's; the block's second takes the kernel.
+    TrainerConfig r =
+        config("conv3x3:64,bn,relu,conv3x3:128,bn,relu,res(conv3x3:128,bn,relu,conv3x3:128,bn),relu,flatten,fc:10", in,
+               10, batch, Backend::cuda, Precision::bf16, OptimizerKind::sgd);
+    const auto res = made_with({{"DSTK_CONV_KERNELS", "own"}}, r);
+    five_steps(*res, dd, in, batch);
+    const auto& ls = res->config().plan.layers;
+    std::size_t begin = 0;
+    while (begin < ls.size() && ls[begin].spec.kind != LayerKind::residual_begin) ++begin;
+    ASSERT_LT(begin + 4, ls.size());
+    EXPECT_FALSE(reports_kernel(*res, begin + 1, "bwd_data", "own:wgmma_conv"));
+    EXPECT_TRUE(reports_kernel(*res, begin + 4, "bwd_data", "own:wgmma_conv"));
 }
 
 // DSTK_FC_FUSED=0 runs the linear layers as before (flattened features

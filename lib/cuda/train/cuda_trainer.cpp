@@ -1263,7 +1263,7 @@ void CudaTrainer::create_layer_descriptors() {
     const bool own = !(env && std::string(env) == "cudnn");
     force_own_ = env && std::string(env) == "own";
     const char* wg = std::getenv("DSTK_WGMMA_CONV");
-    const bool wgmma = !(wg && std::string(wg) == "0");
+    const bool wgmma = !(wg && std::string(wg) == "0"), wgmma_back = wgmma && !(wg && std::string(wg) == "fwd");
     force_graph_ = env && std::string(env) == "graph";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
@@ -1282,7 +1282,7 @@ void CudaTrainer::create_layer_descriptors() {
         dev_[i].tc_dgrad = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, true));
         // Not where cuDNN's data gradient would sum itself into the skip path's (dgrad_sums_skip):
         // timed alone, the choice would not see the sum's pass that an own kernel then needs.
-        dev_[i].wgmma_dgrad = tc && wgmma && !(i > 0 && skip_sum_site(i - 1)) &&
+        dev_[i].wgmma_dgrad = tc && wgmma_back && !(i > 0 && skip_sum_site(i - 1)) &&
                               wgmma_conv_supported(conv_shape(i, cfg_.max_batch, true));
         if (dev_[i].own_dgrad()) ws = std::max(ws, tc_conv_scratch(conv_shape(i, cfg_.max_batch, true)));
     }

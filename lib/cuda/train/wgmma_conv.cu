@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 #include "launch_common.cuh"
@@ -18,22 +19,26 @@ namespace {
 #define DSTK_WGMMA_BODY(...)
 #endif
 
-constexpr unsigned tile_m = 128, tile_n = 128; // output pixels and channels of a tile
-constexpr unsigned row_bytes = 128;            // a row of a stage or a staged box: the swizzle's span
+// Output pixels of a tile, and its output channels: 128, or 64 where a data
+// gradient writes 64 (no statistics there).
+constexpr unsigned tile_m = 128, tile_n = 128, narrow_n = 64;
+constexpr unsigned row_bytes = 128; // a row of a stage or a staged box: the swizzle's span
 // Input channels of one stage (a 128-byte row): 64 in bf16, 32 in float.
 template <class T> constexpr unsigned step_k = row_bytes / sizeof(T);
 constexpr unsigned stages = 4;                                           // the ring of stages the producer fills ahead
 constexpr unsigned consumers = 2, block_threads = (consumers + 1) * 128; // two consumer warpgroups, the producer's
 constexpr unsigned box_bytes = tile_m * row_bytes; // a stage's input box, its filters' slice, a staged box
-constexpr unsigned a_bytes = box_bytes, stage_bytes = a_bytes + box_bytes;
+constexpr unsigned a_bytes = box_bytes;            // (a stage: the input box, then N filters' slice)
+template <unsigned N> constexpr unsigned stage_bytes = a_bytes + N* row_bytes;
 // A consumer's staging boxes: the whole output tile in bf16 (64 channels a
 // box), half of it at a time in float (32 channels a box).
 constexpr unsigned staging_bytes = 2 * box_bytes;
 constexpr unsigned max_cout = 512; // (a consumer's sums of every channel in shared memory)
-// Dynamic shared memory: the stages, each consumer's staging boxes and sums
-// (double, two per channel), and room to align the stages to 1024 bytes.
+// Dynamic shared memory: the stages (128 channels wide or less), each
+// consumer's staging boxes and sums (double, two per channel), and room to
+// align the stages to 1024 bytes.
 constexpr std::size_t shared_bytes(unsigned cout) {
-    return stages * stage_bytes + consumers * (staging_bytes + std::size_t{cout} * 16) + 1024;
+    return stages * stage_bytes<tile_n> + consumers * (staging_bytes + std::size_t{cout} * 16) + 1024;
 }
 
 struct Geo {
@@ -94,44 +99,63 @@ __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 3, %0;" ::"n"(consumers * 128) : "memory");
 }
 
-// The 64 accumulators of one m64n128 instruction, as asm operands %0 to %63.
-#define DSTK_WGMMA_D64(d)                                                                                              \
+// The accumulators of one m64n128 (64) or m64n64 (32) instruction, as asm
+// operands from %0 on.
+#define DSTK_WGMMA_D32(d)                                                                                              \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),        \
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),         \
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),        \
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),        \
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),        \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),        \
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define DSTK_WGMMA_D64(d)                                                                                              \
+    DSTK_WGMMA_D32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]),      \
+        "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),        \
+        "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),        \
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),        \
+        "+f"(d[63])
+#define DSTK_WGMMA_D32_LIST                                                                                            \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "  \
+    "%24, %25, %26, %27, %28, %29, %30, %31}, "
 #define DSTK_WGMMA_D64_LIST                                                                                            \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "  \
     "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "   \
     "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 
-// d (+)= a * b over 32 bytes of the reduction (m64n128k16 in bf16, k8 in
-// tf32), both operands from shared memory (descriptors; in tf32 TMA rounded
-// them to TF32 on the way: encode).
-template <class T>
-__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], std::uint64_t a, std::uint64_t b, int accumulate) {
-    if constexpr (std::is_same_v<T, float>)
+// d (+)= a * b, 64 rows by N columns over 32 bytes of the reduction
+// (m64nNk16 in bf16, k8 in tf32), both operands from shared memory
+// (descriptors; in tf32 TMA rounded them to TF32 on the way: encode).
+template <class T, unsigned N>
+__device__ __forceinline__ void wgmma_m64(float (&d)[N / 2], std::uint64_t a, std::uint64_t b, int accumulate) {
+    constexpr bool tf32 = std::is_same_v<T, float>;
+    if constexpr (tf32 && N == 128)
         asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"
                      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " DSTK_WGMMA_D64_LIST
                      "%64, %65, p, 1, 1;\n\t}"
                      : DSTK_WGMMA_D64(d)
                      : "l"(a), "l"(b), "r"(accumulate));
-    else
+    else if constexpr (N == 128)
         asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " DSTK_WGMMA_D64_LIST
                      "%64, %65, p, 1, 1, 0, 0;\n\t}"
                      : DSTK_WGMMA_D64(d)
+                     : "l"(a), "l"(b), "r"(accumulate));
+    else if constexpr (tf32)
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+                     "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 " DSTK_WGMMA_D32_LIST
+                     "%32, %33, p, 1, 1;\n\t}"
+                     : DSTK_WGMMA_D32(d)
+                     : "l"(a), "l"(b), "r"(accumulate));
+    else
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " DSTK_WGMMA_D32_LIST
+                     "%32, %33, p, 1, 1, 0, 0;\n\t}"
+                     : DSTK_WGMMA_D32(d)
                      : "l"(a), "l"(b), "r"(accumulate));
 }
 
 // The producer's first thread: for each of the block's tiles, each tap and
 // step of input channels (128 bytes), the input box under the tap (zeros
 // outside the image) and the filters' slice into the next free stage.
-template <class T>
+template <class T, unsigned N>
 __device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const Geo& g, unsigned char* smem,
                         Shared& sh) {
     const unsigned kc = g.cin / step_k<T>, steps = 9 * kc, tiles = g.mtiles * g.ntiles;
@@ -142,33 +166,32 @@ __device__ void produce(const CUtensorMap& xmap, const CUtensorMap& wmap, const 
             const unsigned s = it % stages;
             if (it >= stages) mbarrier_wait(smem_address(&sh.empty[s]), (it / stages - 1) & 1);
             const int tap = static_cast<int>(kb / kc), c0 = static_cast<int>((kb % kc) * step_k<T>);
-            const unsigned a = smem_address(smem + s * stage_bytes), bar = smem_address(&sh.full[s]);
-            mbarrier_expect(bar, stage_bytes);
+            const unsigned a = smem_address(smem + s * stage_bytes<N>), bar = smem_address(&sh.full[s]);
+            mbarrier_expect(bar, stage_bytes<N>);
             tma_load_4d(a, xmap, c0, tap % 3 - 1, at.row + tap / 3 - 1, at.image, bar);
-            tma_load_2d(a + a_bytes, wmap, tap * static_cast<int>(g.cin) + c0, static_cast<int>(at.ntile * tile_n),
-                        bar);
+            tma_load_2d(a + a_bytes, wmap, tap * static_cast<int>(g.cin) + c0, static_cast<int>(at.ntile * N), bar);
         }
     }
 }
 
-// A consumer warpgroup's tile (two blocks of 64 rows) from stage it on:
-// each stage's products as it lands, the stage handed back once the next
-// one's are issued, and the other consumer's turn given once the last are.
-template <class T>
-__device__ void multiply(float (&d)[2][64], const Geo& g, unsigned char* smem, Shared& sh, unsigned it) {
+// A consumer warpgroup's tile (two blocks of 64 rows, N columns) from stage
+// it on: each stage's products as it lands, the stage handed back once the
+// next one's are issued, and the other consumer's turn given once the last are.
+template <class T, unsigned N>
+__device__ void multiply(float (&d)[2][N / 2], const Geo& g, unsigned char* smem, Shared& sh, unsigned it) {
     const unsigned steps = 9 * (g.cin / step_k<T>), wg = threadIdx.x / 128;
     const bool leader = threadIdx.x % 128 == 0;
     for (unsigned kb = 0; kb < steps; ++kb, ++it) {
         const unsigned s = it % stages;
         mbarrier_wait(smem_address(&sh.full[s]), (it / stages) & 1);
-        const unsigned a = smem_address(smem + s * stage_bytes), b = a + a_bytes;
+        const unsigned a = smem_address(smem + s * stage_bytes<N>), b = a + a_bytes;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (unsigned k = 0; k < row_bytes / 32; ++k)
 #pragma unroll
             for (unsigned m = 0; m < 2; ++m)
-                wgmma_m64n128<T>(d[m], operand_desc(a + m * 64 * row_bytes + 32 * k), operand_desc(b + 32 * k),
-                                 kb > 0 || k > 0);
+                wgmma_m64<T, N>(d[m], operand_desc(a + m * 64 * row_bytes + 32 * k), operand_desc(b + 32 * k),
+                                kb > 0 || k > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         if (kb > 0 && leader) mbarrier_arrive(smem_address(&sh.empty[(it - 1) % stages]));
@@ -179,7 +202,8 @@ __device__ void multiply(float (&d)[2][64], const Geo& g, unsigned char* smem, S
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[m][i])::"memory"); // nothing reads d before the wait
+        for (unsigned i = 0; i < N / 2; ++i)
+            asm volatile("" : "+f"(d[m][i])::"memory"); // nothing reads d before the wait
 }
 
 // v[j] = this lane's v[j] + its partner's v[j + Half] (or the reverse, where
@@ -219,26 +243,29 @@ template <class T> __device__ __forceinline__ float2 put(unsigned at, float a, f
     }
 }
 
-// A warpgroup's first thread: its two staged boxes into the output at
-// channel c (and the box's width on) and row r0, as one bulk group.
-template <class T>
+// A warpgroup's first thread: its staged boxes (two, or the one a 64-column
+// bf16 tile fills) into the output at channel c (and the box's width on) and
+// row r0, as one bulk group.
+template <class T, unsigned N>
 __device__ __forceinline__ void store_boxes(const CUtensorMap& ymap, unsigned staging, int c, int r0) {
     tma_store_2d(ymap, staging, c, r0);
-    tma_store_2d(ymap, staging + box_bytes, c + static_cast<int>(step_k<T>), r0);
+    if constexpr (N * sizeof(T) > row_bytes)
+        tma_store_2d(ymap, staging + box_bytes, c + static_cast<int>(step_k<T>), r0);
     tma_store_commit();
 }
 
 // A consumer's tile into its staging boxes as stored (bf16 or float) and,
-// with Stats, each warp's column sums of (v - pivot) and its square over its
-// rows into sh.red. A lane holds rows r and r + 8 of each 64-row block,
-// column pairs 8j + 2(lane % 4); the 8 lanes of a column are summed by
-// halving (32 + 16 + 8 shuffles, not 3 x 64). In float the tile is staged in
-// two halves of 64 channels: the first stored (and its boxes read) before
-// the second is staged, so that a consumer's staging stays 32 KB.
-template <class T, bool Stats>
-__device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
+// with Stats (128 columns), each warp's column sums of (v - pivot) and its
+// square over its rows into sh.red. A lane holds rows r and r + 8 of each
+// 64-row block, column pairs 8j + 2(lane % 4); the 8 lanes of a column are
+// summed by halving (32 + 16 + 8 shuffles, not 3 x 64). A float tile of 128
+// columns is staged in two halves of 64: the first stored (and its boxes
+// read) before the second is staged, so that a consumer's staging stays 32 KB.
+template <class T, unsigned N, bool Stats>
+__device__ void stage_tile(const float (&d)[2][N / 2], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
                            const CUtensorMap& ymap) {
-    constexpr bool halves = std::is_same_v<T, float>;
+    static_assert(N == tile_n || !Stats, "the statistics' halving takes 128 columns");
+    constexpr bool halves = std::is_same_v<T, float> && N == tile_n;
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = lane % 4;
     const unsigned r = (warp % 4) * 16 + lane / 4;
     const unsigned long long first = static_cast<unsigned long long>(at.mtile) * tile_m + r;
@@ -248,14 +275,14 @@ __device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& 
         for (unsigned e = 0; e < 2; ++e) ok[m][e] = first + m * 64 + e * 8 < g.pixels ? 1.0f : 0.0f;
     [[maybe_unused]] float v[8][4]; // columns jj's sums, then jj's or jj + 8's over this lane and lane ^ 16
 #pragma unroll
-    for (unsigned h = 0; h < 2; ++h) {
+    for (unsigned h = 0; h < N / 64; ++h) {
         if constexpr (halves) {
             if (h == 1) {
                 fence_proxy_async();
                 warpgroup_sync(threadIdx.x / 128);
                 if (threadIdx.x % 128 == 0) {
-                    store_boxes<T>(ymap, staging, static_cast<int>(at.ntile * tile_n),
-                                   static_cast<int>(at.mtile * tile_m));
+                    store_boxes<T, N>(ymap, staging, static_cast<int>(at.ntile * N),
+                                      static_cast<int>(at.mtile * tile_m));
                     tma_store_wait_read();
                 }
                 warpgroup_sync(threadIdx.x / 128);
@@ -303,18 +330,18 @@ __device__ void stage_tile(const float (&d)[2][64], const Geo& g, const TileAt& 
 // A consumer's epilogue: its tile staged, stored by TMA (its first thread),
 // and its column sums added to its own (in double, one thread per column:
 // a fixed order).
-template <class T, bool Stats>
-__device__ void finish_tile(const float (&d)[2][64], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
+template <class T, unsigned N, bool Stats>
+__device__ void finish_tile(const float (&d)[2][N / 2], const Geo& g, const TileAt& at, unsigned staging, Shared& sh,
                             const CUtensorMap& ymap, double* sums) {
     const unsigned wg = threadIdx.x / 128, lt = threadIdx.x % 128;
     if (lt == 0) tma_store_wait_read(); // its last tile's store has read the staging boxes
     warpgroup_sync(wg);
-    stage_tile<T, Stats>(d, g, at, staging, sh, ymap);
+    stage_tile<T, N, Stats>(d, g, at, staging, sh, ymap);
     fence_proxy_async();
     warpgroup_sync(wg);
     if (lt == 0) { // (in float the second half)
-        const unsigned c0 = at.ntile * tile_n + (std::is_same_v<T, float> ? tile_n / 2 : 0);
-        store_boxes<T>(ymap, staging, static_cast<int>(c0), static_cast<int>(at.mtile * tile_m));
+        const unsigned c0 = at.ntile * N + (std::is_same_v<T, float> && N == tile_n ? tile_n / 2 : 0);
+        store_boxes<T, N>(ymap, staging, static_cast<int>(c0), static_cast<int>(at.mtile * tile_m));
     }
     if constexpr (Stats) {
         double s = 0.0, q = 0.0;
@@ -329,20 +356,20 @@ __device__ void finish_tile(const float (&d)[2][64], const Geo& g, const TileAt&
 // a stage's full barrier is never waited on more than one phase ahead), then
 // (with Stats) both consumers' sums of every channel into the block's
 // column of the partials.
-template <class T, bool Stats>
+template <class T, unsigned N, bool Stats>
 __device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* smem, Shared& sh, double* sums,
                         double* partials) {
     const unsigned wg = threadIdx.x / 128, steps = 9 * (g.cin / step_k<T>), tiles = g.mtiles * g.ntiles;
-    const unsigned staging = smem_address(smem + stages * stage_bytes + wg * staging_bytes);
+    const unsigned staging = smem_address(smem + stages * stage_bytes<N> + wg * staging_bytes);
     unsigned nth = 0;
     for (unsigned k = wg, t = blockIdx.x + wg * gridDim.x; t < tiles; k += 2, t += 2 * gridDim.x, ++nth) {
         if (wg == 1)
             mbarrier_wait(smem_address(&sh.turn[1]), nth & 1);
         else if (nth > 0)
             mbarrier_wait(smem_address(&sh.turn[0]), (nth - 1) & 1);
-        float d[2][64];
-        multiply<T>(d, g, smem, sh, k * steps);
-        finish_tile<T, Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums + wg * 2 * g.cout);
+        float d[2][N / 2];
+        multiply<T, N>(d, g, smem, sh, k * steps);
+        finish_tile<T, N, Stats>(d, g, tile_at(g, t), staging, sh, ymap, sums + wg * 2 * g.cout);
     }
     if (threadIdx.x % 128 == 0) tma_store_wait();
     if constexpr (Stats) {
@@ -354,7 +381,7 @@ __device__ void consume(const CUtensorMap& ymap, const Geo& g, unsigned char* sm
 
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <class T, bool Stats>
+template <class T, unsigned N, bool Stats>
 __global__ void __launch_bounds__(block_threads, 1)
     wgmma_conv_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                       const __grid_constant__ CUtensorMap ymap, Geo g, const float* pivot, double* partials) {
@@ -365,7 +392,7 @@ __global__ void __launch_bounds__(block_threads, 1)
         // The swizzle's pattern repeats every 1024 bytes: the stages start on such a boundary.
         auto* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) &
                                                       ~std::uintptr_t{1023});
-        auto* sums = reinterpret_cast<double*>(smem + stages * stage_bytes + consumers * staging_bytes);
+        auto* sums = reinterpret_cast<double*>(smem + stages * stage_bytes<N> + consumers * staging_bytes);
         if constexpr (Stats) {
             for (unsigned c = threadIdx.x; c < g.cout; c += block_threads) sh.pivot[c] = pivot[c];
             for (unsigned i = threadIdx.x; i < consumers * 2 * g.cout; i += block_threads) sums[i] = 0.0;
@@ -380,11 +407,11 @@ __global__ void __launch_bounds__(block_threads, 1)
         __syncthreads();
         if (threadIdx.x >= consumers * 128) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(producer_registers));
-            if (threadIdx.x == consumers * 128) produce<T>(xmap, wmap, g, smem, sh);
+            if (threadIdx.x == consumers * 128) produce<T, N>(xmap, wmap, g, smem, sh);
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(consumer_registers));
-        consume<T, Stats>(ymap, g, smem, sh, sums, partials);
+        consume<T, N, Stats>(ymap, g, smem, sh, sums, partials);
     })
 }
 
@@ -414,6 +441,11 @@ bool sm90a_runs() {
     return yes;
 }
 
+// Output channels per tile: 128, or 64 for a data gradient into 64 (wgmma_conv_supported).
+unsigned tile_width(unsigned cout) {
+    return cout % tile_n == 0 ? tile_n : narrow_n;
+}
+
 Geo geo_of(const TcConvShape& s) {
     Geo g;
     g.cin = s.cin;
@@ -427,7 +459,7 @@ Geo geo_of(const TcConvShape& s) {
     }
     g.pixels = static_cast<unsigned long long>(s.n) * hw;
     g.mtiles = static_cast<unsigned>((g.pixels + tile_m - 1) / tile_m);
-    g.ntiles = s.cout / tile_n;
+    g.ntiles = s.cout / tile_width(s.cout);
     return g;
 }
 
@@ -441,15 +473,15 @@ CUtensorMap encode(CUtensorMapDataType type, const void* base, unsigned rank, co
 }
 
 // The kernel with its shared-memory limit raised once (per instantiation).
-template <class T, bool Stats>
+template <class T, unsigned N, bool Stats>
 void launch_with(const CUtensorMap& xmap, const CUtensorMap& wmap, const CUtensorMap& ymap, const Geo& g, unsigned grid,
                  std::size_t shared, cudaStream_t stream, const TcConvStats& stats) {
     static std::once_flag once;
     std::call_once(once, [] {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_conv_kernel<T, Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_conv_kernel<T, N, Stats>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(shared_bytes(max_cout))));
     });
-    launch_kernel(wgmma_conv_kernel<T, Stats>, grid, block_threads, shared, stream, xmap, wmap, ymap, g, stats.pivot,
+    launch_kernel(wgmma_conv_kernel<T, N, Stats>, grid, block_threads, shared, stream, xmap, wmap, ymap, g, stats.pivot,
                   stats.partials);
 }
 
@@ -458,7 +490,8 @@ void launch_with(const CUtensorMap& xmap, const CUtensorMap& wmap, const CUtenso
 bool wgmma_conv_supported(const TcConvShape& s) {
     if (s.n < 1 || s.h < 1 || s.w < 1) return false;
     const unsigned step = s.tf32 ? step_k<float> : step_k<bf16>;
-    if (s.cin == 0 || s.cin % step != 0 || s.cout == 0 || s.cout % tile_n != 0 || s.cout > max_cout) return false;
+    if (s.cin == 0 || s.cin % step != 0 || s.cout == 0 || s.cout > max_cout) return false;
+    if (s.cout % tile_n != 0 && !(s.data_gradient && s.cout == narrow_n)) return false;
     const unsigned hw = s.h * s.w;
     const bool rows = hw >= tile_m && hw % tile_m == 0 && tile_m % s.w == 0, images = hw < tile_m && tile_m % hw == 0;
     if (!rows && !images) return false;
@@ -473,7 +506,8 @@ unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvSh
     const cuuint64_t xdims[4] = {s.cin, s.w, s.h, s.n}, xstrides[3] = {pixel, pixel * s.w, pixel * s.w * s.h};
     const cuuint32_t xbox[4] = {step, s.w, g.rows ? g.rows : s.h, g.images};
     const cuuint64_t wdims[2] = {std::uint64_t{9} * s.cin, s.cout}, wstrides[1] = {9 * pixel};
-    const cuuint32_t wbox[2] = {step, tile_n};
+    const unsigned n = tile_width(s.cout);
+    const cuuint32_t wbox[2] = {step, n};
     const cuuint64_t ydims[2] = {s.cout, g.pixels}, ystrides[1] = {s.cout * bytes};
     const cuuint32_t ybox[2] = {step, tile_m};
     const CUtensorMapDataType load = s.tf32 ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -485,12 +519,15 @@ unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvSh
     unsigned grid = std::min(tiles, sm_count());
     if (stats.partials) grid = std::min(grid, stats.max_splits);
     const std::size_t shared = shared_bytes(s.cout);
+    if (stats.partials && n != tile_n) throw std::logic_error("wgmma_conv: statistics of a 64-channel output");
     const auto run = [&](auto t) {
         using T = decltype(t);
         if (stats.partials)
-            launch_with<T, true>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+            launch_with<T, tile_n, true>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+        else if (n == tile_n)
+            launch_with<T, tile_n, false>(xmap, wmap, ymap, g, grid, shared, stream, stats);
         else
-            launch_with<T, false>(xmap, wmap, ymap, g, grid, shared, stream, stats);
+            launch_with<T, narrow_n, false>(xmap, wmap, ymap, g, grid, shared, stream, stats);
     };
     if (s.tf32)
         run(float{});

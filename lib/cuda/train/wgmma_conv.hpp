@@ -24,7 +24,8 @@ namespace dstk::train::cuda {
 
 // Whether this build and GPU run the kernel (code for sm_90a, a device of
 // compute capability 9.0) and it takes shape s: input channels a multiple of
-// 64 (bf16) or 32 (tf32), output channels a multiple of 128 up to 512, and
+// 64 (bf16) or 32 (tf32), output channels a multiple of 128 up to 512 (a
+// data gradient also exactly 64: tiles 64 wide, no statistics), and
 // tiles of whole rows of one image (h*w a multiple of 128, w dividing 128)
 // or of whole images (h*w dividing 128).
 bool wgmma_conv_supported(const TcConvShape& s);
