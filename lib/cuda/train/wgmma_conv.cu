@@ -243,11 +243,17 @@ template <class T> __device__ __forceinline__ float2 put(unsigned at, float a, f
     }
 }
 
-// A warpgroup's first thread: its staged boxes (two, or the one a 64-column
-// bf16 tile fills) into the output at channel c (and the box's width on) and
-// row r0, as one bulk group.
+// A consumer warpgroup's staged boxes (two, or the one a 64-column bf16 tile
+// fills) into the output at the tile's columns from 64 * half on, as one bulk
+// group that its first thread issues once every thread's staging is visible
+// to TMA.
 template <class T, unsigned N>
-__device__ __forceinline__ void store_boxes(const CUtensorMap& ymap, unsigned staging, int c, int r0) {
+__device__ __forceinline__ void flush_boxes(const CUtensorMap& ymap, unsigned staging, const TileAt& at,
+                                            unsigned half) {
+    fence_proxy_async();
+    warpgroup_sync(threadIdx.x / 128);
+    if (threadIdx.x % 128 != 0) return;
+    const int c = static_cast<int>(at.ntile * N + 64 * half), r0 = static_cast<int>(at.mtile * tile_m);
     tma_store_2d(ymap, staging, c, r0);
     if constexpr (N * sizeof(T) > row_bytes)
         tma_store_2d(ymap, staging + box_bytes, c + static_cast<int>(step_k<T>), r0);
@@ -278,13 +284,8 @@ __device__ void stage_tile(const float (&d)[2][N / 2], const Geo& g, const TileA
     for (unsigned h = 0; h < N / 64; ++h) {
         if constexpr (halves) {
             if (h == 1) {
-                fence_proxy_async();
-                warpgroup_sync(threadIdx.x / 128);
-                if (threadIdx.x % 128 == 0) {
-                    store_boxes<T, N>(ymap, staging, static_cast<int>(at.ntile * N),
-                                      static_cast<int>(at.mtile * tile_m));
-                    tma_store_wait_read();
-                }
+                flush_boxes<T, N>(ymap, staging, at, 0);
+                if (threadIdx.x % 128 == 0) tma_store_wait_read();
                 warpgroup_sync(threadIdx.x / 128);
             }
         }
@@ -337,12 +338,7 @@ __device__ void finish_tile(const float (&d)[2][N / 2], const Geo& g, const Tile
     if (lt == 0) tma_store_wait_read(); // its last tile's store has read the staging boxes
     warpgroup_sync(wg);
     stage_tile<T, N, Stats>(d, g, at, staging, sh, ymap);
-    fence_proxy_async();
-    warpgroup_sync(wg);
-    if (lt == 0) { // (in float the second half)
-        const unsigned c0 = at.ntile * N + (std::is_same_v<T, float> && N == tile_n ? tile_n / 2 : 0);
-        store_boxes<T, N>(ymap, staging, static_cast<int>(c0), static_cast<int>(at.mtile * tile_m));
-    }
+    flush_boxes<T, N>(ymap, staging, at, std::is_same_v<T, float> && N == tile_n ? 1 : 0); // (float: the second half)
     if constexpr (Stats) {
         double s = 0.0, q = 0.0;
         for (unsigned w = 4 * wg; w < 4 * wg + 4; ++w) s += sh.red[w][lt][0], q += sh.red[w][lt][1];
