@@ -1417,7 +1417,7 @@ void CudaTrainer::find_algorithms() {
             if (d.wgmma_fwd)
                 own.fwd.push_back({"own:wgmma_conv", [&, i, stats] {
                                        launch_wgmma_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false),
-                                                         stream_, stats ? conv_stats(i) : TcConvStats{});
+                                                         nullptr, stream_, stats ? conv_stats(i) : TcConvStats{});
                                        return true;
                                    }});
             const int tc_at = static_cast<int>(own.fwd.size());
@@ -1438,9 +1438,8 @@ void CudaTrainer::find_algorithms() {
             // the step runs it beside the side stream's weight gradients).
             if (d.wgmma_dgrad)
                 own.dgrad.push_back({"own:wgmma_conv", [&, i] {
-                                         const TcConvShape s = conv_shape(i, cfg_.max_batch, true);
-                                         launch_turn_filters(d.wk, workspace_, s, stream_);
-                                         launch_wgmma_conv(gbuf_[0], workspace_, gbuf_[1], s, stream_);
+                                         launch_wgmma_conv(gbuf_[0], d.wk, gbuf_[1],
+                                                           conv_shape(i, cfg_.max_batch, true), workspace_, stream_);
                                          return true;
                                      }});
             const int tc_dgrad_at = static_cast<int>(own.dgrad.size());
@@ -1976,11 +1975,10 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         // Into partials in workspace_, which nothing on stream_ uses before the first layer's backward reads them.
         const TcConvFirstWgrad f{input_of(0), first_relu_out(true), static_cast<float*>(workspace_), direct_shape(n)};
         first_wgrad_rows_ = launch_tc_conv(dy, d.wturned, dx, conv_shape(i, n, true), nullptr, stream_, {}, &f);
-    } else if (need_dx && d.wgmma_dgrad) {
-        const TcConvShape s = conv_shape(i, n, true);
-        if (!turned) launch_turn_filters(d.wk, workspace_, s, stream_);
-        launch_wgmma_conv(dy, turned ? d.wturned : workspace_, dx, s, stream_);
-    } else if (need_dx && d.tc_dgrad)
+    } else if (need_dx && d.wgmma_dgrad)
+        launch_wgmma_conv(dy, turned ? d.wturned : d.wk, dx, conv_shape(i, n, true), turned ? nullptr : workspace_,
+                          stream_);
+    else if (need_dx && d.tc_dgrad)
         launch_tc_conv(dy, turned ? d.wturned : d.wk, dx, conv_shape(i, n, true), turned ? nullptr : workspace_,
                        stream_);
     else if (need_dx && !(d.graph_dgrad && n == cfg_.max_batch &&
@@ -2238,7 +2236,7 @@ bool CudaTrainer::stats_in_conv_fit(std::size_t i) const {
 // batch norm's statistics where planned (bn_stats: their splits into splits).
 void CudaTrainer::forward_wgmma_conv(std::size_t i, const void* x, std::uint32_t n, bool training, unsigned& splits) {
     const bool stats = training && dev_[i].bn_stats;
-    const unsigned s = launch_wgmma_conv(x, dev_[i].wk, dev_[i].out, conv_shape(i, n, false), stream_,
+    const unsigned s = launch_wgmma_conv(x, dev_[i].wk, dev_[i].out, conv_shape(i, n, false), nullptr, stream_,
                                          stats ? conv_stats(i) : TcConvStats{});
     if (stats) splits = s;
 }

@@ -494,8 +494,12 @@ bool wgmma_conv_supported(const TcConvShape& s) {
     return sm90a_runs();
 }
 
-unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvShape& s, cudaStream_t stream,
-                           const TcConvStats& stats) {
+unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch,
+                           cudaStream_t stream, const TcConvStats& stats) {
+    if (s.data_gradient && scratch) {
+        launch_turn_filters(w, scratch, s, stream);
+        w = scratch;
+    }
     const Geo g = geo_of(s);
     const std::uint64_t bytes = s.tf32 ? sizeof(float) : sizeof(bf16), pixel = s.cin * bytes;
     const cuuint32_t step = row_bytes / static_cast<cuuint32_t>(bytes);

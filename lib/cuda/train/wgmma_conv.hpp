@@ -31,12 +31,14 @@ namespace dstk::train::cuda {
 bool wgmma_conv_supported(const TcConvShape& s);
 // y ([n][h][w][cout]) = conv(x ([n][h][w][cin]), w ([cout][3][3][cin])), all
 // bf16 or (s.tf32) all float, fp32 sums. A data gradient (s.data_gradient:
-// x is dy, y is dx) is the same product on the filters as
-// launch_turn_filters turned them (tc_conv.hpp), which w must be. With stats.partials, also each channel's sums of
+// x is dy, y is dx) is the same product on the filters turned as
+// launch_tc_conv's are (tc_conv.hpp): w is the forward filter, turned into
+// scratch (tc_conv_scratch(s) bytes) first, or, where scratch is null, w is
+// what launch_turn_filters made of it. With stats.partials, also each channel's sums of
 // (v - pivot[c]) and (v - pivot[c])^2 over the output as stored, per block,
 // into partials[(c * splits + block) * 2 + k]; returns splits (the blocks,
 // at most stats.max_splits).
-unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvShape& s, cudaStream_t stream,
-                           const TcConvStats& stats = {});
+unsigned launch_wgmma_conv(const void* x, const void* w, void* y, const TcConvShape& s, void* scratch,
+                           cudaStream_t stream, const TcConvStats& stats = {});
 
 } // namespace dstk::train::cuda
