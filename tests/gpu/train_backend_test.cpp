@@ -236,6 +236,20 @@ std::string without_relu(std::string spec) {
     return spec;
 }
 
+using Case = std::pair<const char*, TensorShape>;
+
+// Each case against the cpu backend layer by layer (5 classes) at each batch
+// size given for a precision: tf32 without its ReLUs, bf16 as it is, each
+// within the tolerances of the tensor-core tests.
+void compare_cases(std::initializer_list<Case> cases, std::initializer_list<std::uint32_t> tf32_batches,
+                   std::initializer_list<std::uint32_t> bf16_batches) {
+    for (const auto& [spec, in] : cases) {
+        for (const std::uint32_t n : tf32_batches)
+            compare_layers(without_relu(spec), in, 5, n, Precision::tf32, 2e-2, 2e-2);
+        for (const std::uint32_t n : bf16_batches) compare_layers(spec, in, 5, n, Precision::bf16, 3e-2, 0.35);
+    }
+}
+
 } // namespace
 
 // dstrain's own tensor-core convolutions, forced where they apply (the
@@ -254,23 +268,19 @@ std::string without_relu(std::string spec) {
 //    second partial).
 TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
     REQUIRE_GPU();
-    const std::pair<const char*, TensorShape> cases[] = {
-        {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 8, 8}},
-        {"conv3x3:32,bn,relu,conv3x3:64,bn,relu,conv3x3:64,flatten,fc:5", {3, 16, 16}},
-        {"conv3x3:32,conv3x3:32:bias,flatten,fc:5", {3, 12, 16}},
-        {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 6, 64}},
-        {"conv3x3:16,conv3x3:32,relu,conv3x3:128,flatten,fc:5", {3, 12, 10}},
-        {"conv3x3:32,conv3x3:64,conv3x3:128,flatten,fc:5", {3, 8, 8}},
-        {"conv3x3:32,conv3x3:32,bn,relu,conv3x3:64,flatten,fc:5", {3, 4, 4}},
-        {"conv3x3:16,conv3x3:48,conv3x3:32,flatten,fc:5", {3, 6, 6}},
-    };
     setenv("DSTK_CONV_KERNELS", "own", 1);
-    setenv("DSTK_WGMMA_CONV", "0", 1); // tc_conv, not wgmma_conv, where both apply (HopperConvolutionsMatchCpu)
-    for (const auto& [spec, in] : cases) {
-        compare_layers(without_relu(spec), in, 5, 4, Precision::tf32, 2e-2, 2e-2);
-        compare_layers(spec, in, 5, 4, Precision::bf16, 3e-2, 0.35);
-        compare_layers(spec, in, 5, 5, Precision::bf16, 3e-2, 0.35);
-    }
+    // tc_conv and tc_wgrad, not wgmma_conv and wgmma_wgrad, where both apply (the Hopper tests below)
+    setenv("DSTK_WGMMA_CONV", "0", 1);
+    setenv("DSTK_WGMMA_WGRAD", "0", 1);
+    compare_cases({{"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 8, 8}},
+                   {"conv3x3:32,bn,relu,conv3x3:64,bn,relu,conv3x3:64,flatten,fc:5", {3, 16, 16}},
+                   {"conv3x3:32,conv3x3:32:bias,flatten,fc:5", {3, 12, 16}},
+                   {"conv3x3:32,conv3x3:32,flatten,fc:5", {3, 6, 64}},
+                   {"conv3x3:16,conv3x3:32,relu,conv3x3:128,flatten,fc:5", {3, 12, 10}},
+                   {"conv3x3:32,conv3x3:64,conv3x3:128,flatten,fc:5", {3, 8, 8}},
+                   {"conv3x3:32,conv3x3:32,bn,relu,conv3x3:64,flatten,fc:5", {3, 4, 4}},
+                   {"conv3x3:16,conv3x3:48,conv3x3:32,flatten,fc:5", {3, 6, 6}}},
+                  {4}, {4, 5});
     // More tiles than blocks (80 images of 16x16, 256 outputs: eight columns
     // of blocks, each a few tiles): a block copies its next tile as it goes
     // (in float while it stores the one before), and its statistics' sums
@@ -280,6 +290,7 @@ TEST(TrainGpu, TensorCoreConvolutionsMatchCpu) {
     compare_layers(many_tiles, {3, 16, 16}, 5, 80, Precision::bf16, 3e-2, 0.35);
     unsetenv("DSTK_CONV_KERNELS");
     unsetenv("DSTK_WGMMA_CONV");
+    unsetenv("DSTK_WGMMA_WGRAD");
 }
 
 // tc_conv's float blocks of two or three groups sharing the filters (on
@@ -1054,19 +1065,13 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
         unsetenv("DSTK_CONV_KERNELS");
         GTEST_SKIP() << "wgmma_conv needs a GPU of compute capability 9.0 and a build with sm_90a code";
     }
-    const std::pair<const char*, TensorShape> cases[] = {
-        {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:128,flatten,fc:5", {3, 16, 16}},
-        {"conv3x3:64,conv3x3:128,bn,relu,flatten,fc:5", {3, 32, 32}},
-        {"conv3x3:64,conv3x3:256,bn,relu,conv3x3:128,bn,flatten,fc:5", {3, 8, 8}},
-        {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:5", {3, 4, 4}},
-        {"conv3x3:64,conv3x3:128,bn,relu,res(conv3x3:128,bn,relu,conv3x3:128,bn),relu,flatten,fc:5", {3, 16, 16}},
-    };
-    for (const auto& [spec, in] : cases)
-        for (const std::uint32_t batch : {3u, 5u}) {
-            compare_layers(spec, in, 5, batch, Precision::bf16, 3e-2, 0.35);
-            // (as TensorCoreConvolutionsMatchCpu: a ReLU's mask differs from fp32's where TF32 flips a sign)
-            compare_layers(without_relu(spec), in, 5, batch, Precision::tf32, 2e-2, 2e-2);
-        }
+    compare_cases(
+        {{"conv3x3:64,conv3x3:128,bn,relu,conv3x3:128,flatten,fc:5", {3, 16, 16}},
+         {"conv3x3:64,conv3x3:128,bn,relu,flatten,fc:5", {3, 32, 32}},
+         {"conv3x3:64,conv3x3:256,bn,relu,conv3x3:128,bn,flatten,fc:5", {3, 8, 8}},
+         {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:256,bn,relu,flatten,fc:5", {3, 4, 4}},
+         {"conv3x3:64,conv3x3:128,bn,relu,res(conv3x3:128,bn,relu,conv3x3:128,bn),relu,flatten,fc:5", {3, 16, 16}}},
+        {3, 5}, {3, 5});
     for (const Precision p : {Precision::bf16, Precision::tf32})
         compare_layers("conv3x3:64,conv3x3:256,bn,flatten,fc:5", {3, 16, 16}, 5, 80, p,
                        p == Precision::bf16 ? 3e-2 : 2e-2, p == Precision::bf16 ? 0.35 : 2e-2);
@@ -1116,6 +1121,58 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
     ASSERT_LT(begin + 4, ls.size());
     EXPECT_FALSE(reports_kernel(*res, begin + 1, "bwd_data", "own:wgmma_conv"));
     EXPECT_TRUE(reports_kernel(*res, begin + 4, "bwd_data", "own:wgmma_conv"));
+}
+
+// dstrain's own Hopper weight gradient in TF32 (wgmma_wgrad.cu: compute
+// capability 9.0, a build with sm_90a code), forced where it applies, against
+// the cpu backend layer by layer: groups of 8 rows by 16 columns (16x16;
+// 32x32, two across; 24x48, three down and three across, sizes tc_wgrad does
+// not take) and by 8 (8x8: two images a stage, a batch of 3 and so a
+// partial last stage); 64 and 128 input channels, 64 to 256 outputs (one to
+// eight blocks of results); more stages than blocks (80 images). Then five
+// training steps with it against DSTK_WGMMA_WGRAD=0 (tc_wgrad and cuDNN),
+// and bit for bit equal run to run under --deterministic.
+TEST(TrainGpu, HopperWeightGradientsMatchCpu) {
+    REQUIRE_GPU();
+    const std::string probe = "conv3x3:64,conv3x3:64,flatten,fc:5";
+    setenv("DSTK_CONV_KERNELS", "own", 1);
+    if (!reports_kernel(*make_trainer(config(probe, {3, 16, 16}, 5, 4, Backend::cuda, Precision::tf32)), 1,
+                        "bwd_filter", "own:wgmma_wgrad")) {
+        unsetenv("DSTK_CONV_KERNELS");
+        GTEST_SKIP() << "wgmma_wgrad needs a GPU of compute capability 9.0 and a build with sm_90a code";
+    }
+    compare_cases({{"conv3x3:64,conv3x3:64,bn,relu,conv3x3:128,flatten,fc:5", {3, 16, 16}},
+                   {"conv3x3:64,conv3x3:128,bn,relu,flatten,fc:5", {3, 32, 32}},
+                   {"conv3x3:64,conv3x3:128,bn,relu,conv3x3:256,bn,flatten,fc:5", {3, 8, 8}},
+                   {"conv3x3:64,conv3x3:64,conv3x3:192,flatten,fc:5", {3, 24, 48}}},
+                  {3, 5}, {});
+    compare_layers("conv3x3:64,conv3x3:128,flatten,fc:5", {3, 16, 16}, 5, 80, Precision::tf32, 2e-2, 2e-2);
+    unsetenv("DSTK_CONV_KERNELS");
+
+    const TensorShape in{3, 16, 16};
+    const std::uint32_t batch = 32;
+    const Data d = make_random_data(in, 10, batch * 6, 53);
+    const DeviceData dd(d);
+    TrainerConfig c = config("conv3x3:64,bn,relu,conv3x3:64,bn,relu,conv3x3:128,bn,relu,flatten,fc:10", in, 10, batch,
+                             Backend::cuda, Precision::tf32, OptimizerKind::adamw);
+    c.deterministic = true;
+    auto train = [&](const char* wgrad) {
+        auto t = made_with({{"DSTK_CONV_KERNELS", "own"}, {"DSTK_WGMMA_WGRAD", wgrad}}, c);
+        five_steps(*t, dd, in, batch);
+        return t;
+    };
+    const auto hopper = train("1"), again = train("1"), other = train("0");
+    for (const std::size_t layer : {3, 6}) {
+        EXPECT_TRUE(reports_kernel(*hopper, layer, "bwd_filter", "own:wgmma_wgrad")) << "L" << layer;
+        EXPECT_FALSE(reports_kernel(*other, layer, "bwd_filter", "own:wgmma_wgrad")) << "DSTK_WGMMA_WGRAD=0";
+    }
+    EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
+    EXPECT_EQ(hopper->read_states(), again->read_states());
+    Checker check;
+    check("parameters after 5 steps", hopper->read_parameters(), other->read_parameters(), 3e-2);
+    check("BN running statistics after 5 steps", hopper->read_states(), other->read_states(), 3e-2);
+    std::printf("wgmma_wgrad against tc_wgrad after 5 steps, tf32: worst %.2e (%s)\n", check.worst,
+                check.worst_what.c_str());
 }
 
 // DSTK_FC_FUSED=0 runs the linear layers as before (flattened features

@@ -79,7 +79,7 @@ struct OwnKernels {
     // work; such a choice is kept under its own key (op fwd_bn_stats).
     std::function<void()> fwd_pass_saved;
     std::vector<KernelCandidate> dgrad; // wgmma_conv.cu, tc_conv.cu (on turned filters)
-    std::vector<KernelCandidate> wgrad; // tc_wgrad.cu
+    std::vector<KernelCandidate> wgrad; // wgmma_wgrad.cu, tc_wgrad.cu
     bool force = false;                 // DSTK_CONV_KERNELS=own: the first of each list, wherever one applies, untimed
 };
 // Which of them a choice took: the index in its list, or -1 (another's).

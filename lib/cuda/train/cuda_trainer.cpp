@@ -50,6 +50,7 @@
 #include "train/side_branch.hpp"
 #include "train/tc_conv.hpp"
 #include "train/tc_wgrad.hpp"
+#include "train/wgmma_wgrad.hpp"
 #include "train/wgmma_conv.hpp"
 
 namespace dstk::train {
@@ -62,6 +63,8 @@ using namespace dstk::train::cuda;
 constexpr double bn_eps = 1e-5, bn_momentum = 0.1;
 constexpr std::uint64_t cublas_workspace = std::uint64_t{32} << 20;
 constexpr std::uint32_t no_copy = ~0u;
+// tc_conv's variant in one group of warps per block: the second of its candidates (own_candidates).
+constexpr int one_group = 1;
 
 // Bump allocation inside one cudaMalloc; measuring pass first (base 0).
 class Arena {
@@ -93,6 +96,7 @@ struct LayerDev {
     void* wturned = nullptr;  // conv with an own data gradient: wk turned for it (turn_filters_ahead)
     bool relu_next = false;   // batchnorm followed by relu: fused where allowed
     bool tc_wgrad = false;    // conv: weight gradient by tc_wgrad.cu (tf32, bf16)
+    bool wgmma_wgrad = false; // conv: weight gradient by wgmma_wgrad.cu (tf32, compute 9.0)
     bool tc_fwd = false;      // conv: forward by tc_conv.cu (bf16, tf32)
     bool wgmma_fwd = false;   // conv: forward by wgmma_conv.cu (bf16, tf32, compute 9.0)
     bool tc_dgrad = false;    // conv: data gradient by tc_conv.cu (bf16, tf32)
@@ -111,6 +115,8 @@ struct LayerDev {
     ConvAlgos algos; // for max_batch
     // An own data gradient (tc_conv, wgmma_conv), on the filters turned for it.
     bool own_dgrad() const { return tc_dgrad || wgmma_dgrad; }
+    // An own weight gradient (tc_wgrad, wgmma_wgrad): summed straight into the gradient vector.
+    bool own_wgrad() const { return tc_wgrad || wgmma_wgrad; }
     // conv: cuDNN graph-API configurations, each operation's candidates
     // until find_algorithms, then the chosen one (null: another kernel).
     // They run at max_batch only; other batch sizes run algos' fitting.
@@ -245,6 +251,12 @@ class CudaTrainer final : public Trainer {
     void layout_metrics(Arena& a);
     void create_layer_descriptors();
     void find_algorithms();
+    // Where tc_conv's and tc_wgrad's candidates start in OwnKernels' lists
+    // (wgmma_conv's and wgmma_wgrad's come first).
+    struct OwnStarts {
+        int tc_fwd = 0, tc_dgrad = 0, tc_wgrad = 0;
+    };
+    OwnKernels own_candidates(std::size_t i, OwnStarts& at);
     std::uint64_t plan_graph_convs(std::size_t i);
     GraphKernels graph_kernels(std::size_t i);
     ConvSearch search() const;
@@ -795,8 +807,9 @@ void CudaTrainer::profile_layers(int steps) {
                          dev_[i].wgmma_dgrad ? "wgmma_conv"
                          : dev_[i].tc_dgrad  ? "tc_conv"
                                              : std::to_string(static_cast<int>(dev_[i].algos.bwd_data)).c_str(),
-                         dev_[i].tc_wgrad ? "tc_wgrad"
-                                          : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
+                         dev_[i].wgmma_wgrad ? "wgmma_wgrad"
+                         : dev_[i].tc_wgrad  ? "tc_wgrad"
+                                             : std::to_string(static_cast<int>(dev_[i].algos.bwd_filter)).c_str(),
                          format_bytes(workspace_bytes_).c_str());
 }
 
@@ -1264,6 +1277,8 @@ void CudaTrainer::create_layer_descriptors() {
     force_own_ = env && std::string(env) == "own";
     const char* wg = std::getenv("DSTK_WGMMA_CONV");
     const bool wgmma = !(wg && std::string(wg) == "0"), wgmma_back = wgmma && !(wg && std::string(wg) == "fwd");
+    const char* wgw = std::getenv("DSTK_WGMMA_WGRAD");
+    const bool wgmma_wgrad = !(wgw && std::string(wgw) == "0");
     force_graph_ = env && std::string(env) == "graph";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
@@ -1272,11 +1287,13 @@ void CudaTrainer::create_layer_descriptors() {
                        tc_conv_first_wgrad_workspace(direct_shape(cfg_.max_batch))});
     for (std::size_t i = direct_first_ ? 1 : 0; i < layers().size(); ++i) {
         const LayerSpec& sp = layers()[i].spec;
-        dev_[i].tc_wgrad = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
-                           sp.stride == 1 && sp.padding == 1 && tc_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
-        if (dev_[i].tc_wgrad) ws = std::max(ws, tc_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
         const bool tc = own && sp.kind == LayerKind::conv && prec != Precision::fp32 && !nchw_ && sp.kernel == 3 &&
                         sp.stride == 1 && sp.padding == 1;
+        dev_[i].tc_wgrad = tc && tc_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
+        if (dev_[i].tc_wgrad) ws = std::max(ws, tc_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
+        dev_[i].wgmma_wgrad =
+            tc && prec == Precision::tf32 && wgmma_wgrad && wgmma_wgrad_supported(wgrad_shape(i, cfg_.max_batch));
+        if (dev_[i].wgmma_wgrad) ws = std::max(ws, wgmma_wgrad_workspace(wgrad_shape(i, cfg_.max_batch)));
         dev_[i].tc_fwd = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, false));
         dev_[i].wgmma_fwd = tc && wgmma && wgmma_conv_supported(conv_shape(i, cfg_.max_batch, false));
         dev_[i].tc_dgrad = tc && tc_conv_supported(conv_shape(i, cfg_.max_batch, true));
@@ -1380,6 +1397,79 @@ GraphKernels CudaTrainer::graph_kernels(std::size_t i) {
 
 // Chooses each convolution's kernels once, for max_batch, with the planned
 // buffers and workspace, by cfg_.kernels' rules; stores what was timed.
+// Layer i's own kernels as candidates of the kernel choice, each as a
+// step runs it, and where tc_conv's and tc_wgrad's start in their lists.
+OwnKernels CudaTrainer::own_candidates(std::size_t i, OwnStarts& at) {
+    const LayerDev& d = dev_[i];
+    OwnKernels own;
+    own.force = force_own_;
+    // tc_conv in blocks of groups and, where that differs, in one group
+    // per block (the variant at index one_group: faster on some shapes).
+    const auto tc_variants = [this, i](std::vector<KernelCandidate>& to, bool dgrad, auto run) {
+        TcConvShape s = conv_shape(i, cfg_.max_batch, dgrad);
+        s.one_group = false;
+        to.push_back({"own:tc_conv", [run, s] { return run(s), true; }});
+        if (tc_conv_groups(s) == 1) return;
+        s.one_group = true;
+        to.push_back({"own:tc_conv:1group", [run, s] { return run(s), true; }});
+    };
+    // Where its epilogue may sum the next batch norm's statistics, timed
+    // doing so against cuDNN's forward and that norm's reduction pass
+    // (plan_conv_bn_stats then takes the pass out where an own kernel won).
+    // own:wgmma_conv first: where both apply, DSTK_CONV_KERNELS=own takes it.
+    const bool stats = (d.tc_fwd || d.wgmma_fwd) && stats_in_conv_fit(i);
+    if (d.wgmma_fwd)
+        own.fwd.push_back({"own:wgmma_conv", [this, i, stats] {
+                               launch_wgmma_conv(input_of(i), dev_[i].wk, dev_[i].out,
+                                                 conv_shape(i, cfg_.max_batch, false), nullptr, stream_,
+                                                 stats ? conv_stats(i) : TcConvStats{});
+                               return true;
+                           }});
+    at.tc_fwd = static_cast<int>(own.fwd.size());
+    if (d.tc_fwd)
+        tc_variants(own.fwd, false, [this, i, stats](const TcConvShape& s) {
+            launch_tc_conv(input_of(i), dev_[i].wk, dev_[i].out, s, nullptr, stream_,
+                           stats ? conv_stats(i) : TcConvStats{});
+        });
+    if (stats)
+        own.fwd_pass_saved = [this, i] {
+            const TensorShape& o = layers()[i].out;
+            launch_bn_statistics(dev_[i].out, at_, cfg_.max_batch, std::uint64_t{o.h} * o.w, o.c, nchw_, bn_partials_,
+                                 stream_);
+        };
+    // Timed with its filters turned in line, though a training step turns them
+    // ahead (turn_filters_ahead): timed on filters turned ahead, more layers went to
+    // this kernel and the step measured slower (the timing is of one kernel alone,
+    // the step runs it beside the side stream's weight gradients).
+    if (d.wgmma_dgrad)
+        own.dgrad.push_back({"own:wgmma_conv", [this, i] {
+                                 launch_wgmma_conv(gbuf_[0], dev_[i].wk, gbuf_[1], conv_shape(i, cfg_.max_batch, true),
+                                                   workspace_, stream_);
+                                 return true;
+                             }});
+    at.tc_dgrad = static_cast<int>(own.dgrad.size());
+    if (d.tc_dgrad)
+        tc_variants(own.dgrad, true, [this, i](const TcConvShape& s) {
+            launch_tc_conv(gbuf_[0], dev_[i].wk, gbuf_[1], s, workspace_, stream_);
+        });
+    // As a step runs them: into the gradient vector (overwritten by every backward pass).
+    if (d.wgmma_wgrad)
+        own.wgrad.push_back({"own:wgmma_wgrad", [this, i] {
+                                 launch_wgmma_wgrad(static_cast<const float*>(input_of(i)),
+                                                    static_cast<const float*>(gbuf_[0]), wgrad_shape(i, cfg_.max_batch),
+                                                    workspace_, grads_, stream_, map_ + copy_offset_[i]);
+                                 return true;
+                             }});
+    at.tc_wgrad = static_cast<int>(own.wgrad.size());
+    if (d.tc_wgrad)
+        own.wgrad.push_back({"own:tc_wgrad", [this, i] {
+                                 launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch), workspace_,
+                                                 grads_, stream_, map_ + copy_offset_[i]);
+                                 return true;
+                             }});
+    return own;
+}
+
 void CudaTrainer::find_algorithms() {
     const DeviceIdentity id = device_identity(cfg_.device.index);
     ChoiceCache cache = choice_cache(id);
@@ -1396,63 +1486,8 @@ void CudaTrainer::find_algorithms() {
             chooser.report(i, "fwd", "own:direct_conv");
             chooser.report(i, "bwd_filter", "own:direct_conv");
         } else {
-            OwnKernels own;
-            own.force = force_own_;
-            // tc_conv in blocks of groups and, where that differs, in one group
-            // per block (the variant at index one_group: faster on some shapes).
-            constexpr int one_group = 1;
-            const auto tc_variants = [&](std::vector<KernelCandidate>& to, bool dgrad, auto run) {
-                TcConvShape s = conv_shape(i, cfg_.max_batch, dgrad);
-                s.one_group = false;
-                to.push_back({"own:tc_conv", [run, s] { return run(s), true; }});
-                if (tc_conv_groups(s) == 1) return;
-                s.one_group = true;
-                to.push_back({"own:tc_conv:1group", [run, s] { return run(s), true; }});
-            };
-            // Where its epilogue may sum the next batch norm's statistics, timed
-            // doing so against cuDNN's forward and that norm's reduction pass
-            // (plan_conv_bn_stats then takes the pass out where an own kernel won).
-            // own:wgmma_conv first: where both apply, DSTK_CONV_KERNELS=own takes it.
-            const bool stats = (d.tc_fwd || d.wgmma_fwd) && stats_in_conv_fit(i);
-            if (d.wgmma_fwd)
-                own.fwd.push_back({"own:wgmma_conv", [&, i, stats] {
-                                       launch_wgmma_conv(input_of(i), d.wk, d.out, conv_shape(i, cfg_.max_batch, false),
-                                                         nullptr, stream_, stats ? conv_stats(i) : TcConvStats{});
-                                       return true;
-                                   }});
-            const int tc_at = static_cast<int>(own.fwd.size());
-            if (d.tc_fwd)
-                tc_variants(own.fwd, false, [&, i, stats](const TcConvShape& s) {
-                    launch_tc_conv(input_of(i), d.wk, d.out, s, nullptr, stream_,
-                                   stats ? conv_stats(i) : TcConvStats{});
-                });
-            if (stats)
-                own.fwd_pass_saved = [&, i] {
-                    const TensorShape& o = layers()[i].out;
-                    launch_bn_statistics(d.out, at_, cfg_.max_batch, std::uint64_t{o.h} * o.w, o.c, nchw_, bn_partials_,
-                                         stream_);
-                };
-            // Timed with its filters turned in line, though a training step turns them
-            // ahead (turn_filters_ahead): timed on filters turned ahead, more layers went to
-            // this kernel and the step measured slower (the timing is of one kernel alone,
-            // the step runs it beside the side stream's weight gradients).
-            if (d.wgmma_dgrad)
-                own.dgrad.push_back({"own:wgmma_conv", [&, i] {
-                                         launch_wgmma_conv(gbuf_[0], d.wk, gbuf_[1],
-                                                           conv_shape(i, cfg_.max_batch, true), workspace_, stream_);
-                                         return true;
-                                     }});
-            const int tc_dgrad_at = static_cast<int>(own.dgrad.size());
-            if (d.tc_dgrad)
-                tc_variants(own.dgrad, true, [&](const TcConvShape& s) {
-                    launch_tc_conv(gbuf_[0], d.wk, gbuf_[1], s, workspace_, stream_);
-                });
-            if (d.tc_wgrad) // as a step runs it: into the gradient vector (overwritten by every backward pass)
-                own.wgrad.push_back({"own:tc_wgrad", [&, i] {
-                                         launch_tc_wgrad(input_of(i), gbuf_[0], at_, wgrad_shape(i, cfg_.max_batch),
-                                                         workspace_, grads_, stream_, map_ + copy_offset_[i]);
-                                         return true;
-                                     }});
+            OwnStarts at;
+            const OwnKernels own = own_candidates(i, at);
             KernelUse used;
             d.algos = chooser.choose(conv_call(bd, i), conv_key(i), i, own, &used, graph_kernels(i));
             const auto chosen = [&](ConvOp op, int at) {
@@ -1462,13 +1497,14 @@ void CudaTrainer::find_algorithms() {
             d.graph_fwd = chosen(ConvOp::fwd, used.graph_fwd);
             d.graph_dgrad = chosen(ConvOp::bwd_data, used.graph_dgrad);
             d.graph_wgrad = chosen(ConvOp::bwd_filter, used.graph_wgrad);
-            d.wgmma_fwd = used.fwd >= 0 && used.fwd < tc_at;
-            d.tc_fwd = used.fwd >= tc_at;
-            d.fwd_one_group = used.fwd == tc_at + one_group;
-            d.wgmma_dgrad = used.dgrad >= 0 && used.dgrad < tc_dgrad_at;
-            d.tc_dgrad = used.dgrad >= tc_dgrad_at;
-            d.dgrad_one_group = used.dgrad == tc_dgrad_at + one_group;
-            d.tc_wgrad = used.wgrad >= 0;
+            d.wgmma_fwd = used.fwd >= 0 && used.fwd < at.tc_fwd;
+            d.tc_fwd = used.fwd >= at.tc_fwd;
+            d.fwd_one_group = used.fwd == at.tc_fwd + one_group;
+            d.wgmma_dgrad = used.dgrad >= 0 && used.dgrad < at.tc_dgrad;
+            d.tc_dgrad = used.dgrad >= at.tc_dgrad;
+            d.dgrad_one_group = used.dgrad == at.tc_dgrad + one_group;
+            d.wgmma_wgrad = used.wgrad >= 0 && used.wgrad < at.tc_wgrad;
+            d.tc_wgrad = used.wgrad >= at.tc_wgrad;
         }
         for (auto& c : dev_[i].graph_cands) c.clear();
         bd.algos[i] = d.algos;
@@ -1949,10 +1985,15 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_direct_conv_wgrad(x, dy, at_, direct_shape(n), w.workspace, g, w.stream,
                                  pending_bn_ ? &*pending_bn_ : nullptr);
         pending_bn_.reset();
-    } else if (d.tc_wgrad) { // fp32 sums straight into the gradient vector, through the copy's map
+    } else if (d.own_wgrad()) { // fp32 sums straight into the gradient vector, through the copy's map
         const ParamUpdate u = param_update(false);
-        launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i],
-                        i == update_in_wgrad_at_ ? &u : nullptr);
+        const ParamUpdate* update = i == update_in_wgrad_at_ ? &u : nullptr;
+        if (d.wgmma_wgrad)
+            launch_wgmma_wgrad(static_cast<const float*>(x), static_cast<const float*>(dy), wgrad_shape(i, n),
+                               w.workspace, grads_, w.stream, map_ + copy_offset_[i], update);
+        else
+            launch_tc_wgrad(x, dy, at_, wgrad_shape(i, n), w.workspace, grads_, w.stream, map_ + copy_offset_[i],
+                            update);
     } else if (!(d.graph_wgrad && n == cfg_.max_batch &&
                  d.graph_wgrad->run(w.cudnn, const_cast<void*>(x), d.gk, const_cast<void*>(dy), w.workspace))) {
         require_fit(bd.unfit[i].bwd_filter);
@@ -1965,8 +2006,8 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
         launch_bias_grad(dy, at_, g + conv_weights(l), n, l.out.c, std::uint64_t{l.out.h} * l.out.w, nchw_, w.stream);
     if (w.stream != stream_) gbuf_.read_by_side(dy, *side_); // the last read of dy: the scatter below reads gk
     // Into the gradient vector at once, beside the data gradients (a direct
-    // first convolution and tc_wgrad wrote it there themselves).
-    if (!(i == 0 && direct_first_) && !d.tc_wgrad)
+    // first convolution and an own weight gradient wrote it there themselves).
+    if (!(i == 0 && direct_first_) && !d.own_wgrad())
         launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
     mark(i, "bwd filter");
     if (accumulate && (!need_dx || d.own_dgrad()))
@@ -2300,7 +2341,7 @@ std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
 // Whether the early layer's weights are updated in its weight gradient's
 // sums (ParamUpdate), the gradient's last kernel, instead of by an update
 // kernel after it at the end of the step: a convolution without a bias whose
-// weight gradient is tc_wgrad's (summed into the gradient vector through the
+// weight gradient is an own kernel's (summed into the gradient vector through the
 // map) and whose data gradient reads the filters turned ahead (nothing else
 // in the step reads its weights or their copy), with an upper update, which
 // then takes the parameters between the two layers (the batch norms', whose
@@ -2308,7 +2349,7 @@ std::size_t CudaTrainer::upper_update_layer(std::size_t early) const {
 bool CudaTrainer::early_update_in_wgrad(std::size_t early, std::size_t upper) const {
     if (!update_early_in_gradient_ || early == npos || upper == npos) return false;
     const LayerPlan& l = layers()[early];
-    return l.spec.kind == LayerKind::conv && !l.spec.bias && l.source >= 0 && dev_[early].tc_wgrad &&
+    return l.spec.kind == LayerKind::conv && !l.spec.bias && l.source >= 0 && dev_[early].own_wgrad() &&
            dev_[early].own_dgrad();
 }
 

@@ -7,17 +7,10 @@
 
 #include "launch_common.cuh"
 #include "tma.cuh"
+#include "wgmma.cuh"
 
 namespace dstk::train::cuda {
 namespace {
-
-// The warpgroup instructions exist in sm_90a's code only: elsewhere the
-// kernel is empty and wgmma_conv_supported is false (sm90a_runs).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DSTK_WGMMA_BODY(...) __VA_ARGS__
-#else
-#define DSTK_WGMMA_BODY(...)
-#endif
 
 // Output pixels of a tile, and its output channels: 128, or 64 where a data
 // gradient writes 64 (no statistics there).
@@ -82,15 +75,6 @@ __device__ __forceinline__ TileAt tile_at(const Geo& g, unsigned t) {
     return at;
 }
 
-// A shared-memory operand: K-major, 128-byte swizzle, groups of 8 rows 1024 bytes apart.
-__device__ __forceinline__ std::uint64_t operand_desc(unsigned addr) {
-    std::uint64_t d = (addr & 0x3FFFF) >> 4;
-    d |= std::uint64_t{1} << 16;
-    d |= std::uint64_t{1024 >> 4} << 32;
-    d |= std::uint64_t{1} << 62;
-    return d;
-}
-
 // Named barriers: 1 and 2 each consumer warpgroup's own, 3 both consumers'.
 __device__ __forceinline__ void warpgroup_sync(unsigned wg) {
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
@@ -98,27 +82,6 @@ __device__ __forceinline__ void warpgroup_sync(unsigned wg) {
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 3, %0;" ::"n"(consumers * 128) : "memory");
 }
-
-// The accumulators of one m64n128 (64) or m64n64 (32) instruction, as asm
-// operands from %0 on.
-#define DSTK_WGMMA_D32(d)                                                                                              \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),        \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),         \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define DSTK_WGMMA_D64(d)                                                                                              \
-    DSTK_WGMMA_D32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]),      \
-        "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),        \
-        "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),        \
-        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),        \
-        "+f"(d[63])
-#define DSTK_WGMMA_D32_LIST                                                                                            \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "  \
-    "%24, %25, %26, %27, %28, %29, %30, %31}, "
-#define DSTK_WGMMA_D64_LIST                                                                                            \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "  \
-    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "   \
-    "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 
 // d (+)= a * b, 64 rows by N columns over 32 bytes of the reduction
 // (m64nNk16 in bf16, k8 in tf32), both operands from shared memory
@@ -411,32 +374,6 @@ __global__ void __launch_bounds__(block_threads, 1)
     })
 }
 
-// Whether this process's kernels are sm_90a's (the fat binary may also hold
-// compute_90 code, which a 9.0 device could be given instead).
-__global__ void sm90a_probe(int* out) {
-    await_predecessor();
-    DSTK_WGMMA_BODY(*out = 1;)
-}
-
-bool sm90a_runs() {
-    static const bool yes = [] {
-        int device = 0, major = 0, minor = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-        if (major != 9 || minor != 0) return false;
-        int* flag = nullptr;
-        int found = 0;
-        CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
-        CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
-        launch_kernel(sm90a_probe, 1, 1, 0, nullptr, flag);
-        CUDA_CHECK(cudaMemcpy(&found, flag, sizeof(int), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaFree(flag));
-        return found == 1;
-    }();
-    return yes;
-}
-
 // Output channels per tile: 128, or 64 for a data gradient into 64 (wgmma_conv_supported).
 unsigned tile_width(unsigned cout) {
     return cout % tile_n == 0 ? tile_n : narrow_n;
@@ -481,7 +418,33 @@ void launch_with(const CUtensorMap& xmap, const CUtensorMap& wmap, const CUtenso
                   stats.partials);
 }
 
+// The probe of sm90a_runs: it writes only in sm_90a's code.
+__global__ void sm90a_probe(int* out) {
+    await_predecessor();
+    DSTK_WGMMA_BODY(*out = 1;)
+}
+
 } // namespace
+
+// (wgmma.cuh)
+bool sm90a_runs() {
+    static const bool yes = [] {
+        int device = 0, major = 0, minor = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        if (major != 9 || minor != 0) return false;
+        int* flag = nullptr;
+        int found = 0;
+        CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+        CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+        launch_kernel(sm90a_probe, 1, 1, 0, nullptr, flag);
+        CUDA_CHECK(cudaMemcpy(&found, flag, sizeof(int), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaFree(flag));
+        return found == 1;
+    }();
+    return yes;
+}
 
 bool wgmma_conv_supported(const TcConvShape& s) {
     if (s.n < 1 || s.h < 1 || s.w < 1) return false;
