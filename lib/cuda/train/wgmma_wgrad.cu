@@ -16,6 +16,7 @@ constexpr unsigned slots = 8;                  // image rows of a group: a k8 st
 constexpr unsigned span = 16;                  // steps (columns) of a stage
 constexpr unsigned xrows = slots + 2;          // a group's input rows, with the halo
 constexpr unsigned stages = 2;                 // the ring of stages the producer fills ahead
+constexpr unsigned min_tiles = 1;              // the fewest tiles a block sums (so the fewest partial sums)
 constexpr unsigned consumers = 3, block_threads = (consumers + 1) * 128; // a consumer per filter row, the producer
 constexpr unsigned row_bytes = 128;                 // the swizzle's span: a pixel's 32 channels in an input box
 constexpr unsigned dyt_bytes = block_k * row_bytes; // dy^T of 4 steps: 64 channels x 32 pixels
@@ -280,7 +281,7 @@ Geo geo_of(const TcWgradShape& s) {
     const unsigned per_stage = span / g.run;
     g.tiles = (g.groups + per_stage - 1) / per_stage;
     g.results = (s.c / block_c) * (s.k / block_k);
-    g.splits = std::max(1u, std::min(g.tiles, sm_count() / g.results));
+    g.splits = std::max(1u, std::min(g.tiles / min_tiles, sm_count() / g.results));
     return g;
 }
 
