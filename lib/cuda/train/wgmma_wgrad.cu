@@ -16,7 +16,11 @@ constexpr unsigned slots = 8;                  // image rows of a group: a k8 st
 constexpr unsigned span = 16;                  // steps (columns) of a stage
 constexpr unsigned xrows = slots + 2;          // a group's input rows, with the halo
 constexpr unsigned stages = 2;                 // the ring of stages the producer fills ahead
-constexpr unsigned min_tiles = 1;              // the fewest tiles a block sums (so the fewest partial sums)
+// The fewest tiles a block sums. A block writes 64 x 64 x 9 partial sums and
+// holds its SM for the whole kernel, which runs on the side stream beside
+// the step's other kernels: on small layers, one block per SM won the
+// kernel's own timing but slowed the step (ref-cnn's 16x16 64->64 layer).
+constexpr unsigned min_tiles = 16;
 constexpr unsigned consumers = 3, block_threads = (consumers + 1) * 128; // a consumer per filter row, the producer
 constexpr unsigned row_bytes = 128;                 // the swizzle's span: a pixel's 32 channels in an input box
 constexpr unsigned dyt_bytes = block_k * row_bytes; // dy^T of 4 steps: 64 channels x 32 pixels
