@@ -31,6 +31,25 @@ __device__ __forceinline__ std::uint64_t operand_desc(unsigned addr) {
     return d;
 }
 
+// The warpgroup's products: a fence before those that read registers just
+// written (accumulators, or an A operand from registers), the products issued
+// since the last commit made one group, and a wait until at most Pending
+// groups are in flight (registers they read may then be written again).
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int Pending> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
+}
+
+// Named barrier 1 + wg: consumer warpgroup wg's 128 threads alone.
+__device__ __forceinline__ void warpgroup_sync(unsigned wg) {
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
+
 // The accumulators of one m64n128 (64) or m64n64 (32) instruction, as asm
 // operands from %0 on.
 #define DSTK_WGMMA_D32(d)                                                                                              \

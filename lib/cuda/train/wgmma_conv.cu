@@ -75,10 +75,7 @@ __device__ __forceinline__ TileAt tile_at(const Geo& g, unsigned t) {
     return at;
 }
 
-// Named barriers: 1 and 2 each consumer warpgroup's own, 3 both consumers'.
-__device__ __forceinline__ void warpgroup_sync(unsigned wg) {
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-}
+// Named barrier 3: both consumers' (1 and 2 are each one's own: warpgroup_sync).
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 3, %0;" ::"n"(consumers * 128) : "memory");
 }
@@ -148,19 +145,19 @@ __device__ void multiply(float (&d)[2][N / 2], const Geo& g, unsigned char* smem
         const unsigned s = it % stages;
         mbarrier_wait(smem_address(&sh.full[s]), (it / stages) & 1);
         const unsigned a = smem_address(smem + s * stage_bytes<N>), b = a + a_bytes;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wgmma_fence();
 #pragma unroll
         for (unsigned k = 0; k < row_bytes / 32; ++k)
 #pragma unroll
             for (unsigned m = 0; m < 2; ++m)
                 wgmma_m64<T, N>(d[m], operand_desc(a + m * 64 * row_bytes + 32 * k), operand_desc(b + 32 * k),
                                 kb > 0 || k > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        wgmma_commit();
+        wgmma_wait<1>();
         if (kb > 0 && leader) mbarrier_arrive(smem_address(&sh.empty[(it - 1) % stages]));
     }
     if (leader) mbarrier_arrive(smem_address(&sh.turn[1 - wg]));
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wgmma_wait<0>();
     if (leader) mbarrier_arrive(smem_address(&sh.empty[(it - 1) % stages]));
 #pragma unroll
     for (int m = 0; m < 2; ++m)

@@ -71,12 +71,6 @@ __device__ __forceinline__ GroupAt group_at(const Geo& g, unsigned q) {
             static_cast<int>(rest % g.col_groups * g.run)};
 }
 
-__device__ __forceinline__ std::uint32_t to_tf32(float v) {
-    std::uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
-}
-
 // d += a * b, 64 rows by 64 columns over 8 of the reduction: a (TF32) from
 // registers, b a shared-memory operand (descriptor).
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t b) {
@@ -84,15 +78,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a
                  "{%32, %33, %34, %35}, %36, 1, 1, 1;"
                  : DSTK_WGMMA_D32(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int Pending> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
 }
 
 // A producer thread's units of dy for tile t into registers (v[2u], v[2u +
@@ -228,7 +213,7 @@ __device__ void consume(const Geo& g, unsigned char* smem, Shared& sh, unsigned 
         for (unsigned gi = 0; gi < per_stage; ++gi)
             multiply_group<Run>(acc, stage + gi * 2 * box_bytes(Run), dyt + gi * (Run / 4) * dyt_bytes, r);
         wgmma_wait<0>();
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + r) : "memory"); // every warp's loads of the stage are done
+        warpgroup_sync(r); // every warp's loads of the stage are done
         if (threadIdx.x % 128 == 0) mbarrier_arrive(smem_address(&sh.empty[s]));
     }
     wgmma_wait<0>();
