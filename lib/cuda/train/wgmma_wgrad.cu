@@ -24,8 +24,6 @@ constexpr unsigned min_tiles = 16;
 constexpr unsigned consumers = 3, block_threads = (consumers + 1) * 128; // a consumer per filter row, the producer
 constexpr unsigned row_bytes = 128;                 // the swizzle's span: a pixel's 32 channels in an input box
 constexpr unsigned dyt_bytes = block_k * row_bytes; // dy^T of 4 steps: 64 channels x 32 pixels
-// A producer thread's share of a stage's dy: units of 4 steps x 8 channels, dealt to the four warps in turn.
-constexpr unsigned producer_units = span / 4 * (block_k / 8) / 4;
 // The consumers hold three 64 x 64 accumulators and an input window each,
 // the producer a stage's share of dy: the registers a thread has at launch
 // (128) are moved between them (setmaxnreg), summing to those of the launch.
@@ -64,6 +62,9 @@ struct GroupAt {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// A producer thread's share of a stage's dy: units of 4 steps x 8 channels, dealt to the four warps in turn.
+constexpr unsigned producer_units = span / 4 * (block_k / 8) / 4;
 
 __device__ __forceinline__ GroupAt group_at(const Geo& g, unsigned q) {
     const unsigned per_image = g.row_groups * g.col_groups, rest = q % per_image;
