@@ -232,34 +232,38 @@ __device__ void consume(const Geo& g, unsigned char* smem, Shared& sh, unsigned 
         }
 }
 
-#endif // __CUDA_ARCH_FEAT_SM90_ALL
-
 // Block b: result b % results (64 input x 64 output channels), split b / results.
 template <unsigned Run>
+__device__ __forceinline__ void wgrad_block(const CUtensorMap& xmap, const float* dy, const Geo& g, float* partials) {
+    extern __shared__ unsigned char dynamic_smem[];
+    __shared__ Shared sh;
+    auto* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) &
+                                                  ~std::uintptr_t{1023});
+    const unsigned result = blockIdx.x % g.results, split = blockIdx.x / g.results, cb = g.c / block_c;
+    const unsigned c0 = result % cb * block_c, k0 = result / cb * block_k;
+    if (threadIdx.x == 0) {
+        for (unsigned s = 0; s < stages; ++s) {
+            mbarrier_init(smem_address(&sh.full[s]), 128 + 1); // the producer's threads, and its TMA's bytes
+            mbarrier_init(smem_address(&sh.empty[s]), consumers);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x >= consumers * 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(producer_registers));
+        produce(xmap, dy, g, smem, sh, split, static_cast<int>(c0), k0);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(consumer_registers));
+    consume<Run>(g, smem, sh, split, c0, k0, partials);
+}
+
+#endif // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <unsigned Run>
 __global__ void __launch_bounds__(block_threads, 1)
-    wgmma_wgrad_kernel(const __grid_constant__ CUtensorMap xmap, const float* dy, Geo g,
-                       float* partials){DSTK_WGMMA_BODY({
-        extern __shared__ unsigned char dynamic_smem[];
-        __shared__ Shared sh;
-        auto* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) &
-                                                      ~std::uintptr_t{1023});
-        const unsigned result = blockIdx.x % g.results, split = blockIdx.x / g.results, cb = g.c / block_c;
-        const unsigned c0 = result % cb * block_c, k0 = result / cb * block_k;
-        if (threadIdx.x == 0) {
-            for (unsigned s = 0; s < stages; ++s) {
-                mbarrier_init(smem_address(&sh.full[s]), 128 + 1); // the producer's threads, and its TMA's bytes
-                mbarrier_init(smem_address(&sh.empty[s]), consumers);
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x >= consumers * 128) {
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(producer_registers));
-            produce(xmap, dy, g, smem, sh, split, static_cast<int>(c0), k0);
-            return;
-        }
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(consumer_registers));
-        consume<Run>(g, smem, sh, split, c0, k0, partials);
-    })}
+    wgmma_wgrad_kernel(const __grid_constant__ CUtensorMap xmap, const float* dy, Geo g, float* partials) {
+    DSTK_WGMMA_BODY(wgrad_block<Run>(xmap, dy, g, partials);)
+}
 
 Geo geo_of(const TcWgradShape& s) {
     Geo g;
