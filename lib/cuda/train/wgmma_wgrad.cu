@@ -44,13 +44,13 @@ constexpr std::size_t shared_bytes(unsigned run) {
 }
 
 struct Geo {
-    unsigned n = 0, h = 0, w = 0, c = 0, k = 0;
-    unsigned run = 0;                        // a group's columns (its steps): w, at most span
-    unsigned col_groups = 0, row_groups = 0; // groups across and down an image
-    unsigned groups = 0;                     // in the batch
-    unsigned tiles = 0;                      // stages' worth of groups (the last may be partial)
-    unsigned results = 0;                    // blocks of 64 x 64 channels
-    unsigned splits = 0;                     // blocks per result, each summing every splits-th tile
+    unsigned h = 0, w = 0, c = 0, k = 0;
+    unsigned run = 0;        // a group's columns (its steps): w, at most span
+    Div32 per_image, across; // groups in an image, across it (divisions by a multiply: the producer's)
+    unsigned groups = 0;     // in the batch
+    unsigned tiles = 0;      // stages' worth of groups (the last may be partial)
+    unsigned results = 0;    // blocks of 64 x 64 channels
+    unsigned splits = 0;     // blocks per result, each summing every splits-th tile
 };
 
 struct Shared {
@@ -65,11 +65,12 @@ struct GroupAt {
 
 // A producer thread's share of a stage's dy: units of 4 steps x 8 channels, dealt to the four warps in turn.
 constexpr unsigned producer_units = span / 4 * (block_k / 8) / 4;
+static_assert(producer_units == 2 * (span / 4)); // (load_dy: two units per 4 steps)
 
 __device__ __forceinline__ GroupAt group_at(const Geo& g, unsigned q) {
-    const unsigned per_image = g.row_groups * g.col_groups, rest = q % per_image;
-    return {static_cast<int>(q / per_image), static_cast<int>(rest / g.col_groups * slots),
-            static_cast<int>(rest % g.col_groups * g.run)};
+    const unsigned image = g.per_image.div(q), rest = q - image * g.per_image.d, band = g.across.div(rest);
+    return {static_cast<int>(image), static_cast<int>(band * slots),
+            static_cast<int>((rest - band * g.across.d) * g.run)};
 }
 
 // d += a * b, 64 rows by 64 columns over 8 of the reduction: a (TF32) from
@@ -85,20 +86,28 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a
 // 1]: its pixel's 8 channels of unit u), all loads in flight at once; a
 // partial last tile's missing groups are zeros. A warp's lanes take the 32
 // pixels of a unit's 4 steps (lane: image row lane % 8, step lane / 8).
+// Units 2b and 2b + 1 (channels 8 warp and 8 warp + 32 of the same pixels)
+// share their 4 steps b: the group's position is worked out once for both.
+template <unsigned Run>
 __device__ __forceinline__ void load_dy(const float* dy, const Geo& g, unsigned t, unsigned k0,
                                         float4 (&v)[2 * producer_units]) {
-    const unsigned pt = threadIdx.x - consumers * 128, lane = pt % 32, per_stage = span / g.run, blocks = g.run / 4;
+    constexpr unsigned per_stage = span / Run, blocks = Run / 4;
+    const unsigned pt = threadIdx.x - consumers * 128, lane = pt % 32, warp = pt / 32;
 #pragma unroll
-    for (unsigned u = 0; u < producer_units; ++u) {
-        const unsigned unit = pt / 32 + 4 * u, oct = unit % 8, blk = unit / 8, q = t * per_stage + blk / blocks;
-        v[2 * u] = v[2 * u + 1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (unsigned b = 0; b < span / 4; ++b) {
+        const unsigned q = t * per_stage + b / blocks;
+#pragma unroll
+        for (unsigned e = 0; e < 4; ++e) v[4 * b + e] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (q >= g.groups) continue;
         const GroupAt at = group_at(g, q);
         const unsigned row = static_cast<unsigned>(at.row) + lane % slots;
-        const unsigned col = static_cast<unsigned>(at.col) + 4 * (blk % blocks) + lane / slots;
-        const float* p = dy + ((std::uint64_t(at.image) * g.h + row) * g.w + col) * g.k + k0 + 8 * oct;
-        v[2 * u] = __ldg(reinterpret_cast<const float4*>(p));
-        v[2 * u + 1] = __ldg(reinterpret_cast<const float4*>(p + 4));
+        const unsigned col = static_cast<unsigned>(at.col) + 4 * (b % blocks) + lane / slots;
+        const float* p = dy + ((std::uint64_t(at.image) * g.h + row) * g.w + col) * g.k + k0 + 8 * warp;
+#pragma unroll
+        for (unsigned h = 0; h < 2; ++h) { // unit 2b + h: channels 8 (warp + 4h) on
+            v[4 * b + 2 * h] = __ldg(reinterpret_cast<const float4*>(p + 32 * h));
+            v[4 * b + 2 * h + 1] = __ldg(reinterpret_cast<const float4*>(p + 32 * h + 4));
+        }
     }
 }
 
@@ -128,6 +137,7 @@ __device__ __forceinline__ void store_dyt(const float4 (&v)[2 * producer_units],
 // columns outside the image zero; TF32 by rounding to nearest) and every
 // thread its share of dy, transposed. A tile's loads of dy are issued before
 // the wait for its stage, so that their latency passes in the wait.
+template <unsigned Run>
 __device__ void produce(const CUtensorMap& xmap, const float* dy, const Geo& g, unsigned char* smem, Shared& sh,
                         unsigned split, int c0, unsigned k0) {
     const unsigned per_stage = span / g.run, box = box_bytes(g.run), box_load = xrows * (g.run + 2) * row_bytes;
@@ -135,7 +145,7 @@ __device__ void produce(const CUtensorMap& xmap, const float* dy, const Geo& g, 
     for (unsigned t = split; t < g.tiles; t += g.splits, ++it) {
         const unsigned s = it % stages, full = smem_address(&sh.full[s]);
         float4 v[2 * producer_units];
-        load_dy(dy, g, t, k0, v);
+        load_dy<Run>(dy, g, t, k0, v);
         if (it >= stages) mbarrier_wait(smem_address(&sh.empty[s]), (it / stages - 1) & 1);
         const unsigned stage = smem_address(smem + s * stage_bytes(g.run));
         if (threadIdx.x == consumers * 128) {
@@ -250,7 +260,7 @@ __device__ __forceinline__ void wgrad_block(const CUtensorMap& xmap, const float
     __syncthreads();
     if (threadIdx.x >= consumers * 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(producer_registers));
-        produce(xmap, dy, g, smem, sh, split, static_cast<int>(c0), k0);
+        produce<Run>(xmap, dy, g, smem, sh, split, static_cast<int>(c0), k0);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(consumer_registers));
@@ -267,11 +277,11 @@ __global__ void __launch_bounds__(block_threads, 1)
 
 Geo geo_of(const TcWgradShape& s) {
     Geo g;
-    g.n = s.n, g.h = s.h, g.w = s.w, g.c = s.c, g.k = s.k;
+    g.h = s.h, g.w = s.w, g.c = s.c, g.k = s.k;
     g.run = std::min(s.w, span);
-    g.col_groups = s.w / g.run;
-    g.row_groups = s.h / slots;
-    g.groups = s.n * g.row_groups * g.col_groups;
+    const unsigned across = s.w / g.run, per_image = s.h / slots * across;
+    g.per_image = Div32(per_image), g.across = Div32(across);
+    g.groups = s.n * per_image;
     const unsigned per_stage = span / g.run;
     g.tiles = (g.groups + per_stage - 1) / per_stage;
     g.results = (s.c / block_c) * (s.k / block_k);
