@@ -1478,6 +1478,50 @@ TEST(TrainGpu, ProgrammaticLaunchEqualsPlainLaunch) {
         }
 }
 
+// The weight gradients' partial sums (launch_sum_partials) by one thread an
+// element where there are few blocks and many elements (here the last
+// convolution's), by default, give the same bits as the
+// 32-thread kernel under DSTK_FEW_PARTIALS=0: both add in partial_sums.cuh's
+// order. Own kernels on every layer (the direct first layer, tc_wgrad, and
+// wgmma_wgrad in tf32 on compute capability 9.0), graph steps and an eager
+// partial one.
+TEST(TrainGpu, FewPartialsSumTheSameBits) {
+    REQUIRE_GPU();
+    const TensorShape in{3, 16, 16};
+    const std::uint32_t batch = 32;
+    const Data d = make_random_data(in, 10, batch * 6, 59);
+    const DeviceData dd(d);
+    for (const Precision p : {Precision::tf32, Precision::bf16}) {
+        SCOPED_TRACE(std::string(precision_name(p)));
+        TrainerConfig c = config("conv3x3:64,bn,relu,conv3x3:64,bn,relu,conv3x3:128,bn,relu,flatten,fc:10", in, 10,
+                                 batch, Backend::cuda, p, OptimizerKind::adamw);
+        c.deterministic = true;
+        auto train = [&](const char* few) {
+            setenv("DSTK_CONV_KERNELS", "own", 1);
+            if (few)
+                setenv("DSTK_FEW_PARTIALS", few, 1);
+            else
+                unsetenv("DSTK_FEW_PARTIALS");
+            auto t = make_trainer(c);
+            five_steps(*t, dd, in, batch);
+            t->synchronize();
+            unsetenv("DSTK_FEW_PARTIALS");
+            unsetenv("DSTK_CONV_KERNELS");
+            return t;
+        };
+        const auto few = train(nullptr), many = train("0");
+        for (const std::size_t layer : {3, 6}) {
+            bool own = false;
+            for (const KernelReport& r : few->kernel_choices())
+                own = own || (r.layer == layer && r.op == "bwd_filter" && r.kernel.rfind("own:", 0) == 0);
+            EXPECT_TRUE(own) << "L" << layer << ": an own weight gradient";
+        }
+        EXPECT_EQ(few->read_parameters(), many->read_parameters());
+        EXPECT_EQ(few->read_states(), many->read_states());
+        EXPECT_EQ(few->read_gradients(), many->read_gradients());
+    }
+}
+
 TEST(TrainGpu, ConvertsU8InputOnTheDevice) {
     REQUIRE_GPU();
     TrainerConfig c = config("flatten,fc:5", {3, 4, 4}, 5, 4, Backend::cpu, Precision::fp32);

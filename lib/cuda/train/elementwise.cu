@@ -2,6 +2,8 @@
 // per-block partials.
 #include "elementwise.hpp"
 
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include "dstk/rng.hpp"
@@ -93,23 +95,11 @@ template <class T> __global__ void tanh_backward_kernel(const T* y, const T* dy,
 
 // ---- partial sums ----
 
-// out[e] = sum over blocks of partials[block][e] (partial_sums.cuh's order):
-// 32 outputs per block of 1024 threads, each output's blocks in 32
-// interleaved parts. With an update (UpdateC not void, map given), the
-// parameter map[e] is updated with its gradient as it is stored.
+// Stores an output's sum: as float or bf16 at e, or through the map (and,
+// with an update, UpdateC not void, updating parameter map[e] with it).
 template <class UpdateC>
-__global__ void __launch_bounds__(1024)
-    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out,
-                        const std::uint32_t* map, ParamUpdate update) {
-    await_predecessor();
-    __shared__ double parts[sum_parts][32];
-    const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
-    const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
-    const double own = e < count ? part_sum(partials, blocks, count, e, pt) : 0.0;
-    parts[pt][el] = own;
-    __syncthreads();
-    if (pt != 0 || e >= count) return;
-    const double sum = add_parts(own, parts, el);
+__device__ __forceinline__ void store_sum(double sum, std::uint64_t e, void* out, bool bf16_out,
+                                          const std::uint32_t* map, const ParamUpdate& update) {
     if constexpr (!std::is_void_v<UpdateC>) {
         if (update.advance && e == 0) *update.advance += 1;
         const std::uint32_t i = map[e];
@@ -122,6 +112,39 @@ __global__ void __launch_bounds__(1024)
         static_cast<bf16*>(out)[e] = __float2bfloat16(static_cast<float>(sum));
     else
         static_cast<float*>(out)[e] = static_cast<float>(sum);
+}
+
+// out[e] = sum over blocks of partials[block][e] (partial_sums.cuh's order):
+// 32 outputs per block of 1024 threads, each output's blocks in 32
+// interleaved parts. For many blocks.
+template <class UpdateC>
+__global__ void __launch_bounds__(1024)
+    sum_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out, bool bf16_out,
+                        const std::uint32_t* map, ParamUpdate update) {
+    await_predecessor();
+    __shared__ double parts[sum_parts][32];
+    const unsigned el = threadIdx.x % 32, pt = threadIdx.x / 32;
+    const std::uint64_t e = std::uint64_t{blockIdx.x} * 32 + el;
+    const double own = e < count ? part_sum(partials, blocks, count, e, pt) : 0.0;
+    parts[pt][el] = own;
+    __syncthreads();
+    if (pt != 0 || e >= count) return;
+    store_sum<UpdateC>(add_parts(own, parts, el), e, out, bf16_out, map, update);
+}
+
+// The same sums for at most sum_parts blocks, one thread an output: each
+// part is then one block, so adding the blocks in order gives the same bits.
+// Where the kernel above would leave most of its threads without a block.
+template <class UpdateC>
+__global__ void sum_few_partials_kernel(const float* partials, unsigned blocks, std::uint64_t count, void* out,
+                                        bool bf16_out, const std::uint32_t* map, ParamUpdate update) {
+    await_predecessor();
+    GRID_LOOP(e, count) {
+        double sum = 0.0;
+#pragma unroll 8
+        for (unsigned b = 0; b < blocks; ++b) sum += partials[std::uint64_t{b} * count + e];
+        store_sum<UpdateC>(sum, e, out, bf16_out, map, update);
+    }
 }
 
 } // namespace
@@ -216,16 +239,30 @@ void launch_copy_rows(const void* src, std::uint64_t src_row, void* dst, std::ui
 
 void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t count, void* out, ActType out_t,
                          cudaStream_t s, const std::uint32_t* map, const ParamUpdate* update) {
-    const unsigned grid = static_cast<unsigned>((count + 31) / 32);
+    if (update && update->params && !map)
+        throw std::logic_error("an update in the partial sums without the gradient vector's map");
+    // One thread an output for at most sum_parts blocks and many outputs:
+    // alone at batch 256, faster for weight gradients of 73,728 outputs and
+    // more (a probe of both kernels). Used on every count, ref-cnn's step was
+    // slower: most of its gradients have 864 to 36,864 outputs, too few
+    // threads to fill the GPU, each adding its partials one after another.
+    // DSTK_FEW_PARTIALS=0 (read at each launch, as DSTK_PDL) keeps the other
+    // kernel for every count: the same bits, for comparison.
+    constexpr std::uint64_t many_outputs = 65536;
+    const char* env = std::getenv("DSTK_FEW_PARTIALS");
+    const bool few = blocks <= sum_parts && count >= many_outputs && !(env && std::strcmp(env, "0") == 0);
+    const unsigned grid = few ? blocks_for(count, 1) : static_cast<unsigned>((count + 31) / 32);
+    const unsigned block = few ? threads : 32 * sum_parts;
+    const auto go = [&](auto kernel, const ParamUpdate& u) {
+        launch_kernel(kernel, grid, block, 0, s, partials, blocks, count, out, out_t == ActType::bf16, map, u);
+    };
     if (!update || !update->params) {
-        launch_kernel(sum_partials_kernel<void>, grid, 32 * sum_parts, 0, s, partials, blocks, count, out,
-                      out_t == ActType::bf16, map, ParamUpdate{});
+        go(few ? sum_few_partials_kernel<void> : sum_partials_kernel<void>, ParamUpdate{});
         return;
     }
-    if (!map) throw std::logic_error("an update in the partial sums without the gradient vector's map");
     dispatch(update->copy_t, [&](auto tag) {
-        launch_kernel(sum_partials_kernel<DSTK_T>, grid, 32 * sum_parts, 0, s, partials, blocks, count, out, false, map,
-                      *update);
+        using T = DSTK_T;
+        go(few ? sum_few_partials_kernel<T> : sum_partials_kernel<T>, *update);
     });
 }
 
