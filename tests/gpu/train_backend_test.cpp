@@ -1522,6 +1522,35 @@ TEST(TrainGpu, FewPartialsSumTheSameBits) {
     }
 }
 
+// cuDNN's weight gradients (KRSC) into the gradient vector (KCRS) a filter
+// at a time through shared memory, against the map's element-wise scatter:
+// the same bits; and the first layer, whose copy pads its input channels,
+// through the map either way.
+TEST(TrainGpu, FilterScatterGivesTheSameBits) {
+    REQUIRE_GPU();
+    const TensorShape in{3, 8, 8};
+    const std::uint32_t batch = 32; // (five_steps' last step: 20 samples)
+    const Data d = make_random_data(in, 10, batch * 6, 61);
+    const DeviceData dd(d);
+    for (const Precision p : {Precision::tf32, Precision::bf16}) {
+        SCOPED_TRACE(std::string(precision_name(p)));
+        TrainerConfig c = config("conv3x3:24,bn,relu,conv3x3:40,bn,relu,conv5x5:16,relu,flatten,fc:10", in, 10, batch,
+                                 Backend::cuda, p, OptimizerKind::sgd);
+        c.deterministic = true;
+        auto train = [&](std::initializer_list<std::pair<const char*, const char*>> env) {
+            auto t = made_with(env, c);
+            five_steps(*t, dd, in, batch);
+            t->synchronize();
+            return t;
+        };
+        const auto by_filter = train({{"DSTK_CONV_KERNELS", "cudnn"}});
+        const auto by_map = train({{"DSTK_CONV_KERNELS", "cudnn"}, {"DSTK_FILTER_SCATTER", "0"}});
+        EXPECT_EQ(by_filter->read_parameters(), by_map->read_parameters());
+        EXPECT_EQ(by_filter->read_gradients(), by_map->read_gradients());
+        EXPECT_EQ(by_filter->read_states(), by_map->read_states());
+    }
+}
+
 TEST(TrainGpu, ConvertsU8InputOnTheDevice) {
     REQUIRE_GPU();
     TrainerConfig c = config("flatten,fc:5", {3, 4, 4}, 5, 4, Backend::cpu, Precision::fp32);

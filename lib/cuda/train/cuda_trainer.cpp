@@ -434,6 +434,9 @@ class CudaTrainer final : public Trainer {
     std::uint64_t conv_copies_ = 0;
     std::vector<std::uint64_t> copy_offset_; // per layer, elements into wcopy
     std::vector<std::uint64_t> copy_count_;  // per conv layer, its elements there
+    // Per conv layer: its copy holds every input channel, and a filter fits
+    // launch_scatter_filter_grads (DSTK_FILTER_SCATTER=0: none does).
+    std::vector<bool> filter_scatter_;
     // The converted input and the targets, one set per InputSets slot (the
     // graphs are captured once per set).
     std::unique_ptr<InputSets> in_;
@@ -1084,6 +1087,9 @@ void CudaTrainer::plan_copies() {
     inv_host_.assign(cfg_.plan.params, no_copy);
     copy_offset_.assign(layers().size(), 0);
     copy_count_.assign(layers().size(), 0);
+    filter_scatter_.assign(layers().size(), false);
+    const char* e = std::getenv("DSTK_FILTER_SCATTER");
+    const bool by_filter = !(e && std::strcmp(e, "0") == 0);
     for (const bool conv_pass : {true, false}) {
         for (std::size_t i = 0; i < layers().size(); ++i) {
             const LayerPlan& l = layers()[i];
@@ -1110,6 +1116,8 @@ void CudaTrainer::plan_copies() {
                         for (std::uint64_t j = 0; j < rs; ++j)
                             for (std::uint64_t c = 0; c < cin; ++c) add(k, c, j);
                 copy_count_[i] = map_host_.size() - copy_offset_[i];
+                filter_scatter_[i] =
+                    by_filter && !nchw_ && cin == l.in.c && filter_scatter_fits(cin, static_cast<std::uint32_t>(rs));
             } else if (!conv_pass && l.spec.kind == LayerKind::linear && linear_copied(i)) {
                 if (fc_fused_) // 256-byte aligned for cuBLASLt's fast kernels; the gap is never read
                     while (map_host_.size() % 128) map_host_.push_back(no_copy);
@@ -2007,8 +2015,12 @@ void CudaTrainer::backward_conv(std::size_t i, std::uint32_t n, const void* dy, 
     if (w.stream != stream_) gbuf_.read_by_side(dy, *side_); // the last read of dy: the scatter below reads gk
     // Into the gradient vector at once, beside the data gradients (a direct
     // first convolution and an own weight gradient wrote it there themselves).
-    if (!(i == 0 && direct_first_) && !d.own_wgrad())
-        launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
+    if (!(i == 0 && direct_first_) && !d.own_wgrad()) {
+        if (filter_scatter_[i])
+            launch_scatter_filter_grads(d.gk, at_, g, l.out.c, l.in.c, l.spec.kernel * l.spec.kernel, w.stream);
+        else
+            launch_scatter_grads(d.gk, at_, map_ + copy_offset_[i], grads_, copy_count_[i], w.stream);
+    }
     mark(i, "bwd filter");
     if (accumulate && (!need_dx || d.own_dgrad()))
         throw std::logic_error("a data gradient summed into one not cuDNN's");

@@ -2,6 +2,10 @@
 // changes and the weights' compute copies.
 #include "input_layout.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+
+#include "device_common.cuh"
 #include "launch_common.cuh"
 
 namespace dstk::train::cuda {
@@ -104,6 +108,29 @@ __global__ void scatter_kernel(const T* gcopy, const std::uint32_t* map, float* 
     GRID_LOOP(i, count) if (map[i] != ~0u) grads[map[i]] = ld(gcopy, i);
 }
 
+// One filter a block at a time: its gradient's [rs][c] rows (read along c)
+// into shared memory as [c][rs], then out along the whole filter. Stored one
+// element at a time through the map, consecutive elements land 4 * rs bytes
+// apart in the gradient vector, each in a sector of its own. (rs odd: the
+// shared stores of consecutive c then hit different banks.)
+template <class T>
+__global__ void scatter_filters_kernel(const T* gcopy, float* grads, unsigned filters, unsigned c, Div32 dc,
+                                       unsigned rs) {
+    extern __shared__ float filter[];
+    const unsigned per = c * rs;
+    for (unsigned k = blockIdx.x; k < filters; k += gridDim.x) {
+        const T* src = gcopy + std::uint64_t{k} * per;
+        for (unsigned e = threadIdx.x; e < per; e += blockDim.x) {
+            const unsigned j = dc.div(e);
+            filter[(e - j * c) * rs + j] = ld(src, e);
+        }
+        __syncthreads();
+        float* dst = grads + std::uint64_t{k} * per;
+        for (unsigned e = threadIdx.x; e < per; e += blockDim.x) dst[e] = filter[e];
+        __syncthreads();
+    }
+}
+
 } // namespace
 
 void launch_convert_input(const StoredSamples& x, const std::int32_t* labels, std::uint32_t n, std::uint32_t channels,
@@ -165,6 +192,23 @@ void launch_scatter_grads(const void* gcopy, ActType t, const std::uint32_t* map
         using T = DSTK_T;
         plain_launch(scatter_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(gcopy), map, grads,
                      count);
+    });
+}
+
+bool filter_scatter_fits(std::uint32_t c, std::uint32_t rs) {
+    return c > 0 && rs % 2 == 1 && std::uint64_t{c} * rs * sizeof(float) <= filter_scatter_max_shared;
+}
+
+void launch_scatter_filter_grads(const void* gcopy, ActType t, float* grads, std::uint32_t filters, std::uint32_t c,
+                                 std::uint32_t rs, cudaStream_t s) {
+    if (filters == 0) return;
+    if (!filter_scatter_fits(c, rs)) throw std::invalid_argument("launch_scatter_filter_grads: a filter too large");
+    const std::uint64_t shared = std::uint64_t{c} * rs * sizeof(float);
+    const unsigned grid = std::min(filters, sm_count() * 8);
+    dispatch(t, [&](auto tag) {
+        using T = DSTK_T;
+        plain_launch(scatter_filters_kernel<T>, grid, threads, shared, s, static_cast<const T*>(gcopy), grads, filters,
+                     c, Div32(c), rs);
     });
 }
 

@@ -42,4 +42,14 @@ void launch_gather_weights(const float* params, const std::uint32_t* map, void* 
 void launch_scatter_grads(const void* gcopy, ActType t, const std::uint32_t* map, float* grads, std::uint64_t count,
                           cudaStream_t s);
 
+// The same scatter for one convolution's filters whose copy holds every
+// input channel (no padding): gcopy [filters][rs][c] (KRSC) into grads
+// [filters][c][rs] (KCRS, from the layer's first parameter), a filter at a
+// time through shared memory, where it fits (filter_scatter_fits: rs odd,
+// c * rs floats within filter_scatter_max_shared bytes).
+constexpr std::uint64_t filter_scatter_max_shared = 48 * 1024;
+bool filter_scatter_fits(std::uint32_t c, std::uint32_t rs);
+void launch_scatter_filter_grads(const void* gcopy, ActType t, float* grads, std::uint32_t filters, std::uint32_t c,
+                                 std::uint32_t rs, cudaStream_t s);
+
 } // namespace dstk::train::cuda
