@@ -9,6 +9,8 @@
 # on the same images with their targets added (bench-heads/), and the summary
 # gives each beside cls (dstk's target: >= 95%) and beside PyTorch (>= 1.5x).
 # Usage: scripts/bench-train.sh BUILD_DIR [WORK_DIR]
+# Each process's figure goes to stderr as it is measured ("bench-train: CONFIG<TAB>samples/s"),
+# its logs stay in WORK_DIR (default: a new temporary directory, named on stderr first).
 # Env: TRAIN (samples, default 50000), BATCH (256), EPOCHS (3), PRECISIONS ("tf32 bf16 fp32"),
 #      RUNS (fresh processes per configuration, default 5, at least 5 for the check),
 #      TORCH (1: also PyTorch eager and compile; 0: dstrain only), TORCH_RUNS (default RUNS),
@@ -85,6 +87,13 @@ task_args() {
 export DSTK_STEP_TIMES=${DSTK_STEP_TIMES:-1} # the per-step breakdown in each run's log
 results="$work/runs.tsv" # configuration <tab> samples/s, one line per process
 : >"$results"
+# Each process's figure also to stderr as it is measured, so that a run cut
+# short (a time limit, Ctrl-C) still shows what it measured; the logs stay in WORK_DIR.
+echo "bench-train: each process's log and figure in $work" >&2
+record() { # FILE FIELDS...: one tab-separated line into FILE, and to stderr
+  local f=$1; shift
+  (IFS=$'\t'; printf '%s\n' "$*" >>"$f"; printf 'bench-train: %s\n' "$*" >&2)
+}
 
 # The median of a dstrain run's epochs after the first (all epochs when there is one).
 epoch_median() {
@@ -105,11 +114,11 @@ for r in $(seq 1 "$runs"); do
       name=dstrain; [ "$t" = cls ] || name="dstrain-$t"
       "${own_cache[@]}" "$build/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
           --save "$work/model-$t-$p-$r.safetensors" --force --json >"$work/$name-$p-$r.json" 2>"$work/$name-$p-$r.err"
-      printf '%s %s\t%s\n' "$name" "$p" "$(epoch_median "$work/$name-$p-$r.json")" >>"$results"
+      record "$results" "$name $p" "$(epoch_median "$work/$name-$p-$r.json")"
       if [ -n "${BASELINE:-}" ] && [ "$t" = cls ]; then
         "${base_cache[@]}" "$BASELINE/bin/dstrain" "${args[@]}" --batch "$batch" --epochs "$epochs" --precision "$p" --device cuda:0 \
             --save "$work/model-base-$p-$r.safetensors" --force --json >"$work/base-$p-$r.json" 2>"$work/base-$p-$r.err"
-        printf 'dstrain-base %s\t%s\n' "$p" "$(epoch_median "$work/base-$p-$r.json")" >>"$results"
+        record "$results" "dstrain-base $p" "$(epoch_median "$work/base-$p-$r.json")"
       fi
       if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
         # PyTorch loads its own cuDNN: keep the system one out of the way.
@@ -117,15 +126,14 @@ for r in $(seq 1 "$runs"); do
             --precision "$p" --json >"$work/torch-$t-$p-$r.json" 2>"$work/torch-$t-$p-$r.err"
         for mode in eager compile; do
           tname="torch-$mode"; [ "$t" = cls ] || tname="torch-$mode-$t"
-          printf '%s %s\t%s\n' "$tname" "$p" \
-              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"][sys.argv[2]]))' "$work/torch-$t-$p-$r.json" "$mode")" \
-              >>"$results"
+          record "$results" "$tname $p" \
+              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"][sys.argv[2]]))' "$work/torch-$t-$p-$r.json" "$mode")"
         done
       fi
       if [ "$jax" != 0 ] && [ "$t" = cls ] && [ "$r" -le "$torch_runs" ]; then
         env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model "$model" --batches "$batch" \
             --precision "$p" --json >"$work/jax-$p-$r.json" 2>"$work/jax-$p-$r.err"
-        printf 'jax-scan %s\t%s\n' "$p" "$(jax_figure "$work/jax-$p-$r.json" "$batch")" >>"$results"
+        record "$results" "jax-scan $p" "$(jax_figure "$work/jax-$p-$r.json" "$batch")"
       fi
     done
   done
@@ -190,12 +198,12 @@ if [ -n "${CURVE:-}" ]; then
       for r in $(seq 1 "$runs"); do
         "$build/bin/dstrain" "$data" --model "$model" --batch "$b" --epochs "$epochs" --precision "$p" --device cuda:0 \
             --save "$work/model-curve.safetensors" --force --json >"$work/curve-$b-$p-$r.json" 2>"$work/curve-$b-$p-$r.err"
-        printf 'dstrain\t%s\t%s\t%s\n' "$p" "$b" "$(epoch_median "$work/curve-$b-$p-$r.json")" >>"$curve"
+        record "$curve" dstrain "$p" "$b" "$(epoch_median "$work/curve-$b-$p-$r.json")"
         if [ "$torch" != 0 ] && [ "$r" -le "$torch_runs" ]; then
           env -u LD_LIBRARY_PATH python3 "$here/torch_baseline.py" "$data" --model "$model" --batch "$b" --epochs 2 \
               --precision "$p" --modes compile --json >"$work/curve-torch-$b-$p-$r.json" 2>"$work/curve-torch-$b-$p-$r.err"
-          printf 'torch-compile\t%s\t%s\t%s\n' "$p" "$b" \
-              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/curve-torch-$b-$p-$r.json")" >>"$curve"
+          record "$curve" torch-compile "$p" "$b" \
+              "$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["modes"]["compile"]))' "$work/curve-torch-$b-$p-$r.json")"
         fi
       done
     done
@@ -205,7 +213,7 @@ if [ -n "${CURVE:-}" ]; then
       env -u LD_LIBRARY_PATH python3 "$here/jax_baseline.py" "$data" --model "$model" --batches "$(echo "$CURVE" | tr ' ' ,)" \
           --precision "$p" --json >"$work/curve-jax-$p-$r.json" 2>"$work/curve-jax-$p-$r.err"
       for b in $CURVE; do
-        printf 'jax-scan\t%s\t%s\t%s\n' "$p" "$b" "$(jax_figure "$work/curve-jax-$p-$r.json" "$b")" >>"$curve"
+        record "$curve" jax-scan "$p" "$b" "$(jax_figure "$work/curve-jax-$p-$r.json" "$b")"
       done
     done
   done
