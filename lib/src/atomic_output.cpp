@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dstk/env.hpp"
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
 #include "dstk/json.hpp"
@@ -91,15 +92,14 @@ void remove_stale_staging(const fs::path& final_path) {
 // fallbacks of filesystems without renameat2 flags.
 
 bool renameat2_disabled() {
-    const char* v = std::getenv("DSTK_TEST_NO_RENAMEAT2");
-    return v && *v && std::string(v) != "0";
+    return env_flag("DSTK_TEST_NO_RENAMEAT2").value_or(false);
 }
 
 void hold_before_placing(const fs::path& final_path) {
-    const char* fifo = std::getenv("DSTK_TEST_HOLD_FIFO");
-    if (!fifo || !*fifo) return;
-    const char* at = std::getenv("DSTK_TEST_HOLD_AT");
-    if (at && *at && final_path.filename() != at) return;
+    const std::string fifo(env_value("DSTK_TEST_HOLD_FIFO"));
+    if (fifo.empty()) return;
+    const std::string_view at = env_value("DSTK_TEST_HOLD_AT");
+    if (!at.empty() && final_path.filename() != fs::path(at)) return;
     if (const UniqueFd w = UniqueFd::try_open(fifo, O_WRONLY)) {
         const std::string line = "placing " + final_path.string() + "\n";
         (void)!::write(w.get(), line.data(), line.size());

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "dstk/env.hpp"
 #include "dstk/atomic_output.hpp"
 #include "dstk/error.hpp"
 
@@ -32,8 +33,8 @@ fs::path plot_script() {
 }
 
 std::string python() {
-    const char* p = std::getenv("DSTK_PYTHON");
-    return p && *p ? p : "python3";
+    const std::string_view p = env_value("DSTK_PYTHON");
+    return p.empty() ? "python3" : std::string(p);
 }
 
 // Runs argv with stdout on `fd`; the exit status.

@@ -28,6 +28,7 @@
 
 #include <cuda_profiler_api.h>
 
+#include "dstk/env.hpp"
 #include "dstk/data/convert.hpp"
 #include "dstk/dist/reducer.hpp"
 #include "dstk/train/choice_cache.hpp"
@@ -677,8 +678,8 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
     std::size_t free_after = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     measured_ = free_before > free_after ? free_before - free_after : 0;
-    if (const char* e = std::getenv("DSTK_PROFILE_LAYERS"); e && std::atoi(e) > 0)
-        with_state_restored([&] { profile_layers(std::atoi(e)); });
+    if (const long n = env_long("DSTK_PROFILE_LAYERS", 0); n > 0)
+        with_state_restored([&] { profile_layers(static_cast<int>(n)); });
     // Under a profiler started with --profile-from-start off (nsys, ncu), the
     // range starts here: the algorithm search and warm-up stay outside it.
     cudaProfilerStart();
@@ -686,30 +687,29 @@ CudaTrainer::CudaTrainer(const TrainerConfig& c) : cfg_(c) {
 
 // The switches that turn the engine's fused paths off (man/dstrain.1, ENVIRONMENT).
 void CudaTrainer::read_switches() {
-    if (const char* e = std::getenv("DSTK_FC_FUSED"); e && std::string(e) == "0") fc_fused_ = false;
-    if (const char* e = std::getenv("DSTK_RESIDUAL_FUSED"); e && std::string(e) == "0") residual_fused_ = false;
-    if (const char* e = std::getenv("DSTK_FIRST_CONV_BN"); e && std::string(e) == "0") first_conv_bn_ = false;
-    if (const char* e = std::getenv("DSTK_CONV_BN_STATS"); e && std::string(e) == "0") conv_bn_stats_ = false;
-    if (const char* e = std::getenv("DSTK_CUDNN_GRAPH"); e && *e) {
-        const std::string v = std::string(",") + e + ",";
+    if (env_off("DSTK_FC_FUSED")) fc_fused_ = false;
+    if (env_off("DSTK_RESIDUAL_FUSED")) residual_fused_ = false;
+    if (env_off("DSTK_FIRST_CONV_BN")) first_conv_bn_ = false;
+    if (env_off("DSTK_CONV_BN_STATS")) conv_bn_stats_ = false;
+    if (const std::string_view g = env_value("DSTK_CUDNN_GRAPH"); !g.empty()) {
+        const std::string v = "," + std::string(g) + ",";
         const char* names[3] = {",fwd,", ",bwd_data,", ",bwd_filter,"};
         for (int op = 0; op < 3; ++op) graph_ops_[op] = v == ",1," || v.find(names[op]) != std::string::npos;
         graph_everywhere_ = true;
     }
-    if (const char* e = std::getenv("DSTK_UPPER_UPDATE"); e && std::string(e) == "0") upper_update_ = false;
-    if (const char* e = std::getenv("DSTK_LOW_UPDATE_FIRST"); e && std::string(e) == "0") low_update_first_ = false;
-    if (const char* e = std::getenv("DSTK_OVERLAP_STEPS"); e && *e) overlap_steps_ = std::string(e) != "0";
+    if (env_off("DSTK_UPPER_UPDATE")) upper_update_ = false;
+    if (env_off("DSTK_LOW_UPDATE_FIRST")) low_update_first_ = false;
+    overlap_steps_ = env_flag("DSTK_OVERLAP_STEPS").value_or(overlap_steps_);
     // The first batch norm's update not in tf32: there the step measured
     // slower with it (and faster with the early layer's).
     update_early_in_gradient_ = true;
     update_low_in_gradient_ = cfg_.precision != Precision::tf32;
-    if (const char* e = std::getenv("DSTK_UPDATE_IN_GRADIENT"); e && *e)
-        update_early_in_gradient_ = update_low_in_gradient_ = std::string(e) != "0";
+    if (const auto on = env_flag("DSTK_UPDATE_IN_GRADIENT")) update_early_in_gradient_ = update_low_in_gradient_ = *on;
     // Not in tf32 by default: there the next batch's conversion runs beside
     // the small kernels this replaces (plan_input_work's gate), and the step
     // measured slower with the one kernel.
     linear_xent_ = cfg_.precision != Precision::tf32;
-    if (const char* e = std::getenv("DSTK_LINEAR_XENT"); e && *e) linear_xent_ = std::string(e) != "0";
+    linear_xent_ = env_flag("DSTK_LINEAR_XENT").value_or(linear_xent_);
 }
 
 // How a training batch is converted: by the first batch norm's moments
@@ -722,11 +722,11 @@ void CudaTrainer::read_switches() {
 // steady. DSTK_INPUT_GATE=0|1 decides either way.
 void CudaTrainer::plan_input_work() {
     input_in_moments_ = first_conv_bn_ && first_bn_converts(at_, cfg_.input_dtype, direct_shape(cfg_.max_batch));
-    if (const char* e = std::getenv("DSTK_INPUT_IN_MOMENTS"); e && std::string(e) == "0") input_in_moments_ = false;
+    if (env_off("DSTK_INPUT_IN_MOMENTS")) input_in_moments_ = false;
     input_gate_ = cfg_.precision == Precision::tf32;
-    const char* e = std::getenv("DSTK_INPUT_GATE");
-    input_gate_set_ = e && *e;
-    if (input_gate_set_) input_gate_ = std::string(e) != "0";
+    const auto gate = env_flag("DSTK_INPUT_GATE");
+    input_gate_set_ = gate.has_value();
+    if (input_gate_set_) input_gate_ = *gate;
 }
 
 void CudaTrainer::mark(std::size_t layer, const char* what) {
@@ -838,8 +838,8 @@ void CudaTrainer::capture(cudaGraphExec_t& exec, const std::function<void()>& bo
 void CudaTrainer::choose_weight_branch() {
     const std::string names[2] = {"side_stream", "main_stream"};
     const std::size_t step_layer = layers().size(); // reported as the step's, not a layer's
-    if (const char* e = std::getenv("DSTK_WEIGHT_BRANCH"); e && *e) {
-        one_stream_ = std::string(e) == "0";
+    if (const auto branch = env_flag("DSTK_WEIGHT_BRANCH")) {
+        one_stream_ = !*branch;
         reports_.push_back({step_layer, "weight_gradients", names[one_stream_], ChoiceSource::rule, 0.0});
         capture_train_graph(nullptr);
         return;
@@ -1088,8 +1088,7 @@ void CudaTrainer::plan_copies() {
     copy_offset_.assign(layers().size(), 0);
     copy_count_.assign(layers().size(), 0);
     filter_scatter_.assign(layers().size(), false);
-    const char* e = std::getenv("DSTK_FILTER_SCATTER");
-    const bool by_filter = !(e && std::strcmp(e, "0") == 0);
+    const bool by_filter = !env_off("DSTK_FILTER_SCATTER");
     for (const bool conv_pass : {true, false}) {
         for (std::size_t i = 0; i < layers().size(); ++i) {
             const LayerPlan& l = layers()[i];
@@ -1280,14 +1279,12 @@ void CudaTrainer::create_layer_descriptors() {
             ws = std::max(ws, conv_workspace_need(search(), conv_call(probe, i), cfg_.workspace_limit));
     cudnnDestroyTensorDescriptor(probe.input);
     for (auto t : probe.out) cudnnDestroyTensorDescriptor(t);
-    const char* env = std::getenv("DSTK_CONV_KERNELS");
-    const bool own = !(env && std::string(env) == "cudnn");
-    force_own_ = env && std::string(env) == "own";
-    const char* wg = std::getenv("DSTK_WGMMA_CONV");
-    const bool wgmma = !(wg && std::string(wg) == "0"), wgmma_back = wgmma && !(wg && std::string(wg) == "fwd");
-    const char* wgw = std::getenv("DSTK_WGMMA_WGRAD");
-    const bool wgmma_wgrad = !(wgw && std::string(wgw) == "0");
-    force_graph_ = env && std::string(env) == "graph";
+    const std::string_view kernels = env_value("DSTK_CONV_KERNELS");
+    const bool own = kernels != "cudnn";
+    force_own_ = kernels == "own";
+    const bool wgmma = !env_off("DSTK_WGMMA_CONV"), wgmma_back = wgmma && env_value("DSTK_WGMMA_CONV") != "fwd";
+    const bool wgmma_wgrad = !env_off("DSTK_WGMMA_WGRAD");
+    force_graph_ = kernels == "graph";
     direct_first_ = own && !layers().empty() && layers()[0].spec.kind == LayerKind::conv &&
                     direct_conv_supported(direct_shape(cfg_.max_batch));
     if (direct_first_)
@@ -2255,7 +2252,7 @@ bool CudaTrainer::first_bn_into_wgrad() const {
 // gradient's store of dy.
 void CudaTrainer::plan_first_wgrad_in_dgrad() {
     first_wgrad_at_ = 0;
-    if (const char* e = std::getenv("DSTK_FIRST_WGRAD_FUSED"); e && std::string(e) == "0") return;
+    if (env_off("DSTK_FIRST_WGRAD_FUSED")) return;
     const auto& ls = layers();
     if (!first_conv_bn_ || ls[0].spec.bias) return;
     const std::size_t up = ls.size() > 2 && ls[2].spec.kind == LayerKind::relu ? 3 : 2;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "dstk/env.hpp"
 #include "cuda_check.hpp"
 #include "device_common.cuh"
 #include "elementwise.hpp"
@@ -242,7 +243,7 @@ std::uint64_t tc_forward_tf32_shared(const TcParams& p) {
 // bf16 (input channels padded to a multiple of 4), or fp32 where the
 // precision is tf32 (any stride of at most 4 channels).
 bool tc_forward_applies(ActType t, const DirectConvShape& s) {
-    if (const char* e = std::getenv("DSTK_FIRST_CONV_TC"); e && std::strcmp(e, "0") == 0) return false;
+    if (env_off("DSTK_FIRST_CONV_TC")) return false;
     const bool bf = t == ActType::bf16 && s.cstride % 4 == 0, tf = t == ActType::f32 && s.tf32;
     if (!(bf || tf) || s.nchw || s.c > 4 || s.stride != 1 || s.kernel != 3) return false;
     if (s.k % 8 != 0 || s.k > tc_max_k || s.oh != s.h + 2 * s.pad - 2 || s.ow != s.w + 2 * s.pad - 2) return false;

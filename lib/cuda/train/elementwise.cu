@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "dstk/env.hpp"
 #include "dstk/rng.hpp"
 
 #include "launch_common.cuh"
@@ -249,8 +250,7 @@ void launch_sum_partials(const float* partials, unsigned blocks, std::uint64_t c
     // DSTK_FEW_PARTIALS=0 (read at each launch, as DSTK_PDL) keeps the other
     // kernel for every count: the same bits, for comparison.
     constexpr std::uint64_t many_outputs = 65536;
-    const char* env = std::getenv("DSTK_FEW_PARTIALS");
-    const bool few = blocks <= sum_parts && count >= many_outputs && !(env && std::strcmp(env, "0") == 0);
+    const bool few = blocks <= sum_parts && count >= many_outputs && !env_off("DSTK_FEW_PARTIALS");
     const unsigned grid = few ? blocks_for(count, 1) : static_cast<unsigned>((count + 31) / 32);
     const unsigned block = few ? threads : 32 * sum_parts;
     const auto go = [&](auto kernel, const ParamUpdate& u) {

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "dstk/env.hpp"
 #include "cuda_check.hpp"
 #include "device_common.cuh"
 #include "act_type.hpp"
@@ -68,7 +69,7 @@ template <class K> bool compiled_for_sm90(K* kernel) {
 // DSTK_PDL=0 (read at each launch: a graph keeps what held at its capture),
 // and only where its code waits (compiled_for_sm90).
 template <class K> bool programmatic_launch(K* kernel) {
-    if (const char* e = std::getenv("DSTK_PDL"); e && std::strcmp(e, "0") == 0) return false;
+    if (env_off("DSTK_PDL")) return false;
     return compiled_for_sm90(kernel);
 }
 
@@ -87,8 +88,8 @@ template <class K> bool programmatic_launch(K* kernel) {
 // launch.
 inline int shared_carveout() {
     static const int c = [] {
-        const char* e = std::getenv("DSTK_SMEM_CARVEOUT");
-        return e && *e ? std::clamp(std::atoi(e), -1, 100) : static_cast<int>(cudaSharedmemCarveoutMaxShared);
+        const long v = env_long("DSTK_SMEM_CARVEOUT", cudaSharedmemCarveoutMaxShared);
+        return static_cast<int>(std::clamp(v, -1L, 100L));
     }();
     return c;
 }

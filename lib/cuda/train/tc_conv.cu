@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "dstk/env.hpp"
 #include "first_conv_tiles.cuh"
 #include "launch_common.cuh"
 #include "tma.cuh"
@@ -159,8 +160,7 @@ Geometry geometry_of(const TcConvShape& s, bool tma) {
 // graph keeps what held at its capture; 1 keeps a group per block).
 constexpr unsigned max_groups = 3;
 unsigned groups_cap() {
-    const char* e = std::getenv("DSTK_TC_GROUPS");
-    const long v = e && *e ? std::strtol(e, nullptr, 10) : long{max_groups};
+    const long v = env_long("DSTK_TC_GROUPS", max_groups);
     return static_cast<unsigned>(std::clamp(v, 1L, long{max_groups}));
 }
 // The geometry with the most warps per SM (by shared memory, each block

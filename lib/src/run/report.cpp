@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "dstk/env.hpp"
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
 #include "dstk/json.hpp"
@@ -116,8 +117,7 @@ nlohmann::json loop_json(const LoopTimes& t) {
 }
 
 bool step_times_wanted() {
-    const char* e = std::getenv("DSTK_STEP_TIMES");
-    return e && *e && std::string(e) != "0";
+    return env_flag("DSTK_STEP_TIMES").value_or(false);
 }
 
 std::string epoch_line(const Session& s, const TrainOptions& e, const EpochOutcome& o, const Ceiling& c) {
