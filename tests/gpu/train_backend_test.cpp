@@ -113,6 +113,22 @@ struct Checker {
     }
 };
 
+// Two trainings that must agree bit for bit: parameters, BN running
+// statistics and, with gradients, the last step's gradients; what says which
+// two on failure.
+void expect_same_bits(Trainer& a, Trainer& b, const std::string& what, bool gradients = true) {
+    EXPECT_EQ(a.read_parameters(), b.read_parameters()) << what << ": parameters differ";
+    EXPECT_EQ(a.read_states(), b.read_states()) << what << ": BN running statistics differ";
+    if (gradients) EXPECT_EQ(a.read_gradients(), b.read_gradients()) << what << ": gradients differ";
+}
+
+// Two trainings that must agree within tol: parameters and BN running
+// statistics, recorded in check.
+void check_trained(Checker& check, Trainer& a, Trainer& b, double tol, const std::string& after = "after 5 steps") {
+    check("parameters " + after, a.read_parameters(), b.read_parameters(), tol);
+    check("BN running statistics " + after, a.read_states(), b.read_states(), tol);
+}
+
 // Tolerances: fwd for layer outputs, grad for gradients and statistics.
 void compare_layers(const std::string& spec, TensorShape in, std::uint32_t classes, std::uint32_t batch, Precision p,
                     double fwd, double grad) {
@@ -395,8 +411,7 @@ void compare_training(Precision p, double tol, double loss_tol) {
             }
             EXPECT_EQ(gpu->steps(), 4u);
             Checker check;
-            check("parameters after 4 steps", gpu->read_parameters(), cpu->read_parameters(), tol);
-            check("BN running statistics after 4 steps", gpu->read_states(), cpu->read_states(), tol);
+            check_trained(check, *gpu, *cpu, tol, "after 4 steps");
             const Metrics mc = cpu->take_train_metrics(), mg = gpu->take_train_metrics();
             EXPECT_EQ(mg.samples, mc.samples);
             EXPECT_NEAR(mg.loss_sum, mc.loss_sum, loss_tol * mc.loss_sum) << "training loss";
@@ -555,8 +570,7 @@ TEST(TrainGpu, DeterministicRunsAreBitwiseEqualAndResumeExactly) {
         run_steps(*b, dd, in, batch, 0, 3);
         const auto blob = b->save_state();
         run_steps(*b, dd, in, batch, 3, 6);
-        EXPECT_EQ(a->read_parameters(), b->read_parameters()) << "two deterministic runs differ";
-        EXPECT_EQ(a->read_states(), b->read_states()) << "BN statistics of two deterministic runs differ";
+        expect_same_bits(*a, *b, "two deterministic runs", false);
         auto c = make_trainer(deterministic_config(p));
         c->load_state(blob);
         run_steps(*c, dd, in, batch, 3, 6);
@@ -600,9 +614,7 @@ TEST(TrainGpu, WeightGradientBranchEqualsOneStream) {
             for (Trainer* t : {branched.get(), one.get()}) {
                 five_steps(*t, dd, in, batch);
             }
-            EXPECT_EQ(branched->read_parameters(), one->read_parameters());
-            EXPECT_EQ(branched->read_states(), one->read_states());
-            EXPECT_EQ(branched->read_gradients(), one->read_gradients());
+            expect_same_bits(*branched, *one, "branched against one");
         }
 }
 
@@ -671,8 +683,7 @@ TEST(TrainGpu, FirstBatchNormFromInputMomentsTrainsLikeItsOwnPass) {
             run_steps(*own, dd, in, batch, 1, 4);
             for (auto* t : {moments.get(), own.get()})
                 t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
-            check("parameters after 5 steps", moments->read_parameters(), own->read_parameters(), tol);
-            check("BN running statistics after 5 steps", moments->read_states(), own->read_states(), tol);
+            check_trained(check, *moments, *own, tol);
             std::printf("%-66s %-4s worst %.2e (%s)\n", spec, std::string(precision_name(prec)).c_str(), check.worst,
                         check.worst_what.c_str());
             TrainerConfig det = c;
@@ -680,8 +691,7 @@ TEST(TrainGpu, FirstBatchNormFromInputMomentsTrainsLikeItsOwnPass) {
             auto a = make(det, false), b = make(det, false);
             run_steps(*a, dd, in, batch, 0, 3);
             run_steps(*b, dd, in, batch, 0, 3);
-            EXPECT_EQ(a->read_parameters(), b->read_parameters()) << "two deterministic runs differ";
-            EXPECT_EQ(a->read_states(), b->read_states());
+            expect_same_bits(*a, *b, "two deterministic runs", false);
         }
 }
 
@@ -740,8 +750,7 @@ TEST(TrainGpu, MomentsKernelConvertsTheInputBitEqual) {
                                 : static_cast<const void*>(dd.xs() + at);
                         t->train_step(step_batch(t->config(), x, dd.ys() + s * batch, n));
                     }
-                EXPECT_EQ(fused->read_parameters(), own->read_parameters());
-                EXPECT_EQ(fused->read_states(), own->read_states());
+                expect_same_bits(*fused, *own, "fused against own", false);
             }
     TrainerConfig c = config("conv3x3:32,bn,relu,flatten,fc:10", {3, 8, 8}, 10, batch, Backend::cuda, Precision::bf16,
                              OptimizerKind::adamw);
@@ -974,8 +983,7 @@ TEST(TrainGpu, FirstWeightGradientInDataGradientTrainsLikeItsOwnKernel) {
             run_steps(*own, dd, in, batch, 1, 4);
             for (auto* t : {fused.get(), own.get()})
                 t->train_step(step_batch(t->config(), dd.xs() + 4 * batch * in.numel(), dd.ys() + 4 * batch, 20));
-            check("parameters after 5 steps", fused->read_parameters(), own->read_parameters(), tol);
-            check("BN running statistics after 5 steps", fused->read_states(), own->read_states(), tol);
+            check_trained(check, *fused, *own, tol);
             std::printf("%-72s %-4s worst %.2e (%s)\n", spec, name.c_str(), check.worst, check.worst_what.c_str());
             TrainerConfig det = c;
             det.deterministic = true;
@@ -983,8 +991,7 @@ TEST(TrainGpu, FirstWeightGradientInDataGradientTrainsLikeItsOwnKernel) {
             EXPECT_TRUE(fused_in(*a));
             run_steps(*a, dd, in, batch, 0, 3);
             run_steps(*b, dd, in, batch, 0, 3);
-            EXPECT_EQ(a->read_parameters(), b->read_parameters()) << "two deterministic runs differ";
-            EXPECT_EQ(a->read_states(), b->read_states());
+            expect_same_bits(*a, *b, "two deterministic runs", false);
         }
 }
 
@@ -1034,8 +1041,7 @@ TEST(TrainGpu, ConvolutionEpilogueStatisticsTrainLikeTheirOwnPass) {
             EXPECT_EQ(fused_layers(*cudnn), 0u);
             for (auto* other : {pass.get(), cudnn.get()}) {
                 Checker check;
-                check("parameters after 5 steps", fused->read_parameters(), other->read_parameters(), tol);
-                check("BN running statistics after 5 steps", fused->read_states(), other->read_states(), tol);
+                check_trained(check, *fused, *other, tol);
                 std::printf("%-80s %-4s worst %.2e (%s)\n", spec, std::string(precision_name(p)).c_str(), check.worst,
                             check.worst_what.c_str());
             }
@@ -1099,12 +1105,10 @@ TEST(TrainGpu, HopperConvolutionsMatchCpu) {
         }
         for (const std::size_t layer : {3, 6}) // (L3's writes 64 channels: tiles 64 wide)
             EXPECT_TRUE(reports_kernel(*hopper, layer, "bwd_data", "own:wgmma_conv")) << "L" << layer;
-        EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
-        EXPECT_EQ(hopper->read_states(), again->read_states());
+        expect_same_bits(*hopper, *again, "--deterministic", false);
         Checker check;
         const double tol = p == Precision::bf16 ? 6e-2 : 3e-2;
-        check("parameters after 5 steps", hopper->read_parameters(), cudnn->read_parameters(), tol);
-        check("BN running statistics after 5 steps", hopper->read_states(), cudnn->read_states(), tol);
+        check_trained(check, *hopper, *cudnn, tol);
         std::printf("wgmma_conv against cuDNN after 5 steps, %s: worst %.2e (%s)\n",
                     std::string(precision_name(p)).c_str(), check.worst, check.worst_what.c_str());
     }
@@ -1166,11 +1170,9 @@ TEST(TrainGpu, HopperWeightGradientsMatchCpu) {
         EXPECT_TRUE(reports_kernel(*hopper, layer, "bwd_filter", "own:wgmma_wgrad")) << "L" << layer;
         EXPECT_FALSE(reports_kernel(*other, layer, "bwd_filter", "own:wgmma_wgrad")) << "DSTK_WGMMA_WGRAD=0";
     }
-    EXPECT_EQ(hopper->read_parameters(), again->read_parameters()) << "--deterministic";
-    EXPECT_EQ(hopper->read_states(), again->read_states());
+    expect_same_bits(*hopper, *again, "--deterministic", false);
     Checker check;
-    check("parameters after 5 steps", hopper->read_parameters(), other->read_parameters(), 3e-2);
-    check("BN running statistics after 5 steps", hopper->read_states(), other->read_states(), 3e-2);
+    check_trained(check, *hopper, *other, 3e-2);
     std::printf("wgmma_wgrad against tc_wgrad after 5 steps, tf32: worst %.2e (%s)\n", check.worst,
                 check.worst_what.c_str());
 }
@@ -1210,8 +1212,7 @@ TEST(TrainGpu, FusedLinearLayersTrainLikeUnfused) {
             EXPECT_EQ(reports(*fused, "none:nhwc_order"), nhwc) << "the flatten's transpose was not left out";
             EXPECT_FALSE(reports(*plain, "none:nhwc_order"));
             Checker check;
-            check("parameters after 5 steps", fused->read_parameters(), plain->read_parameters(), tol);
-            check("BN running statistics after 5 steps", fused->read_states(), plain->read_states(), tol);
+            check_trained(check, *fused, *plain, tol);
             const Metrics mf = fused->take_train_metrics(), mp = plain->take_train_metrics();
             EXPECT_NEAR(mf.loss_sum, mp.loss_sum, tol * mp.loss_sum) << "training loss";
             std::printf("%-72s %-5s worst %.2e (%s)\n", spec, std::string(precision_name(p)).c_str(), check.worst,
@@ -1278,8 +1279,7 @@ TEST(TrainGpu, ResidualSumsInTheirNeighboursTrainLikeTheirOwnPasses) {
                 EXPECT_FALSE(reports_kernel(*plain, begin, "cudnn:in_data_gradient"));
             }
             Checker check;
-            check("parameters after 5 steps", fused->read_parameters(), plain->read_parameters(), tol);
-            check("BN running statistics after 5 steps", fused->read_states(), plain->read_states(), tol);
+            check_trained(check, *fused, *plain, tol);
             const Metrics tf = fused->take_train_metrics(), tp = plain->take_train_metrics();
             const Metrics ef = fused->take_eval_metrics(), ep = plain->take_eval_metrics();
             EXPECT_NEAR(tf.loss_sum, tp.loss_sum, tol * tp.loss_sum) << "training loss";
@@ -1343,8 +1343,7 @@ TEST(TrainGpu, GraphApiConvolutionsTrainLikeTheLegacyAlgorithms) {
             else if (spec == specs[0])
                 EXPECT_EQ(ops.size(), 3u) << "forward, data and weight gradients at 32 channels";
             Checker check;
-            check("parameters after 5 steps", graph->read_parameters(), legacy->read_parameters(), tol);
-            check("BN running statistics after 5 steps", graph->read_states(), legacy->read_states(), tol);
+            check_trained(check, *graph, *legacy, tol);
             auto cpu = make_trainer(config(spec, in, 10, batch, Backend::cpu, Precision::fp32, OptimizerKind::adamw));
             for (std::uint32_t s = 0; s < 5; ++s)
                 cpu->train_step(step_batch(cpu->config(), d.x.data() + std::uint64_t{s} * batch * in.numel(),
@@ -1472,9 +1471,7 @@ TEST(TrainGpu, ProgrammaticLaunchEqualsPlainLaunch) {
             auto programmatic = train(nullptr);
             auto plain = train("0");
             unsetenv("DSTK_WEIGHT_BRANCH");
-            EXPECT_EQ(programmatic->read_parameters(), plain->read_parameters());
-            EXPECT_EQ(programmatic->read_states(), plain->read_states());
-            EXPECT_EQ(programmatic->read_gradients(), plain->read_gradients());
+            expect_same_bits(*programmatic, *plain, "programmatic against plain");
         }
 }
 
@@ -1516,9 +1513,7 @@ TEST(TrainGpu, FewPartialsSumTheSameBits) {
                 own = own || (r.layer == layer && r.op == "bwd_filter" && r.kernel.rfind("own:", 0) == 0);
             EXPECT_TRUE(own) << "L" << layer << ": an own weight gradient";
         }
-        EXPECT_EQ(few->read_parameters(), many->read_parameters());
-        EXPECT_EQ(few->read_states(), many->read_states());
-        EXPECT_EQ(few->read_gradients(), many->read_gradients());
+        expect_same_bits(*few, *many, "few against many");
     }
 }
 
@@ -1545,9 +1540,7 @@ TEST(TrainGpu, FilterScatterGivesTheSameBits) {
         };
         const auto by_filter = train({{"DSTK_CONV_KERNELS", "cudnn"}});
         const auto by_map = train({{"DSTK_CONV_KERNELS", "cudnn"}, {"DSTK_FILTER_SCATTER", "0"}});
-        EXPECT_EQ(by_filter->read_parameters(), by_map->read_parameters());
-        EXPECT_EQ(by_filter->read_gradients(), by_map->read_gradients());
-        EXPECT_EQ(by_filter->read_states(), by_map->read_states());
+        expect_same_bits(*by_filter, *by_map, "by filter against by map");
     }
 }
 
