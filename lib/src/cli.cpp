@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <system_error>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -111,6 +112,15 @@ void check_utf8_arguments(int argc, char** argv) {
                               "or reach it through a symbolic link that has one");
 }
 
+// std::thread and std::async say only "Resource temporarily unavailable"
+// where the system refuses a thread: what it means, and what to do.
+const char* thread_refused_hint(const std::exception& e) {
+    const auto* s = dynamic_cast<const std::system_error*>(&e);
+    if (!s || s->code() != std::errc::resource_unavailable_try_again) return "";
+    return " (cannot start a thread: the system refuses more threads, a pids or thread limit); lower --threads, or "
+           "end other processes";
+}
+
 } // namespace
 
 CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open) {
@@ -173,7 +183,7 @@ int run_tool(CLI::App& app, int argc, char** argv, const std::function<void()>& 
         std::fprintf(stderr, "%s: error: out of memory\n", name.c_str());
         return static_cast<int>(ExitCode::failure);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
+        std::fprintf(stderr, "%s: error: %s%s\n", name.c_str(), e.what(), thread_refused_hint(e));
         return static_cast<int>(ExitCode::failure);
     }
 }

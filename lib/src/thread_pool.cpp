@@ -1,6 +1,9 @@
 #include "dstk/thread_pool.hpp"
 
 #include <atomic>
+#include <string>
+
+#include "dstk/error.hpp"
 
 namespace dstk {
 
@@ -9,10 +12,34 @@ unsigned hardware_threads() {
     return n ? n : 1;
 }
 
+void start_threads(std::vector<std::thread>& threads, unsigned count, const std::function<void(unsigned)>& body,
+                   const std::function<void()>& stop, std::string_view what) {
+    const std::size_t before = threads.size();
+    try {
+        for (unsigned i = 0; i < count; ++i) threads.emplace_back(body, i);
+    } catch (const std::exception& e) { // std::system_error; bad_alloc from the vector
+        const std::size_t started = threads.size() - before;
+        stop();
+        for (std::size_t t = before; t < threads.size(); ++t) threads[t].join();
+        threads.resize(before);
+        throw runtime_error("cannot start " + std::string(what) + " (" + std::to_string(started) + " of " +
+                            std::to_string(count) + " started: " + e.what() +
+                            "); the system refuses more threads (a pids or thread limit): lower the threads "
+                            "asked for, or end other processes");
+    }
+}
+
 ThreadPool::ThreadPool(unsigned threads) {
     if (threads == 0) threads = hardware_threads();
     workers_.reserve(threads);
-    for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    start_threads(
+        workers_, threads, [this](unsigned) { worker_loop(); },
+        [this] {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+            wake_.notify_all();
+        },
+        std::to_string(threads) + " worker threads");
 }
 
 ThreadPool::~ThreadPool() {

@@ -9,6 +9,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,5 +44,13 @@ class ThreadPool {
 };
 
 unsigned hardware_threads();
+
+// Starts `count` threads running body(i), appended to `threads`. Where the
+// system refuses one (a container's pids limit, a process at its thread
+// limit), stop() is called to make those already started return, they are
+// joined and removed, and an Error says what could not start: a joinable
+// std::thread left in the vector would end the process (std::terminate).
+void start_threads(std::vector<std::thread>& threads, unsigned count, const std::function<void(unsigned)>& body,
+                   const std::function<void()>& stop, std::string_view what);
 
 } // namespace dstk

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "dstk/error.hpp"
+#include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
 
 namespace dstk::data {
@@ -110,7 +111,17 @@ void HostRing::start(std::uint64_t epoch, std::uint64_t first_batch) {
         cache_->start(
             *order_, hinted_until_,
             {chained_ ? std::min(slice_.first_position(last_, batch_), samples_) : samples_, next_order_.get()});
-    for (unsigned r = 0; r < readers_; ++r) threads_.emplace_back([this, r] { reader_loop(r); });
+    start_threads(
+        threads_, readers_, [this](unsigned r) { reader_loop(r); },
+        [this] {
+            {
+                std::lock_guard lock(mutex_);
+                stop_ = true;
+            }
+            changed_.notify_all();
+            if (cache_) cache_->cancel(); // readers blocked on a chunk
+        },
+        "the stream's reader threads");
 }
 
 void HostRing::reader_loop(unsigned reader) {

@@ -2,6 +2,8 @@
 // slots, the feeder thread that converts batches ahead, and the consumer's
 // hand-off.
 #include <chrono>
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "dstk/data/loader.hpp"
@@ -55,7 +57,12 @@ void Loader::start_feeder() {
         error_ = nullptr;
         prepared_ = taken_;
     }
-    feeder_ = std::thread([this] { feed_loop(); });
+    try {
+        feeder_ = std::thread([this] { feed_loop(); });
+    } catch (const std::system_error& e) {
+        throw runtime_error(std::string("cannot start the loader's feeder thread (") + e.what() +
+                            "); the system refuses more threads (a pids or thread limit): end other processes");
+    }
 }
 
 void Loader::stop_feeder() {

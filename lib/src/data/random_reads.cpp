@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "clock.hpp"
 #include "dstk/bench/results.hpp"
 #include "dstk/data/stream_reader.hpp"
+#include "dstk/thread_pool.hpp"
 
 namespace dstk::data {
 namespace {
@@ -22,17 +24,19 @@ template <typename Read> double probe(unsigned threads, Read read) {
     std::atomic<bool> failed{false};
     const auto t0 = Clock::now();
     std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t)
-        pool.emplace_back([&, t] {
+    start_threads(
+        pool, threads,
+        [&](unsigned t) {
             try {
-                for (std::uint64_t k = 0; seconds_since(t0) < probe_seconds; ++k) {
+                for (std::uint64_t k = 0; !failed && seconds_since(t0) < probe_seconds; ++k) {
                     read(t, k);
                     ++done;
                 }
             } catch (...) {
                 failed = true;
             }
-        });
+        },
+        [&] { failed = true; }, std::to_string(threads) + " threads to probe random reads");
     for (auto& th : pool) th.join();
     const double s = seconds_since(t0);
     return failed || s <= 0 ? 0.0 : static_cast<double>(done.load()) / s;

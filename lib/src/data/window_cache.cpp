@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "dstk/error.hpp"
+#include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
 
 namespace dstk::data {
@@ -72,7 +73,14 @@ std::uint64_t min_window_cache_bytes(const OrderConfig& order, std::span<const C
 WindowCache::WindowCache(std::vector<CachedField> fields, std::uint64_t capacity, unsigned io_threads)
     : fields_(std::move(fields)), capacity_(capacity), pool_(fields_.size()), pooled_bytes_(fields_.size(), 0) {
     if (fields_.empty()) throw std::logic_error("WindowCache: no fields");
-    for (unsigned t = 0; t < std::max(io_threads, 1u); ++t) threads_.emplace_back([this] { io_loop(); });
+    start_threads(
+        threads_, std::max(io_threads, 1u), [this](unsigned) { io_loop(); },
+        [this] {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+            work_.notify_all();
+        },
+        "the window cache's I/O threads");
 }
 
 // Host bytes of one chunk of `count` samples: each field's aligned buffer,
