@@ -4,6 +4,8 @@
 
 #include <nanobind/stl/string.h>
 
+#include <limits>
+#include <new>
 #include <string>
 
 #include "dstk/data/order.hpp"
@@ -12,6 +14,24 @@ namespace dstk::py {
 
 namespace {
 
+// The order's buffer, 8 bytes a sample. Above 2^61 samples that product wraps
+// around to a small buffer the loop would write past; both it and a failed
+// allocation raise a MemoryError that says how much was asked for.
+HostBuffer order_buffer(std::uint64_t samples) {
+    const bool wraps = samples > std::numeric_limits<std::size_t>::max() / sizeof(std::uint64_t);
+    if (!wraps) {
+        try {
+            return HostBuffer(samples * sizeof(std::uint64_t));
+        } catch (const std::bad_alloc&) {
+        }
+    }
+    const std::string m = "order_indices of " + std::to_string(samples) + " samples needs " +
+                          (wraps ? std::string("more than 2^64") : std::to_string(samples * sizeof(std::uint64_t))) +
+                          " bytes (8 a sample), more than this process can allocate: ask for fewer samples";
+    PyErr_SetString(PyExc_MemoryError, m.c_str());
+    throw nb::python_error();
+}
+
 nb::ndarray<nb::numpy> order_indices(std::uint64_t samples, std::uint64_t epoch, const std::string& order,
                                      std::uint64_t seed, std::uint64_t chunk, std::uint64_t window) {
     data::OrderConfig c;
@@ -19,7 +39,7 @@ nb::ndarray<nb::numpy> order_indices(std::uint64_t samples, std::uint64_t epoch,
     c.seed = seed;
     c.chunk_samples = chunk;
     c.window_chunks = window;
-    HostBuffer buf(samples * 8);
+    HostBuffer buf = order_buffer(samples);
     auto* out = reinterpret_cast<std::uint64_t*>(buf.data.get());
     {
         nb::gil_scoped_release unlocked;

@@ -1,4 +1,9 @@
-"""dstk.open: every dtype and both storages against NumPy; errors carry the library's message."""
+"""dstk.open: every dtype and both storages against NumPy; errors carry the library's message; datasets,
+splits and fields pickle (to worker processes)."""
+import multiprocessing
+import operator
+import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +118,49 @@ def test_corrupt_chunk_raises(tmp_path_factory):
     with pytest.raises(dstk.Error, match="chunk"):
         for _ in dstk.Loader(ds.path, batch=16, placement="host", convert=False):
             pass
+
+
+def test_missing_names_raise_key_error_with_the_librarys_message(images):
+    ds = dstk.open(images)
+    with pytest.raises(KeyError, match="train") as e:  # the library lists the splits
+        ds["nosplit"]
+    assert isinstance(e.value, dstk.Error) and e.value.exit_code == 1 and "'nosplit'" in str(e.value)
+    with pytest.raises(KeyError, match="nofield"):
+        ds["train"]["nofield"]
+    with pytest.raises(TypeError, match="split names are strings"):
+        ds[0]
+    with pytest.raises(TypeError, match="field names are strings"):
+        ds["train"][0]
+
+
+@pytest.fixture(scope="module")
+def pickled_sets(tmp_path_factory):
+    """(dataset, x): zstd-chunked bf16 (chunks of 32) and the float32 source it holds exactly."""
+    rng = np.random.default_rng(8)
+    x = (rng.integers(-255, 256, size=(SAMPLES, 2, 5)) / 8).astype(np.float32)
+    return open_as(tmp_path_factory, "pickled", x, "zstd", "--dtype", "bf16"), x
+
+
+def test_pickle_round_trip_reopens_the_same_data(pickled_sets):
+    ds, x = pickled_sets
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.path == os.path.abspath(ds.path) and again.splits == ds.splits
+    split = pickle.loads(pickle.dumps(ds["train"]))
+    assert (split.name, split.samples, split.fields) == ("train", SAMPLES, ds["train"].fields)
+    for widen in (False, True):
+        field = pickle.loads(pickle.dumps(ds.field("train", "x", widen=widen)))
+        assert (field.name, field.widen, field.numpy_dtype) == ("x", widen, np.float32 if widen else np.uint16)
+        np.testing.assert_array_equal(field[:], ds.field("train", "x", widen=widen)[:])
+    np.testing.assert_array_equal(field[[3, 1]], x[[3, 1]])
+
+
+def test_field_read_in_spawned_processes(pickled_sets):
+    """A PyTorch map-style Dataset over a Field under DataLoader(num_workers > 0) with spawn: the field goes
+    to each worker pickled."""
+    ds, x = pickled_sets
+    field = ds.field("train", "x", widen=True)
+    indices = [0, 37, slice(30, 70), [299, 5]]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        got = pool.starmap(operator.getitem, [(field, i) for i in indices])
+    for i, g in zip(indices, got):
+        np.testing.assert_array_equal(g, x[i])
