@@ -1,5 +1,7 @@
 """dstk.Loader: dstrain's data path as a Python iterable of batches."""
 import json
+import math
+import numbers
 import os
 import warnings
 
@@ -42,8 +44,37 @@ class DeviceArray:
         return f"dstk.DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.__dlpack_device__()})"
 
 
-def _optional(value, convert=int):
-    return 0 if value is None else convert(value)
+def _whole(name, value, minimum=0, maximum=2**64 - 1):
+    """value as an int within [minimum, maximum], or ValueError naming the argument: a float with a
+    fraction, a bool or a string is not a count (int() would truncate 1.7 to 1 silently)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+                and float(value).is_integer()):
+            raise ValueError(f"{name}={value!r} must be a whole number")
+    value = int(value)
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name}={value} is out of range (expected {minimum} to {maximum})")
+    return value
+
+
+def _optional(name, value, minimum=0):
+    return 0 if value is None else _whole(name, value, minimum)
+
+
+def _text(name, value):
+    if not isinstance(value, str):
+        raise ValueError(f"{name}={value!r} must be a string")
+    return value
+
+
+def _finite(name, values, positive=False):
+    """A list of floats, each finite (and positive for std): NaN or inf would normalise to NaN or 0."""
+    out = [float(v) for v in values]
+    for v in out:
+        if not math.isfinite(v) or (positive and v <= 0):
+            raise ValueError(f"{name}={values!r}: every value must be a finite number" +
+                             (" above 0" if positive else ""))
+    return out
 
 
 class Loader:
@@ -141,8 +172,19 @@ class Loader:
     statistics are the members' combined by their draws per epoch.
 
     Resume: ``state_dict()`` holds (epoch, next batch, seed, order, batch,
-    split); ``load_state_dict(sd)`` on a loader of the same dataset and
-    settings continues with exactly the batch that would have come next.
+    split, chunk, window; a mix's members and their draws per epoch); ``load_state_dict(sd)``
+    on a loader of the same dataset and settings continues with exactly the
+    batch that would have come next, and raises ValueError where a setting
+    differs.
+
+    Threads and processes: one loader delivers one sequence of batches to one
+    thread at a time (a second thread iterating it meanwhile gets dstk.Error;
+    give each thread a Loader). An iteration abandoned when another one
+    started raises RuntimeError if resumed. In a process forked from the one
+    that made it (multiprocessing's fork, a DataLoader's workers), a CPU
+    loader starts reader threads of its own at its first iteration there,
+    from the epoch and batch where it stood at the fork; a GPU loader cannot
+    (CUDA does not survive fork()): make it in the child, or use 'spawn'.
 
     GPU batches are converted by a feeder thread in the library, up to two
     batches before they are taken, so that taking one costs the consumer's
@@ -187,7 +229,7 @@ class Loader:
         paths = [path] if isinstance(path, (str, bytes, os.PathLike)) else list(path)
         if not paths:
             raise ValueError("path=[] names no dataset; give a dataset directory or a list of them (a mix)")
-        a.paths = [os.fspath(p) for p in paths]
+        a.paths = [os.fsdecode(p) for p in paths]
         mix = len(paths) > 1
         if placement is None:
             placement = "auto" if mix else "stream"
@@ -196,24 +238,33 @@ class Loader:
         elif mix:
             a.placements = [placement]
         a.weights = [] if weights is None else [float(w) for w in weights]
-        a.split, a.placement, a.order, a.managed_policy = split, placement, order, managed_policy
+        a.split, a.order = _text("split", split), _text("order", order)
+        a.placement, a.managed_policy = _text("placement", placement), _text("managed_policy", managed_policy)
         a.device = "" if device is None else str(device)
         a.fields = [] if fields is None else list(fields)
-        a.batch, a.seed, a.window = int(batch), int(seed), int(window)
-        a.chunk, a.prefetch, a.readers = _optional(chunk), _optional(prefetch), _optional(readers)
-        a.host_mem = _optional(host_mem)
+        a.batch, a.seed = _whole("batch", batch, 0, 2**32 - 1), _whole("seed", seed)  # 0: the library says why
+        a.window = _whole("window", window, 1)
+        a.chunk, a.host_mem = _optional("chunk", chunk), _optional("host_mem", host_mem)
+        a.prefetch, a.readers = _optional("prefetch", prefetch), _optional("readers", readers)
         a.direct = -1 if direct is None else int(bool(direct))
-        a.bench = "" if bench is None else os.fspath(bench)
-        a.drop_last, a.oversubscribe, a.keep = bool(drop_last), bool(oversubscribe), int(keep)
+        a.bench = "" if bench is None else os.fsdecode(bench)
+        a.drop_last, a.oversubscribe = bool(drop_last), bool(oversubscribe)
+        a.keep = _whole("keep", keep, 0, 2**32 - 1)
         self._set_convert(a, convert)
         a.labels64 = labels == "int64"
         a.normalize = bool(normalize)
-        a.mean = [] if mean is None else [float(v) for v in mean]
-        a.std = [] if std is None else [float(v) for v in std]
+        a.mean = [] if mean is None else _finite("mean", mean)
+        a.std = [] if std is None else _finite("std", std, positive=True)
+        epoch = _whole("epoch", epoch)
         self._impl = _dstk._Loader(a)
         self._say()
-        self.split, self.batch, self.order, self.seed = split, int(batch), order, int(seed)
-        self.epoch, self.next_batch = int(epoch), 0
+        self.split, self.batch, self.order, self.seed = split, a.batch, order, a.seed
+        self._mix = None
+        if mix:  # what a mix's order depends on beside the seed: its members and their draws per epoch
+            self._mix = {"paths": [os.path.abspath(p) for p in a.paths],
+                         "quotas": [m["quota"] for m in self.plan["mix"]["members"]]}
+        self.epoch, self.next_batch = epoch, 0
+        self._iteration = 0  # counts iterations started: an abandoned one may not resume
         self.output, self.labels = output, labels
         self._names = [f[0] for f in self._impl.fields]
         self._shape = None if fields is None else ("tuple" if as_tuple else "dict")
@@ -354,9 +405,14 @@ class Loader:
 
     def __iter__(self):
         self._impl.start_epoch(self.epoch, self.next_batch)  # drops what an abandoned iteration counted
+        self._iteration += 1
+        mine = self._iteration
         self._times = {}
         take, arrange = self._taker(), self._arrange
         while True:
+            if self._iteration != mine:
+                raise RuntimeError("dstk.Loader: this iteration was abandoned when another one started (each "
+                                   "iteration continues where the last one stopped); use the newer iteration")
             batch = take()
             if batch is None:
                 break
@@ -369,19 +425,28 @@ class Loader:
 
     def set_epoch(self, epoch):
         """Starts the next iteration at the first batch of ``epoch``."""
-        self.epoch, self.next_batch = int(epoch), 0
+        self.epoch, self.next_batch = _whole("epoch", epoch), 0
 
     def state_dict(self):
-        """Where the loader stands: the next iteration yields batch ``batch`` of epoch ``epoch``."""
-        return {"epoch": self.epoch, "batch": self.next_batch, "seed": self.seed, "order": self.order,
-                "batch_size": self.batch, "split": self.split, "samples": self.samples, "fields": self._names}
+        """Where the loader stands: the next iteration yields batch ``batch`` of epoch ``epoch``; with the
+        settings the order depends on (seed, order, chunk, window; a mix's members and their quotas)."""
+        state = {"epoch": self.epoch, "batch": self.next_batch, "seed": self.seed, "order": self.order,
+                 "batch_size": self.batch, "split": self.split, "samples": self.samples, "fields": self._names,
+                 "chunk": self.chunk, "window": self._window()}
+        if self._mix:
+            state["mix"] = self._mix
+        return state
+
+    def _window(self):
+        return self.plan.get("window_chunks", 0)
 
     def load_state_dict(self, state):
-        """Continues where ``state`` (from state_dict) stood; raises ValueError when the settings differ."""
+        """Continues where ``state`` (from state_dict) stood; raises ValueError when the settings differ
+        (a state from an older dstk, without chunk, window or mix, is checked on what it holds)."""
         mine = self.state_dict()
-        for key in ("seed", "order", "batch_size", "split", "samples", "fields"):
-            if key in state and state[key] != mine[key]:
-                raise ValueError(f"state_dict has {key}={state[key]!r} but this loader has {mine[key]!r} "
+        for key in ("seed", "order", "batch_size", "split", "samples", "fields", "chunk", "window", "mix"):
+            if key in state and state[key] != mine.get(key):
+                raise ValueError(f"state_dict has {key}={state[key]!r} but this loader has {mine.get(key)!r} "
                                  "(the batches would differ); build the loader with the same settings")
         if not 0 <= state["batch"] <= len(self):
             raise ValueError(f"state_dict batch {state['batch']} is outside the epoch's {len(self)} batches")

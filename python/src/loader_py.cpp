@@ -3,11 +3,14 @@
 // the library's data::Loader; this file maps arguments and hands out arrays.
 #include "bindings.hpp"
 
+#include <unistd.h>
+
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -122,12 +125,26 @@ template <typename F> auto without_gil(F&& f) {
 }
 
 // The library's loader with the messages it had for the user (O_DIRECT
-// refused, no GPU), collected from any thread for Python to show.
+// refused, no GPU), collected from any thread for Python to show; the
+// arguments it was made with and the process it was made in, so that a
+// child forked from that process (multiprocessing, a DataLoader's workers)
+// makes its own: the reader threads stay in the parent.
 struct PyLoader {
     std::mutex mutex;
     std::vector<std::string> messages;
     std::unique_ptr<data::Loader> loader;
+    LoaderArgs args;
+    pid_t pid = 0;
+    std::atomic<bool> busy{false}; // a thread is in start_epoch or next
 
+    PyLoader() = default;
+    PyLoader(const PyLoader&) = delete;
+    ~PyLoader() {
+        // In a forked child, the loader's threads are the parent's: joining
+        // them, or taking a lock one of them held at the fork, would hang.
+        if (pid != getpid()) (void)loader.release();
+    }
+    bool forked() const { return pid != getpid(); }
     void say(const std::string& line) {
         std::lock_guard lock(mutex);
         messages.push_back(line);
@@ -137,6 +154,58 @@ struct PyLoader {
         return std::exchange(messages, {});
     }
 };
+
+// Makes p's loader from its arguments in this process.
+void make_engine(PyLoader& p) {
+    data::LoaderRequest r = request_of(p.args);
+    r.source.notice = [&p](const std::string& line) { p.say(line); };
+    r.source.warn = [&p](const std::string& line) { p.say(line); };
+    const std::vector<std::filesystem::path> paths(p.args.paths.begin(), p.args.paths.end());
+    nb::gil_scoped_release unlocked;
+    p.loader = std::make_unique<data::Loader>(paths, r);
+    p.pid = getpid();
+}
+
+// One thread at a time in the ring: a second one would restart the epoch
+// under the first one's wait, or release the first one's batch.
+class OneThread {
+  public:
+    explicit OneThread(PyLoader& p) : p_(p) {
+        if (p_.busy.exchange(true))
+            throw usage_error("dstk.Loader is being iterated by another thread (one loader delivers one sequence "
+                              "of batches); give each thread a Loader of its own");
+    }
+    ~OneThread() { p_.busy = false; }
+    OneThread(const OneThread&) = delete;
+    OneThread& operator=(const OneThread&) = delete;
+
+  private:
+    PyLoader& p_;
+};
+
+// The loader for a new iteration: in a child forked from the process that
+// made it, a new one from the same arguments (the old one left alone, see
+// ~PyLoader). CUDA does not survive fork(): a GPU loader cannot follow.
+data::Loader& fresh_engine(PyLoader& p) {
+    if (p.forked()) {
+        if (p.loader->on_gpu())
+            throw usage_error("dstk.Loader: a GPU loader cannot be used in a process forked from the one that made "
+                              "it (CUDA does not survive fork()); make the Loader in this process, or start it "
+                              "with multiprocessing's 'spawn' method");
+        (void)p.loader.release();
+        make_engine(p);
+    }
+    return *p.loader;
+}
+
+// The loader of the iteration under way; in a forked child that has not
+// started one of its own, an error rather than a wait for the parent's threads.
+data::Loader& running_engine(PyLoader& p) {
+    if (p.forked())
+        throw usage_error("dstk.Loader: this iteration began in the process this one was forked from, whose "
+                          "reader threads stay there; start a new iteration (for batch in loader) in this process");
+    return *p.loader;
+}
 
 // cpu: a tuple of NumPy arrays the caller owns, one per output field; None at
 // the end of the epoch.
@@ -234,13 +303,9 @@ void bind_loader(nb::module_& m) {
     nb::class_<PyLoader>(m, "_Loader")
         .def("__init__",
              [](PyLoader* self, const LoaderArgs& a) {
-                 data::LoaderRequest r = request_of(a);
                  new (self) PyLoader();
-                 r.source.notice = [self](const std::string& line) { self->say(line); };
-                 r.source.warn = [self](const std::string& line) { self->say(line); };
-                 nb::gil_scoped_release unlocked;
-                 self->loader = std::make_unique<data::Loader>(
-                     std::vector<std::filesystem::path>(a.paths.begin(), a.paths.end()), r);
+                 self->args = a;
+                 make_engine(*self);
              })
         .def("take_messages", &PyLoader::take_messages)
         .def_prop_ro("on_gpu", [](PyLoader& p) { return engine(p).on_gpu(); })
@@ -264,13 +329,16 @@ void bind_loader(nb::module_& m) {
                      })
         .def("start_epoch",
              [](PyLoader& p, std::uint64_t epoch, std::uint64_t first) {
+                 const OneThread one(p);
+                 data::Loader& l = fresh_engine(p);
                  nb::gil_scoped_release unlocked;
-                 engine(p).start_epoch(epoch, first);
+                 l.start_epoch(epoch, first);
              })
         .def(
             "next",
             [](PyLoader& p, std::int64_t stream) {
-                data::Loader& l = engine(p);
+                const OneThread one(p);
+                data::Loader& l = running_engine(p);
                 return l.on_gpu() ? next_device(l, stream) : next_host(l);
             },
             nb::arg("stream") = -1)
@@ -281,7 +349,8 @@ void bind_loader(nb::module_& m) {
         .def(
             "wait_ready", [](PyLoader& p, unsigned slot, std::uintptr_t stream) { engine(p).wait_ready(slot, stream); },
             nb::arg("slot"), nb::arg("stream"))
-        .def("take_times", [](PyLoader& p) { return times_dict(engine(p).take_times()); });
+        .def("take_times",
+             [](PyLoader& p) { return times_dict(p.forked() ? data::StageTimes{} : engine(p).take_times()); });
 
     nb::class_<LoaderArgs>(m, "_LoaderArgs")
         .def(nb::init<>())
