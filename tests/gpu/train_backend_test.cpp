@@ -1429,6 +1429,31 @@ TEST(TrainGpu, LinearLayerWithItsLossTrainsLikeItsGemmsAndTheCpu) {
         }
 }
 
+// A sample whose logits are not finite (a diverged model) is never counted
+// right, by the linear layer's fused loss and by the plain softmax loss
+// alike: every comparison with NaN is false, which left the label's rank 0
+// (top-1 and top-5 "correct" for every sample).
+TEST(TrainGpu, NonFiniteLogitsAreNeverCorrect) {
+    REQUIRE_GPU();
+    const TensorShape in{3, 8, 8};
+    const std::uint32_t batch = 20;
+    const Data d = make_random_data(in, 10, batch, 43);
+    const DeviceData dd(d);
+    for (const char* fused : {"1", "0"}) {
+        SCOPED_TRACE(std::string("DSTK_LINEAR_XENT=") + fused);
+        const TrainerConfig c =
+            config("flatten,fc:37,relu,fc:10", in, 10, batch, Backend::cuda, Precision::tf32, OptimizerKind::sgd);
+        auto t = made_with("DSTK_LINEAR_XENT", fused, c);
+        t->write_parameters(std::vector<float>(t->read_parameters().size(), NAN));
+        t->evaluate(dd.batch(t->config(), batch));
+        const Metrics m = t->take_eval_metrics();
+        ASSERT_EQ(m.heads.size(), 1u);
+        EXPECT_EQ(m.samples, batch);
+        EXPECT_EQ(m.heads[0].correct, 0u);
+        EXPECT_EQ(m.heads[0].top5, 0u);
+    }
+}
+
 // Programmatic dependent launch (launch_common.cuh) changes when kernels are
 // scheduled, never what they compute: with deterministic kernels, training
 // with it (DSTK_PDL unset) equals training without it (DSTK_PDL=0) bit for

@@ -123,8 +123,8 @@ __device__ __forceinline__ XentSample softmax_xent(const XentParams& a, float v,
     for (int o = 16; o > 0; o /= 2) online_merge(mx, sum, __shfl_xor_sync(~0u, mx, o), __shfl_xor_sync(~0u, sum, o));
     const float lse = logf(sum) + mx, l = lse - zl;
     r.loss = l;
-    r.correct = rank == 0;
-    r.top5 = rank < 5;
+    r.correct = isfinite(l) && rank == 0; // (loss.cu: a NaN logit's comparisons are false)
+    r.top5 = isfinite(l) && rank < 5;
     if (lane == 0 && (!isfinite(l) || !isfinite(mx))) atomicMin(a.first_nonfinite, *a.step);
     const float scale = a.weight / static_cast<float>(a.n), off = a.smoothing / static_cast<float>(a.k);
     const float q = (lane == static_cast<unsigned>(label) ? 1.0f - a.smoothing : 0.0f) + off;

@@ -45,8 +45,10 @@ __global__ void softmax_xent_kernel(const T* z, const std::int32_t* labels, std:
             const float lse = logf(sum) + mx;
             const float l = lse - zl;
             loss = l;
-            correct = rank == 0;
-            top5 = rank < 5;
+            // A sample whose loss is not finite (a NaN or infinite logit) is never
+            // right: comparisons with NaN are false, and would leave its rank 0.
+            correct = isfinite(l) && rank == 0;
+            top5 = isfinite(l) && rank < 5;
             if (lane == 0 && (!isfinite(l) || !isfinite(mx))) atomicMin(first_nonfinite, *step);
             if (dz) {
                 const float scale = weight / static_cast<float>(n), off = smoothing / static_cast<float>(k);
@@ -114,7 +116,7 @@ __global__ void element_loss_kernel(const T* z, const float* y, std::uint32_t n,
             acc[HeadMetrics::row_py] += double{el.pred} * yv;
             acc[HeadMetrics::row_ylogy] += yv > 0.0f ? double{yv} * log(double{yv}) : 0.0;
             acc[HeadMetrics::row_loss] += el.loss;
-            if constexpr (K == LossKind::bce) correct += (zv > 0.0f) == (yv > 0.5f);
+            if constexpr (K == LossKind::bce) correct += isfinite(zv) && (zv > 0.0f) == (yv > 0.5f);
         }
     }
     if (bad) atomicMin(first_nonfinite, *step);
