@@ -80,7 +80,7 @@ void plan_output_splits(Job& j) {
             j.outs.push_back(OutSplit{sp.name, sp.count_known ? sp.samples : ~std::uint64_t{0}, {}, 0});
         return;
     }
-    const auto fr = parse_split_fractions(j.o.split);
+    const auto& fr = j.settings.split;
     std::uint64_t given = 0;
     for (std::size_t i = 0; i < fr.size(); ++i) {
         OutSplit s;

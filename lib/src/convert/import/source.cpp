@@ -153,6 +153,20 @@ void apply_roles(Source& s, const RawInputOptions& raw, const std::filesystem::p
                           "'; a field has one role at most");
 }
 
+// What every format must give, checked once for all of them: names that
+// can be file names (an .npz member '../x.npy' must not write outside
+// OUTPUT).
+void check_source(const Source& s, const fs::path& path) {
+    const std::string where = "'" + path.string() + "'";
+    for (const auto& sp : s.splits) {
+        if (const std::string why = name_problem("split", sp.name); !why.empty())
+            throw runtime_error(where + ": the input's " + why + "; rename it in the input");
+        for (const auto& f : sp.fields)
+            if (const std::string why = name_problem("field", f.name); !why.empty())
+                throw runtime_error(where + ": the input's " + why + "; rename it in the input");
+    }
+}
+
 } // namespace
 
 void FieldStream::skip(std::uint64_t count) {
@@ -200,6 +214,7 @@ Source open_source(const fs::path& path, InputFormat format, const RawInputOptio
     if (format == InputFormat::automatic && path == "-" && (raw.shape || raw.dtype)) format = InputFormat::raw;
     if (format == InputFormat::automatic) format = detect_format(path);
     Source s = open_format(path, format, raw, pool);
+    check_source(s, path);
     apply_roles(s, raw, path);
     apply_in_layout(s, format, raw.in_layout);
     return s;
