@@ -3,9 +3,10 @@
 # that leads out of OUTPUT ('../x', '/abs/x', 'a/b') or that no file can have
 # (empty, '.', '..', over 100 bytes, a control character) is refused where it
 # enters: in an option a usage error (exit 2), in an input (dataset.json, an
-# .npz member) a corrupt input (exit 1). Each time nothing is written outside
-# OUTPUT and nothing is left behind. No numpy needed: the hostile files are
-# written byte by byte.
+# .npz member) a corrupt input (exit 1). Samples of no element (a 0
+# dimension) are refused before any work too (exit 1). Each time nothing is
+# written outside OUTPUT and nothing is left behind. No numpy needed: the
+# hostile files are written byte by byte.
 . "$(dirname "$0")/lib.sh"
 D="$BIN/dsconvert"
 G="$BIN/dsgen"
@@ -80,23 +81,44 @@ expect_exit 1 "$BIN/dsplan" --dataset evil_split -q
 expect_stderr "split name '\.\./evil'"
 unchanged "a manifest's field ../evilf"
 
-# ---- names in array files: a corrupt input, exit 1 ---------------------
-# An .npz with a member ../evilm.npy, written byte by byte.
+# ---- names and shapes in array files: a corrupt input, exit 1 ----------
+# .npy, .npz and IDX files of the given shapes, zero-filled (the IDX reader
+# refuses a 0 dimension itself).
 python3 - <<'PY'
-import zipfile
+import struct, zipfile
 def npy(shape):
     h = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % (shape,)
     h = h.ljust(117) + "\n"
     n = 1
     for d in shape: n *= d
     return b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(4 * n)
+open("zw.npy", "wb").write(npy((300, 0)))
+open("zw4.npy", "wb").write(npy((300, 1, 0, 8)))
+with zipfile.ZipFile("zw.npz", "w") as z:
+    z.writestr("x.npy", npy((300, 0)))
 with zipfile.ZipFile("evil.npz", "w") as z:
     z.writestr("x.npy", npy((300, 4)))
     z.writestr("../evilm.npy", npy((300, 4)))
+# IDX: u8 images of 300 x 0 x 28.
+open("zw-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, 300, 0, 28))
 PY
 BEFORE=$(snapshot)
+expect_exit 1 "$D" zw.npy out -q
+expect_stderr "'zw\.npy': field x has samples of shape 0, which hold no element"
+expect_exit 1 "$D" zw4.npy out -q
+expect_stderr "'zw4\.npy': field x has samples of shape 1x0x8"
+expect_exit 1 "$D" zw.npz out -q
+expect_stderr "'zw\.npz': field x has samples of shape 0"
+expect_exit 1 "$D" zw-images-idx3-ubyte out -q
+expect_stderr "zw-images-idx3-ubyte: IDX dimension 1 is 0"
 expect_exit 1 "$D" evil.npz out -q
 expect_stderr "'evil\.npz': the input's field name '\.\./evilm' holds a '/'"
-unchanged "a member ../evilm.npy"
+unchanged "zero-sized samples and a member ../evilm.npy"
+# A raw input's --shape cannot hold a 0: a usage error, as in dsgen.
+expect_exit 2 "$D" zw.npy out --from raw --in-dtype f32 --shape 1x0x8 -q
+expect_stderr "invalid --shape '1x0x8'"
+expect_exit 2 "$G" z0 --train 10 --test 0 --shape 1x0x8 -q
+expect_stderr "invalid --shape '1x0x8'"
+unchanged "--shape 1x0x8"
 
 finish

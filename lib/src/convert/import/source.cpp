@@ -155,15 +155,22 @@ void apply_roles(Source& s, const RawInputOptions& raw, const std::filesystem::p
 
 // What every format must give, checked once for all of them: names that
 // can be file names (an .npz member '../x.npy' must not write outside
-// OUTPUT).
+// OUTPUT) and samples of at least one element (a 0-sized sample has no
+// channels to average and makes a dataset its readers refuse).
 void check_source(const Source& s, const fs::path& path) {
     const std::string where = "'" + path.string() + "'";
     for (const auto& sp : s.splits) {
         if (const std::string why = name_problem("split", sp.name); !why.empty())
             throw runtime_error(where + ": the input's " + why + "; rename it in the input");
-        for (const auto& f : sp.fields)
+        for (const auto& f : sp.fields) {
             if (const std::string why = name_problem("field", f.name); !why.empty())
                 throw runtime_error(where + ": the input's " + why + "; rename it in the input");
+            for (const std::uint64_t d : f.shape.dims)
+                if (d == 0)
+                    throw runtime_error(where + ": field " + f.name + " has samples of shape " + f.shape.str() +
+                                        ", which hold no element (a dimension is 0); give an input whose samples "
+                                        "hold at least one value");
+        }
     }
 }
 
