@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A chunk larger than the data is clamped to the largest split (not "out of
+# memory"), the manifest giving the chunk used. No numpy needed.
+. "$(dirname "$0")/lib.sh"
+D="$BIN/dsconvert"
+G="$BIN/dsgen"
+for t in "$D" "$G"; do [ -x "$t" ] || skip "no $(basename "$t") binary in $BIN"; done
+command -v python3 >/dev/null || skip "python3 is needed to read the manifests"
+cd "$WORK" || exit 1
+"$G" d --train 300 --test 100 --shape 1x8x8 -q || { echo "dsgen failed" >&2; exit 1; }
+
+# manifest_value DIR PYTHON-EXPRESSION: the expression of the manifest `j`.
+manifest_value() {
+    python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+print(eval(sys.argv[2]))' "$1/dataset.json" "$2"
+}
+
+# ---- a chunk larger than the data: each split is one chunk -------------
+for chunk in "--chunk-size 64G" "--chunk-size 100T" "--chunk-samples 1000000000000"; do
+    # shellcheck disable=SC2086 # the option and its value
+    expect_exit 0 "$D" d c --compress zstd $chunk --force -q
+    expect_true "$chunk: train is one chunk of 300 samples" \
+        test "$(manifest_value c 'j["splits"][0]["fields"][0]["chunk_samples"]')" = 300
+    expect_true "$chunk: the manifest's provenance gives the chunk used" \
+        test "$(manifest_value c 'j["provenance"]["params"]["chunk_samples"]')" = 300
+    expect_exit 0 "$D" --verify c -q
+done
+# The clamp is to the largest split: test (100 samples) shares train's 300.
+expect_true "test: one (short) chunk of the same size" \
+    test "$(manifest_value c 'j["splits"][1]["fields"][0]["chunk_samples"]')" = 300
+# The same bytes as a chunk of exactly the largest split.
+expect_exit 0 "$D" d c300 --compress zstd --chunk-samples 300 -q
+expect_same c/train_x.zst c300/train_x.zst
+# --shard parts of a clamped chunk merge into the single run's dataset.
+expect_exit 0 "$D" d p0 --compress zstd --chunk-size 64G --shard 0/2 -q
+expect_exit 0 "$D" d p1 --compress zstd --chunk-size 64G --shard 1/2 -q
+expect_exit 0 "$D" --merge p0 p1 merged -q
+expect_same c/train_x.zst merged/train_x.zst
+
+
+finish
