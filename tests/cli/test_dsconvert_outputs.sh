@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# A chunk larger than the data is clamped to the largest split (not "out of
-# memory"), the manifest giving the chunk used. No numpy needed.
+# What dsconvert writes where, and what its manifest says: a chunk larger
+# than the data is clamped to the largest split (not "out of memory"), the
+# manifest giving the chunk used; --report-json at OUTPUT or inside it is a
+# usage error before any work. No numpy needed.
 . "$(dirname "$0")/lib.sh"
 D="$BIN/dsconvert"
 G="$BIN/dsgen"
@@ -37,6 +39,23 @@ expect_exit 0 "$D" d p0 --compress zstd --chunk-size 64G --shard 0/2 -q
 expect_exit 0 "$D" d p1 --compress zstd --chunk-size 64G --shard 1/2 -q
 expect_exit 0 "$D" --merge p0 p1 merged -q
 expect_same c/train_x.zst merged/train_x.zst
+
+# ---- --report-json may not be OUTPUT or inside it ----------------------
+for report in r1 r1/ r1/report.json ./r1/sub/../report.json; do
+    expect_exit 2 "$D" d r1 --report-json "$report" -q
+    expect_stderr "--report-json '$report' is (OUTPUT itself|inside OUTPUT 'r1')"
+    expect_no_file r1
+done
+expect_stderr "give a path outside OUTPUT, e.g. --report-json .*/r1\.report\.json"
+# Through a symbolic link to an existing OUTPUT (a --force run) too.
+mkdir -p real && "$D" d real/r2 -q && ln -s real/r2 r2link
+expect_exit 2 "$D" d real/r2 --force --report-json r2link/report.json -q
+expect_stderr "inside OUTPUT"
+expect_exit 2 "$D" --concat d d r3 --report-json r3/report.json -q
+expect_stderr "inside OUTPUT"
+expect_no_file r3
+expect_exit 0 "$D" d r1 --report-json r1.json -q
+expect_file r1.json
 
 
 finish

@@ -2,6 +2,7 @@
 // is opened, so that a usage error never leaves anything behind.
 #include "convert_job.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -106,6 +107,35 @@ void parse_dtype_options(const std::vector<std::string>& texts, ConvertOptions& 
 }
 
 namespace convert {
+namespace {
+
+namespace fs = std::filesystem;
+
+// An absolute path with symlinks in its existing part resolved and no
+// trailing '/', to compare where two paths lead.
+fs::path resolved(const fs::path& p) {
+    std::error_code ec;
+    fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+    if (ec) r = fs::absolute(p).lexically_normal();
+    return r.has_filename() ? r : r.parent_path();
+}
+
+// The report is a side file put in place beside OUTPUT: at OUTPUT's own
+// name it would take the output's place, and inside OUTPUT it would go
+// where the output is replaced whole. Refused before any work.
+void check_report_path(const ConvertOptions& o) {
+    if (o.report_json.empty() || o.output.empty() || o.output == "-") return;
+    const fs::path out = resolved(o.output), report = resolved(o.report_json);
+    const auto [o_end, r_end] = std::mismatch(out.begin(), out.end(), report.begin(), report.end());
+    if (o_end != out.end()) return;
+    throw usage_error("--report-json '" + o.report_json.string() + "' is " +
+                      (r_end == report.end() ? "OUTPUT itself" : "inside OUTPUT '" + o.output.string() + "'") +
+                      " (the report is written beside the output, not in it); give a path outside OUTPUT, e.g. "
+                      "--report-json " +
+                      out.string() + ".report.json");
+}
+
+} // namespace
 
 void check_modes(const ConvertOptions& o) {
     const bool merge = !o.merge_parts.empty(), concat = !o.concat_members.empty();
@@ -117,6 +147,7 @@ void check_modes(const ConvertOptions& o) {
     if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
     if (o.verify_only && !o.output.empty())
         throw usage_error("--verify checks one dataset and writes nothing; drop OUTPUT");
+    check_report_path(o);
 }
 
 namespace {
