@@ -2,7 +2,8 @@
 # What dsconvert writes where, and what its manifest says: a chunk larger
 # than the data is clamped to the largest split (not "out of memory"), the
 # manifest giving the chunk used; --report-json at OUTPUT or inside it is a
-# usage error before any work. No numpy needed.
+# usage error before any work; num_classes_from stays the same however often
+# a dataset is converted again. No numpy needed.
 . "$(dirname "$0")/lib.sh"
 D="$BIN/dsconvert"
 G="$BIN/dsgen"
@@ -57,5 +58,26 @@ expect_no_file r3
 expect_exit 0 "$D" d r1 --report-json r1.json -q
 expect_file r1.json
 
+# ---- num_classes_from is stable across re-conversions ------------------
+cp -r d again
+from0=$(manifest_value d 'j["provenance"]["params"].get("num_classes_from", "")')
+for i in 1 2 3; do
+    expect_exit 0 "$D" again again --force -q
+    from=$(manifest_value again 'j["provenance"]["params"]["num_classes_from"]')
+    expect_true "run $i: num_classes_from '$from' says the input's manifest once" \
+        test "$(grep -o "the input's manifest" <<<"$from" | wc -l)" = 1
+    [ "$i" = 1 ] && first=$from
+    expect_true "run $i: num_classes_from '$from' = the first run's '$first'" test "$from" = "$first"
+done
+expect_true "dsgen's origin (${from0:-none}) is kept after it" \
+    test -z "$from0" -o "$first" = "the input's manifest: $from0"
+# An origin of its own (--num-classes) is said once after the input's manifest.
+expect_exit 0 "$D" d n1 --num-classes 12 -q
+expect_true "--num-classes is the origin" test "$(manifest_value n1 'j["provenance"]["params"]["num_classes_from"]')" = "--num-classes"
+for i in 1 2; do
+    expect_exit 0 "$D" n1 n1 --force -q
+    expect_true "run $i: the input's manifest, then its origin" \
+        test "$(manifest_value n1 'j["provenance"]["params"]["num_classes_from"]')" = "the input's manifest: --num-classes"
+done
 
 finish

@@ -358,9 +358,14 @@ Manifest output_manifest(Job& j, Manifest m) {
     const bool same_label = j.src.manifest && j.src.manifest->label_field == j.y_name;
     m.num_classes = j.src.manifest ? (same_label ? j.src.manifest->num_classes : std::nullopt) : j.src.num_classes;
     if (j.src.manifest) {
+        // The origin is said once: a manifest that took its count from an
+        // earlier manifest already says so, and re-conversions keep its words.
+        const std::string manifest = "the input's manifest";
         const auto& from = j.src.manifest->provenance.params;
         const auto it = from.find("num_classes_from");
-        j.classes_from = "the input's manifest" + (it == from.end() ? std::string() : ": " + it->second);
+        j.classes_from = it == from.end()                     ? manifest
+                         : it->second.rfind(manifest, 0) == 0 ? it->second
+                                                              : manifest + ": " + it->second;
     } else {
         j.classes_from = "the input format (" + std::string(input_format_name(j.src.format)) + ")";
     }
