@@ -378,6 +378,9 @@ AtomicDir::~AtomicDir() {
 }
 
 fs::path AtomicDir::file(const std::string& name) {
+    // The last guard against a name that would write outside the directory.
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+        throw runtime_error("internal: '" + name + "' is not a file name inside '" + tmp_.string() + "'");
     fs::path p = tmp_ / name;
     register_temp_path(p);
     files_.push_back(p);

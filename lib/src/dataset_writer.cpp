@@ -53,7 +53,7 @@ DatasetWriter::DatasetWriter(fs::path out_dir, bool force) : dir_(std::move(out_
 
 std::unique_ptr<NpyFieldWriter> DatasetWriter::npy_field(const std::string& split, const std::string& field,
                                                          DType dtype, const Shape& shape, std::uint64_t samples) {
-    const std::string name = split + "_" + field + ".npy";
+    const std::string name = field_file_name(split, field, ".npy");
     return std::make_unique<NpyFieldWriter>(dir_.file(name), name, field, dtype, shape, samples);
 }
 

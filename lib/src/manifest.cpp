@@ -161,7 +161,7 @@ std::vector<FieldPart> parse_parts(const Reader& r, const json& v, const std::st
 FieldInfo parse_field(const Reader& r, const json& fj, const std::string& fp, std::uint64_t split_samples) {
     FieldInfo f;
     f.name = r.string(fj, fp, "name");
-    if (f.name.empty()) r.fail(fp + ".name", "field names must be non-empty and unique within a split");
+    if (const std::string why = name_problem("field", f.name); !why.empty()) r.fail(fp + ".name", why);
     const std::string dt = r.string(fj, fp, "dtype");
     const auto dtype = dtype_from_name(dt);
     if (!dtype) r.fail(fp + ".dtype", "unknown dtype '" + dt + "'");
@@ -238,6 +238,37 @@ ShardInfo parse_shard(const Reader& r, const json& v, const Manifest& m) {
 }
 
 } // namespace
+
+std::string name_problem(std::string_view what, std::string_view name) {
+    std::string shown;
+    for (const char c : name) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u != 0x7f) {
+            shown += c;
+            continue;
+        }
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\x%02x", u);
+        shown += buf;
+    }
+    auto bad = [&](const std::string& why) {
+        return std::string(what) + " name '" + shown + "' " + why +
+               " (names become file names in the dataset directory)";
+    };
+    if (name.empty()) return std::string(what) + " name is empty (names become file names in the dataset directory)";
+    if (name == "." || name == "..") return bad("is a directory name");
+    if (name.size() > max_name_bytes)
+        return bad("is " + std::to_string(name.size()) + " bytes long, more than " + std::to_string(max_name_bytes));
+    if (name.find('/') != std::string_view::npos) return bad("holds a '/'");
+    if (shown.size() != name.size()) return bad("holds a control character");
+    return "";
+}
+
+std::string field_file_name(std::string_view split, std::string_view field, std::string_view ext) {
+    for (const auto& problem : {name_problem("split", split), name_problem("field", field)})
+        if (!problem.empty()) throw runtime_error("internal: " + problem + " reached the writer unchecked");
+    return std::string(split) + "_" + std::string(field) + std::string(ext);
+}
 
 std::string_view storage_name(Storage s) {
     return storage_names.name(s);
@@ -352,8 +383,8 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
         const std::string sp = "splits[" + std::to_string(i) + "]";
         SplitInfo split;
         split.name = r.string(splits[i], sp, "name");
-        if (split.name.empty() || !split_names.insert(split.name).second)
-            r.fail(sp + ".name", "split names must be non-empty and unique");
+        if (const std::string why = name_problem("split", split.name); !why.empty()) r.fail(sp + ".name", why);
+        if (!split_names.insert(split.name).second) r.fail(sp + ".name", "split names must be unique");
         split.samples = r.uint(splits[i], sp, "samples");
         const json& fields = r.member(splits[i], sp, "fields");
         if (!fields.is_array() || fields.empty()) r.fail(sp + ".fields", "expected a non-empty array");
@@ -361,8 +392,7 @@ Manifest manifest_from_json(const Reader& r, const json& doc) {
         for (std::size_t j = 0; j < fields.size(); ++j) {
             const std::string fp = sp + ".fields[" + std::to_string(j) + "]";
             FieldInfo f = parse_field(r, fields[j], fp, split.samples);
-            if (!field_names.insert(f.name).second)
-                r.fail(fp + ".name", "field names must be non-empty and unique within a split");
+            if (!field_names.insert(f.name).second) r.fail(fp + ".name", "field names must be unique within a split");
             split.fields.push_back(std::move(f));
         }
         m.splits.push_back(std::move(split));

@@ -122,6 +122,20 @@ struct Manifest {
     const ChannelStats* stats_of(std::string_view field) const;
 };
 
+// Split and field names become file names (SPLIT_FIELD.npy inside the
+// dataset directory), so a usable one is 1 to max_name_bytes bytes, holds no
+// '/', NUL or other control character, and is not "." or "..". The cap keeps
+// SPLIT_FIELD.zst and its temporaries under the 255-byte limit of common
+// filesystems.
+inline constexpr std::size_t max_name_bytes = 100;
+// Empty when `name` is usable, else why not, naming it (control characters
+// escaped): "split name '../x' holds a '/' (...)". `what`: "split", "field".
+std::string name_problem(std::string_view what, std::string_view name);
+// The file of a field of a split: SPLIT_FIELD then `ext` (".npy", ".zst"),
+// after name_problem on both names (a runtime error: the names were checked
+// where they entered, so a bad one here is a bug).
+std::string field_file_name(std::string_view split, std::string_view field, std::string_view ext);
+
 // Throws Error(failure) naming `source` and the JSON path of the problem.
 Manifest parse_manifest(std::string_view json_text, const std::string& source);
 std::string serialize_manifest(const Manifest& m); // pretty JSON, trailing newline

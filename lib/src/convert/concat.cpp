@@ -136,7 +136,7 @@ void write_dataset_field(const std::vector<Member>& ms, AtomicDir& out, Manifest
             for (const FieldPart& p : f.parts) taken.insert(p.file);
         }
     for (SplitInfo& split : whole.splits) {
-        std::string file = split.name + "_dataset.npy";
+        std::string file = field_file_name(split.name, "dataset", ".npy");
         for (int i = 1; taken.count(file); ++i) file = split.name + "_dataset-" + std::to_string(i) + ".npy";
         NpyFieldWriter w(out.file(file), file, "dataset", DType::i32, Shape{}, split.samples);
         std::vector<std::int32_t> index;

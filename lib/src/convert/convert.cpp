@@ -80,7 +80,7 @@ void plan_output_splits(Job& j) {
             j.outs.push_back(OutSplit{sp.name, sp.count_known ? sp.samples : ~std::uint64_t{0}, {}, 0});
         return;
     }
-    const auto fr = parse_split_fractions(j.o.split);
+    const auto& fr = j.settings.split;
     std::uint64_t given = 0;
     for (std::size_t i = 0; i < fr.size(); ++i) {
         OutSplit s;
@@ -161,13 +161,27 @@ std::string resume_fingerprint(Job& j) {
 }
 
 // --chunk-samples, or the samples of the widest output field that fit in
-// --chunk-size (default 4 MiB).
+// --chunk-size (default 4 MiB); at most the samples of the largest whole
+// split, as a chunk larger than its split is the split (a 64G chunk of a
+// small dataset would otherwise be a 64G buffer). The manifest gives the
+// chunk actually used.
 std::uint64_t chunk_samples_of(const Job& j) {
-    if (j.o.chunk_samples) return j.o.chunk_samples;
-    std::uint64_t widest = 1;
-    for (const auto& p : j.fields) widest = std::max(widest, sample_bytes(p.shape, p.out));
-    const std::uint64_t target = j.o.chunk_bytes ? j.o.chunk_bytes : chunked_default_chunk_bytes;
-    return std::max<std::uint64_t>(1, target / widest);
+    std::uint64_t chunk = j.o.chunk_samples;
+    if (!chunk) {
+        std::uint64_t widest = 1;
+        for (const auto& p : j.fields) widest = std::max(widest, sample_bytes(p.shape, p.out));
+        const std::uint64_t target = j.o.chunk_bytes ? j.o.chunk_bytes : chunked_default_chunk_bytes;
+        chunk = target / widest;
+    }
+    if (!j.count_known) return std::max<std::uint64_t>(1, chunk);
+    // The whole splits: --shard's totals, else the output splits once planned, else the input's.
+    std::uint64_t largest = 0;
+    for (const std::uint64_t n : j.shard_totals) largest = std::max(largest, n);
+    if (j.shard_totals.empty())
+        for (const auto& s : j.outs) largest = std::max(largest, s.samples);
+    if (j.shard_totals.empty() && j.outs.empty())
+        for (const auto& sp : j.src.splits) largest = std::max(largest, sp.samples);
+    return std::max<std::uint64_t>(1, std::min(chunk, largest));
 }
 
 // --shard I/N: each source split shrinks to part I's range of it, so every
@@ -344,9 +358,14 @@ Manifest output_manifest(Job& j, Manifest m) {
     const bool same_label = j.src.manifest && j.src.manifest->label_field == j.y_name;
     m.num_classes = j.src.manifest ? (same_label ? j.src.manifest->num_classes : std::nullopt) : j.src.num_classes;
     if (j.src.manifest) {
+        // The origin is said once: a manifest that took its count from an
+        // earlier manifest already says so, and re-conversions keep its words.
+        const std::string manifest = "the input's manifest";
         const auto& from = j.src.manifest->provenance.params;
         const auto it = from.find("num_classes_from");
-        j.classes_from = "the input's manifest" + (it == from.end() ? std::string() : ": " + it->second);
+        j.classes_from = it == from.end()                     ? manifest
+                         : it->second.rfind(manifest, 0) == 0 ? it->second
+                                                              : manifest + ": " + it->second;
     } else {
         j.classes_from = "the input format (" + std::string(input_format_name(j.src.format)) + ")";
     }

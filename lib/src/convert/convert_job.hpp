@@ -29,6 +29,7 @@ struct Settings {
     int level = 0;
     bool range_auto = false;
     std::optional<std::pair<double, double>> range_given;
+    std::vector<SplitFraction> split; // --split, empty without it
 };
 Settings check_settings(const ConvertOptions& o);
 // The modes (convert, --verify, --benchmark, --merge, --concat) and the

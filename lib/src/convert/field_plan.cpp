@@ -13,7 +13,7 @@ FieldInfo output_field(const std::string& split, const FieldPlan& p, std::uint64
     fi.dtype = p.out;
     fi.shape = p.shape;
     fi.storage = chunk_samples ? Storage::zstd_chunked : Storage::npy;
-    fi.file = split + "_" + p.name + (chunk_samples ? ".zst" : ".npy");
+    fi.file = field_file_name(split, p.name, chunk_samples ? ".zst" : ".npy");
     fi.chunk_samples = chunk_samples;
     return fi;
 }

@@ -2,6 +2,7 @@
 // is opened, so that a usage error never leaves anything behind.
 #include "convert_job.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -40,6 +41,13 @@ double parse_number(const std::string& s, const std::string& what) {
     return v;
 }
 
+// A split or field name given in an option (`flag`), refused as a usage
+// error where it could not be a file name of the output (name_problem).
+void check_option_name(const std::string& flag, std::string_view what, std::string_view name, const char* example) {
+    if (const std::string why = name_problem(what, name); !why.empty())
+        throw usage_error("invalid " + flag + ": " + why + "; give a plain name, e.g. " + example);
+}
+
 constexpr EnumNames<OutputFormat, 3> output_format_names{
     {{{OutputFormat::dataset, "dataset"}, {OutputFormat::npy, "npy"}, {OutputFormat::raw, "raw"}}}};
 
@@ -63,6 +71,7 @@ std::vector<SplitFraction> parse_split_fractions(const std::string& text) {
         if (eq == std::string::npos || eq == 0)
             throw usage_error("invalid --split item '" + item + "' (expected NAME=FRACTION, e.g. train=0.9,test=0.1)");
         SplitFraction f{item.substr(0, eq), parse_number(item.substr(eq + 1), "--split fraction")};
+        check_option_name("--split", "split", f.name, "--split train=0.9,test=0.1");
         if (!(f.fraction > 0) || f.fraction > 1)
             throw usage_error("invalid --split fraction for '" + f.name + "' (must be in (0, 1])");
         for (const auto& g : out)
@@ -90,6 +99,7 @@ void parse_dtype_options(const std::vector<std::string>& texts, ConvertOptions& 
         const std::string field = t.substr(0, eq);
         if (field.empty())
             throw usage_error("invalid --dtype '" + t + "' (expected DTYPE or FIELD=DTYPE, e.g. --dtype robs=bf16)");
+        check_option_name("--dtype", "field", field, "--dtype robs=bf16");
         for (const auto& [name, dtype] : o.field_dtypes)
             if (name == field) throw usage_error("--dtype names field '" + field + "' twice");
         o.field_dtypes.emplace_back(field, parse_dtype(t.substr(eq + 1), "--dtype " + field));
@@ -97,6 +107,35 @@ void parse_dtype_options(const std::vector<std::string>& texts, ConvertOptions& 
 }
 
 namespace convert {
+namespace {
+
+namespace fs = std::filesystem;
+
+// An absolute path with symlinks in its existing part resolved and no
+// trailing '/', to compare where two paths lead.
+fs::path resolved(const fs::path& p) {
+    std::error_code ec;
+    fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+    if (ec) r = fs::absolute(p).lexically_normal();
+    return r.has_filename() ? r : r.parent_path();
+}
+
+// The report is a side file put in place beside OUTPUT: at OUTPUT's own
+// name it would take the output's place, and inside OUTPUT it would go
+// where the output is replaced whole. Refused before any work.
+void check_report_path(const ConvertOptions& o) {
+    if (o.report_json.empty() || o.output.empty() || o.output == "-") return;
+    const fs::path out = resolved(o.output), report = resolved(o.report_json);
+    const auto [o_end, r_end] = std::mismatch(out.begin(), out.end(), report.begin(), report.end());
+    if (o_end != out.end()) return;
+    throw usage_error("--report-json '" + o.report_json.string() + "' is " +
+                      (r_end == report.end() ? "OUTPUT itself" : "inside OUTPUT '" + o.output.string() + "'") +
+                      " (the report is written beside the output, not in it); give a path outside OUTPUT, e.g. "
+                      "--report-json " +
+                      out.string() + ".report.json");
+}
+
+} // namespace
 
 void check_modes(const ConvertOptions& o) {
     const bool merge = !o.merge_parts.empty(), concat = !o.concat_members.empty();
@@ -108,7 +147,25 @@ void check_modes(const ConvertOptions& o) {
     if (o.benchmark && !o.output.empty()) throw usage_error("--benchmark writes nothing; drop OUTPUT");
     if (o.verify_only && !o.output.empty())
         throw usage_error("--verify checks one dataset and writes nothing; drop OUTPUT");
+    check_report_path(o);
 }
+
+namespace {
+
+// The names that --select, --input and --label give: fields and splits of
+// the input, so never a name that could not be a file name.
+void check_field_names(const ConvertOptions& o) {
+    if (!o.select.empty()) {
+        const auto slash = o.select.find('/');
+        check_option_name("--select", "split", o.select.substr(0, slash), "--select test/x");
+        if (slash != std::string::npos)
+            check_option_name("--select", "field", o.select.substr(slash + 1), "--select test/x");
+    }
+    if (!o.raw.input.empty()) check_option_name("--input", "field", o.raw.input, "--input x");
+    if (!o.raw.label.empty()) check_option_name("--label", "field", o.raw.label, "--label y");
+}
+
+} // namespace
 
 Settings check_settings(const ConvertOptions& o) {
     if (o.output.empty()) throw usage_error("no output given (dsconvert INPUT OUTPUT, or dsconvert --verify DIR)");
@@ -126,6 +183,8 @@ Settings check_settings(const ConvertOptions& o) {
     if (o.num_classes && *o.num_classes < 2)
         throw usage_error("invalid --num-classes " + std::to_string(*o.num_classes) + " (at least 2)");
     Settings s;
+    if (!o.split.empty()) s.split = parse_split_fractions(o.split);
+    check_field_names(o);
     s.level = parse_compress(o.compress, s.zstd);
     s.to = o.to.value_or(OutputFormat::dataset);
     if (!o.to && o.output.extension() == ".npy") s.to = OutputFormat::npy;

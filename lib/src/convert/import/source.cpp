@@ -153,6 +153,27 @@ void apply_roles(Source& s, const RawInputOptions& raw, const std::filesystem::p
                           "'; a field has one role at most");
 }
 
+// What every format must give, checked once for all of them: names that
+// can be file names (an .npz member '../x.npy' must not write outside
+// OUTPUT) and samples of at least one element (a 0-sized sample has no
+// channels to average and makes a dataset its readers refuse).
+void check_source(const Source& s, const fs::path& path) {
+    const std::string where = "'" + path.string() + "'";
+    for (const auto& sp : s.splits) {
+        if (const std::string why = name_problem("split", sp.name); !why.empty())
+            throw runtime_error(where + ": the input's " + why + "; rename it in the input");
+        for (const auto& f : sp.fields) {
+            if (const std::string why = name_problem("field", f.name); !why.empty())
+                throw runtime_error(where + ": the input's " + why + "; rename it in the input");
+            for (const std::uint64_t d : f.shape.dims)
+                if (d == 0)
+                    throw runtime_error(where + ": field " + f.name + " has samples of shape " + f.shape.str() +
+                                        ", which hold no element (a dimension is 0); give an input whose samples "
+                                        "hold at least one value");
+        }
+    }
+}
+
 } // namespace
 
 void FieldStream::skip(std::uint64_t count) {
@@ -200,6 +221,7 @@ Source open_source(const fs::path& path, InputFormat format, const RawInputOptio
     if (format == InputFormat::automatic && path == "-" && (raw.shape || raw.dtype)) format = InputFormat::raw;
     if (format == InputFormat::automatic) format = detect_format(path);
     Source s = open_format(path, format, raw, pool);
+    check_source(s, path);
     apply_roles(s, raw, path);
     apply_in_layout(s, format, raw.in_layout);
     return s;
