@@ -284,6 +284,12 @@ assert m["ram_budget"] == 1560 * 1024
     expect_stdout "mix data path: not planned: --batch 256 is larger than the mix's epoch \(160 samples\)"
     expect_exit 2 "$P" --dataset "$WORK/r1" --ram 16G --weights 2
     expect_stderr "--weights needs several --dataset"
+    # Weights are positive finite numbers, as dstrain checks them (one validator).
+    for w in 1,nan 1,inf 1,0 1,-2 1,x; do
+        expect_exit 2 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2" --ram 16G --weights "$w"
+        expect_stderr "--weights: '${w#1,}' is not a weight \(weights must be positive finite numbers"
+        expect_true "--weights $w: no 300-digit range" bash -c "! grep -q 179769 '$ERR'"
+    done
     expect_exit 2 "$P" --dataset "$WORK/r1" --dataset "$WORK/other" --ram 16G
     expect_stderr "'$WORK/other' has fields x f32\[3\] but '$WORK/r1' has stim u8\[1x36x36\], robs f32\[120\], behavior f32\[4\]"
     expect_exit 2 "$P" --dataset "$WORK/r1" --field a:1:u8 --ram 16G
