@@ -315,3 +315,17 @@ TEST(TrainHeads, NonFiniteOutputsAreNeverRight) {
     EXPECT_TRUE(std::isnan(m.r2()));
     EXPECT_TRUE(std::isnan(m.pearson()));
 }
+
+// bce learns 0 or 1: a label of more than 2 classes is refused when the model
+// is resolved (exit 2), any other target value when it is read (exit 1).
+TEST(TrainHeads, BceTargetsAreZeroOrOne) {
+    EXPECT_EQ(code_of([] { resolve("mlp:8", "y", LossKind::bce); }), ExitCode::usage);
+    EXPECT_NE(error_of([] { resolve("mlp:8", "y", LossKind::bce); }).find("has 10 classes (0 to 9)"),
+              std::string::npos);
+    const float twos[] = {0.0f, 2.0f, 1.0f};
+    EXPECT_EQ(code_of([&] { eval_loss(LossKind::bce, {0.5f, -1.0f, 2.0f}, twos, DType::f32); }), ExitCode::failure);
+    EXPECT_NE(error_of([&] {
+                  eval_loss(LossKind::bce, {0.5f, -1.0f, 2.0f}, twos, DType::f32);
+              }).find("target 2 of 't' (output 1) is neither 0 nor 1"),
+              std::string::npos);
+}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "dstk/error.hpp"
@@ -10,6 +11,12 @@ namespace dstk::train {
 namespace {
 
 constexpr double poisson_eps = 1e-8; // PyTorch's poisson_nll_loss eps (log_input False)
+
+std::string number_text(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
 
 double softmax_xent(const HeadPlan& h, const float* z, const std::int32_t* labels, std::uint32_t n, float eps,
                     float* dz, HeadMetrics& m) {
@@ -82,6 +89,11 @@ double regression(const HeadPlan& h, const float* z, const float* y, std::uint32
         for (std::uint32_t j = 0; j < k; ++j) {
             const std::uint64_t e = std::uint64_t{s} * k + j;
             const double yv = y[e];
+            if (h.target.loss == LossKind::bce && yv != 0 && yv != 1)
+                throw runtime_error("target " + number_text(yv) + " of '" + h.target.field + "' (output " +
+                                    std::to_string(j) +
+                                    ") is neither 0 nor 1, as the loss bce needs (class labels? choose ce; "
+                                    "other values: mse)");
             const Element el = element(h.target.loss, z[e], yv);
             sample += el.loss;
             if (dz) dz[e] = static_cast<float>(el.grad * scale);

@@ -16,7 +16,7 @@ namespace dstk::train {
 // (ce: n classes) or y ([n][width] floats). Adds to m; returns the sum over
 // samples of the per-sample loss (no label smoothing). With dz, writes the
 // gradient of weight x the batch's mean loss (label-smoothed for ce). A label
-// outside [0, width) is a runtime error.
+// outside [0, width), and a bce target neither 0 nor 1, are runtime errors.
 // The label's rank among a sample's k outputs z: the classes ahead of it
 // (ties: those before it, as argmax picks the first); 0 means the prediction
 // is right. `unranked` (in no top-k) where any output is NaN or Inf:
