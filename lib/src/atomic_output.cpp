@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <csignal>
+#include <cstring>
 #include <fcntl.h>
 #include <set>
 #include <sys/stat.h>
@@ -344,6 +345,55 @@ void check_free_disk(const fs::path& dir, std::uint64_t bytes) {
         throw no_fit_error("not enough free disk at '" + dir.string() + "' (need " + format_bytes(bytes) + ", " +
                            format_bytes(d.free) + " free on " + d.mount_point +
                            "); free some space, write elsewhere, or use --force to skip this check");
+}
+
+namespace {
+
+// The directory `o` is written in: its parent, or for an output that creates
+// its directories the nearest one that exists.
+fs::path writing_dir(const OutputName& o) {
+    fs::path dir = parent_or_dot(o.path);
+    std::error_code ec;
+    while (o.creates_dirs && !fs::exists(fs::symlink_status(dir, ec)) && dir.has_relative_path() &&
+           dir != dir.parent_path())
+        dir = parent_or_dot(dir);
+    return dir;
+}
+
+void check_writable_dir(const OutputName& o) {
+    const fs::path dir = writing_dir(o);
+    struct stat st {};
+    std::string why, fix = "choose another path";
+    if (::stat(dir.c_str(), &st) != 0) {
+        const bool missing = errno == ENOENT;
+        why = "directory '" + dir.string() + "' " + (missing ? "does not exist" : std::strerror(errno));
+        if (missing) fix = "create it, or " + fix;
+    } else if (!S_ISDIR(st.st_mode)) {
+        why = "'" + dir.string() + "' is not a directory";
+    } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+        why = "directory '" + dir.string() + "' is not writable: " + std::strerror(errno);
+    }
+    if (!why.empty()) throw usage_error("cannot write " + o.what + " '" + o.path.string() + "' (" + why + "); " + fix);
+}
+
+} // namespace
+
+void check_output_paths(const std::vector<OutputName>& outputs) {
+    std::vector<fs::path> seen;
+    for (const OutputName& o : outputs) {
+        std::error_code ec;
+        const fs::path given = fs::absolute(without_trailing_slash(o.path));
+        fs::path p = fs::weakly_canonical(given, ec); // links followed: two names of one file are one
+        if (ec) p = given.lexically_normal();
+        for (std::size_t i = 0; i < seen.size(); ++i)
+            if (seen[i] == p)
+                throw usage_error(outputs[i].what + " '" + outputs[i].path.string() + "' and " + o.what + " '" +
+                                  o.path.string() +
+                                  "' name the same path (one output would find the other in its place); give "
+                                  "each its own");
+        seen.push_back(p);
+    }
+    for (const OutputName& o : outputs) check_writable_dir(o);
 }
 
 AtomicOutput::AtomicOutput(fs::path final_path, Replace replace, bool directory)

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dstk/data/mix.hpp"
 #include "dstk/error.hpp"
 #include "dstk/fd.hpp"
 #include "dstk/json.hpp"
@@ -137,6 +138,16 @@ CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open) {
             return {};
         },
         "in " + range);
+}
+
+CLI::Validator mix_weight() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            double v = 0;
+            if (CLI::detail::lexical_cast(text, v) && data::valid_mix_weight(v)) return {};
+            return "'" + text + "' is not a weight (weights must be positive finite numbers, e.g. 2,1,1)";
+        },
+        "POSITIVE");
 }
 
 void add_output_options(CLI::App& app, OutputOptions& out, bool with_json) {

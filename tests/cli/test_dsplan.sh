@@ -124,6 +124,20 @@ expect_exit 0 "$P" --json --ram 16G --disk 1T --gpu-mem 8G --shape 3x32x32 --dty
 expect_true "model footprint in --json" jq -e '.job.model_footprint_included == true and
     .job.model_footprint_bytes > 400*1048576 and .job.model_footprint_bytes < 1024*1048576' "$OUT"
 expect_true "model FLOPs in --json" jq -e '.job.model_training_flops_per_sample == 176569344' "$OUT"
+# The footprint is computed from the plan, not by building a trainer: the
+# figures of the presets at --batch 256 are those the built trainer gave
+# (dsplan of 2fcaf4d), and --batch 4096 on resnet9 (a 23 GB trainer, killed
+# for memory before) sizes in little memory.
+for want in 3x32x32:ref-cnn:962754808 3x32x32:small-cnn:660932280 3x32x32:resnet9:2191797624 \
+    3x32x32:mlp:599886968 1x28x28:ref-cnn:858119672 1x28x28:small-cnn:628660280 1x28x28:resnet9:1804105592 \
+    1x28x28:mlp:560548984; do
+    IFS=: read -r shape model bytes <<<"$want"
+    expect_exit 0 "$P" --json --ram 16G --disk 1T --shape "$shape" --model "$model" --samples 100 --batch 256
+    expect_true "$model on $shape: footprint $bytes bytes" jq -e ".job.model_footprint_bytes == $bytes" "$OUT"
+done
+run_measuring_rss "$P" --ram 16G --disk 1T --shape 3x32x32 --model resnet9 --samples 100 --batch 4096
+expect_true "dsplan --model resnet9 --batch 4096 exits 0 (got $RSS_RC)" test "$RSS_RC" -eq 0
+expect_true "dsplan --batch 4096 peak RSS $RSS_BYTES under 200 MB" test "$RSS_BYTES" -lt 200000000
 # --compute-rate with --model: the matrix products' rate (176,569,344 FLOP x 400,000 samples/s).
 expect_exit 0 "$P" --ram 16G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype u8 --samples 50K --model ref-cnn \
     --compute-rate 400K
@@ -284,6 +298,12 @@ assert m["ram_budget"] == 1560 * 1024
     expect_stdout "mix data path: not planned: --batch 256 is larger than the mix's epoch \(160 samples\)"
     expect_exit 2 "$P" --dataset "$WORK/r1" --ram 16G --weights 2
     expect_stderr "--weights needs several --dataset"
+    # Weights are positive finite numbers, as dstrain checks them (one validator).
+    for w in 1,nan 1,inf 1,0 1,-2 1,x; do
+        expect_exit 2 "$P" --dataset "$WORK/r1" --dataset "$WORK/r2" --ram 16G --weights "$w"
+        expect_stderr "--weights: '${w#1,}' is not a weight \(weights must be positive finite numbers"
+        expect_true "--weights $w: no 300-digit range" bash -c "! grep -q 179769 '$ERR'"
+    done
     expect_exit 2 "$P" --dataset "$WORK/r1" --dataset "$WORK/other" --ram 16G
     expect_stderr "'$WORK/other' has fields x f32\[3\] but '$WORK/r1' has stim u8\[1x36x36\], robs f32\[120\], behavior f32\[4\]"
     expect_exit 2 "$P" --dataset "$WORK/r1" --field a:1:u8 --ram 16G

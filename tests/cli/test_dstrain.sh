@@ -58,6 +58,23 @@ expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --batch 5000
 expect_stderr 'fewer than --batch'
 expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --schedule step
 
+# bce learns 0 or 1: refused before training on labels of 10 classes (the
+# manifest says so; exit 2), and at the first label above 1 where nothing
+# declares the classes (exit 1).
+expect_exit 2 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model small-cnn --loss bce --epochs 1 --batch 100
+expect_stderr "label 'y' .*has 10 classes \(0 to 9\) but the loss bce learns targets of 0 or 1; choose ce"
+expect_true "nothing trained" bash -c "! grep -q '^epoch' '$OUT'"
+cp -r "$WORK/img" "$WORK/noclasses"
+python3 -c '
+import json, sys
+p = sys.argv[1] + "/dataset.json"
+m = json.load(open(p))
+del m["num_classes"]
+json.dump(m, open(p, "w"))
+' "$WORK/noclasses"
+expect_exit 1 "$DSTRAIN" "$WORK/noclasses" "${CPU[@]}" --model small-cnn --loss bce --epochs 1 --batch 100
+expect_stderr "target [2-9] of 'y' \(output 0\) is neither 0 nor 1, as the loss bce needs \(class labels\? choose ce"
+
 # Divergence: exit 1 naming the epoch and the step.
 expect_exit 1 "$DSTRAIN" "$WORK/img" "${CPU[@]}" --model "flatten,fc:10" --lr 1e30 --epochs 2 --batch 100
 expect_stderr 'non-finite loss at epoch 1, step [0-9]+ of 20'

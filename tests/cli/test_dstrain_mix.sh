@@ -90,6 +90,10 @@ expect_stderr "mix: $WORK/s0 unchanged"
 expect_exit 2 "$DSTRAIN" "$WORK/s0" "$WORK/s1" --weights 1,2,3 "${T[@]}"
 expect_stderr '--weights lists 3 weights for 2 datasets'
 expect_exit 2 "$DSTRAIN" "$WORK/s0" "$WORK/s1" --weights 1,-2 "${T[@]}"
+for w in 1,nan 1,0 1,inf; do
+    expect_exit 2 "$DSTRAIN" "$WORK/s0" "$WORK/s1" --weights "$w" "${T[@]}"
+    expect_stderr "--weights: '${w#1,}' is not a weight \(weights must be positive finite numbers"
+done
 expect_exit 2 "$DSTRAIN" "$WORK/s0" "$WORK/other" "${T[@]}"
 expect_stderr "member 1 \($WORK/other\) holds field 'x' as u8\[1x6x6\] but member 0"
 expect_exit 2 "$DSTRAIN" "$WORK/s0" --weights 2 "${T[@]}"

@@ -26,7 +26,7 @@ expect_exit 0 "$DSTRAIN" "$WORK/ds" "${CPU[@]}" --epochs 1 --tensorboard "$WORK/
 expect_true "a second run, a second file" test "$(ls "$WORK/tb/run" | wc -l)" = 2
 : >"$WORK/notadir"
 expect_exit 2 "$DSTRAIN" "$WORK/ds" "${CPU[@]}" --epochs 1 --tensorboard "$WORK/notadir" --save "$WORK/m2.safetensors"
-expect_stderr "cannot create the TensorBoard directory '$WORK/notadir'"
+expect_stderr "cannot write --tensorboard '$WORK/notadir/' \('$WORK/notadir' is not a directory\); choose another path"
 
 # dsconvert: the class count and where it came from; --select reports the field written.
 PY=$(numpy_python)

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "dstk/error.hpp"
@@ -193,7 +194,7 @@ namespace {
 
 // One sample through "flatten,fc:K:nobias" with the identity as weights: the
 // loss of outputs z against targets y, from the trainer's evaluation.
-double eval_loss(LossKind loss, const std::vector<float>& z, const void* y, DType ydtype) {
+Metrics eval_metrics(LossKind loss, const std::vector<float>& z, const void* y, DType ydtype) {
     const auto k = static_cast<std::uint32_t>(z.size());
     TrainerConfig c;
     Target t{"t", ydtype, loss == LossKind::ce ? Shape{} : Shape{{k}}, loss, k};
@@ -207,7 +208,10 @@ double eval_loss(LossKind loss, const std::vector<float>& z, const void* y, DTyp
     for (std::uint32_t i = 0; i < k; ++i) w[i * k + i] = 1.0f;
     tr->write_parameters(w);
     tr->evaluate(step_batch(c, z.data(), y, 1));
-    return tr->take_eval_metrics().loss();
+    return tr->take_eval_metrics();
+}
+double eval_loss(LossKind loss, const std::vector<float>& z, const void* y, DType ydtype) {
+    return eval_metrics(loss, z, y, ydtype).loss();
 }
 
 } // namespace
@@ -278,4 +282,50 @@ TEST(TrainHeads, MetricsFormulas) {
     c.unpack(packed);
     EXPECT_EQ(c.heads[0].samples, 8u);
     EXPECT_EQ(c.loss_sum, 4.0);
+}
+
+// A NaN or Inf output is never a right prediction: comparisons with NaN are
+// false, which ranked the label first (a model gone to NaN scored 100%).
+TEST(TrainHeads, NonFiniteOutputsAreNeverRight) {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const std::int32_t label = 0;
+    for (const std::vector<float>& z : {std::vector<float>{nan, nan, nan}, std::vector<float>{1.0f, nan, 0.0f},
+                                        std::vector<float>{inf, 0.0f, 0.0f}}) {
+        const HeadMetrics m = eval_metrics(LossKind::ce, z, &label, DType::i32).heads[0];
+        EXPECT_EQ(m.correct, 0u);
+        EXPECT_EQ(m.top5, 0u);
+    }
+    const std::vector<float> tie{1.0f, 0.5f, 1.0f}; // ties go to the lower class
+    EXPECT_EQ(eval_metrics(LossKind::ce, tie, &label, DType::i32).heads[0].correct, 1u);
+    // bce: a NaN output is no decision, right neither for 0 nor for 1 (the
+    // identity layer spreads one NaN input to every output: 0 x NaN).
+    const float bits[] = {0.0f, 1.0f, 0.0f};
+    EXPECT_EQ(eval_metrics(LossKind::bce, {nan, 0.0f, 0.0f}, bits, DType::f32).heads[0].correct, 0u);
+    EXPECT_EQ(eval_metrics(LossKind::bce, {-1.0f, 1.0f, 1.0f}, bits, DType::f32).heads[0].correct, 2u);
+    // mse: one output NaN makes the head's r2 and r NaN, not the other outputs' mean.
+    HeadMetrics m;
+    m.kind = LossKind::mse;
+    m.width = 2;
+    m.samples = 4;
+    m.sums.assign(std::size_t{HeadMetrics::rows} * 2, 1.0);
+    m.sums[HeadMetrics::row_yy * 2] = m.sums[HeadMetrics::row_yy * 2 + 1] = 10.0;
+    EXPECT_TRUE(m.finite_predictions());
+    m.sums[HeadMetrics::row_p * 2 + 1] = nan;
+    EXPECT_FALSE(m.finite_predictions());
+    EXPECT_TRUE(std::isnan(m.r2()));
+    EXPECT_TRUE(std::isnan(m.pearson()));
+}
+
+// bce learns 0 or 1: a label of more than 2 classes is refused when the model
+// is resolved (exit 2), any other target value when it is read (exit 1).
+TEST(TrainHeads, BceTargetsAreZeroOrOne) {
+    EXPECT_EQ(code_of([] { resolve("mlp:8", "y", LossKind::bce); }), ExitCode::usage);
+    EXPECT_NE(error_of([] { resolve("mlp:8", "y", LossKind::bce); }).find("has 10 classes (0 to 9)"),
+              std::string::npos);
+    const float twos[] = {0.0f, 2.0f, 1.0f};
+    EXPECT_EQ(code_of([&] { eval_loss(LossKind::bce, {0.5f, -1.0f, 2.0f}, twos, DType::f32); }), ExitCode::failure);
+    EXPECT_NE(error_of([&] {
+                  eval_loss(LossKind::bce, {0.5f, -1.0f, 2.0f}, twos, DType::f32);
+              }).find("target 2 of 't' (output 1) is neither 0 nor 1"),
+              std::string::npos);
 }

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
                    "Several --dataset as one mix: each one's weight, in their order, e.g. 2,1,1 (default: their "
                    "sizes); the mix section shows the plan dstrain builds for them")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
+        ->check(mix_weight());
     app.add_option("--field", o.fields,
                    "A field of the samples, NAME:SHAPE:DTYPE (e.g. robs:120:f32, moves::i32 for a scalar); "
                    "repeatable; without --shape the first is the input")

@@ -40,6 +40,22 @@ inline Replace replace_when(bool force) {
 // anything its dataset.json does not name.
 void check_overwrite(const std::filesystem::path& final_path, bool force, bool directory = false);
 
+// An output of a run, as the early checks name it: `what` is how the user
+// gave it ("--save", "the default model"), `path` where it goes (a
+// directory the output writes in: "DIR/").
+struct OutputName {
+    std::string what;
+    std::filesystem::path path;
+    bool creates_dirs = false; // its missing directories are made (a checkpoint's, a TensorBoard directory)
+};
+// The early check of where outputs go, before any work, so that a run does not
+// learn at its end that it cannot write: usage error (exit 2) when an
+// output's directory does not exist (or, for one that creates its
+// directories, its nearest existing ancestor) or is not a writable
+// directory, and when two outputs name the same path (the second would find
+// the first in its place at the rename).
+void check_output_paths(const std::vector<OutputName>& outputs);
+
 class OutputSet;
 
 // What AtomicFile and AtomicDir share: the temporary, the rule, the placing.

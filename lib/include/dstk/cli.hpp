@@ -19,6 +19,9 @@ void add_output_options(CLI::App& app, OutputOptions& out, bool with_json = true
 // the man pages state the same ranges.
 CLI::Validator number_in(double lo, double hi, bool lo_open = false, bool hi_open = false);
 inline constexpr double unbounded = std::numeric_limits<double>::infinity();
+// The weight of a mix member (dstrain and dsplan --weights): a positive
+// finite number, the rule the mix itself applies (data/mix.hpp).
+CLI::Validator mix_weight();
 
 // Parses argv into `app`, then runs body(). Prints "tool: error: message" for
 // an Error and returns its exit code; CLI11 parse errors exit 2, --help 0.

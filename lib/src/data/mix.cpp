@@ -97,9 +97,9 @@ void check_members(const std::vector<MixMember>& members) {
     if (members.size() > (1u << 22)) throw usage_error("a mix of more than 4194304 members");
     for (const MixMember& m : members) {
         if (m.samples == 0) throw usage_error("mix member '" + m.name + "' has no samples (nothing to draw from)");
-        if (!(m.weight > 0) || !std::isfinite(m.weight))
+        if (!valid_mix_weight(m.weight))
             throw usage_error("mix member '" + m.name + "' has weight " + std::to_string(m.weight) +
-                              " (weights must be positive)");
+                              " (weights must be positive finite numbers)");
     }
     for (std::size_t i = 0; i < members.size(); ++i)
         for (std::size_t j = 0; j < i; ++j)

@@ -281,8 +281,12 @@ std::vector<float> prediction(train::LossKind loss, const float* z, std::uint32_
 // {"probabilities"} (bce), {"rates"} (Poisson losses), {"values"} (mse).
 nlohmann::json prediction_json(train::LossKind loss, const std::vector<float>& p) {
     switch (loss) {
-    case train::LossKind::ce:
+    case train::LossKind::ce: {
+        // NaN or Inf probabilities (outputs that overflowed) name no class.
+        if (!std::all_of(p.begin(), p.end(), [](float f) { return std::isfinite(f); }))
+            return {{"class", nullptr}, {"probabilities", p}};
         return {{"class", argmax(p.data(), static_cast<std::uint32_t>(p.size()))}, {"probabilities", p}};
+    }
     case train::LossKind::bce:
         return {{"probabilities", p}};
     case train::LossKind::poisson:
@@ -529,10 +533,14 @@ void count_classes(EvalHead& e, const std::vector<float>& z, const void* labels,
         if (!(v >= 0 && v < static_cast<float>(k)))
             throw runtime_error(source + ": label " + std::to_string(static_cast<long long>(v)) + " of '" + e.target +
                                 "' is outside the model's " + std::to_string(k) + " classes");
-        const auto y = static_cast<std::uint32_t>(v), p = argmax(z.data() + std::uint64_t{i} * k, k);
+        const float* zi = z.data() + std::uint64_t{i} * k;
+        const auto y = static_cast<std::uint32_t>(v);
+        // The rule of the headline accuracy (head_loss): outputs with a NaN or
+        // Inf are no prediction, right in no row and in no column.
+        const bool predicted = std::all_of(zi, zi + k, [](float f) { return std::isfinite(f); });
         ++e.class_samples[y];
-        e.class_correct[y] += p == y;
-        if (!e.confusion.empty()) ++e.confusion[std::uint64_t{y} * k + p];
+        e.class_correct[y] += train::label_rank(zi, k, y) == 0;
+        if (predicted && !e.confusion.empty()) ++e.confusion[std::uint64_t{y} * k + argmax(zi, k)];
     }
 }
 

@@ -1,6 +1,7 @@
 #include "dstk/model/saved_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -323,7 +324,13 @@ SavedModel from_tensor_file(const TensorFile& f, const std::string& source) {
     m.states.resize(plan.states);
     for (const auto& s : slots) {
         const Tensor* t = f.find(s.name);
-        std::memcpy((s.state ? m.states : m.params).data() + s.offset, t->data.data(), t->data.size());
+        float* dst = (s.state ? m.states : m.params).data() + s.offset;
+        std::memcpy(dst, t->data.data(), t->data.size());
+        // Such a model's every output is NaN: evaluating it would print figures of nothing.
+        if (!std::all_of(dst, dst + t->data.size() / sizeof(float), [](float v) { return std::isfinite(v); }))
+            throw runtime_error(source + ": tensor '" + s.name +
+                                "' holds NaN or Inf values (saved by a run that diverged?); train the model again, "
+                                "with a lower learning rate");
     }
     for (const auto& c : counters) {
         expected.insert(c);

@@ -24,9 +24,10 @@
 namespace dstk::plan {
 namespace {
 
-// The model's training footprint from dstrain's own memory plan, taken from
-// the CPU backend (weights, gradients, optimiser slots, activations kept for
-// the backward pass at this batch), plus the cuDNN workspace bound twice: the
+// The model's training footprint from dstrain's own memory plan, the CPU
+// backend's, computed without building a trainer (weights, gradients,
+// optimiser slots, activations kept for the backward pass at this batch: a
+// trainer would allocate them, gigabytes at a large --batch), plus the cuDNN workspace bound twice: the
 // GPU backend allocates at most that for its data gradients and again for the
 // weight gradients beside them. The GPU backend's own plan differs from it by a
 // few percent (dsplan and dstrain each print theirs).
@@ -39,8 +40,7 @@ std::uint64_t model_footprint(const train::NetworkPlan& net, DType dtype, std::u
     tc.std.assign(net.input.c, 1.0f);
     tc.precision = train::Precision::fp32;
     tc.device = train::Device{train::Backend::cpu, 0};
-    tc.cpu_threads = 1;
-    const train::MemoryPlan p = train::make_trainer(tc)->memory_plan();
+    const train::MemoryPlan p = train::cpu_memory_plan(tc);
     return p.parameters + p.activations + 2 * tc.workspace_limit;
 }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -160,8 +161,7 @@ class Loop {
         o.report.epoch = static_cast<std::uint32_t>(epoch + 1);
         o.report.lr = train::learning_rate(s_.tc.optimizer, s_.tc.schedule, steps_);
         const std::uint64_t first = epoch == pos_.epoch ? pos_.next_batch : 0;
-        // first_nonfinite_step counts steps since the trainer was built or loaded.
-        const std::uint64_t epoch_start = steps_ - pos_.steps;
+        epoch_at_ = {epoch, steps_ - pos_.steps, first};
         if (s_.mix && s_.mix->resumed && epoch == pos_.epoch)
             s_.mix->train->resume_epoch(*s_.mix->resumed, epoch, first);
         else
@@ -185,14 +185,7 @@ class Loop {
         }
         progress.finish();
         s_.trainer->synchronize();
-        if (const auto bad = s_.trainer->first_nonfinite_step())
-            throw runtime_error("non-finite loss at epoch " + std::to_string(epoch + 1) + ", step " +
-                                std::to_string(*bad - epoch_start + first + 1) + " of " +
-                                std::to_string(s_.steps_per_epoch) +
-                                " (training diverged, or the data holds NaN or Inf values the start-up scan did not "
-                                "sample) lower --lr (now " +
-                                std::to_string(s_.tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
-                                (d_.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
+        check_loss();
         o.stages = s_.train_src->take_times();
         o.stages.compute = compute_.take(&o.loop.between);
         if (epoch == pos_.epoch) o.stages.read += c_.load_seconds;
@@ -201,6 +194,7 @@ class Loop {
         o.report.train.add(s_.trainer->take_train_metrics());
         const auto t1 = Clock::now();
         if (d_.eval_every == 0 || stopped_) o.report.test = evaluate();
+        check_finite(o.report.test);
         o.report.train_seconds = std::chrono::duration<double>(t1 - t0).count();
         o.report.samples_per_second =
             static_cast<double>(o.report.train.samples) / std::max(1e-9, o.report.train_seconds);
@@ -246,15 +240,54 @@ class Loop {
                                            : "; checkpoint written to " + checkpoint_path(d_.checkpoint).string() +
                                                  ", continue with --resume"));
         }
-        if (d_.checkpoint_every && here.steps % d_.checkpoint_every == 0 && here.next_batch < s_.steps_per_epoch)
+        if (d_.checkpoint_every && here.steps % d_.checkpoint_every == 0 && here.next_batch < s_.steps_per_epoch) {
+            check_finite();
             ck_.write(*s_.trainer, here);
+        }
         if (d_.eval_every && here.steps % d_.eval_every == 0 && s_.test_src) {
             const train::Metrics m = evaluate();
+            check_test_loss(m);
             report_eval(here.steps, m, log_, out_);
             board_.eval(here.steps, m);
         }
         if (d_.max_steps && here.steps >= d_.max_steps) stopped_ = true;
         return stopped_;
+    }
+
+    // Divergence ends the run with a runtime error before a checkpoint, an
+    // epoch report or the model holds it: a NaN or Inf training loss in the
+    // epoch so far, test loss or weight. The last checkpoint written stays.
+    [[noreturn]] void diverged(const std::string& what) const {
+        throw runtime_error(what +
+                            " (training diverged, or the data holds NaN or Inf values the start-up scan did not "
+                            "sample) lower --lr (now " +
+                            std::to_string(s_.tc.optimizer.lr) + ") or add warm-up with --warmup-epochs" +
+                            (d_.checkpoint.empty() ? "" : "; the last checkpoint is kept"));
+    }
+    // "epoch 2, step 7 of 12": the epoch and its steps taken so far, or the step `at`.
+    std::string where(std::optional<std::uint64_t> at = std::nullopt) const {
+        // first_nonfinite_step counts steps since the trainer was built or loaded.
+        const std::uint64_t step = at ? *at + 1 : steps_ - pos_.steps;
+        return "epoch " + std::to_string(epoch_at_.epoch + 1) + ", step " +
+               std::to_string(step - epoch_at_.start + epoch_at_.first) + " of " + std::to_string(s_.steps_per_epoch);
+    }
+    void check_loss() {
+        if (const auto bad = s_.trainer->first_nonfinite_step()) diverged("non-finite loss at " + where(*bad));
+    }
+    void check_test_loss(const train::Metrics& test) const {
+        if (test.samples && !std::isfinite(test.loss()))
+            diverged("non-finite test loss (" + std::to_string(test.loss()) + ") after " + where());
+    }
+    // Before a checkpoint and at the end of an epoch: the update after a step
+    // may leave the weights non-finite while every loss so far was finite.
+    void check_finite(const train::Metrics& test = {}) {
+        check_loss();
+        check_test_loss(test);
+        auto finite = [](const std::vector<float>& v) {
+            return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
+        };
+        if (!finite(s_.trainer->read_parameters()) || !finite(s_.trainer->read_states()))
+            diverged("non-finite weights after " + where());
     }
 
     train::Metrics evaluate() {
@@ -352,6 +385,9 @@ class Loop {
     std::uint64_t steps_;
     Clock::time_point sampled_;
     bool stopped_ = false, warned_ceiling_ = false;
+    struct {
+        std::uint64_t epoch = 0, start = 0, first = 0; // the epoch; its first step since the trainer's start; batch
+    } epoch_at_;
     TensorBoardLog board_;
     train::Metrics taken_; // this epoch's metrics taken for step points
     struct {

@@ -30,7 +30,7 @@ std::string member_where(const std::filesystem::path& file, std::size_t i) {
 }
 
 double member_weight(const nlohmann::json& w, const std::string& where) {
-    if (!w.is_number() || !std::isfinite(w.get<double>()) || w.get<double>() <= 0)
+    if (!w.is_number() || !data::valid_mix_weight(w.get<double>()))
         throw usage_error(where + ": weight " + w.dump() + " (must be a positive number); give a weight above 0");
     return w.get<double>();
 }

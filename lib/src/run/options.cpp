@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dstk/cli.hpp"
+
 namespace dstk::run {
 
 void add_data_options(CLI::App& app, DataOptions& d) {
@@ -57,7 +59,7 @@ void add_data_options(CLI::App& app, DataOptions& d) {
                    "A mix of datasets: each one's weight, in their order, e.g. 2,1,1 (default: their sizes, every "
                    "sample once per epoch)")
         ->delimiter(',')
-        ->check(CLI::PositiveNumber);
+        ->check(mix_weight());
     app.add_option("--placement", d.placements,
                    "A mix of datasets: where each one lives, auto, device (GPU memory), host (kept in the page "
                    "cache) or stream (read from disk every epoch); one for all, or one per dataset, e.g. "

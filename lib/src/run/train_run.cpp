@@ -1,10 +1,36 @@
 #include "dstk/run/train_run.hpp"
 
+#include "dstk/checkpoint.hpp"
 #include "dstk/model/run_model.hpp"
 #include "run/cpu_estimate.hpp"
 #include "run/stages.hpp"
 
 namespace dstk::run {
+namespace {
+
+// Every file the run writes, checked before training: a model it could not
+// save at the end would be the run lost.
+void check_run_outputs(const TrainOptions& e, const DataOptions& d, const std::vector<model::SaveTarget>& save_to) {
+    std::vector<OutputName> outputs;
+    // A model may go into the checkpoint directory (by default, or with --save
+    // DIR/FILE), which the run creates before it saves the model.
+    auto normal = [](const std::filesystem::path& p) { return std::filesystem::absolute(p).lexically_normal(); };
+    const auto checkpoint_dir =
+        d.checkpoint.empty() ? std::filesystem::path() : normal(d.checkpoint / "").parent_path();
+    for (const model::SaveTarget& t : save_to) {
+        const bool in_checkpoint = !d.checkpoint.empty() && normal(t.path).parent_path() == checkpoint_dir;
+        outputs.push_back({t.default_name ? "the model" : "--save", t.path, t.default_name || in_checkpoint});
+    }
+    if (!e.log_json.empty()) outputs.push_back({"--log-json", e.log_json});
+    if (!d.checkpoint.empty()) {
+        outputs.push_back({"--checkpoint", d.checkpoint / "", true});
+        outputs.push_back({"--checkpoint", checkpoint_path(d.checkpoint), true});
+    }
+    if (!e.tensorboard.empty()) outputs.push_back({"--tensorboard", std::filesystem::path(e.tensorboard) / "", true});
+    check_output_paths(outputs);
+}
+
+} // namespace
 
 RunReport run_training(const TrainOptions& given, const DataOptions& d, const OutputOptions& given_out) {
     check_options(given, d);
@@ -18,6 +44,7 @@ RunReport run_training(const TrainOptions& given, const DataOptions& d, const Ou
     const Checkpointer ck(s, e, d);
     const CheckpointPosition pos = ck.start(s, out);
     const auto save_to = model::save_paths(e.files, d.checkpoint, e.log_json, d.resume);
+    check_run_outputs(e, d, save_to);
     if (pos.epoch >= e.epochs) {
         note(out, "dstrain: the run in " + d.checkpoint.string() + " is finished (" + std::to_string(e.epochs) +
                       " epochs, " + std::to_string(pos.steps) + " steps); nothing to do: its model is " +

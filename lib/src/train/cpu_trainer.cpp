@@ -132,6 +132,34 @@ class CpuTrainer final : public Trainer {
     dist::Reducer* reducer_ = nullptr;
 };
 
+} // namespace
+
+// The buffers CpuTrainer's constructor allocates, from the plan alone.
+MemoryPlan cpu_memory_plan(const TrainerConfig& c) {
+    const NetworkPlan& plan = c.plan;
+    const std::uint64_t b = c.max_batch, input = b * plan.input.numel();
+    std::uint64_t act_floats = 0, max_w = 0;
+    for (const auto& l : plan.layers) {
+        act_floats += b * l.out.numel();
+        if (l.spec.kind == LayerKind::conv) max_w = std::max(max_w, l.param_count);
+    }
+    std::uint64_t head_floats = b * plan.side; // side_
+    if (plan.heads[0].begin >= 0) {            // trunk_grad_
+        const std::int32_t t = plan.trunk_end();
+        head_floats += b * (t < 0 ? plan.input.numel() : plan.layers[static_cast<std::size_t>(t)].out.numel());
+    }
+    for (const auto& h : plan.heads) // dz_, labels_ or targets_
+        head_floats += b * h.target.width + (h.target.loss == LossKind::ce ? b : b * h.target.width);
+    MemoryPlan m;
+    m.parameters = 4 * (plan.params * 2 + plan.states + plan.params * c.optimizer.slots());
+    // The layers' outputs, the input (act_[0]), two gradient buffers (gbuf_) and input_grad_.
+    m.activations = 4 * (act_floats + input + 2 * b * plan.max_activation() + input + head_floats);
+    m.workspace = 4 * conv_chunks * max_w;
+    return m;
+}
+
+namespace {
+
 CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
     const auto& plan = cfg_.plan;
     const std::uint64_t b = cfg_.max_batch;
@@ -140,7 +168,7 @@ CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
     states_.resize(plan.states);
     slots_.resize(plan.params * cfg_.optimizer.slots());
     init_parameters(plan, cfg_.seed, params_, states_);
-    std::uint64_t act_floats = 0, max_w = 0;
+    std::uint64_t max_w = 0;
     act_.resize(layers().size() + 1);
     act_[0].resize(b * plan.input.numel());
     aux_.resize(layers().size());
@@ -149,7 +177,6 @@ CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
     for (std::size_t i = 0; i < layers().size(); ++i) {
         const auto& l = layers()[i];
         act_[i + 1].resize(b * l.out.numel());
-        act_floats += b * l.out.numel();
         if (l.spec.kind == LayerKind::batchnorm) aux_[i].resize(2 * std::uint64_t{l.in.c});
         if (l.spec.kind == LayerKind::dropout) aux_[i].resize(b * l.out.numel());
         if (l.spec.kind == LayerKind::maxpool) argmax_[i].resize(b * l.out.numel());
@@ -172,11 +199,7 @@ CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
     }
     train_metrics_ = eval_metrics_ = empty_metrics(plan);
     wpart_.resize(conv_chunks * max_w);
-    plan_.parameters = 4 * (params_.size() * 2 + states_.size() + slots_.size());
-    std::uint64_t head_floats = side_.size() + trunk_grad_.size();
-    for (std::size_t h = 0; h < dz_.size(); ++h) head_floats += dz_[h].size() + labels_[h].size() + targets_[h].size();
-    plan_.activations = 4 * (act_floats + act_[0].size() + 2 * gbuf_[0].size() + input_grad_.size() + head_floats);
-    plan_.workspace = 4 * wpart_.size();
+    plan_ = cpu_memory_plan(cfg_);
 }
 
 void CpuTrainer::convert_input(const StepFields& b) {

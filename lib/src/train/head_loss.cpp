@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "dstk/error.hpp"
@@ -10,6 +11,12 @@ namespace dstk::train {
 namespace {
 
 constexpr double poisson_eps = 1e-8; // PyTorch's poisson_nll_loss eps (log_input False)
+
+std::string number_text(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
 
 double softmax_xent(const HeadPlan& h, const float* z, const std::int32_t* labels, std::uint32_t n, float eps,
                     float* dz, HeadMetrics& m) {
@@ -24,11 +31,8 @@ double softmax_xent(const HeadPlan& h, const float* z, const std::int32_t* label
                                 std::to_string(k) + ") (corrupt labels, or more classes than the model's?)");
         const float zl = zs[label];
         float zmax = zs[0];
-        std::uint32_t rank = 0; // classes ahead of the label (ties: those before it), as argmax picks the first
-        for (std::uint32_t j = 0; j < k; ++j) {
-            zmax = std::max(zmax, zs[j]);
-            rank += zs[j] > zl || (zs[j] == zl && j < static_cast<std::uint32_t>(label));
-        }
+        for (std::uint32_t j = 0; j < k; ++j) zmax = std::max(zmax, zs[j]);
+        const std::uint32_t rank = label_rank(zs, k, static_cast<std::uint32_t>(label));
         double denom = 0.0;
         for (std::uint32_t j = 0; j < k; ++j) denom += std::exp(static_cast<double>(zs[j] - zmax));
         const double lse = std::log(denom) + zmax;
@@ -85,6 +89,11 @@ double regression(const HeadPlan& h, const float* z, const float* y, std::uint32
         for (std::uint32_t j = 0; j < k; ++j) {
             const std::uint64_t e = std::uint64_t{s} * k + j;
             const double yv = y[e];
+            if (h.target.loss == LossKind::bce && yv != 0 && yv != 1)
+                throw runtime_error("target " + number_text(yv) + " of '" + h.target.field + "' (output " +
+                                    std::to_string(j) +
+                                    ") is neither 0 nor 1, as the loss bce needs (class labels? choose ce; "
+                                    "other values: mse)");
             const Element el = element(h.target.loss, z[e], yv);
             sample += el.loss;
             if (dz) dz[e] = static_cast<float>(el.grad * scale);
@@ -95,7 +104,8 @@ double regression(const HeadPlan& h, const float* z, const float* y, std::uint32
             row(HeadMetrics::row_py, j) += el.pred * yv;
             row(HeadMetrics::row_ylogy, j) += yv > 0 ? yv * std::log(yv) : 0.0;
             row(HeadMetrics::row_loss, j) += el.loss;
-            if (h.target.loss == LossKind::bce) m.correct += (z[e] > 0) == (yv > 0.5);
+            // A non-finite output decides nothing (NaN > 0 is false, which would read as a right "no").
+            if (h.target.loss == LossKind::bce) m.correct += std::isfinite(z[e]) && (z[e] > 0) == (yv > 0.5);
         }
         loss_sum += sample / k;
     }
@@ -103,6 +113,16 @@ double regression(const HeadPlan& h, const float* z, const float* y, std::uint32
 }
 
 } // namespace
+
+std::uint32_t label_rank(const float* z, std::uint32_t k, std::uint32_t label) {
+    const float zl = z[label];
+    std::uint32_t rank = 0;
+    for (std::uint32_t j = 0; j < k; ++j) {
+        if (!std::isfinite(z[j])) return unranked;
+        rank += z[j] > zl || (z[j] == zl && j < label);
+    }
+    return rank;
+}
 
 double head_loss(const HeadPlan& h, const float* z, const std::int32_t* labels, const float* y, std::uint32_t n,
                  float smoothing, float* dz, HeadMetrics& m) {

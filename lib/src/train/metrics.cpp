@@ -27,6 +27,13 @@ template <class F> double mean_over_outputs(std::uint32_t width, F&& f) {
 
 } // namespace
 
+bool HeadMetrics::finite_predictions() const {
+    for (const Row r : {row_p, row_pp, row_py, row_loss})
+        for (std::uint32_t j = 0; j < width && !sums.empty(); ++j)
+            if (!std::isfinite(at(r, j))) return false;
+    return true;
+}
+
 double HeadMetrics::loss() const {
     return samples ? loss_sum / static_cast<double>(samples) : 0.0;
 }
@@ -43,7 +50,7 @@ double HeadMetrics::top5_accuracy() const {
 }
 
 double HeadMetrics::r2() const {
-    if (sums.empty() || samples < 2) return nan;
+    if (sums.empty() || samples < 2 || !finite_predictions()) return nan;
     const double n = static_cast<double>(samples);
     return mean_over_outputs(width, [&](std::uint32_t j) {
         const double sy = at(row_y, j), sst = at(row_yy, j) - sy * sy / n;
@@ -53,7 +60,7 @@ double HeadMetrics::r2() const {
 }
 
 double HeadMetrics::pearson() const {
-    if (sums.empty() || samples < 2) return nan;
+    if (sums.empty() || samples < 2 || !finite_predictions()) return nan;
     const double n = static_cast<double>(samples);
     return mean_over_outputs(width, [&](std::uint32_t j) {
         const double sy = at(row_y, j), sp = at(row_p, j);
@@ -65,7 +72,9 @@ double HeadMetrics::pearson() const {
 }
 
 double HeadMetrics::explained() const {
-    if (sums.empty() || samples < 1 || (kind != LossKind::poisson && kind != LossKind::poisson_exp)) return nan;
+    if (sums.empty() || samples < 1 || (kind != LossKind::poisson && kind != LossKind::poisson_exp) ||
+        !finite_predictions())
+        return nan;
     const double n = static_cast<double>(samples);
     return mean_over_outputs(width, [&](std::uint32_t j) {
         const double s = at(row_y, j), ylogy = at(row_ylogy, j);

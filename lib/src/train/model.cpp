@@ -492,7 +492,7 @@ struct Resolver {
     Target target(const std::string& field, std::optional<LossKind> loss, const std::string& role) const {
         const FieldFacts f = lookup(field, role);
         Target t{field, f.dtype, f.shape, loss.value_or(default_loss(f.dtype, f.shape)), 0};
-        check_loss_fits(t.loss, field, f.dtype, f.shape);
+        check_loss_fits(t.loss, field, f.dtype, f.shape, f.classes);
         if (t.loss != LossKind::ce) {
             if (f.shape.numel() > max_dim)
                 throw usage_error(role + " " + field_text(field, f.dtype, f.shape) + " has more than " +
@@ -517,7 +517,13 @@ LossKind default_loss(DType dtype, const Shape& shape) {
     return is_integer(dtype) && shape.numel() == 1 ? LossKind::ce : LossKind::mse;
 }
 
-void check_loss_fits(LossKind loss, const std::string& field, DType dtype, const Shape& shape) {
+void check_loss_fits(LossKind loss, const std::string& field, DType dtype, const Shape& shape,
+                     std::optional<std::uint32_t> classes) {
+    if (loss == LossKind::bce && classes && *classes > 2)
+        throw usage_error("label " + field_text(field, dtype, shape) + " has " + std::to_string(*classes) +
+                          " classes (0 to " + std::to_string(*classes - 1) +
+                          ") but the loss bce learns targets of 0 or 1; choose ce for classes, or a field of 0/1 "
+                          "values");
     if (loss != LossKind::ce || (is_integer(dtype) && shape.numel() == 1)) return;
     throw usage_error("label " + field_text(field, dtype, shape) +
                       " does not fit the loss ce (softmax cross-entropy learns one integer class per sample); choose "

@@ -27,6 +27,7 @@
 // taken twice and none that was taken is skipped; the segments are what a
 // checkpoint stores to resume the epoch again exactly.
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,12 @@ struct MixMember {
     std::uint64_t samples = 0;
     double weight = 0; // > 0
 };
+
+// A member's weight is a positive finite number: the one rule of --weights
+// (dstk/cli.hpp's validator), mix.json and the mix.
+inline bool valid_mix_weight(double w) {
+    return w > 0 && w < std::numeric_limits<double>::infinity();
+}
 
 // Each member's draws in a fresh epoch (k_m above). Usage errors for no
 // members, a member without samples or a weight that is not positive and finite.

@@ -74,7 +74,7 @@ void save_model(const std::filesystem::path& path, const SavedModel& m, bool for
 // link, a device): nothing else is ever replaced.
 void check_replaceable(const std::filesystem::path& path);
 // Reads a .safetensors written by save_model; runtime errors name the file
-// and what is missing or inconsistent.
+// and what is missing or inconsistent, or the first tensor holding NaN or Inf.
 SavedModel load_model(const std::filesystem::path& path);
 
 // Usage error when `m` cannot stand in for a network planned as `plan` (other

@@ -3,7 +3,8 @@
 // the figures that fit its loss (train/loss.hpp), as sums that add over
 // batches and over data-parallel ranks:
 //
-//   ce           loss (mean cross-entropy), accuracy, top-5 accuracy
+//   ce           loss (mean cross-entropy), accuracy, top-5 accuracy (a
+//                sample with a NaN or Inf output is never right)
 //   mse          loss (= MSE), R^2 and Pearson r: per output, then the mean over
 //                the outputs whose target (and, for r, prediction) varies
 //   poisson,     loss (NLL without its constant: rate - y log rate), and the
@@ -13,7 +14,8 @@
 //                baseline's rate each output's mean target over the samples
 //                measured; Pearson r of rate and count as for mse
 //   bce          loss, accuracy of the 0/1 decisions (output > 0 against
-//                target > 0.5), Pearson r of sigmoid(output) and target
+//                target > 0.5; a NaN or Inf output is never right), Pearson r
+//                of sigmoid(output) and target
 // The reported total loss is the heads' losses weighted and summed.
 #include <cstdint>
 #include <string>
@@ -43,6 +45,11 @@ struct HeadMetrics {
     double r2() const;            // mean over outputs; NaN where no output's target varies
     double pearson() const;       // mean over outputs; NaN where none varies
     double explained() const;     // poisson kinds: mean fraction of deviance explained; NaN where undefined
+    // Whether every output's prediction and loss sums are finite. Where one is
+    // not, r2, pearson and explained are NaN for the head: averaging over the
+    // other outputs (as over outputs whose target does not vary) would report
+    // a diverged model's figures from its surviving outputs.
+    bool finite_predictions() const;
     double at(Row r, std::uint32_t output) const { return sums[static_cast<std::size_t>(r) * width + output]; }
 };
 

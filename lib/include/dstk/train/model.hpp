@@ -122,8 +122,12 @@ struct Target {
 // sample, mse otherwise.
 LossKind default_loss(DType dtype, const Shape& shape);
 // Usage error when `loss` cannot learn a field of this dtype and shape (ce on
-// floats or on several values per sample), naming the field and the fix.
-void check_loss_fits(LossKind loss, const std::string& field, DType dtype, const Shape& shape);
+// floats or on several values per sample), or of this many classes as the
+// dataset declares them (bce, which learns 0 or 1, on more than 2), naming
+// the field and the fix. Values the data holds are checked as they are read
+// (head_loss: a ce label outside its classes, a bce target neither 0 nor 1).
+void check_loss_fits(LossKind loss, const std::string& field, DType dtype, const Shape& shape,
+                     std::optional<std::uint32_t> classes = std::nullopt);
 
 // A field as the data holds it, for resolve_model. classes: the dataset's
 // class count where the field is its labels.

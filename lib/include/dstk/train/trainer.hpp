@@ -221,6 +221,10 @@ std::unique_ptr<BackendBuffer> make_backend_buffer(const Device& device, std::ui
 // 0.0520 ms), bwd_data ..., bwd_filter own:tc_wgrad (timed 0.0380 ms)".
 std::vector<std::string> kernel_choice_lines(const std::vector<KernelReport>& reports, const NetworkPlan& plan);
 
+// The cpu backend's memory_plan() for `config`, computed from the plan
+// without allocating (dsplan sizes a model with it whatever the batch).
+MemoryPlan cpu_memory_plan(const TrainerConfig& config);
+
 // Throws Error(no_fit) "built without CUDA support" / "no CUDA GPU" for cuda
 // when unavailable.
 std::unique_ptr<Trainer> make_trainer(const TrainerConfig& config);
