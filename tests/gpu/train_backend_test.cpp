@@ -1961,6 +1961,24 @@ TEST(TrainGpu, BadLabelsAreReportedWithTheirField) {
     }
 }
 
+// bce's targets are 0 or 1: another value is reported with its field, as on
+// the CPU (head_loss.cpp), instead of training on it.
+TEST(TrainGpu, BceTargetsOtherThanZeroOrOneAreReported) {
+    REQUIRE_GPU();
+    const HeadCase hc{"flatten,fc:2", {3, 1, 1}, {head_target("win", DType::f32, LossKind::bce, 2)}};
+    auto gpu = make_trainer(head_config(hc, 2, Backend::cuda, Precision::fp32));
+    FieldData d(gpu->config(), 2, 3);
+    const float bad[] = {1.0f, 0.0f, 0.0f, 2.0f};
+    d.device[1]->upload(0, bad, sizeof bad);
+    gpu->evaluate(d.batch(gpu->config(), true, 0, 2));
+    try {
+        (void)gpu->take_eval_metrics();
+        ADD_FAILURE() << "a bce target of 2 was not reported";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("1 targets of 'win' are neither 0 nor 1"), std::string::npos) << e.what();
+    }
+}
+
 // The regression and two-head shapes of ref-cnn's size plan their memory as measured.
 TEST(TrainGpu, HeadsPlannedMemoryMatchesMeasured) {
     REQUIRE_GPU();

@@ -2554,6 +2554,10 @@ Metrics CudaTrainer::take(Phase phase, std::uint64_t& samples) {
     for (std::size_t h = 0; h < heads_.size(); ++h) {
         const HeadPlan& hp = cfg_.plan.heads[h];
         HeadMetrics& hm = out.heads[h];
+        if (counters[h].bad_labels && hp.target.loss == LossKind::bce)
+            throw runtime_error(std::to_string(counters[h].bad_labels) + " targets of '" + hp.target.field +
+                                "' are neither 0 nor 1, as the loss bce needs (class labels? choose ce; other "
+                                "values: mse)");
         if (counters[h].bad_labels)
             throw runtime_error(std::to_string(counters[h].bad_labels) + " labels of '" + hp.target.field +
                                 "' outside [0, " + std::to_string(hp.target.width) +

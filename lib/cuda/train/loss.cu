@@ -97,7 +97,7 @@ __global__ void element_loss_kernel(const T* z, const float* y, std::uint32_t n,
     __shared__ unsigned correct_part[tile_rows][tile_outputs];
     const std::uint32_t j = blockIdx.x * tile_outputs + threadIdx.x;
     double acc[sums_rows] = {};
-    unsigned correct = 0;
+    unsigned correct = 0, bad_targets = 0; // bce: targets neither 0 nor 1 (the host refuses the step's figures)
     bool bad = false;
     if (j < k) {
         const std::uint32_t s0 = blockIdx.y * tile_rows * samples_per_thread + threadIdx.y;
@@ -116,10 +116,14 @@ __global__ void element_loss_kernel(const T* z, const float* y, std::uint32_t n,
             acc[HeadMetrics::row_py] += double{el.pred} * yv;
             acc[HeadMetrics::row_ylogy] += yv > 0.0f ? double{yv} * log(double{yv}) : 0.0;
             acc[HeadMetrics::row_loss] += el.loss;
-            if constexpr (K == LossKind::bce) correct += isfinite(zv) && (zv > 0.0f) == (yv > 0.5f);
+            if constexpr (K == LossKind::bce) {
+                correct += isfinite(zv) && (zv > 0.0f) == (yv > 0.5f);
+                bad_targets += yv != 0.0f && yv != 1.0f;
+            }
         }
     }
     if (bad) atomicMin(first_nonfinite, *step);
+    if (bad_targets) atomicAdd(&m->bad_labels, static_cast<unsigned long long>(bad_targets));
     for (int q = 0; q < sums_rows; ++q) {
         part[threadIdx.y][threadIdx.x] = acc[q];
         __syncthreads();

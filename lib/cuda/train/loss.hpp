@@ -17,10 +17,11 @@ namespace dstk::train::cuda {
 // Device counters of one head (the per-output sums of the other losses lie
 // beside them: HeadMetrics::rows x k doubles).
 struct DeviceHeadMetrics {
-    double loss_sum;               // ce: sum over samples of the loss
-    unsigned long long correct;    // ce: samples; bce: 0/1 decisions
-    unsigned long long top5;       // ce
-    unsigned long long bad_labels; // ce: samples whose label is outside [0, k) (loss and gradient 0)
+    double loss_sum;            // ce: sum over samples of the loss
+    unsigned long long correct; // ce: samples; bce: 0/1 decisions
+    unsigned long long top5;    // ce
+    unsigned long long
+        bad_labels; // ce: samples whose label is outside [0, k) (loss and gradient 0); bce: targets neither 0 nor 1
 };
 
 struct HeadLossArgs {
