@@ -127,7 +127,8 @@ expect_true "model FLOPs in --json" jq -e '.job.model_training_flops_per_sample 
 # The footprint is computed from the plan, not by building a trainer: the
 # figures of the presets at --batch 256 are those the built trainer gave
 # (dsplan of 2fcaf4d), and --batch 4096 on resnet9 (a 23 GB trainer, killed
-# for memory before) sizes in little memory.
+# for memory before) sizes in little memory: under 1 GB (a build with CUDA
+# maps its libraries at start, a few hundred MB of RSS whatever the model).
 for want in 3x32x32:ref-cnn:962754808 3x32x32:small-cnn:660932280 3x32x32:resnet9:2191797624 \
     3x32x32:mlp:599886968 1x28x28:ref-cnn:858119672 1x28x28:small-cnn:628660280 1x28x28:resnet9:1804105592 \
     1x28x28:mlp:560548984; do
@@ -137,7 +138,7 @@ for want in 3x32x32:ref-cnn:962754808 3x32x32:small-cnn:660932280 3x32x32:resnet
 done
 run_measuring_rss "$P" --ram 16G --disk 1T --shape 3x32x32 --model resnet9 --samples 100 --batch 4096
 expect_true "dsplan --model resnet9 --batch 4096 exits 0 (got $RSS_RC)" test "$RSS_RC" -eq 0
-expect_true "dsplan --batch 4096 peak RSS $RSS_BYTES under 200 MB" test "$RSS_BYTES" -lt 200000000
+expect_true "dsplan --batch 4096 peak RSS $RSS_BYTES under 1 GB" test "$RSS_BYTES" -lt 1000000000
 # --compute-rate with --model: the matrix products' rate (176,569,344 FLOP x 400,000 samples/s).
 expect_exit 0 "$P" --ram 16G --disk 1T --gpu-mem 8G --shape 3x32x32 --dtype u8 --samples 50K --model ref-cnn \
     --compute-rate 400K
