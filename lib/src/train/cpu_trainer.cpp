@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "backends.hpp"
@@ -109,6 +111,7 @@ class CpuTrainer final : public Trainer {
     void bn_backward(std::size_t i, const float* x, const float* dy, float* dx, std::uint32_t n);
     void linear_forward(const LayerPlan& l, const float* x, float* y, std::uint32_t n);
     void linear_backward(const LayerPlan& l, const float* x, const float* dy, float* dx, std::uint32_t n, bool want_dx);
+    MemoryPlan allocated() const;
 
     TrainerConfig cfg_;
     MemoryPlan plan_;
@@ -200,6 +203,28 @@ CpuTrainer::CpuTrainer(const TrainerConfig& c) : cfg_(c), pool_(c.cpu_threads) {
     train_metrics_ = eval_metrics_ = empty_metrics(plan);
     wpart_.resize(conv_chunks * max_w);
     plan_ = cpu_memory_plan(cfg_);
+    // dsplan sizes a run by cpu_memory_plan without making a trainer: what
+    // was allocated above must be what it counts.
+    const MemoryPlan got = allocated();
+    if (got.parameters != plan_.parameters || got.activations != plan_.activations || got.workspace != plan_.workspace)
+        throw std::logic_error("CpuTrainer: cpu_memory_plan counts " + std::to_string(plan_.total()) +
+                               " bytes, the constructor allocated " + std::to_string(got.total()));
+}
+
+// The bytes of the buffers cpu_memory_plan counts, as allocated.
+MemoryPlan CpuTrainer::allocated() const {
+    const auto bytes = [](const auto& v) { return std::uint64_t{v.size()} * sizeof(v[0]); };
+    const auto sum = [&](const auto& vs) {
+        std::uint64_t n = 0;
+        for (const auto& v : vs) n += bytes(v);
+        return n;
+    };
+    MemoryPlan m;
+    m.parameters = bytes(params_) + bytes(grads_) + bytes(states_) + bytes(slots_);
+    m.activations = sum(act_) + bytes(gbuf_[0]) + bytes(gbuf_[1]) + bytes(input_grad_) + sum(dz_) + sum(labels_) +
+                    sum(targets_) + bytes(side_) + bytes(trunk_grad_);
+    m.workspace = bytes(wpart_);
+    return m;
 }
 
 void CpuTrainer::convert_input(const StepFields& b) {
