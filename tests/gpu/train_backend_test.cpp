@@ -1361,7 +1361,8 @@ TEST(TrainGpu, GraphApiConvolutionsTrainLikeTheLegacyAlgorithms) {
 // kernel (linear_xent.hpp) against the same steps through the GEMMs, the loss
 // kernel and the ReLU's backward (DSTK_LINEAR_XENT=0), and against the cpu
 // backend: odd shapes (a batch and a last step that are not multiples of the
-// block's 8 samples, 37 or 20 features), 2 to 32 classes (each of the
+// block's 8 samples, 37, 20 or 700 features: a sample longer than one chunk
+// of inputs, loaded again for each class), 2 to 32 classes (each of the
 // kernel's three widths), with and without bias, with the ReLU's mask taken
 // in (relu after a linear layer) or left to a batch norm, after a global
 // pool, with label smoothing (config's 0.1); evaluation's counters too. No
@@ -1380,6 +1381,7 @@ TEST(TrainGpu, LinearLayerWithItsLossTrainsLikeItsGemmsAndTheCpu) {
                           {"flatten,fc:20:nobias,bn,relu,fc:17", 17, false},
                           {"conv3x3:8,bn,relu,gap,fc:32", 32, false},
                           {"flatten,fc:37,relu,fc:2", 2, true},
+                          {"flatten,fc:700,relu,fc:12", 12, true},
                           {"conv3x3:8,relu,flatten,fc:16,relu,fc:3", 3, true},
                           {"flatten,fc:37,relu,fc:40", 40, false}};
     const TensorShape in{3, 8, 8};

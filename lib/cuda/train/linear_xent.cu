@@ -31,6 +31,7 @@ struct XentParams {
     DeviceHeadMetrics* m;
     unsigned long long* first_nonfinite;
     const unsigned long long* step;
+    bool w_vec = false; // the weights loadable 16 bytes at a time
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -39,8 +40,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Inputs per lane held in registers at a time: a chunk of 32 * chunk inputs
-// of the sample, loaded at once.
-constexpr int chunk = 8;
+// of the sample, loaded at once. A sample of up to 512 inputs is one chunk,
+// loaded once: a larger sample is loaded again for each class.
+constexpr int chunk = 16;
 
 template <class T>
 __device__ __forceinline__ void load_chunk(const T* xr, std::uint32_t c0, std::uint32_t in, unsigned lane,
@@ -132,6 +134,22 @@ __device__ __forceinline__ XentSample softmax_xent(const XentParams& a, float v,
     return r;
 }
 
+// The weights as float into shared memory, 16 bytes a load where w_vec says
+// they allow it: the one load every block makes before its first product.
+template <class W> __device__ __forceinline__ void stage_weights(const W* w, std::uint32_t count, bool vec, float* ws) {
+    constexpr int v = vec_of<W>;
+    if (!vec) {
+        for (std::uint32_t e = threadIdx.x; e < count; e += blockDim.x) ws[e] = ld(w, e);
+        return;
+    }
+    for (std::uint32_t g = threadIdx.x; g < count / v; g += blockDim.x) {
+        float f[v];
+        ldv<v>(w, std::uint64_t{g} * v, f);
+#pragma unroll
+        for (int k = 0; k < v; ++k) ws[g * v + k] = f[k];
+    }
+}
+
 template <class T, class W> __global__ void linear_xent_kernel(XentParams a) {
     await_predecessor();
     extern __shared__ float ws[]; // [k][in]: the weights as float
@@ -144,8 +162,7 @@ template <class T, class W> __global__ void linear_xent_kernel(XentParams a) {
     float xv[chunk];
     load_chunk(xr, 0, here ? a.in : 0, lane, xv);
     const std::int32_t label = here ? a.labels[s] : 0;
-    const W* w = static_cast<const W*>(a.w);
-    for (std::uint32_t e = threadIdx.x; e < a.k * a.in; e += blockDim.x) ws[e] = ld(w, e);
+    stage_weights(static_cast<const W*>(a.w), a.k * a.in, a.w_vec, ws);
     __syncthreads();
     XentSample r;
     if (here) {
@@ -173,12 +190,13 @@ bool linear_xent_takes(std::uint32_t classes, std::uint32_t inputs) {
 void launch_linear_xent(const HeadLossArgs& a, const LinearXentArgs& l, ActType t, cudaStream_t s) {
     if (a.loss != LossKind::ce || !linear_xent_takes(a.k, l.in))
         throw std::logic_error("launch_linear_xent: a softmax cross-entropy of a shape linear_xent_takes refuses");
-    const XentParams p{l.x, l.w,  l.bias,      a.labels, l.z,         a.dz, a.dz ? l.dx : nullptr, a.n,
-                       a.k, l.in, a.smoothing, a.weight, l.relu_mask, a.m,  a.first_nonfinite,     a.step};
+    XentParams p{l.x, l.w,  l.bias,      a.labels, l.z,         a.dz, a.dz ? l.dx : nullptr, a.n,
+                 a.k, l.in, a.smoothing, a.weight, l.relu_mask, a.m,  a.first_nonfinite,     a.step};
     const unsigned grid = (p.n + warps_per_block - 1) / warps_per_block;
     const std::size_t shared = std::size_t{p.k} * p.in * sizeof(float);
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
+        p.w_vec = aligned16(l.w) && std::uint64_t{p.k} * p.in % (l.w_act ? vec_of<T> : vec_of<float>) == 0;
         if (l.w_act)
             launch_kernel(linear_xent_kernel<T, T>, grid, threads, shared, s, p);
         else

@@ -26,6 +26,7 @@ __device__ __forceinline__ std::uint64_t index_of(Coord k, std::uint32_t c, std:
 }
 
 template <class T> __global__ void pool_forward_kernel(const T* x, T* y, PoolShape p, bool max, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(o, count) {
         const Coord k = coord_of(o, p.c, p.oh, p.ow, p.nchw);
         const Coord first{k.n, k.c, k.y * p.stride, k.x * p.stride};
@@ -44,6 +45,7 @@ template <class T> __global__ void pool_forward_kernel(const T* x, T* y, PoolSha
 // window that holds it (for max, only where it is the window's first maximum).
 template <class T>
 __global__ void pool_backward_kernel(const T* x, const T* dy, T* dx, PoolShape p, bool max, std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) {
         const Coord k = coord_of(i, p.c, p.h, p.w, p.nchw);
         const std::uint32_t oy0 = k.y + 1 >= p.k ? (k.y + 1 - p.k + p.stride - 1) / p.stride : 0;
@@ -89,6 +91,7 @@ struct TiledPool {
 };
 
 template <class T, int V> __global__ void tiled_pool_forward_kernel(const T* x, T* y, TiledPool p, bool max) {
+    await_predecessor();
     for (std::uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < p.count; o += gridDim.x * blockDim.x) {
         const std::uint64_t base = p.window(o, V);
         float best[V], sum[V], v[V];
@@ -113,6 +116,7 @@ template <class T, int V> __global__ void tiled_pool_forward_kernel(const T* x, 
 
 template <class T, int V>
 __global__ void tiled_pool_backward_kernel(const T* x, const T* dy, T* dx, TiledPool p, bool max) {
+    await_predecessor();
     for (std::uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < p.count; o += gridDim.x * blockDim.x) {
         const std::uint64_t base = p.window(o, V);
         float g[V], best[V], v[V];
@@ -161,6 +165,7 @@ template <class T, class F> bool tiled_pool(const PoolShape& p, const void* cons
 template <class T>
 __global__ void gap_forward_kernel(const T* x, T* y, std::uint32_t c, std::uint64_t hw, bool nchw,
                                    std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(o, count) {
         const std::uint64_t ch = o % c, n = o / c;
         float s = 0.0f;
@@ -172,10 +177,57 @@ __global__ void gap_forward_kernel(const T* x, T* y, std::uint32_t c, std::uint6
 template <class T>
 __global__ void gap_backward_kernel(const T* dy, T* dx, std::uint32_t c, std::uint64_t hw, bool nchw,
                                     std::uint64_t count) {
+    await_predecessor();
     GRID_LOOP(i, count) {
         const std::uint64_t o = nchw ? i / hw : (i / (c * hw)) * c + i % c;
         st(dx, i, ld(dy, o) / static_cast<float>(hw));
     }
+}
+
+// NHWC with 16-byte accesses (V channels a thread, 32-bit indices): the
+// forward sums each channel's pixels in the same order as gap_forward_kernel,
+// the backward divides as gap_backward_kernel does, so the bits are the same.
+// Both sit between the network's last convolution and its loss, where the
+// GPU runs nothing else.
+template <class T, int V>
+__global__ void gap_forward_vec_kernel(const T* x, T* y, Div32 groups, std::uint32_t hw, std::uint32_t count) {
+    await_predecessor();
+    for (std::uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < count; o += gridDim.x * blockDim.x) {
+        const std::uint32_t n = groups.div(o), g = o - n * groups.d, c = groups.d * V;
+        float s[V] = {};
+        const std::uint64_t base = std::uint64_t{n} * hw * c + std::uint64_t{g} * V;
+#pragma unroll 4
+        for (std::uint32_t j = 0; j < hw; ++j) {
+            float v[V];
+            ldv<V>(x, base + std::uint64_t{j} * c, v);
+#pragma unroll
+            for (int k = 0; k < V; ++k) s[k] += v[k];
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) s[k] = s[k] / static_cast<float>(hw);
+        stv<V>(y, std::uint64_t{o} * V, s);
+    }
+}
+
+template <class T, int V>
+__global__ void gap_backward_vec_kernel(const T* dy, T* dx, Div32 groups, Div32 sample_groups, std::uint32_t hw,
+                                        std::uint32_t count) {
+    await_predecessor();
+    for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+        const std::uint32_t n = sample_groups.div(i), g = groups.mod(i);
+        float v[V];
+        ldv<V>(dy, (std::uint64_t{n} * groups.d + g) * V, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = v[k] / static_cast<float>(hw);
+        stv<V>(dx, std::uint64_t{i} * V, v);
+    }
+}
+
+// Whether the 16-byte kernels take [n][hw][c]: channels a multiple of V,
+// aligned pointers, 32-bit counts.
+template <class T>
+bool gap_vec(std::uint32_t n, std::uint32_t c, std::uint64_t hw, bool nchw, const void* a, const void* b) {
+    return !nchw && c % vec_of<T> == 0 && aligned16(a) && aligned16(b) && std::uint64_t{n} * hw * c < narrow_limit;
 }
 
 } // namespace
@@ -222,8 +274,16 @@ void launch_gap_forward(const void* x, void* y, ActType t, std::uint32_t n, std:
     const std::uint64_t count = std::uint64_t{n} * c;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        plain_launch(gap_forward_kernel<T>, blocks_for(count), threads, 0, s, static_cast<const T*>(x),
-                     static_cast<T*>(y), c, hw, nchw, count);
+        constexpr int v = vec_of<T>;
+        const T* xt = static_cast<const T*>(x);
+        T* yt = static_cast<T*>(y);
+        if (gap_vec<T>(n, c, hw, nchw, x, y)) {
+            const auto groups = static_cast<std::uint32_t>(count / v);
+            launch_kernel(gap_forward_vec_kernel<T, v>, blocks_for(groups), threads, 0, s, xt, yt, Div32(c / v),
+                          static_cast<std::uint32_t>(hw), groups);
+            return;
+        }
+        launch_kernel(gap_forward_kernel<T>, blocks_for(count), threads, 0, s, xt, yt, c, hw, nchw, count);
     });
 }
 
@@ -232,8 +292,16 @@ void launch_gap_backward(const void* dy, void* dx, ActType t, std::uint32_t n, s
     const std::uint64_t count = std::uint64_t{n} * c * hw;
     dispatch(t, [&](auto tag) {
         using T = DSTK_T;
-        plain_launch(gap_backward_kernel<T>, blocks_for(count, 4), threads, 0, s, static_cast<const T*>(dy),
-                     static_cast<T*>(dx), c, hw, nchw, count);
+        constexpr int v = vec_of<T>;
+        const T* dyt = static_cast<const T*>(dy);
+        T* dxt = static_cast<T*>(dx);
+        if (gap_vec<T>(n, c, hw, nchw, dy, dx)) {
+            const auto groups = static_cast<std::uint32_t>(count / v);
+            launch_kernel(gap_backward_vec_kernel<T, v>, blocks_for(groups), threads, 0, s, dyt, dxt, Div32(c / v),
+                          Div32(hw * (c / v)), static_cast<std::uint32_t>(hw), groups);
+            return;
+        }
+        launch_kernel(gap_backward_kernel<T>, blocks_for(count, 4), threads, 0, s, dyt, dxt, c, hw, nchw, count);
     });
 }
 
