@@ -199,7 +199,19 @@ class Loader:
     Errors raise dstk.Error with the library's message (bad path, corrupt
     chunk named by file and chunk, bad settings). Ctrl-C raises
     KeyboardInterrupt from the loop; the loader stays at the batch after the
-    last one yielded.
+    last one yielded, and a new ``for batch in loader`` continues from there.
+
+    Ctrl-C during a read that does not return (a hung network filesystem, a
+    disk that stopped answering): while the loader waits for a batch, or for
+    its reader threads when an iteration starts, it runs Python's signal
+    handlers every 0.05 s, so KeyboardInterrupt (or what any handler raises)
+    comes at once. The threads stuck in the read cannot be stopped: a new
+    iteration waits for them (interruptible too) and goes on with the right
+    batches once the read returns; deleting the loader waits for them (it
+    joins its threads); at interpreter exit the loader gives them a second,
+    then leaves them to the process's exit, which ends them, unless the kernel
+    holds the read in an uninterruptible wait (a hard NFS mount's "D" state):
+    then the exit, too, waits for it.
     """
 
     def __init__(self, path, split="train", fields=None, as_tuple=False, batch=256, order="chunk", seed=0,

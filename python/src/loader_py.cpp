@@ -11,11 +11,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "dstk/data/interrupt.hpp"
 #include "dstk/data/loader.hpp"
 #include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
@@ -112,16 +114,56 @@ std::vector<std::size_t> batch_shape(const data::FieldOutput& f, std::uint32_t n
     return shape;
 }
 
-// Releases the GIL while the source waits for its readers, then lets Python
-// raise KeyboardInterrupt for a Ctrl-C that came meanwhile.
+// Polled by the loader's waits (dstk/data/interrupt.hpp): runs Python's
+// signal handlers with the GIL taken back for the moment. What a handler
+// raised (KeyboardInterrupt for Ctrl-C) stays set for without_gil to raise.
+bool python_signal_raised() {
+    nb::gil_scoped_acquire held;
+    return PyErr_CheckSignals() != 0;
+}
+
+// Runs f, a call that may wait for the loader's threads, without the GIL; a
+// signal handler that raises meanwhile ends the wait within
+// data::interrupt_poll and its exception is raised here, even where a read
+// never returns. A signal that comes after the wait is Python's to handle, at
+// its next instruction.
 template <typename F> auto without_gil(F&& f) {
-    decltype(f()) r;
-    {
+    const data::InterruptCheck signals(python_signal_raised);
+    try {
         nb::gil_scoped_release unlocked;
-        r = f();
+        return f();
+    } catch (const data::Interrupted&) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        throw;
     }
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    return r;
+}
+
+// Whether the interpreter is exiting (its objects being torn down).
+bool interpreter_exiting() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing() != 0;
+#else
+    return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// The loader's end at interpreter exit: its threads are stopped and joined
+// where they answer within a second. A thread stuck in a read that does not
+// return (a hung network filesystem) cannot be joined: the loader is then
+// left to the process's exit, which ends its threads (the kernel may still
+// hold the exit until a read in an uninterruptible wait returns).
+void close_at_exit(std::unique_ptr<data::Loader>& l) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    try {
+        const data::InterruptCheck timed([deadline] { return std::chrono::steady_clock::now() > deadline; });
+        l->stop();
+    } catch (const data::Interrupted&) {
+        (void)l.release(); // its threads still use it
+        return;
+    } catch (const std::exception&) {
+        // The destructor stops what is left.
+    }
+    l.reset();
 }
 
 // The library's loader with the messages it had for the user (O_DIRECT
@@ -142,7 +184,16 @@ struct PyLoader {
     ~PyLoader() {
         // In a forked child, the loader's threads are the parent's: joining
         // them, or taking a lock one of them held at the fork, would hang.
-        if (pid != getpid()) (void)loader.release();
+        if (pid != getpid()) {
+            (void)loader.release();
+        } else if (loader && interpreter_exiting()) {
+            close_at_exit(loader);
+        } else if (loader) {
+            // Joins the threads: other Python threads run meanwhile (a reader
+            // stuck in a read holds this until the read returns).
+            nb::gil_scoped_release unlocked;
+            loader.reset();
+        }
     }
     bool forked() const { return pid != getpid(); }
     void say(const std::string& line) {
@@ -331,8 +382,7 @@ void bind_loader(nb::module_& m) {
              [](PyLoader& p, std::uint64_t epoch, std::uint64_t first) {
                  const OneThread one(p);
                  data::Loader& l = fresh_engine(p);
-                 nb::gil_scoped_release unlocked;
-                 l.start_epoch(epoch, first);
+                 without_gil([&] { l.start_epoch(epoch, first); });
              })
         .def(
             "next",

@@ -68,6 +68,7 @@ class DeviceStreamSource final : public BatchSource {
         // A host slot is free once its copy has landed; keep one copy in flight.
         while (!pending_.empty() && (pending_.size() > 1 || slots_[pending_.front()].copied.done())) retire();
     }
+    void stop() override { parts_.ring().stop(); }
     StageTimes take_times() override {
         StageTimes t = std::exchange(times_, {});
         parts_.take_times(t);

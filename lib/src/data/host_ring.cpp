@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "dstk/data/interrupt.hpp"
 #include "dstk/error.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
@@ -64,6 +65,7 @@ HostRing::HostRing(std::vector<StreamReader*> fields, std::uint32_t batch, bool 
 }
 
 HostRing::~HostRing() {
+    const InterruptCheck uninterruptible{nullptr}; // the readers use this object: wait for them to the end
     stop();
     free_slots();
 }
@@ -74,14 +76,20 @@ void HostRing::free_slots() {
 }
 
 void HostRing::stop() {
-    {
-        std::lock_guard lock(mutex_);
-        stop_ = true;
-    }
+    std::unique_lock lock(mutex_);
+    stop_ = true;
+    lock.unlock();
     changed_.notify_all();
     if (cache_) cache_->cancel(); // readers blocked on a chunk
+    lock.lock();
+    // A reader in a read that never returns keeps this wait from ending: a
+    // check on this thread may give it up (interrupt.hpp); the readers stay
+    // to be joined by the next stop().
+    wait_interruptible(changed_, lock, [&] { return exited_ >= threads_.size(); });
+    lock.unlock();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    if (cache_) cache_->wait_loads(); // the chunks being read when the readers stopped
 }
 
 void HostRing::chain(std::uint64_t end) {
@@ -105,14 +113,23 @@ void HostRing::start(std::uint64_t epoch, std::uint64_t first_batch) {
         slots_[s].expect = first_ + s;
     }
     error_ = nullptr;
-    stop_ = false;
     hinted_until_ = std::min(slice_.first_position(first_, batch_), samples_);
     if (cache_)
         cache_->start(
             *order_, hinted_until_,
             {chained_ ? std::min(slice_.first_position(last_, batch_), samples_) : samples_, next_order_.get()});
+    stop_ = false;
+    exited_ = 0;
     start_threads(
-        threads_, readers_, [this](unsigned r) { reader_loop(r); },
+        threads_, readers_,
+        [this](unsigned r) {
+            reader_loop(r);
+            {
+                std::lock_guard lock(mutex_);
+                ++exited_;
+            }
+            changed_.notify_all();
+        },
         [this] {
             {
                 std::lock_guard lock(mutex_);
@@ -188,9 +205,13 @@ const RingSlot* HostRing::acquire() {
     Slot& slot = slots_[(next_acquire_ - first_) % slots_.size()];
     const auto t0 = Clock::now();
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return error_ || (slot.expect == next_acquire_ && slot.state == State::ready); });
+    const auto ready = [&] { return slot.expect == next_acquire_ && slot.state == State::ready; };
+    wait_interruptible(changed_, lock, [&] { return error_ || stop_ || ready(); });
     wait_seconds_ += seconds_since(t0);
-    if (error_ && !(slot.expect == next_acquire_ && slot.state == State::ready)) std::rethrow_exception(error_);
+    if (!ready()) {
+        if (error_) std::rethrow_exception(error_);
+        throw std::logic_error("HostRing::acquire on a stopped ring (start() did not complete)");
+    }
     ++next_acquire_;
     return &slot.data;
 }

@@ -65,10 +65,14 @@ class HostRing {
     // Epochs started from now on end at batch `end`, and the window cache
     // reads ahead into epoch + 1 (BatchSource::chain_epochs).
     void chain(std::uint64_t end);
-    // Joins the readers (start() does so first); their counters stay to be taken.
+    // Joins the readers and lets the window cache's reads in flight land
+    // (start() does so first); their counters stay to be taken. Those waits
+    // are interruptible (interrupt.hpp): interrupted, the ring stays stopped
+    // and the next stop() or start() waits for the readers again.
     void stop();
     // The next batch in order, or nullptr at the end of the epoch. Several may
-    // be held at once; release() frees the oldest held.
+    // be held at once; release() frees the oldest held. An interruptible wait:
+    // interrupted, no batch is taken.
     const RingSlot* acquire();
     void release();
     double take_wait_seconds();
@@ -109,6 +113,7 @@ class HostRing {
     std::mutex mutex_;
     std::condition_variable changed_;
     bool stop_ = false;
+    std::size_t exited_ = 0; // readers returned since start()
     std::uint64_t first_ = 0, next_acquire_ = 0, next_release_ = 0;
     std::exception_ptr error_;
     double wait_seconds_ = 0, read_seconds_ = 0;

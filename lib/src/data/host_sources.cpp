@@ -76,6 +76,7 @@ class HostStreamSource final : public BatchSource {
         return &batch_;
     }
     void release() override { parts_.ring().release(); }
+    void stop() override { parts_.ring().stop(); }
     StageTimes take_times() override {
         StageTimes t = std::exchange(times_, {});
         parts_.take_times(t);

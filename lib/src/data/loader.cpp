@@ -209,6 +209,12 @@ void Loader::start_epoch(std::uint64_t epoch, std::uint64_t first_batch) {
     start_feeder();
 }
 
+void Loader::stop() {
+    stop_feeder();
+    std::lock_guard lock(source_mutex_);
+    source_->stop();
+}
+
 std::uint32_t Loader::next_host(std::span<void* const> out) {
     if (out.size() != outputs_.size()) throw std::logic_error("Loader::next_host: one buffer per output field");
     const Batch* batch = source_->next();

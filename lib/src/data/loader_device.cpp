@@ -6,6 +6,7 @@
 #include <system_error>
 #include <utility>
 
+#include "dstk/data/interrupt.hpp"
 #include "dstk/data/loader.hpp"
 #include "dstk/error.hpp"
 #include "loader_slots.hpp"
@@ -80,6 +81,13 @@ void Loader::stop_feeder() {
 // ahead slots, the batch a turn overwrites is one the consumer no longer holds
 // (it holds the newest and keep before it).
 void Loader::feed_loop() {
+    // The source's waits for its readers end when the feeder is stopped: a
+    // read that never returns must not hold stop_feeder (start_epoch, the
+    // destructor) with it.
+    const InterruptCheck stopping([this] {
+        std::lock_guard lock(mutex_);
+        return stop_;
+    });
     try {
         gpu::set_device(plan_.config.device.index); // per thread
         for (;;) {
@@ -102,6 +110,8 @@ void Loader::feed_loop() {
             changed_.notify_all();
             if (size == 0) return;
         }
+    } catch (const Interrupted&) {
+        return; // stopped while the source waited: stop_feeder ends the epoch
     } catch (...) {
         {
             std::lock_guard lock(mutex_);
@@ -134,7 +144,7 @@ std::uint32_t Loader::feed_one(std::uint64_t turn) {
 bool Loader::next_device(DeviceBatch& out) {
     std::unique_lock lock(mutex_);
     const auto t0 = std::chrono::steady_clock::now();
-    changed_.wait(lock, [&] { return prepared_ > taken_ || epoch_done_; });
+    wait_interruptible(changed_, lock, [&] { return prepared_ > taken_ || epoch_done_; });
     wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (prepared_ == taken_) {
         if (error_) std::rethrow_exception(error_);

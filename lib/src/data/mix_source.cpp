@@ -144,6 +144,9 @@ class MixBatchSource final : public MixSource {
     std::vector<std::uint64_t> delivered() const override;
     const Batch* next() override;
     void release() override {}
+    void stop() override {
+        for (Member& m : members_) m.source->stop();
+    }
     StageTimes take_times() override;
     std::uint64_t device_bytes() const override;
     std::uint64_t host_bytes() const override;
@@ -207,13 +210,16 @@ void MixBatchSource::resume_epoch(MixOrder order, std::uint64_t epoch, std::uint
     if (order.keys().size() != members_.size())
         throw std::logic_error("MixSource: an order of " + std::to_string(order.keys().size()) + " members for " +
                                std::to_string(members_.size()));
-    order_ = std::make_unique<MixOrder>(std::move(order));
+    // No epoch until every member has started (a start interrupted while a
+    // member waits for its readers leaves none: next() says so).
+    order_.reset();
+    auto o = std::make_unique<MixOrder>(std::move(order));
     next_ = first_batch;
-    total_ = order_->size();
+    total_ = o->size();
     batches_ = plan_.slice.batches(total_, plan_.batch, plan_.drop_last);
     const std::uint64_t first = plan_.slice.first_position(first_batch, plan_.batch);
-    const std::vector<std::uint64_t> taken = order_->taken(std::min(first, total_));
-    const std::vector<std::uint64_t> draws = order_->taken(total_);
+    const std::vector<std::uint64_t> taken = o->taken(std::min(first, total_));
+    const std::vector<std::uint64_t> draws = o->taken(total_);
     const std::uint64_t b = plan_.batch;
     for (std::size_t i = 0; i < members_.size(); ++i) {
         Member& m = members_[i];
@@ -225,6 +231,7 @@ void MixBatchSource::resume_epoch(MixOrder order, std::uint64_t epoch, std::uint
         m.delivered = 0;
         m.epoch_order = std::make_unique<EpochOrder>(m.order, m.samples, epoch);
     }
+    order_ = std::move(o);
     times_ = {};
     StageTimes dropped;
     hash_.take(dropped);
@@ -278,7 +285,7 @@ void MixBatchSource::stage(std::size_t index, const Batch& b, std::uint64_t star
 const Batch* MixBatchSource::next() {
     if (!order_) throw std::logic_error("MixSource::next before start_epoch");
     if (next_ >= batches_) return nullptr;
-    const std::uint64_t first = plan_.slice.first_position(next_++, plan_.batch);
+    const std::uint64_t first = plan_.slice.first_position(next_, plan_.batch);
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(plan_.batch, total_ - first));
     std::vector<MixDraw> draws(n);
     std::vector<std::uint64_t> lo(members_.size(), UINT64_MAX), hi(members_.size(), 0);
@@ -287,8 +294,11 @@ const Batch* MixBatchSource::next() {
         lo[draws[j].member] = std::min(lo[draws[j].member], draws[j].local);
         hi[draws[j].member] = std::max(hi[draws[j].member], draws[j].local + 1);
     }
+    // A fill interrupted while a member waits for its readers (interrupt.hpp)
+    // has staged what it read: called again, next() goes on from there.
     for (std::size_t i = 0; i < members_.size(); ++i)
         if (hi[i] > 0) fill(members_[i], i, lo[i], hi[i]);
+    ++next_;
     const RowTable t = backing_->table();
     for (std::uint32_t j = 0; j < n; ++j) {
         Member& m = members_[draws[j].member];

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "dstk/data/interrupt.hpp"
 #include "dstk/error.hpp"
 #include "dstk/thread_pool.hpp"
 #include "dstk/units.hpp"
@@ -113,7 +114,7 @@ void WindowCache::start(const EpochOrder& order, std::uint64_t first, CacheChain
     queue_.clear();
     // Loads in flight hold chunks of the previous epoch: let them land first,
     // so that memory never holds two epochs' reads.
-    ready_.wait(lock, [&] { return loading_ == 0; });
+    wait_interruptible(ready_, lock, [&] { return loading_ == 0; });
     const bool kept = keep_ahead_locked(order, first);
     // The abandoned windows' buffers go to the pool, not back to malloc: a
     // restart (every epoch of a mix's members, every resume) would otherwise
@@ -154,6 +155,11 @@ bool WindowCache::keep_ahead_locked(const EpochOrder& order, std::uint64_t first
     recycle_locked(*ahead_);
     ahead_.reset();
     return false;
+}
+
+void WindowCache::wait_loads() {
+    std::unique_lock lock(mutex_);
+    wait_interruptible(ready_, lock, [&] { return loading_ == 0; });
 }
 
 void WindowCache::cancel() {

@@ -171,8 +171,15 @@ class BatchSource {
     virtual void chain_epochs(std::uint64_t end) { (void)end; }
     // The next batch of the epoch, owned by the source; nullptr when the
     // epoch is done. Rethrows reader errors (naming the file and chunk).
+    // start_epoch and next wait for reader threads where they must; those
+    // waits are interruptible (interrupt.hpp): an interrupted next took no
+    // batch and may be called again, an interrupted start_epoch is called
+    // again before next.
     virtual const Batch* next() = 0;
     virtual void release() = 0;
+    // Stops the source's threads (a stream's readers; the reads in flight
+    // land first) until the next start_epoch. An interruptible wait.
+    virtual void stop() {}
     virtual StageTimes take_times() = 0;
     virtual std::uint64_t device_bytes() const = 0; // backend memory held: slots or the resident split
     virtual std::uint64_t host_bytes() const = 0;   // host memory held: ring, reader buffers, decoded chunks

@@ -29,6 +29,15 @@
 // labels64). A mix's `dataset` and `index` fields stay as stored (int32 and
 // int64), and its normalised fields take the mix's statistics (mix_field_norm).
 //
+// Waits: next_host, next_device and start_epoch wait where the batch or the
+// reader threads are not there yet. A read that never returns (a hung network
+// filesystem) would hold them forever; a check installed on the calling
+// thread (interrupt.hpp) ends them with Interrupted, the loader as it was
+// before the call: no batch taken (next may be called again), or, from
+// start_epoch, no epoch started (call start_epoch again). The threads stuck in
+// the read stay so; the destructor waits for them (it joins every thread it
+// started), as does a later start_epoch or stop.
+//
 // A mix: several datasets as one source (mix_source.hpp), planned by
 // plan_mix; plan() then holds the mix's facts (samples and batches per epoch,
 // fields, ceilings) over its first member's settings, and mix_plan() the rest.
@@ -125,6 +134,11 @@ class Loader {
     // cuda: `stream` (a cudaStream_t; 0 the legacy default stream) waits for
     // the batch in `slot`, and becomes the stream whose work guards slot reuse.
     void wait_ready(unsigned slot, std::uintptr_t stream);
+
+    // Stops the feeder and the source's reader threads until the next
+    // start_epoch (a caller that must not wait forever for them, at exit,
+    // stops them under a check with a deadline). An interruptible wait.
+    void stop();
 
     // Stage times since the last call; read_wait is the consumer's wait for
     // a batch (on the cuda backend: for the feeder, not the feeder's for the readers).

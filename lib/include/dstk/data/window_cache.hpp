@@ -81,7 +81,8 @@ class WindowCache {
 
     std::uint64_t capacity() const { return capacity_; }
     // Starts reading for `order` (kept by reference: it must outlive the
-    // epoch) from position `first`. No gather may be running.
+    // epoch) from position `first`. No gather may be running. It first waits
+    // for the reads in flight, as wait_loads does.
     void start(const EpochOrder& order, std::uint64_t first, CacheChain chain = {});
     // Sample order[p] of each position p in [first, first + count) into
     // out[f] (the field's sample_bytes each) for every field f; blocks until
@@ -92,6 +93,10 @@ class WindowCache {
     void consumed(std::uint64_t end);
     // Wakes gathers blocked on chunks (they throw); the next start() resumes.
     void cancel();
+    // Waits until no chunk is being read (after cancel(): the reads in
+    // flight have landed). Interruptible (interrupt.hpp): a read that never
+    // returns keeps it waiting until this thread's check says to stop.
+    void wait_loads();
     CacheStats take_stats();
     std::uint64_t held_bytes() const;
     std::uint64_t allocated_bytes() const; // chunk buffers mapped now, pooled ones included
