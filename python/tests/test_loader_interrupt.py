@@ -271,3 +271,58 @@ def test_a_signal_handler_runs_while_the_loader_waits(stall_library, index_sets,
     assert child.p.returncode == 0, err
     assert took < 10, f"exit took {took:.1f} s"
     child.lift()
+
+
+def gpu_ready():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return dstk.built_with_cuda and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not gpu_ready(), reason="needs a CUDA GPU, PyTorch with CUDA, and dstk built with CUDA")
+def test_ctrl_c_during_a_stalled_read_on_the_gpu(stall_library, index_sets, tmp_path):
+    # The cuda backend: the consumer waits for the loader's feeder thread,
+    # which waits for the stream's readers; Ctrl-C ends the consumer's wait,
+    # and the next iteration's start_epoch stops the feeder (its own check)
+    # although the read it waits for never returns.
+    child = Child(stall_library, tmp_path, index_sets["npy"], f"""
+        import torch
+        loader = dstk.Loader(PATH, batch={BATCH}, order="sequential", seed=3, placement="stream", device="cuda:0",
+                             chunk={BATCH}, window=2, convert=False, readers=2, prefetch=2)
+        assert loader.on_gpu
+        labels = []
+        print("ready", flush=True)
+        for attempt in ("interrupted", "interrupted again"):
+            try:
+                for x, y in loader:
+                    labels.append(torch.from_dlpack(y).cpu().numpy().copy())
+                print("never stalled", flush=True)
+            except KeyboardInterrupt:
+                print(attempt, loader.next_batch, flush=True)
+        sys.stdin.readline()  # the stall is lifted
+        for x, y in loader:
+            labels.append(torch.from_dlpack(y).cpu().numpy().copy())
+        print(json.dumps({{"labels": np.concatenate(labels).tolist(), "chunk": loader.chunk}}), flush=True)
+    """)
+    assert child.line(timeout=60)[1] == "ready"
+    child.wait_stalled()
+    for attempt in ("interrupted", "interrupted again"):
+        sent = child.signal()
+        at, line = child.line()
+        assert line.startswith(attempt + " ")
+        assert int(line.split()[-1]) <= STALLED_FROM
+        assert at - sent < PROMPT, f"KeyboardInterrupt {at - sent:.2f} s after SIGINT ({attempt})"
+        time.sleep(0.3)
+    child.lift()
+    child.p.stdin.write("go\n")
+    child.p.stdin.flush()
+    result = json.loads(child.line()[1])
+    took, err = child.finish()
+    assert child.p.returncode == 0, err
+    want = dstk.order_indices(N, 0, "sequential", 3, result["chunk"], 2)[:N // BATCH * BATCH]
+    got = result["labels"]
+    # The batches before the stall, then the whole epoch once it is lifted.
+    np.testing.assert_array_equal(got[len(got) - len(want):], want)
+    np.testing.assert_array_equal(got[:len(got) - len(want)], want[:len(got) - len(want)])
