@@ -46,3 +46,13 @@ def images(tmp_path_factory):
     out = tmp_path_factory.mktemp("gen") / "images"
     tool("dsgen", out, "--train", 600, "--test", 100, "--shape", "3x8x8", "-q", "-T", 1)
     return out
+
+
+def gpu_ready():
+    """Whether the GPU tests can run: a CUDA GPU, PyTorch with CUDA, and dstk built with CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    import dstk
+    return dstk.built_with_cuda and torch.cuda.is_available()

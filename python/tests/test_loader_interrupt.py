@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import dstk
-from conftest import N, ROOT
+from conftest import N, ROOT, gpu_ready
 
 BATCH = 100
 STALLED_FROM = 3  # the first batch whose labels stall (sequential order)
@@ -104,6 +104,24 @@ class Child:
     def lift(self):
         self.gate.unlink()
 
+    def interrupt(self, attempt):
+        """Ctrl-C: the child prints `attempt` and its loader's next batch within PROMPT; that batch."""
+        sent = self.signal()
+        at, line = self.line()
+        assert line.startswith(attempt + " "), line
+        assert at - sent < PROMPT, f"KeyboardInterrupt {at - sent:.2f} s after SIGINT ({attempt})"
+        return int(line.split()[-1])
+
+    def go_on(self):
+        """Lifts the stall, lets the child finish its epoch; the JSON it prints, after a clean exit."""
+        self.lift()
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+        result = json.loads(self.line()[1])
+        took, err = self.finish()
+        assert self.p.returncode == 0, err
+        return result
+
     def finish(self, timeout=30):
         """Waits for the exit; (seconds it took, stderr)."""
         t0 = time.monotonic()
@@ -151,22 +169,11 @@ def test_ctrl_c_during_a_stalled_read_and_the_loader_goes_on(stall_library, inde
     """)
     assert child.line()[1] == "ready"
     child.wait_stalled()
-    sent = child.signal()
-    at, line = child.line()
     stalled = STALLED_FROM if order == "sequential" else 0
-    assert line == f"interrupted {stalled}"
-    assert at - sent < PROMPT, f"KeyboardInterrupt {at - sent:.2f} s after SIGINT"
+    assert child.interrupt("interrupted") == stalled
     time.sleep(0.3)  # the new loop's start_epoch waits for the stuck threads
-    sent = child.signal()
-    at, line = child.line()
-    assert line == f"interrupted again {stalled}"
-    assert at - sent < PROMPT, f"KeyboardInterrupt {at - sent:.2f} s after the second SIGINT"
-    child.lift()
-    child.p.stdin.write("go\n")
-    child.p.stdin.flush()
-    result = json.loads(child.line()[1])
-    took, err = child.finish()
-    assert child.p.returncode == 0, err
+    assert child.interrupt("interrupted again") == stalled
+    result = child.go_on()
     want = dstk.order_indices(N, 0, order, 3, result["chunk"], 2)[:N // BATCH * BATCH]
     np.testing.assert_array_equal(result["labels"], want)
     assert result["state"]["epoch"] == 1 and result["state"]["batch"] == 0
@@ -198,23 +205,11 @@ def test_ctrl_c_during_a_stalled_read_of_a_mix(stall_library, index_sets, tmp_pa
     """, path=paths)
     assert child.line()[1] == "ready"
     child.wait_stalled()
-    sent = child.signal()
-    at, line = child.line()
-    assert line.startswith("interrupted ")
-    assert at - sent < PROMPT, f"KeyboardInterrupt {at - sent:.2f} s after SIGINT"
-    stalled = int(line.split()[-1])
+    stalled = child.interrupt("interrupted")
     assert 0 < stalled < len(want)
     time.sleep(0.3)
-    sent = child.signal()
-    at, line = child.line()
-    assert line == f"interrupted again {stalled}"
-    assert at - sent < PROMPT, f"KeyboardInterrupt {at - sent:.2f} s after the second SIGINT"
-    child.lift()
-    child.p.stdin.write("go\n")
-    child.p.stdin.flush()
-    rows = json.loads(child.line()[1])
-    took, err = child.finish()
-    assert child.p.returncode == 0, err
+    assert child.interrupt("interrupted again") == stalled
+    rows = child.go_on()
     assert len(rows) == len(want)
     for got, expected in zip(rows, want):
         np.testing.assert_array_equal(got, expected)
@@ -273,14 +268,6 @@ def test_a_signal_handler_runs_while_the_loader_waits(stall_library, index_sets,
     child.lift()
 
 
-def gpu_ready():
-    try:
-        import torch
-    except ImportError:
-        return False
-    return dstk.built_with_cuda and torch.cuda.is_available()
-
-
 @pytest.mark.skipif(not gpu_ready(), reason="needs a CUDA GPU, PyTorch with CUDA, and dstk built with CUDA")
 def test_ctrl_c_during_a_stalled_read_on_the_gpu(stall_library, index_sets, tmp_path):
     # The cuda backend: the consumer waits for the loader's feeder thread,
@@ -309,18 +296,9 @@ def test_ctrl_c_during_a_stalled_read_on_the_gpu(stall_library, index_sets, tmp_
     assert child.line(timeout=60)[1] == "ready"
     child.wait_stalled()
     for attempt in ("interrupted", "interrupted again"):
-        sent = child.signal()
-        at, line = child.line()
-        assert line.startswith(attempt + " ")
-        assert int(line.split()[-1]) <= STALLED_FROM
-        assert at - sent < PROMPT, f"KeyboardInterrupt {at - sent:.2f} s after SIGINT ({attempt})"
+        assert child.interrupt(attempt) <= STALLED_FROM
         time.sleep(0.3)
-    child.lift()
-    child.p.stdin.write("go\n")
-    child.p.stdin.flush()
-    result = json.loads(child.line()[1])
-    took, err = child.finish()
-    assert child.p.returncode == 0, err
+    result = child.go_on()
     want = dstk.order_indices(N, 0, "sequential", 3, result["chunk"], 2)[:N // BATCH * BATCH]
     got = result["labels"]
     # The batches before the stall, then the whole epoch once it is lifted.

@@ -8,7 +8,7 @@ import pytest
 
 import dstk
 
-from conftest import make_dataset
+from conftest import gpu_ready, make_dataset
 
 SIZES = (300, 170, 410)
 BATCH = 32
@@ -155,14 +155,6 @@ def test_mix_errors(members, tmp_path):
         dstk.Loader(dirs[0], weights=[1], device="cpu")
     with pytest.raises(ValueError, match="names no dataset"):
         dstk.Loader([], device="cpu")
-
-
-def gpu_ready():
-    try:
-        import torch
-    except ImportError:
-        return False
-    return dstk.built_with_cuda and torch.cuda.is_available()
 
 
 @pytest.mark.skipif(not gpu_ready(), reason="needs a CUDA GPU, PyTorch with CUDA, and dstk built with CUDA")
