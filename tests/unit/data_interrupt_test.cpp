@@ -167,13 +167,18 @@ void wait_until_stuck(StallingField& field) {
     while (!field.stuck()) std::this_thread::sleep_for(5ms);
 }
 
-TEST(Interrupt, AnInterruptedAcquireTakesNoBatch) {
-    StallingField field(samples, 2 * batch);
-    HostRing ring = stalling_ring(field);
+// An epoch whose first two batches arrive and whose reader then sticks in the third's read.
+void start_until_stuck(HostRing& ring, StallingField& field) {
     ring.start(0, 0);
     expect_batch(ring, 0);
     expect_batch(ring, 1);
     wait_until_stuck(field);
+}
+
+TEST(Interrupt, AnInterruptedAcquireTakesNoBatch) {
+    StallingField field(samples, 2 * batch);
+    HostRing ring = stalling_ring(field);
+    start_until_stuck(ring, field);
     {
         const InterruptCheck stop_now([] { return true; });
         EXPECT_THROW(ring.acquire(), Interrupted);
@@ -187,10 +192,7 @@ TEST(Interrupt, AnInterruptedAcquireTakesNoBatch) {
 TEST(Interrupt, AnInterruptedStopLeavesTheRingToStartAgain) {
     StallingField field(samples, 2 * batch);
     HostRing ring = stalling_ring(field);
-    ring.start(0, 0);
-    expect_batch(ring, 0);
-    expect_batch(ring, 1);
-    wait_until_stuck(field);
+    start_until_stuck(ring, field);
     {
         const InterruptCheck stop_now([] { return true; });
         EXPECT_THROW(ring.stop(), Interrupted);

@@ -114,7 +114,7 @@ void WindowCache::start(const EpochOrder& order, std::uint64_t first, CacheChain
     queue_.clear();
     // Loads in flight hold chunks of the previous epoch: let them land first,
     // so that memory never holds two epochs' reads.
-    wait_interruptible(ready_, lock, [&] { return loading_ == 0; });
+    wait_loads_locked(lock);
     const bool kept = keep_ahead_locked(order, first);
     // The abandoned windows' buffers go to the pool, not back to malloc: a
     // restart (every epoch of a mix's members, every resume) would otherwise
@@ -159,6 +159,10 @@ bool WindowCache::keep_ahead_locked(const EpochOrder& order, std::uint64_t first
 
 void WindowCache::wait_loads() {
     std::unique_lock lock(mutex_);
+    wait_loads_locked(lock);
+}
+
+void WindowCache::wait_loads_locked(std::unique_lock<std::mutex>& lock) {
     wait_interruptible(ready_, lock, [&] { return loading_ == 0; });
 }
 

@@ -106,6 +106,7 @@ class WindowCache {
     std::uint64_t resident_bytes() const;
 
   private:
+    void wait_loads_locked(std::unique_lock<std::mutex>& lock); // wait_loads, mutex_ held
     // Chunk buffers are pages mapped for them and unmapped when freed (the
     // deleter knows their size): window_cache.cpp says why not malloc.
     struct BufferFree {
