@@ -205,7 +205,9 @@ class Loader:
     disk that stopped answering): while the loader waits for a batch, or for
     its reader threads when an iteration starts, it runs Python's signal
     handlers every 0.05 s, so KeyboardInterrupt (or what any handler raises)
-    comes at once. The threads stuck in the read cannot be stopped: a new
+    comes at once. So do ``Loader(...)`` while it reads the split into memory
+    (placement "device" or "managed"; the read is given up at its next piece
+    of 64 MiB, or when a stuck read returns) and ``loader.times``. The threads stuck in the read cannot be stopped: a new
     iteration waits for them (interruptible too) and goes on with the right
     batches once the read returns; deleting the loader waits for them (it
     joins its threads); at interpreter exit the loader gives them a second,

@@ -12,8 +12,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +26,7 @@
 #include "dstk/data/loader.hpp"
 #include "dstk/enum_names.hpp"
 #include "dstk/error.hpp"
+#include "dstk/gpu_runtime.hpp"
 #include "dstk/json.hpp"
 
 namespace dstk::py {
@@ -166,14 +172,32 @@ void close_at_exit(std::unique_ptr<data::Loader>& l) {
     l.reset();
 }
 
-// The library's loader with the messages it had for the user (O_DIRECT
-// refused, no GPU), collected from any thread for Python to show; the
-// arguments it was made with and the process it was made in, so that a
-// child forked from that process (multiprocessing, a DataLoader's workers)
-// makes its own: the reader threads stay in the parent.
+// The messages the library had for the user (O_DIRECT refused, no GPU),
+// collected from any thread for Python to show. Shared with the loader's
+// callbacks: a loader given up (a construction interrupted, one left to the
+// process's exit) may outlive its PyLoader.
+class Messages {
+  public:
+    void say(const std::string& line) {
+        std::lock_guard lock(mutex_);
+        lines_.push_back(line);
+    }
+    std::vector<std::string> take() {
+        std::lock_guard lock(mutex_);
+        return std::exchange(lines_, {});
+    }
+
+  private:
+    std::mutex mutex_;
+    std::vector<std::string> lines_;
+};
+
+// The library's loader with its messages; the arguments it was made with
+// and the process it was made in, so that a child forked from that process
+// (multiprocessing, a DataLoader's workers) makes its own: the reader
+// threads stay in the parent.
 struct PyLoader {
-    std::mutex mutex;
-    std::vector<std::string> messages;
+    std::shared_ptr<Messages> messages = std::make_shared<Messages>();
     std::unique_ptr<data::Loader> loader;
     LoaderArgs args;
     pid_t pid = 0;
@@ -196,24 +220,75 @@ struct PyLoader {
         }
     }
     bool forked() const { return pid != getpid(); }
-    void say(const std::string& line) {
-        std::lock_guard lock(mutex);
-        messages.push_back(line);
-    }
-    std::vector<std::string> take_messages() {
-        std::lock_guard lock(mutex);
-        return std::exchange(messages, {});
-    }
+    std::vector<std::string> take_messages() { return messages->take(); }
 };
 
-// Makes p's loader from its arguments in this process.
+// A loader made on a thread of its own, so that the wait for it can be
+// interrupted: the device placement reads the whole split, which may take
+// minutes or wait on a read that never returns. Given up, the thread ends
+// at its next piece of the read (or when the read returns) and destroys
+// what it made.
+struct Construction {
+    std::mutex mutex;
+    std::condition_variable finished;
+    bool done = false, abandoned = false;
+    std::unique_ptr<data::Loader> loader;
+    std::exception_ptr error;
+};
+
+void construct(const std::shared_ptr<Construction>& job, const std::vector<std::filesystem::path>& paths,
+               const data::LoaderRequest& r) {
+    const data::InterruptCheck given_up([&job] {
+        std::lock_guard lock(job->mutex);
+        return job->abandoned;
+    });
+    std::unique_ptr<data::Loader> made;
+    std::exception_ptr error;
+    try {
+        made = std::make_unique<data::Loader>(paths, r);
+    } catch (...) {
+        error = std::current_exception();
+    }
+    {
+        std::lock_guard lock(job->mutex);
+        job->done = true;
+        if (!job->abandoned) {
+            job->loader = std::move(made);
+            job->error = error;
+        }
+    }
+    job->finished.notify_all();
+}
+
+std::unique_ptr<data::Loader> construct_interruptibly(std::vector<std::filesystem::path> paths, data::LoaderRequest r) {
+    auto job = std::make_shared<Construction>();
+    try {
+        std::thread([job, paths = std::move(paths), r = std::move(r)] { construct(job, paths, r); }).detach();
+    } catch (const std::system_error& e) {
+        throw runtime_error(std::string("cannot start a thread to make the loader (") + e.what() +
+                            "); the system refuses more threads (a pids or thread limit): end other processes");
+    }
+    std::unique_lock lock(job->mutex);
+    try {
+        data::wait_interruptible(job->finished, lock, [&] { return job->done; });
+    } catch (const data::Interrupted&) {
+        job->abandoned = true;
+        throw;
+    }
+    if (job->error) std::rethrow_exception(job->error);
+    return std::move(job->loader);
+}
+
+// Makes p's loader from its arguments in this process; a GPU loader's
+// device is this thread's current device afterwards, as where it is made
+// on this thread.
 void make_engine(PyLoader& p) {
     data::LoaderRequest r = request_of(p.args);
-    r.source.notice = [&p](const std::string& line) { p.say(line); };
-    r.source.warn = [&p](const std::string& line) { p.say(line); };
-    const std::vector<std::filesystem::path> paths(p.args.paths.begin(), p.args.paths.end());
-    nb::gil_scoped_release unlocked;
-    p.loader = std::make_unique<data::Loader>(paths, r);
+    r.source.notice = [m = p.messages](const std::string& line) { m->say(line); };
+    r.source.warn = [m = p.messages](const std::string& line) { m->say(line); };
+    std::vector<std::filesystem::path> paths(p.args.paths.begin(), p.args.paths.end());
+    p.loader = without_gil([&] { return construct_interruptibly(std::move(paths), std::move(r)); });
+    if (p.loader->on_gpu()) gpu::set_device(p.loader->plan().config.device.index);
     p.pid = getpid();
 }
 
@@ -399,8 +474,11 @@ void bind_loader(nb::module_& m) {
         .def(
             "wait_ready", [](PyLoader& p, unsigned slot, std::uintptr_t stream) { engine(p).wait_ready(slot, stream); },
             nb::arg("slot"), nb::arg("stream"))
-        .def("take_times",
-             [](PyLoader& p) { return times_dict(p.forked() ? data::StageTimes{} : engine(p).take_times()); });
+        .def("take_times", [](PyLoader& p) {
+            if (p.forked()) return times_dict({});
+            data::Loader& l = engine(p);
+            return times_dict(without_gil([&] { return l.take_times(); }));
+        });
 
     nb::class_<LoaderArgs>(m, "_LoaderArgs")
         .def(nb::init<>())

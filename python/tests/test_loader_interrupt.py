@@ -1,6 +1,7 @@
 """Ctrl-C, and any Python signal handler, ends a dstk.Loader's wait for a read
-that never returns (a hung network filesystem): KeyboardInterrupt comes within
-a fraction of a second, the loader goes on with the right batches once the
+that never returns (a hung network filesystem), in an iteration, as the
+loader is made, or in its times: KeyboardInterrupt comes within a fraction of
+a second, the loader goes on with the right batches once the
 reads answer again, and the interpreter exits although they never do.
 
 The stall is tests/support/stall_reads.c, preloaded into a child Python: reads
@@ -56,15 +57,15 @@ def label_file(dataset):
 
 class Child:
     """A Python script under the stall: its stdout lines with their arrival times. PATH in the script is
-    `path`; reads of `dataset`'s labels stall from sample BATCH * STALLED_FROM on."""
+    `path`; reads of `dataset`'s labels stall from sample `stall_from` on."""
 
-    def __init__(self, library, tmp_path, dataset, script, path=None):
+    def __init__(self, library, tmp_path, dataset, script, path=None, stall_from=BATCH * STALLED_FROM):
         labels = label_file(dataset).resolve()
         offset = np.load(labels, mmap_mode="r").offset  # the .npy header's bytes
         self.gate = tmp_path / "gate"
         self.gate.touch()
         env = dict(os.environ, LD_PRELOAD=str(library), DSTK_TEST_STALL_GATE=str(self.gate),
-                   DSTK_TEST_STALL_PATH=str(labels), DSTK_TEST_STALL_FROM=str(offset + 4 * BATCH * STALLED_FROM))
+                   DSTK_TEST_STALL_PATH=str(labels), DSTK_TEST_STALL_FROM=str(offset + 4 * stall_from))
         path = str(dataset) if path is None else [str(p) for p in path]
         code = PRELUDE + f"PATH = {path!r}\n" + textwrap.dedent(script)
         self.p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -268,6 +269,30 @@ def test_a_signal_handler_runs_while_the_loader_waits(stall_library, index_sets,
     child.lift()
 
 
+def test_ctrl_c_while_the_loader_reads_the_split_into_memory(stall_library, index_sets, tmp_path):
+    # The device placement reads the whole split as the loader is made: the
+    # wait for it ends at Ctrl-C although the read never returns, and a
+    # loader made once the reads answer delivers the whole epoch.
+    child = Child(stall_library, tmp_path, index_sets["npy"], f"""
+        settings = dict(batch={BATCH}, order="sequential", placement="device", device="cpu", convert=False)
+        print("ready", flush=True)
+        try:
+            dstk.Loader(PATH, **settings)
+            print("never stalled", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted 0", flush=True)
+        sys.stdin.readline()  # the stall is lifted
+        labels = [y.copy() for x, y in dstk.Loader(PATH, **settings)]
+        print(json.dumps({{"labels": np.concatenate(labels).tolist()}}), flush=True)
+    """, stall_from=0)
+    assert child.line()[1] == "ready"
+    child.wait_stalled()
+    assert child.interrupt("interrupted") == 0
+    assert child.gate.exists()  # the read had not returned
+    result = child.go_on()
+    np.testing.assert_array_equal(result["labels"], np.arange(N // BATCH * BATCH))
+
+
 @pytest.mark.skipif(not gpu_ready(), reason="needs a CUDA GPU, PyTorch with CUDA, and dstk built with CUDA")
 def test_ctrl_c_during_a_stalled_read_on_the_gpu(stall_library, index_sets, tmp_path):
     # The cuda backend: the consumer waits for the loader's feeder thread,
@@ -288,6 +313,12 @@ def test_ctrl_c_during_a_stalled_read_on_the_gpu(stall_library, index_sets, tmp_
                 print("never stalled", flush=True)
             except KeyboardInterrupt:
                 print(attempt, loader.next_batch, flush=True)
+        print("times", flush=True)  # the feeder holds the source while it waits for the read
+        try:
+            loader.times
+            print("times answered 0", flush=True)
+        except KeyboardInterrupt:
+            print("times interrupted 0", flush=True)
         sys.stdin.readline()  # the stall is lifted
         for x, y in loader:
             labels.append(torch.from_dlpack(y).cpu().numpy().copy())
@@ -298,6 +329,9 @@ def test_ctrl_c_during_a_stalled_read_on_the_gpu(stall_library, index_sets, tmp_
     for attempt in ("interrupted", "interrupted again"):
         assert child.interrupt(attempt) <= STALLED_FROM
         time.sleep(0.3)
+    assert child.line()[1] == "times"
+    time.sleep(0.3)
+    assert child.interrupt("times interrupted") == 0
     result = child.go_on()
     want = dstk.order_indices(N, 0, "sequential", 3, result["chunk"], 2)[:N // BATCH * BATCH]
     got = result["labels"]

@@ -1,5 +1,5 @@
-// Interruptible waits (dstk/data/interrupt.hpp): the helper itself, and the
-// host ring's waits with a reader stuck in a read that does not return, after
+// Interruptible waits (dstk/data/interrupt.hpp): the helpers themselves (a
+// wait, a lock, a read in pieces), and the host ring's waits with a reader stuck in a read that does not return, after
 // which the ring must still deliver the right batches.
 #include <gtest/gtest.h>
 
@@ -10,8 +10,11 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "../../lib/src/data/host_ring.hpp"
+#include "../../lib/src/data/source_parts.hpp"
 #include "dstk/data/interrupt.hpp"
 #include "dstk/data/stream_reader.hpp"
 
@@ -90,6 +93,48 @@ TEST(Interrupt, AnEmptyCheckMasksTheOuterOne) {
 
 TEST(Interrupt, InterruptedCarriesTheInterruptedExitCode) {
     EXPECT_EQ(Interrupted().code(), ExitCode::interrupted);
+}
+
+TEST(Interrupt, ALockHeldElsewhereIsGivenUpWithNothingHeld) {
+    std::timed_mutex m;
+    std::unique_lock held(m);
+    int calls = 0;
+    {
+        const InterruptCheck check([&] { return ++calls == 2; });
+        EXPECT_THROW((void)lock_interruptible(m), Interrupted);
+        EXPECT_EQ(calls, 2);
+    }
+    held.unlock();
+    std::thread other([&] {
+        EXPECT_TRUE(m.try_lock()) << "the given-up lock was left held";
+        m.unlock();
+    });
+    other.join();
+    const InterruptCheck never([] { return false; });
+    EXPECT_TRUE(lock_interruptible(m).owns_lock());
+}
+
+TEST(Interrupt, ASplitReadIntoMemoryStopsAtThePieceAfterTheCheck) {
+    // Pieces of about 64 MiB: a field of 3 pieces is read in three. The check
+    // asks to stop after the first: the second is never read.
+    constexpr std::uint64_t sample_bytes = 1 << 20, samples = 3 * (load_piece_bytes / sample_bytes);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces;
+    int calls = 0;
+    const InterruptCheck check([&] { return ++calls == 2; });
+    EXPECT_THROW(for_each_piece(samples, sample_bytes,
+                                [&](std::uint64_t first, std::uint64_t n) { pieces.emplace_back(first, n); }),
+                 Interrupted);
+    ASSERT_EQ(pieces.size(), 1u);
+    EXPECT_EQ(pieces[0], std::make_pair(std::uint64_t{0}, samples / 3));
+}
+
+TEST(Interrupt, TheLastPieceIsFollowedByACheck) {
+    std::vector<std::uint64_t> counts;
+    int calls = 0;
+    const InterruptCheck check([&] { return ++calls == 3; }); // before 1, before 2, after the last
+    EXPECT_THROW(for_each_piece(100, 1 << 20, [&](std::uint64_t, std::uint64_t n) { counts.push_back(n); }),
+                 Interrupted);
+    EXPECT_EQ(counts, (std::vector<std::uint64_t>{64, 36}));
 }
 
 // Labels i in memory; a gather of a sample at or past `from` blocks while the

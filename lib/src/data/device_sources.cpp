@@ -8,7 +8,6 @@
 #include "dstk/data/gpu_ops.hpp"
 #include "dstk/error.hpp"
 #include "dstk/gpu_runtime.hpp"
-#include "dstk/signals.hpp"
 #include "dstk/units.hpp"
 #include "memory_plan.hpp"
 #include "source_parts.hpp"
@@ -128,13 +127,10 @@ class DeviceResidentSource final : public ResidentSource {
   private:
     static void load(const FieldReader& r, void* dst, std::uint64_t sb) {
         std::vector<std::uint8_t> staging(staging_bytes(sb));
-        const std::uint64_t per = staging.size() / sb;
-        for (std::uint64_t first = 0; first < r.samples(); first += per) {
-            throw_if_interrupted();
-            const std::uint64_t n = std::min(per, r.samples() - first);
+        for_each_piece(r.samples(), sb, [&](std::uint64_t first, std::uint64_t n) {
             r.read(first, n, staging.data());
             gpu::copy_h2d(static_cast<std::uint8_t*>(dst) + first * sb, staging.data(), n * sb);
-        }
+        });
     }
 
     ResidentFields split_;
@@ -185,12 +181,10 @@ class ManagedSource final : public ResidentSource {
 
   private:
     static void read_into(const FieldReader& r, void* dst) {
-        const std::uint64_t per = std::max<std::uint64_t>(1, load_piece_bytes / r.sample_bytes());
-        for (std::uint64_t first = 0; first < r.samples(); first += per) {
-            throw_if_interrupted();
-            const std::uint64_t n = std::min(per, r.samples() - first);
-            r.read(first, n, static_cast<std::uint8_t*>(dst) + first * r.sample_bytes());
-        }
+        const std::uint64_t sb = r.sample_bytes();
+        for_each_piece(r.samples(), sb, [&](std::uint64_t first, std::uint64_t n) {
+            r.read(first, n, static_cast<std::uint8_t*>(dst) + first * sb);
+        });
     }
     // Samples [first, first + count) of every field to the GPU, on the side stream.
     void prefetch_samples(std::uint64_t first, std::uint64_t count) {

@@ -103,8 +103,12 @@ class HostResidentSource final : public ResidentSource {
         hash_.on = c.hash_batches;
         const auto t0 = Clock::now();
         for (std::size_t i = 0; i < f.size(); ++i) {
-            data_.emplace_back(checked_mul(samples_, sample_bytes_[i], "split bytes"));
-            ds.reader(f.split().name, f[i].name).read(0, samples_, data_.back().data());
+            const std::uint64_t sb = sample_bytes_[i];
+            data_.emplace_back(checked_mul(samples_, sb, "split bytes"));
+            const FieldReader& r = ds.reader(f.split().name, f[i].name);
+            std::uint8_t* dst = data_.back().data();
+            for_each_piece(samples_, sb,
+                           [&](std::uint64_t first, std::uint64_t n) { r.read(first, n, dst + first * sb); });
             if (c.order.kind != Order::sequential) slot_.emplace_back(std::uint64_t{c.batch} * sample_bytes_[i]);
         }
         times_.read = seconds_since(t0);

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "dstk/signals.hpp"
+
 namespace dstk::data {
 namespace {
 
@@ -24,6 +26,19 @@ bool InterruptCheck::installed() {
 
 bool InterruptCheck::requested() {
     return installed() && current->interrupted_();
+}
+
+void interruption_point() {
+    throw_if_interrupted();
+    if (InterruptCheck::requested()) throw Interrupted();
+}
+
+std::unique_lock<std::timed_mutex> lock_interruptible(std::timed_mutex& m) {
+    if (!InterruptCheck::installed()) return std::unique_lock(m);
+    std::unique_lock lock(m, std::defer_lock);
+    while (!lock.try_lock_for(interrupt_poll))
+        if (InterruptCheck::requested()) throw Interrupted();
+    return lock;
 }
 
 } // namespace dstk::data

@@ -8,6 +8,7 @@
 
 #include "dstk/error.hpp"
 #include "dstk/gpu_info.hpp"
+#include "dstk/data/interrupt.hpp"
 #include "dstk/data/mix_source.hpp"
 #include "loader_slots.hpp"
 
@@ -233,7 +234,9 @@ StageTimes Loader::take_times() {
     if (!on_gpu()) return source_->take_times();
     StageTimes t;
     {
-        std::lock_guard lock(source_mutex_);
+        // The feeder holds the source while it waits for a batch, which may
+        // be a read that never returns.
+        const auto lock = lock_interruptible(source_mutex_);
         t = source_->take_times();
     }
     std::lock_guard lock(mutex_);

@@ -3,6 +3,7 @@
 // device_stream.cpp) share: the stream placement's readers, window cache and
 // ring; the epoch bookkeeping of the resident placements; and the factory of
 // each source, which make_batch_source (batch_source.cpp) picks from.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -11,9 +12,11 @@
 
 #include "dstk/checksum.hpp"
 #include "dstk/data/batch_source.hpp"
+#include "dstk/data/interrupt.hpp"
 #include "dstk/data/stream_reader.hpp"
 #include "dstk/data/window_cache.hpp"
 #include "host_ring.hpp"
+#include "memory_plan.hpp"
 #include "source_fields.hpp"
 
 namespace dstk::data {
@@ -35,6 +38,19 @@ template <typename DataOf> const Batch* point(Batch& b, std::uint32_t size, Data
         b.fields[f].rows = nullptr;
     }
     return &b;
+}
+
+// The pieces a resident placement reads a field of `samples` by (whole
+// samples, staging_bytes each): piece(first, count) for each, with an
+// interruption point (interrupt.hpp) before each and after the last. A split
+// read into memory may take minutes, or wait on a read that never returns.
+template <typename Piece> void for_each_piece(std::uint64_t samples, std::uint64_t sample_bytes, Piece&& piece) {
+    const std::uint64_t per = staging_bytes(sample_bytes) / sample_bytes;
+    for (std::uint64_t first = 0; first < samples; first += per) {
+        interruption_point();
+        piece(first, std::min(per, samples - first));
+    }
+    interruption_point();
 }
 
 // The running hash of the batches a cpu source delivered (hash_batches).

@@ -72,4 +72,14 @@ void wait_interruptible(std::condition_variable& cv, std::unique_lock<std::mutex
     }
 }
 
+// Between the pieces of a long piece of work (a split read into memory):
+// Interrupted where this thread's check says to stop, and the tools' Error
+// where their signal handler saw a signal (dstk/signals.hpp).
+void interruption_point();
+
+// Locks `m`, a mutex another thread may hold while it waits for a read; while
+// a check is installed on this thread, that check every interrupt_poll until
+// the lock is taken (Interrupted when it says to stop, nothing held).
+std::unique_lock<std::timed_mutex> lock_interruptible(std::timed_mutex& m);
+
 } // namespace dstk::data
