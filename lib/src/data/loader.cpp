@@ -200,7 +200,10 @@ std::vector<FieldConversion> Loader::conversions(const Batch& b, std::span<void*
 }
 
 void Loader::start_epoch(std::uint64_t epoch, std::uint64_t first_batch) {
-    if (!on_gpu()) return source_->start_epoch(epoch, first_batch);
+    if (!on_gpu()) {
+        std::lock_guard lock(source_mutex_);
+        return source_->start_epoch(epoch, first_batch);
+    }
     stop_feeder(); // batches it converted ahead for the abandoned iteration are dropped
     {
         std::lock_guard lock(source_mutex_);
@@ -218,6 +221,7 @@ void Loader::stop() {
 
 std::uint32_t Loader::next_host(std::span<void* const> out) {
     if (out.size() != outputs_.size()) throw std::logic_error("Loader::next_host: one buffer per output field");
+    std::lock_guard lock(source_mutex_);
     const Batch* batch = source_->next();
     if (!batch) return 0;
     try {
@@ -231,14 +235,15 @@ std::uint32_t Loader::next_host(std::span<void* const> out) {
 }
 
 StageTimes Loader::take_times() {
-    if (!on_gpu()) return source_->take_times();
     StageTimes t;
     {
-        // The feeder holds the source while it waits for a batch, which may
-        // be a read that never returns.
+        // The source's user (the consumer on the cpu backend, the feeder on
+        // cuda) holds it while it waits for a batch, which may be a read
+        // that never returns.
         const auto lock = lock_interruptible(source_mutex_);
         t = source_->take_times();
     }
+    if (!on_gpu()) return t;
     std::lock_guard lock(mutex_);
     t.read_wait = std::exchange(wait_seconds_, 0.0);
     return t;

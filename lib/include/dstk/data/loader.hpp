@@ -142,8 +142,8 @@ class Loader {
 
     // Stage times since the last call; read_wait is the consumer's wait for
     // a batch (on the cuda backend: for the feeder, not the feeder's for the
-    // readers). On the cuda backend it waits while the feeder waits for the
-    // source: interruptible (interrupt.hpp).
+    // readers). Any thread may ask: it waits while the source's user waits
+    // for a batch (interruptible, interrupt.hpp).
     StageTimes take_times();
     std::uint64_t device_bytes() const; // the source's plus the loader's slots
     // The data path's host plan; on the cpu backend also keep + 1 converted
@@ -169,7 +169,7 @@ class Loader {
     unsigned keep_;
     std::shared_ptr<LoaderSlots> slots_; // cuda
     std::unique_ptr<BatchSource> source_;
-    std::timed_mutex source_mutex_; // cuda: the feeder's use of the source against take_times (which may give up)
+    std::timed_mutex source_mutex_; // the source's user (cpu: the consumer; cuda: the feeder) against take_times
 
     // cuda: the feeder and the consumer. Turns count batches since
     // construction: turn t lives in slot t % slots.
