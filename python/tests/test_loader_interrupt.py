@@ -52,6 +52,19 @@ WATCHER = """import threading
         watcher.start()"""
 
 
+
+def interrupted_loops(take):
+    """The child's two loops over `loader` that Ctrl-C ends: each appends `take` (an expression of y) to `labels`
+    and, interrupted, prints its attempt and the loader's next batch."""
+    return f"""for attempt in ("interrupted", "interrupted again"):
+            try:
+                for x, y in loader:
+                    labels.append({take})
+                print("never stalled", flush=True)
+            except KeyboardInterrupt:
+                print(attempt, loader.next_batch, flush=True)"""
+
+
 @pytest.fixture(scope="session")
 def stall_library(tmp_path_factory):
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -166,13 +179,7 @@ def test_ctrl_c_during_a_stalled_read_and_the_loader_goes_on(stall_library, inde
         labels = []
         {WATCHER}
         print("ready", flush=True)
-        for attempt in ("interrupted", "interrupted again"):
-            try:
-                for x, y in loader:
-                    labels.append(y.copy())
-                print("never stalled", flush=True)
-            except KeyboardInterrupt:
-                print(attempt, loader.next_batch, flush=True)
+        {interrupted_loops('y.copy()')}
         sys.stdin.readline()  # the stall is lifted
         for x, y in loader:
             # x of sample i is (arange(N * 12) % 251)[12 i : 12 i + 12] (conftest's index_sets)
@@ -325,13 +332,7 @@ def test_ctrl_c_during_a_stalled_read_on_the_gpu(stall_library, index_sets, tmp_
         labels = []
         {WATCHER}
         print("ready", flush=True)
-        for attempt in ("interrupted", "interrupted again"):
-            try:
-                for x, y in loader:
-                    labels.append(torch.from_dlpack(y).cpu().numpy().copy())
-                print("never stalled", flush=True)
-            except KeyboardInterrupt:
-                print(attempt, loader.next_batch, flush=True)
+        {interrupted_loops('torch.from_dlpack(y).cpu().numpy().copy()')}
         sys.stdin.readline()  # the stall is lifted
         for x, y in loader:
             labels.append(torch.from_dlpack(y).cpu().numpy().copy())
